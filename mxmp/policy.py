@@ -1,0 +1,216 @@
+"""The precision policy: which dtype each operator of a graph computes in.
+
+A :class:`Policy` is data (a frozen dataclass): a target dtype, the op classes of
+``mxmp/lists/<target dtype>.py`` and the user's overrides. The graph pass
+(:mod:`mxmp.graph`) asks it one question per node, :meth:`Policy.classify`, and records the
+answer's rule so every decision can be explained, as TensorFlow's auto_mixed_precision pass does.
+
+Op classes (the names follow TensorFlow's allow/deny lists and ``mxnet.contrib.amp``):
+
+``low_precision``  (allow list) runs in the target dtype: Convolution, FullyConnected, ...
+``float32``        (deny list) computes in float32: softmax, norms, reductions, exp/log, ...
+``loss_output``    loss heads (SoftmaxOutput, MakeLoss, ...): float32, and the Module puts its
+                   loss-scale node in front of them.
+``widest_type``    several float inputs that must share a dtype: all go to the widest one.
+``follow``         dtype-preserving ops (relu, Pooling, reshape, BatchNorm's data, ...).
+
+The classification rule of float16 follows NVIDIA's "Training With Mixed Precision" guide and
+Micikevicius et al., "Mixed Precision Training", ICLR 2018 (matrix products in float16 with
+float32 accumulation; reductions, exponentials and losses in float32).
+"""
+import dataclasses
+import functools
+import logging
+from typing import FrozenSet, Optional, Tuple
+
+import numpy as np
+
+from . import lists
+
+__all__ = ['Policy', 'normalize_dtype', 'TARGET_DTYPES', 'LOW_PRECISION', 'FLOAT32',
+           'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW']
+
+logger = logging.getLogger(__name__)
+
+#: The target dtypes mxmp converts to.
+TARGET_DTYPES = ('float16', 'bfloat16')
+
+LOW_PRECISION = 'low_precision'
+FLOAT32 = 'float32'
+LOSS_OUTPUT = 'loss_output'
+WIDEST_TYPE = 'widest_type'
+FOLLOW = 'follow'
+
+_CLASS_LISTS = ((LOW_PRECISION, 'LOW_PRECISION'), (FLOAT32, 'FLOAT32'),
+                (LOSS_OUTPUT, 'LOSS_OUTPUT'), (WIDEST_TYPE, 'WIDEST_TYPE'), (FOLLOW, 'FOLLOW'))
+_RULE_NAMES = {LOW_PRECISION: 'low-precision list', FLOAT32: 'float32 list',
+               LOSS_OUTPUT: 'loss-output list (float32)', WIDEST_TYPE: 'widest-type list',
+               FOLLOW: 'follow list'}
+
+
+def normalize_dtype(dtype, allow_float32=False):
+    """Return the canonical name of a target dtype.
+
+    Args:
+        dtype: ``'float16'``, ``'bfloat16'``, ``numpy.float16``, or MXNet's bfloat16 dtype
+            (``mxnet.contrib.amp.amp.bfloat16``, a numpy structured dtype); ``'float32'`` and
+            ``numpy.float32`` too when ``allow_float32`` is True.
+        allow_float32 (bool): accept float32 (used where "no mixed precision" is a valid answer).
+
+    Returns:
+        str: ``'float16'``, ``'bfloat16'`` (or ``'float32'``).
+
+    Raises:
+        ValueError: for any other dtype; the message names the accepted ones.
+    """
+    accepted = TARGET_DTYPES + (('float32',) if allow_float32 else ())
+    name = None
+    if isinstance(dtype, str):
+        name = dtype.lower()
+    else:
+        try:
+            npd = np.dtype(dtype)
+        except TypeError:
+            npd = None
+        if npd is not None:
+            if npd.names == ('bfloat16',):
+                name = 'bfloat16'
+            else:
+                name = npd.name
+    if name not in accepted:
+        raise ValueError(
+            'unknown target dtype %r: mxmp converts to %s (float16 for NVIDIA GPUs, bfloat16 '
+            'for CPUs with oneDNN)' % (dtype, ' or '.join(repr(a) for a in accepted)))
+    return name
+
+
+@functools.lru_cache(maxsize=None)
+def _registered_ops():
+    import mxnet as mx
+    return frozenset(mx.operator.get_all_registered_operators())
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """What dtype each operator runs in, for one target dtype.
+
+    Args:
+        target_dtype (str or dtype): ``'float16'`` or ``'bfloat16'`` (see :func:`normalize_dtype`).
+        lp_ops (iterable of str): op names to run in the target dtype in addition to the
+            low-precision list (moved out of whatever class they had). Default: none.
+        fp32_ops (iterable of str): op names to keep in float32 (moved to the float32 class).
+        excluded_names (iterable of str): node names (e.g. ``'resnetv10_dense0_fwd'``) that
+            compute in float32 whatever their op.
+        emulate (bool): run the low-precision graph with float32 kernels whose low-precision
+            tensors are rounded through the target dtype (see :mod:`mxmp.graph`). Default False.
+
+    Raises:
+        ValueError: unknown target dtype; an op name MXNet 1.9.1 does not register; an op in
+            both ``lp_ops`` and ``fp32_ops``. The message names the offending entry.
+    """
+    target_dtype: str = 'bfloat16'
+    lp_ops: FrozenSet[str] = frozenset()
+    fp32_ops: FrozenSet[str] = frozenset()
+    excluded_names: FrozenSet[str] = frozenset()
+    emulate: bool = False
+
+    def __post_init__(self):
+        set_ = functools.partial(object.__setattr__, self)
+        set_('target_dtype', normalize_dtype(self.target_dtype))
+        for field in ('lp_ops', 'fp32_ops', 'excluded_names'):
+            value = getattr(self, field)
+            if isinstance(value, str):
+                raise ValueError('%s must be a list of names, not the string %r'
+                                 % (field, value))
+            set_(field, frozenset(value))
+        set_('emulate', bool(self.emulate))
+        known = _registered_ops()
+        for field in ('lp_ops', 'fp32_ops'):
+            unknown = sorted(getattr(self, field) - known)
+            if unknown:
+                raise ValueError('%s names ops that MXNet does not register: %s (names are '
+                                 'case-sensitive, e.g. "FullyConnected"; see '
+                                 'mx.operator.get_all_registered_operators())'
+                                 % (field, ', '.join(unknown)))
+        both = sorted(self.lp_ops & self.fp32_ops)
+        if both:
+            raise ValueError('ops put in both lp_ops and fp32_ops: %s; choose one class each'
+                             % ', '.join(both))
+
+    # -- the op classes -------------------------------------------------------------------
+    @property
+    def classes(self):
+        """dict: class name -> frozenset of op names, after the user's overrides."""
+        return _effective_classes(self.target_dtype, self.lp_ops, self.fp32_ops)
+
+    def ops_in(self, op_class):
+        """frozenset of the op names in ``op_class`` (one of the class constants)."""
+        return self.classes[op_class]
+
+    def float32_inputs(self, op):
+        """Input positions of ``op`` that always stay float32 (BatchNorm's gamma, beta, stats)."""
+        return _list_module(self.target_dtype).get('FLOAT32_INPUTS', {}).get(op, ())
+
+    def float32_outputs(self, op):
+        """Output positions of ``op`` that are float32 whatever its data dtype."""
+        return _list_module(self.target_dtype).get('FLOAT32_OUTPUTS', {}).get(op, ())
+
+    def index_inputs(self, op):
+        """Input positions of ``op`` that hold indices or lengths: never cast."""
+        return _list_module(self.target_dtype).get('INDEX_INPUTS', {}).get(op, ())
+
+    def classify(self, op, attrs=None, name=None):
+        """Choose the class of one node.
+
+        Args:
+            op (str): the operator name (``'Convolution'``).
+            attrs (dict of str -> str): the node's attributes, for conditional rules.
+            name (str): the node's name, for ``excluded_names``.
+
+        Returns:
+            tuple ``(op_class, rule)``: one of the class constants and a human-readable reason,
+            e.g. ``('float32', 'conditional float32: Activation act_type=softrelu')``.
+        """
+        attrs = attrs or {}
+        if name is not None and name in self.excluded_names:
+            return FLOAT32, 'excluded_names (user override)'
+        if op in self.lp_ops:
+            return LOW_PRECISION, 'lp_ops (user override)'
+        if op in self.fp32_ops:
+            return FLOAT32, 'fp32_ops (user override)'
+        for cond_op, attr, values in _list_module(self.target_dtype).get(
+                'CONDITIONAL_FLOAT32', ()):
+            if cond_op == op and attrs.get(attr) in values:
+                return FLOAT32, 'conditional float32: %s %s=%s' % (op, attr, attrs[attr])
+        for op_class, ops in self.classes.items():
+            if op in ops:
+                return op_class, _RULE_NAMES[op_class]
+        reason = lists.excluded_reason(op) if hasattr(lists, 'excluded_reason') else None
+        _warn_unlisted(op, reason)
+        return FLOAT32, 'in no list: float32' + (' (%s)' % reason if reason else '')
+
+    def replace(self, **changes):
+        """A copy of this policy with some fields changed (``dataclasses.replace``)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _list_module(target_dtype):
+    return lists.classes_for(target_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _effective_classes(target_dtype, lp_ops, fp32_ops):
+    module = _list_module(target_dtype)
+    out = {}
+    for op_class, list_name in _CLASS_LISTS:
+        out[op_class] = frozenset(module.get(list_name, ())) - lp_ops - fp32_ops
+    out[LOW_PRECISION] |= lp_ops
+    out[FLOAT32] |= fp32_ops
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_unlisted(op, reason):
+    logger.warning('operator %s is in no mxmp op list%s: it computes in float32. Add it to '
+                   'Policy(lp_ops=...) or Policy(fp32_ops=...) to silence this.',
+                   op, ' (%s)' % reason if reason else '')
