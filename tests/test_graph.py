@@ -1,0 +1,336 @@
+"""The graph pass: exact cast nodes, dtypes, numerics against float32, round trips."""
+import json
+import logging
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import nd
+
+import mxmp
+from mxmp.graph import MARK
+
+
+def nodes_of(sym):
+    return json.loads(sym.tojson(remove_amp_cast=False))['nodes']
+
+
+def casts(sym):
+    """{(cast target dtype, name of the cast tensor's source node)} and the raw count."""
+    nodes = nodes_of(sym)
+    out = []
+    for n in nodes:
+        if n['op'] == 'amp_cast':
+            src = nodes[n['inputs'][0][0]]
+            out.append((n['attrs']['dtype'], src['name']))
+    return sorted(out)
+
+
+def consumers_of(sym, name):
+    nodes = nodes_of(sym)
+    idx = [i for i, n in enumerate(nodes) if n['name'] == name][0]
+    return sorted(n['name'] for n in nodes if any(e[0] == idx for e in n['inputs']))
+
+
+def conv_bn_relu_fc_softmax():
+    data = mx.sym.var('data')
+    x = mx.sym.Convolution(data, kernel=(3, 3), num_filter=8, pad=(1, 1), name='conv')
+    x = mx.sym.BatchNorm(x, name='bn')
+    x = mx.sym.Activation(x, act_type='relu', name='relu')
+    x = mx.sym.FullyConnected(x, num_hidden=10, name='fc')
+    return mx.sym.softmax(x, name='softmax')
+
+
+def run(sym, args, aux=None, ctx=mx.cpu()):
+    exe = sym.bind(ctx, args={k: v.copy() for k, v in args.items()},
+                   aux_states={k: v.copy() for k, v in (aux or {}).items()})
+    return [o.asnumpy() for o in exe.forward(is_train=False)]
+
+
+def infer_types(sym, **given):
+    """{output or argument name: dtype name}, every untyped input taken as float32."""
+    from mxmp.graph import _infer_dtypes
+    js = json.loads(sym.tojson(remove_amp_cast=False))
+    return {name if k == 0 else '%s:%d' % (name, k): d
+            for (name, k), d in _infer_dtypes(js, given).items()}
+
+
+def random_args(sym, shapes, seed=0):
+    rng = np.random.RandomState(seed)
+    arg_shapes, _, aux_shapes = sym.infer_shape(**shapes)
+    args = {n: nd.array(rng.uniform(-1, 1, s)) for n, s in zip(sym.list_arguments(), arg_shapes)}
+    aux = {n: nd.array(rng.uniform(0.5, 1.5, s))
+           for n, s in zip(sym.list_auxiliary_states(), aux_shapes)}
+    return args, aux
+
+
+# --- exact cast nodes -------------------------------------------------------------------------
+def test_conv_bn_relu_fc_softmax_gets_casts_only_at_precision_boundaries():
+    out = mxmp.convert_symbol(conv_bn_relu_fc_softmax(), 'bfloat16')
+    assert casts(out) == sorted([
+        ('bfloat16', 'data'), ('bfloat16', 'conv_weight'), ('bfloat16', 'conv_bias'),
+        ('bfloat16', 'fc_weight'), ('bfloat16', 'fc_bias'),
+        ('float32', 'fc'),  # into softmax, which stays float32
+    ])
+    # BatchNorm's gamma, beta and running statistics are never cast.
+    assert consumers_of(out, 'bn_gamma') == ['bn']
+    assert consumers_of(out, 'bn_moving_var') == ['bn']
+    assert consumers_of(out, 'conv') == ['bn']  # bn runs on conv's bfloat16 output directly
+
+
+def test_residual_add_of_two_low_precision_branches_needs_no_cast():
+    data = mx.sym.var('data')
+    a = mx.sym.Convolution(data, kernel=(1, 1), num_filter=4, no_bias=True, name='a')
+    b = mx.sym.Convolution(data, kernel=(1, 1), num_filter=4, no_bias=True, name='b')
+    out = mxmp.convert_symbol(mx.sym.elemwise_add(a, b, name='add'), 'float16')
+    # data is cast once and shared by both convolutions; the add stays float16; the graph
+    # output is cast back to float32.
+    assert casts(out) == sorted([('float16', 'data'), ('float16', 'a_weight'),
+                                 ('float16', 'b_weight'), ('float32', 'add')])
+    assert consumers_of(out, 'data_amp_cast_float16') == ['a', 'b']
+
+
+def test_concat_of_mixed_dtypes_casts_the_low_precision_input_to_the_widest_type():
+    data = mx.sym.var('data')
+    low = mx.sym.FullyConnected(data, num_hidden=4, no_bias=True, name='fc')
+    high = mx.sym.exp(data, name='exp')  # float32 list
+    out = mxmp.convert_symbol(mx.sym.concat(low, high, dim=1, name='cat'), 'bfloat16')
+    assert casts(out) == sorted([('bfloat16', 'data'), ('bfloat16', 'fc_weight'),
+                                 ('float32', 'fc')])
+    rows = {r.name: r for r in mxmp.explain(mx.sym.concat(low, high, dim=1, name='cat'),
+                                            'bfloat16')}
+    assert rows['cat'].dtype == 'float32'
+    assert 'widest is float32' in rows['cat'].rule
+
+
+def test_input_feeding_a_low_precision_and_a_float32_consumer_is_cast_exactly_once():
+    data = mx.sym.var('data')
+    fc = mx.sym.FullyConnected(data, num_hidden=4, no_bias=True, name='fc')
+    s = mx.sym.sum(data, axis=1, keepdims=True, name='total')
+    out = mxmp.convert_symbol(mx.sym.Group([fc, s]), 'bfloat16')
+    assert casts(out) == sorted([('bfloat16', 'data'), ('bfloat16', 'fc_weight'),
+                                 ('float32', 'fc')])
+    assert consumers_of(out, 'data') == ['data_amp_cast_bfloat16', 'total']
+
+
+def test_a_tensor_with_many_low_precision_consumers_is_cast_once():
+    data = mx.sym.var('data')
+    heads = [mx.sym.FullyConnected(data, num_hidden=2, no_bias=True, name='fc%d' % i)
+             for i in range(5)]
+    out = mxmp.convert_symbol(mx.sym.add_n(*heads, name='sum'), 'bfloat16')
+    assert [c for c in casts(out) if c[1] == 'data'] == [('bfloat16', 'data')]
+
+
+def test_outputs_are_float32_and_low_precision_runs_between_the_casts():
+    out = mxmp.convert_symbol(conv_bn_relu_fc_softmax(), 'bfloat16')
+    dtype = infer_types(out)
+    assert dtype['softmax'] == 'float32'
+    assert dtype['conv'] == dtype['bn'] == dtype['relu'] == dtype['fc'] == 'bfloat16'
+    assert dtype['bn_gamma'] == dtype['bn_moving_mean'] == 'float32'
+
+
+def test_float16_graph_structure_on_resnet_block():
+    # float16 cannot run on this CPU: the structure is what we can check.
+    sym = conv_bn_relu_fc_softmax()
+    out = mxmp.convert_symbol(sym, 'float16')
+    assert {d for d, _ in casts(out)} == {'float16', 'float32'}
+    rows = {r.name: r for r in mxmp.explain(sym, 'float16')}
+    assert rows['conv'].dtype == rows['fc'].dtype == 'float16'
+    assert rows['bn'].dtype == rows['relu'].dtype == 'float16'
+    assert rows['softmax'].dtype == 'float32'
+
+
+# --- numerics ---------------------------------------------------------------------------------
+@pytest.mark.parametrize('cast_params', [False, True])
+def test_converted_outputs_match_float32_within_bfloat16_tolerance(cast_params):
+    sym = conv_bn_relu_fc_softmax()
+    args, aux = random_args(sym, {'data': (4, 3, 8, 8)})
+    ref, = run(sym, args, aux)
+    emulate = not mxmp.lp_kernels_available('bfloat16')
+    out = mxmp.convert_symbol(sym, 'bfloat16', cast_params=cast_params, emulate=emulate)
+    if cast_params:
+        from mxnet.contrib.amp.amp import bfloat16
+        for name in ('conv_weight', 'conv_bias', 'fc_weight', 'fc_bias'):
+            args[name] = nd.amp_cast(args[name], dtype=bfloat16)
+    got, = run(out, args, aux)
+    assert got.dtype == np.float32
+    # bfloat16 keeps 8 significant bits: relative error 2**-8 per rounding, a few roundings.
+    np.testing.assert_allclose(got, ref, rtol=0.05, atol=2e-3)
+    assert not np.array_equal(got, ref)  # the rounding really happened
+
+
+def test_emulated_float16_overflows_and_flushes_where_float16_would():
+    data = mx.sym.var('data')
+    out = mxmp.convert_symbol(mx.sym.relu(data, name='r') * 1, 'float16', emulate=True,
+                              policy=mxmp.Policy('float16', lp_ops=['relu']))
+    x = nd.array([[7e4, 1e-8, 1.0, 3e-5]])
+    got, = run(out, {'data': x})
+    expect = x.asnumpy().astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got, expect)
+    assert np.isinf(got[0, 0]) and got[0, 1] == 0
+
+
+# --- structure of emulation -------------------------------------------------------------------
+def test_emulated_graph_is_the_real_graph_plus_round_trips():
+    sym = conv_bn_relu_fc_softmax()
+    real = nodes_of(mxmp.convert_symbol(sym, 'float16'))
+    emu = nodes_of(mxmp.convert_symbol(sym, 'float16', emulate=True))
+    round_trips = [n for n in emu if n.get('attrs', {}).get(MARK) == 'emulate']
+    kept = [n for n in emu if n.get('attrs', {}).get(MARK) != 'emulate']
+    # Every real cast to float16 became a round trip whose first half has the real cast's name
+    # and dtype; every float16 compute node got a round trip after it.
+    real_names = sorted(n['name'] for n in real)
+    emu_names = sorted([n['name'] for n in kept] +
+                       [n['name'] for n in round_trips if n['attrs']['dtype'] == 'float16'
+                        and n['name'] in real_names])
+    assert emu_names == real_names
+    compute_lp = {'conv', 'bn', 'relu', 'fc'}
+    rounded = {emu[n['inputs'][0][0]]['name'] for n in round_trips
+               if n['attrs']['dtype'] == 'float16'}
+    assert compute_lp <= rounded
+    assert all(n['op'] == 'amp_cast' for n in round_trips)
+
+
+# --- idempotence, determinism, round trips ----------------------------------------------------
+def test_converting_twice_gives_the_same_graph():
+    sym = conv_bn_relu_fc_softmax()
+    once = mxmp.convert_symbol(sym, 'bfloat16')
+    twice = mxmp.convert_symbol(once, 'bfloat16')
+    assert twice.tojson(remove_amp_cast=False) == once.tojson(remove_amp_cast=False)
+
+
+def test_pass_is_deterministic():
+    a = mxmp.convert_symbol(conv_bn_relu_fc_softmax(), 'float16', cast_params=True)
+    b = mxmp.convert_symbol(conv_bn_relu_fc_softmax(), 'float16', cast_params=True)
+    assert a.tojson(remove_amp_cast=False) == b.tojson(remove_amp_cast=False)
+
+
+@pytest.mark.parametrize('kwargs', [{}, {'cast_params': True}, {'emulate': True}])
+def test_remove_casts_gives_back_the_float32_graph(kwargs):
+    sym = conv_bn_relu_fc_softmax()
+    assert mxmp.remove_casts(mxmp.convert_symbol(sym, 'bfloat16', **kwargs)).tojson() == \
+        sym.tojson()
+
+
+def test_converting_to_another_dtype_raises_and_names_the_fix():
+    once = mxmp.convert_symbol(conv_bn_relu_fc_softmax(), 'bfloat16')
+    with pytest.raises(ValueError, match='already converted to bfloat16.*remove_casts'):
+        mxmp.convert_symbol(once, 'float16')
+
+
+def test_graph_with_contrib_amp_casts_is_rejected():
+    data = mx.sym.var('data')
+    foreign = mx.sym.FullyConnected(mx.sym.amp_cast(data, dtype='float16', name='theirs'),
+                                    num_hidden=2, name='fc')
+    with pytest.raises(ValueError, match='not write.*remove_casts'):
+        mxmp.convert_symbol(foreign, 'float16')
+
+
+# --- cast_params ------------------------------------------------------------------------------
+def test_cast_params_stores_only_weights_whose_every_consumer_is_low_precision():
+    data = mx.sym.var('data')
+    w = mx.sym.var('shared_weight')
+    fc = mx.sym.FullyConnected(data, w, num_hidden=4, no_bias=True, name='fc')
+    fc2 = mx.sym.FullyConnected(data, mx.sym.var('own_weight'), num_hidden=4, no_bias=True,
+                                name='fc2')
+    tied = mx.sym.sum(w, name='penalty')  # a float32 consumer of the same weight
+    out = mxmp.convert_symbol(mx.sym.Group([fc, fc2, tied]), 'float16', cast_params=True)
+    types = infer_types(out)
+    assert types['own_weight'] == 'float16'
+    assert types['shared_weight'] == 'float32'
+    assert ('float16', 'shared_weight') in casts(out)
+
+
+def test_batchnorm_parameters_stay_float32_with_cast_params():
+    out = mxmp.convert_symbol(conv_bn_relu_fc_softmax(), 'bfloat16', cast_params=True)
+    types = infer_types(out)
+    for name in ('bn_gamma', 'bn_beta', 'bn_moving_mean', 'bn_moving_var'):
+        assert types[name] == 'float32', name
+    assert types['conv_weight'] == 'bfloat16'
+
+
+# --- integer tensors and data dtypes ----------------------------------------------------------
+def test_integer_index_inputs_are_never_cast():
+    data = mx.sym.var('data', dtype='int32')
+    emb = mx.sym.Embedding(data, input_dim=10, output_dim=4, name='emb')
+    out = mxmp.convert_symbol(mx.sym.FullyConnected(emb, num_hidden=3, name='fc'), 'float16',
+                              data_dtypes={'data': 'int32'})
+    assert ('float16', 'data') not in casts(out)
+    assert ('float16', 'emb') in casts(out)
+
+
+def test_low_precision_data_input_needs_no_cast():
+    out = mxmp.convert_symbol(conv_bn_relu_fc_softmax(), 'float16',
+                              data_dtypes={'data': 'float16'})
+    assert ('float16', 'data') not in casts(out)
+
+
+# --- explain and policy overrides -------------------------------------------------------------
+def test_explain_names_the_rule_for_every_node():
+    rows = mxmp.explain(conv_bn_relu_fc_softmax(), 'bfloat16')
+    by_name = {r.name: r for r in rows}
+    assert by_name['conv'] == ('conv', 'Convolution', 'bfloat16', 'low-precision list')
+    assert by_name['softmax'].dtype == 'float32'
+    assert 'float32' in by_name['softmax'].rule
+    text = mxmp.format_explain(rows)
+    assert 'FullyConnected fc -> bfloat16: low-precision list' in text.splitlines()
+
+
+def test_excluded_names_keep_a_node_in_float32():
+    sym = conv_bn_relu_fc_softmax()
+    policy = mxmp.Policy('bfloat16', excluded_names=['fc'])
+    rows = {r.name: r for r in mxmp.explain(sym, policy=policy)}
+    assert rows['fc'].dtype == 'float32'
+    assert rows['fc'].rule == 'excluded_names (user override)'
+    out = mxmp.convert_symbol(sym, policy=policy)
+    assert ('bfloat16', 'fc_weight') not in casts(out)
+    assert ('float32', 'relu') in casts(out)
+
+
+def test_conditional_float32_activation():
+    data = mx.sym.var('data')
+    sym = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=4, name='fc'),
+                            act_type='softrelu', name='act')
+    rows = {r.name: r for r in mxmp.explain(sym, 'float16')}
+    assert rows['act'].dtype == 'float32'
+    assert rows['act'].rule.startswith('conditional float32')
+
+
+def test_op_in_no_list_computes_in_float32_and_is_logged(caplog, monkeypatch):
+    from mxmp import policy as policy_module
+    policy = mxmp.Policy('bfloat16')
+    # Pretend the op lists have never heard of Pooling (as for a custom op).
+    classes = {k: v - {'Pooling'} for k, v in policy.classes.items()}
+    monkeypatch.setattr(policy_module.Policy, 'classes', property(lambda self: classes))
+    policy_module._warn_unlisted.cache_clear()
+    data = mx.sym.var('data')
+    sym = mx.sym.Pooling(mx.sym.Convolution(data, kernel=(1, 1), num_filter=2, name='c'),
+                         kernel=(2, 2), pool_type='max', name='pool')
+    with caplog.at_level(logging.WARNING, logger='mxmp.policy'):
+        rows = {r.name: r for r in mxmp.explain(sym, policy=policy)}
+    assert rows['pool'].dtype == 'float32'
+    assert rows['pool'].rule.startswith('in no list')
+    assert 'Pooling is in no mxmp op list' in caplog.text
+
+
+def test_unknown_target_dtype_is_rejected_with_the_accepted_names():
+    with pytest.raises(ValueError, match="unknown target dtype 'int8'.*'float16' or 'bfloat16'"):
+        mxmp.convert_symbol(conv_bn_relu_fc_softmax(), 'int8')
+
+
+def test_non_symbol_input_is_rejected():
+    with pytest.raises(TypeError, match='mxmp.convert\\(block\\)'):
+        mxmp.convert_symbol(mx.gluon.nn.Dense(2), 'bfloat16')
+
+
+def test_resnet50_training_graph_cast_count():
+    from gluoncv.model_zoo import get_model
+    net = get_model('resnet50_v1')
+    sym = net(mx.sym.var('data'))
+    # One cast per conv/fc weight and bias, one for the data, one for the output.
+    weights = [n for n in sym.list_arguments() if n != 'data' and 'batchnorm' not in n]
+    assert mxmp.count_casts(mxmp.convert_symbol(sym, 'bfloat16'))['amp_cast'] == \
+        len(weights) + 2
+    # With parameters stored in bfloat16, only the data and the output are cast.
+    assert mxmp.count_casts(mxmp.convert_symbol(sym, 'bfloat16', cast_params=True)) == \
+        {'amp_cast': 2, 'amp_multicast': 0}
