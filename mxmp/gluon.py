@@ -1,0 +1,211 @@
+"""``mxmp.convert``: a Gluon HybridBlock in mixed precision, at any time after construction.
+
+The block is traced to a Symbol (``block(mx.sym.var('data'))``), the graph pass rewrites it
+(:func:`mxmp.graph.convert_symbol`) and a :class:`ConvertedBlock` (a ``gluon.SymbolBlock``) runs
+the result with the *same* ``Parameter`` objects: an update through one block is seen by the
+other, the original's initializers and deferred shapes still apply, and ``export()`` works.
+Unlike ``mxnet.contrib.amp`` nothing is patched: ``amp.init()`` is not needed before the net
+is built, and nothing global changes.
+"""
+import json
+import logging
+import warnings
+
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+
+from .graph import MARK, convert_symbol, count_casts, remove_casts
+from .device import lp_kernels_available
+from .policy import Policy, normalize_dtype
+
+__all__ = ['convert', 'ConvertedBlock', 'dtype_of']
+
+logger = logging.getLogger(__name__)
+
+
+def dtype_of(name):
+    """The MXNet dtype object for a dtype name (``'bfloat16'`` is a numpy structured dtype)."""
+    if name == 'bfloat16':
+        from mxnet.contrib.amp.amp import bfloat16
+        return bfloat16
+    return name
+
+
+class ConvertedBlock(gluon.SymbolBlock):
+    """A mixed-precision block made by :func:`mxmp.convert` (a ``gluon.SymbolBlock``).
+
+    Attributes:
+        mxmp_policy (mxmp.Policy): the policy it was converted with.
+        mxmp_cast_params (bool): whether low-precision parameters are stored in the target dtype.
+        mxmp_source (gluon.HybridBlock): the block it was converted from.
+    """
+    mxmp_policy = None
+    mxmp_cast_params = False
+    mxmp_source = None
+
+    def forward(self, x, *args):  # pylint: disable=arguments-differ
+        if isinstance(x, mx.nd.NDArray) and not self.mxmp_policy.emulate and \
+                not lp_kernels_available(self.mxmp_policy.target_dtype, x.ctx):
+            # Checked up front: MXNet would fail asynchronously, far from the cause.
+            raise RuntimeError(
+                '%s has no %s kernels (oneDNN needs AVX-512 for bfloat16; CPUs have no float16 '
+                'GEMM). Convert with mxmp.convert(block, %r, emulate=True) to run the same '
+                'numerics with float32 kernels.' % (x.ctx, self.mxmp_policy.target_dtype,
+                                                    self.mxmp_policy.target_dtype))
+        return super().forward(x, *args)
+
+    def export(self, path, epoch=0, remove_amp_cast=True):
+        """Write ``path-symbol.json`` and ``path-%04d.params`` (as ``HybridBlock.export``).
+
+        Args:
+            path (str): file prefix.
+            epoch (int): number in the params file name. Default 0.
+            remove_amp_cast (bool): True (default): a float32 model, casts removed and
+                low-precision parameters written as float32, that plain MXNet loads. False: the
+                mixed-precision graph with its casts and parameters in their stored dtype.
+
+        Raises:
+            RuntimeError: the block has not run forward since ``hybridize()``.
+        """
+        super().export(path, epoch, remove_amp_cast=False)
+        if not remove_amp_cast:
+            return
+        remove_casts(self._cached_graph[1]).save('%s-symbol.json' % path)
+        params_file = '%s-%04d.params' % (path, epoch)
+        arrays = mx.nd.load(params_file)
+        arrays = {k: v if np.dtype(v.dtype) == np.float32 else mx.nd.amp_cast(v, dtype='float32')
+                  for k, v in arrays.items()}
+        mx.nd.save(params_file, arrays)
+
+    @property
+    def mxmp_symbol(self):
+        """The converted Symbol, casts included."""
+        return self._cached_graph[1]
+
+
+def _trace(block, data_names, data_dtypes):
+    inputs = [mx.sym.var(n, dtype=dtype_of(normalize_dtype((data_dtypes or {}).get(n, 'float32'),
+                                                           allow_float32=True)))
+              for n in data_names]
+    try:
+        out = block(*inputs)
+    except Exception as err:  # any failure of hybrid_forward on Symbols
+        raise TypeError(
+            'mxmp.convert could not trace %s (%s) into a Symbol: %s: %s. Its hybrid_forward must '
+            'use only F.* operators that exist for Symbols (no asnumpy(), no shape-dependent '
+            'Python control flow); if it takes more than one input, pass their names as '
+            'data_names=(...).' % (block.name, type(block).__name__, type(err).__name__, err)
+        ) from err
+    if isinstance(out, (list, tuple)):
+        out = mx.sym.Group(list(out))
+    return inputs, out
+
+
+def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, policy=None,
+            data_names=('data',), data_dtypes=None):
+    """Return a mixed-precision version of ``block`` that shares its parameters.
+
+    Args:
+        block (mxnet.gluon.HybridBlock): any hybridizable block, initialized or not, hybridized
+            or not (e.g. a GluonCV model-zoo network).
+        target_dtype (str): ``'bfloat16'`` (default; CPUs with oneDNN) or ``'float16'``
+            (NVIDIA GPUs). Ignored when ``policy`` is given.
+        cast_params (bool): store the weights of low-precision layers (Convolution,
+            FullyConnected, ...) in the target dtype: the shared ``Parameter`` objects are cast
+            (as ``block.cast()`` would), so the original block then sees them in that dtype too.
+            Use :class:`mxmp.Trainer`, which keeps float32 master weights for them.
+            BatchNorm's gamma, beta and running statistics always stay float32. Default False:
+            weights stay float32 with one in-graph cast each.
+        emulate (bool): run low-precision numerics with float32 kernels (for CPUs without
+            bfloat16 kernels and for float16 on CPU); see :mod:`mxmp.graph`. Default False.
+        policy (mxmp.Policy): op classes and overrides (``lp_ops``, ``fp32_ops``,
+            ``excluded_names``); default ``Policy(target_dtype, emulate=emulate)``.
+        data_names (tuple of str): names of the block's inputs, in call order; default
+            ``('data',)``.
+        data_dtypes (dict of str -> dtype): dtypes of the inputs (default float32).
+
+    Returns:
+        ConvertedBlock: call it with float32 NDArrays (shape as for ``block``); it returns
+        float32 outputs. It trains under ``autograd.record()``, ``hybridize()``s and
+        ``export()``s (``export`` strips the casts unless ``remove_amp_cast=False``).
+
+    Raises:
+        TypeError: ``block`` is not a HybridBlock or cannot be traced (the message names the fix).
+        ValueError: unknown dtype; ``block`` is already a converted block.
+    """
+    if getattr(block, 'mxmp_policy', None) is not None:
+        raise ValueError(
+            'this block was already converted by mxmp (target dtype %s); converting twice would '
+            'stack casts. Convert the original instead: mxmp.convert(block.mxmp_source, ...)'
+            % block.mxmp_policy.target_dtype)
+    if not isinstance(block, gluon.HybridBlock):
+        raise TypeError(
+            'mxmp.convert needs a gluon.HybridBlock, got %s (a plain gluon.Block cannot be '
+            'traced into a graph). Write it as a HybridBlock with hybrid_forward(self, F, x), or '
+            'convert its HybridBlock children one by one.' % type(block).__name__)
+    if isinstance(data_names, str):
+        data_names = (data_names,)
+    if policy is None:
+        policy = Policy(normalize_dtype(target_dtype), emulate=emulate)
+    elif emulate and not policy.emulate:
+        policy = policy.replace(emulate=True)
+    inputs, sym = _trace(block, data_names, data_dtypes)
+    converted = convert_symbol(sym, policy=policy, data_dtypes=data_dtypes,
+                               cast_params=cast_params, data_names=data_names)
+    params = block.collect_params()
+    lp_names = _lp_parameter_names(converted)
+    lp_dtype = dtype_of(policy.target_dtype)
+    for name, param in params.items():
+        param._mxmp_target_dtype = policy.target_dtype  # read by mxmp.Trainer
+        if name in lp_names:
+            _cast_parameter(param, lp_dtype)
+    with warnings.catch_warnings():
+        # SymbolBlock warns that it cannot type the data inputs before the first call.
+        warnings.simplefilter('ignore', UserWarning)
+        out = ConvertedBlock(converted, inputs, params=params)
+    out.mxmp_policy = policy
+    out.mxmp_cast_params = bool(cast_params)
+    out.mxmp_source = block
+    logger.info('converted %s to %s%s: %d casts, %d parameters stored in %s', block.name,
+                policy.target_dtype, ' (emulated)' if policy.emulate else '',
+                count_casts(converted)['amp_cast'], len(lp_names), policy.target_dtype)
+    return out
+
+
+def _lp_parameter_names(sym):
+    return {n['name'] for n in json.loads(sym.tojson(remove_amp_cast=False))['nodes']
+            if n['op'] == 'null' and n.get('attrs', {}).get(MARK, '').startswith('cast_param')}
+
+
+def _cast_parameter(param, dtype):
+    """``Parameter.cast`` with ``amp_cast``, which rounds to nearest even.
+
+    ``NDArray.astype`` to bfloat16 does not round the same way as ``amp_cast`` (measured: the
+    sums of a cast conv weight differ in the third digit), and on a weight that oneDNN has
+    reordered it gives arrays whose size does not match their oneDNN descriptor.
+    """
+    from mxnet import autograd
+    if param._data is None:
+        # Not initialized yet. MXNet's initializers cannot fill bfloat16 arrays ("Output type
+        # must be float16, float32, float64"), so initialize in the current dtype and cast
+        # right after: this instance's _finish_deferred_init (which both initialize() and the
+        # first forward call) is wrapped; nothing else is patched.
+        initial, finish = param._dtype, param._finish_deferred_init
+
+        def finish_then_cast():
+            del param._finish_deferred_init
+            param._dtype = initial
+            finish()
+            _cast_parameter(param, dtype)
+
+        param._dtype = dtype
+        param._finish_deferred_init = finish_then_cast
+        return
+    param._dtype = dtype
+    with autograd.pause():
+        param._data = [mx.nd.amp_cast(d, dtype=dtype) for d in param._data]
+        if param._grad is None:
+            return
+        param._grad = [mx.nd.amp_cast(g, dtype=dtype) for g in param._grad]
+        autograd.mark_variables(param._data, param._grad, param.grad_req)
