@@ -178,14 +178,14 @@ class Policy:
             return LOW_PRECISION, 'lp_ops (user override)'
         if op in self.fp32_ops:
             return FLOAT32, 'fp32_ops (user override)'
-        for cond_op, attr, values in _list_module(self.target_dtype).get(
-                'CONDITIONAL_FLOAT32', ()):
-            if cond_op == op and attrs.get(attr) in values:
+        conditions = _list_module(self.target_dtype).get('CONDITIONAL_FLOAT32', {})
+        for attr, values in conditions.get(op, {}).items():
+            if attrs.get(attr) in values:
                 return FLOAT32, 'conditional float32: %s %s=%s' % (op, attr, attrs[attr])
         for op_class, ops in self.classes.items():
             if op in ops:
                 return op_class, _RULE_NAMES[op_class]
-        reason = lists.excluded_reason(op) if hasattr(lists, 'excluded_reason') else None
+        reason = lists.excluded_reason(op)
         _warn_unlisted(op, reason)
         return FLOAT32, 'in no list: float32' + (' (%s)' % reason if reason else '')
 
