@@ -13,8 +13,13 @@ from .policy import Policy, normalize_dtype
 from .graph import convert_symbol, remove_casts, explain, format_explain, count_casts
 from .device import lp_kernels_available
 from .gluon import convert, ConvertedBlock
+from .scaler import (LossScaler, DynamicLossScaler, StaticLossScaler, NoOpLossScaler,
+                     make_loss_scaler)
+from .trainer import Trainer
 
 __version__ = '0.1.0'
 
 __all__ = ['Policy', 'normalize_dtype', 'convert_symbol', 'remove_casts', 'explain',
-           'format_explain', 'count_casts', 'lp_kernels_available', 'convert', 'ConvertedBlock']
+           'format_explain', 'count_casts', 'lp_kernels_available', 'convert', 'ConvertedBlock',
+           'LossScaler', 'DynamicLossScaler', 'StaticLossScaler', 'NoOpLossScaler',
+           'make_loss_scaler', 'Trainer']
