@@ -1,0 +1,254 @@
+"""The mxmp command line: every subcommand on a small exported model, and its bad-input paths."""
+import json
+import os
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import gluon
+from mxnet.gluon import nn
+
+import mxmp
+from mxmp.cli import main
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+
+
+def tiny_net(prefix='tiny_'):
+    net = nn.HybridSequential(prefix=prefix)
+    with net.name_scope():
+        net.add(nn.Conv2D(8, 3, padding=1, in_channels=3), nn.BatchNorm(in_channels=8),
+                nn.Activation('relu'), nn.GlobalAvgPool2D(), nn.Dense(10, in_units=8))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+@pytest.fixture(scope='module')
+def model(tmp_path_factory):
+    """tiny-symbol.json + tiny-0000.params written by HybridBlock.export, and the net."""
+    d = tmp_path_factory.mktemp('model')
+    mx.random.seed(0)
+    net = tiny_net()
+    net.hybridize()
+    x = mx.nd.array(np.random.RandomState(0).normal(size=(4, 3, 8, 8)))
+    net(x)
+    net.export(str(d / 'tiny'))
+    other = nn.HybridSequential(prefix='other_')
+    with other.name_scope():
+        other.add(nn.Dense(4, in_units=3))
+    other.initialize()
+    other.hybridize()
+    other(mx.nd.ones((1, 3)))
+    other.export(str(d / 'other'))
+    return {'dir': d, 'sym': str(d / 'tiny-symbol.json'), 'params': str(d / 'tiny-0000.params'),
+            'other_params': str(d / 'other-0000.params'), 'net': net, 'x': x}
+
+
+def run(argv, capsys):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def load(prefix, epoch=0):
+    return gluon.SymbolBlock.imports('%s-symbol.json' % prefix, ['data'],
+                                     '%s-%04d.params' % (prefix, epoch))
+
+
+# ------------------------------------------------------------------------------ convert
+def test_convert_emulated_model_loads_and_matches_float32(model, capsys, tmp_path):
+    out = tmp_path / 'emu'
+    code, stdout, _ = run(['convert', model['sym'], model['params'], '--dtype', 'bfloat16',
+                           '--emulate', '--out', out], capsys)
+    assert code == 0 and 'wrote' in stdout
+    js = json.loads((tmp_path / 'emu-symbol.json').read_text())
+    casts = [n for n in js['nodes'] if n['op'] == 'amp_cast']
+    assert any(n['attrs']['dtype'] == 'bfloat16' for n in casts)   # casts kept in the file
+    net = load(str(out))
+    ref = model['net'](model['x']).asnumpy()
+    got = net(model['x']).asnumpy()
+    assert got.dtype == np.float32
+    assert not np.array_equal(got, ref)               # bfloat16 rounding happened
+    np.testing.assert_allclose(got, ref, rtol=0.05, atol=0.05)
+
+
+def test_convert_cast_params_stores_low_precision_weights(model, capsys, tmp_path):
+    out = tmp_path / 'bf16'
+    code, stdout, _ = run(['convert', model['sym'], model['params'], '--dtype', 'bfloat16',
+                           '--cast-params', '--out', out], capsys)
+    assert code == 0
+    params = mx.nd.load(str(tmp_path / 'bf16-0000.params'))
+    dtype = lambda k: mxmp.graph._dtype_name(params[k].dtype)  # noqa: E731
+    assert dtype('arg:tiny_conv0_weight') == 'bfloat16'
+    assert dtype('arg:tiny_dense0_weight') == 'bfloat16'
+    assert dtype('arg:tiny_batchnorm0_gamma') == 'float32'
+    assert dtype('aux:tiny_batchnorm0_running_mean') == 'float32'
+    if mxmp.lp_kernels_available('bfloat16'):
+        net = load(str(out))
+        np.testing.assert_allclose(net(model['x']).asnumpy(),
+                                   model['net'](model['x']).asnumpy(), rtol=0.05, atol=0.05)
+
+
+def test_convert_strip_gives_the_float32_model_back(model, capsys, tmp_path):
+    assert run(['convert', model['sym'], model['params'], '--dtype', 'float16',
+                '--cast-params', '--out', tmp_path / 'f16'], capsys)[0] == 0
+    code, stdout, _ = run(['convert', tmp_path / 'f16-symbol.json', tmp_path / 'f16-0000.params',
+                           '--strip', '--out', tmp_path / 'back'], capsys)
+    assert code == 0 and 'float32' in stdout
+    original = mx.sym.load(model['sym'])
+    stripped = mx.sym.load(str(tmp_path / 'back-symbol.json'))
+    assert [n['name'] for n in json.loads(stripped.tojson(remove_amp_cast=False))['nodes']] == \
+        [n['name'] for n in json.loads(original.tojson())['nodes']]
+    params = mx.nd.load(str(tmp_path / 'back-0000.params'))
+    assert all(np.dtype(v.dtype) == np.float32 for v in params.values())
+    # the weights went through float16 once: equal to the float16-rounded originals
+    w = mx.nd.load(model['params'])['arg:tiny_conv0_weight'].asnumpy()
+    np.testing.assert_array_equal(params['arg:tiny_conv0_weight'].asnumpy(),
+                                  w.astype(np.float16).astype(np.float32))
+    np.testing.assert_allclose(load(str(tmp_path / 'back'))(model['x']).asnumpy(),
+                               model['net'](model['x']).asnumpy(), rtol=1e-2, atol=1e-2)
+
+
+# ------------------------------------------------------------------------------ explain
+def test_explain_table_and_json(model, capsys):
+    code, out, _ = run(['explain', model['sym'], '--dtype', 'float16'], capsys)
+    assert code == 0
+    assert 'tiny_conv0_fwd' in out and 'Convolution' in out and 'float16' in out
+    code, out, _ = run(['explain', model['sym'], '--dtype', 'bf16', '--json'], capsys)
+    rows = {r['node']: r for r in json.loads(out)}
+    assert rows['tiny_conv0_fwd']['dtype'] == 'bfloat16'
+    assert rows['tiny_dense0_fwd']['op'] == 'FullyConnected'
+    assert set(rows['tiny_conv0_fwd']) == {'node', 'op', 'dtype', 'rule'}
+    assert 'data' not in rows
+    code, out, _ = run(['explain', model['sym'], '--dtype', 'float16', '--json', '--all'],
+                       capsys)
+    assert 'data' in {r['node'] for r in json.loads(out)}
+
+
+# ------------------------------------------------------------------------------ alignment
+def test_check_alignment_reports_misaligned_sizes(model, capsys):
+    code, out, _ = run(['check-alignment', model['sym'], '--shape', 'data=4,3,8,8'], capsys)
+    assert code == 0
+    assert 'tiny_conv0_fwd' in out and 'in_channels 3' in out
+    code, out, _ = run(['check-alignment', model['sym'], '--shape', 'data=4,3,8,8', '--json'],
+                       capsys)
+    rows = json.loads(out)
+    assert {'layer': 'tiny_conv0_fwd', 'dimension': 'in_channels', 'size': 3}.items() <= \
+        rows[0].items()
+    assert run(['check-alignment', model['sym'], '--shape', 'data=4,3,8,8', '--strict'],
+               capsys)[0] == 1
+
+
+# ------------------------------------------------------------------------------ diagnose
+def write_rec(path, n=12, size=8):
+    rng = np.random.RandomState(0)
+    writer = mx.recordio.MXIndexedRecordIO(str(path) + '.idx', str(path), 'w')
+    for i in range(n):
+        img = rng.randint(0, 255, size=(size, size, 3)).astype(np.uint8)
+        header = mx.recordio.IRHeader(0, float(i % 10), i, 0)
+        writer.write_idx(i, mx.recordio.pack_img(header, img, img_fmt='.png'))
+    writer.close()
+    return str(path)
+
+
+def test_diagnose_on_a_recordio_batch_writes_report_and_plots(model, capsys, tmp_path):
+    rec = write_rec(tmp_path / 'val.rec')
+    out = tmp_path / 'diag'
+    code, stdout, _ = run(['diagnose', model['sym'], model['params'], '--rec', rec,
+                           '--batch-size', 8, '--steps', 2, '--out', out], capsys)
+    assert code == 0
+    assert 'mxmp numerics report for float16' in stdout and 'tiny_conv0_fwd' in stdout
+    report = json.loads((out / 'report.json').read_text())
+    assert report['batch_size'] == 8 and report['steps'] == 2
+    for name in ('gradient_histogram.png', 'layer_ranges.png'):
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+    assert (out / 'report.txt').read_text().startswith('mxmp numerics report')
+
+
+def test_diagnose_synthetic_bfloat16(model, capsys):
+    code, stdout, _ = run(['diagnose', model['sym'], model['params'], '--synthetic',
+                           '--data-shape', '3,8,8', '--batch-size', 4, '--steps', 1,
+                           '--dtype', 'bfloat16', '--flagged-only'], capsys)
+    assert code == 0 and 'mxmp numerics report for bfloat16' in stdout
+
+
+# ------------------------------------------------------------------------------ plot
+def test_plot_writes_png(capsys, tmp_path):
+    path = tmp_path / 'metrics.jsonl'
+    path.write_text(''.join(json.dumps({'step': i, 'epoch': 1, 'loss': 1.0 / i,
+                                        'loss_scale': 2.0 ** 16, 'skipped': i == 3, 'lr': 0.1})
+                            + '\n' for i in range(1, 11)))
+    code, out, _ = run(['plot', path, '--out', tmp_path / 'curves.png'], capsys)
+    assert code == 0
+    assert (tmp_path / 'curves.png').read_bytes()[:8] == PNG_MAGIC
+
+
+# ------------------------------------------------------------------------------ help
+@pytest.mark.parametrize('sub', ['convert', 'explain', 'check-alignment', 'diagnose', 'plot'])
+def test_every_subcommand_has_help(sub, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([sub, '--help'])
+    assert exc.value.code == 0
+    assert 'usage: mxmp %s' % sub in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------ bad input
+BAD = {
+    'missing symbol file': (['explain', '{d}/nope-symbol.json', '--dtype', 'float16'],
+                            'does not exist'),
+    'params file given as symbol': (['explain', '{params}', '--dtype', 'float16'],
+                                    'not a symbol JSON file'),
+    'symbol and params of different models': (
+        ['convert', '{sym}', '{other_params}', '--dtype', 'float16', '--out', '{d}/x'],
+        'does not match the symbol'),
+    'symbol given as params': (['convert', '{sym}', '{sym}', '--dtype', 'float16', '--out',
+                                '{d}/x'], 'not an MXNet .params file'),
+    'convert without dtype': (['convert', '{sym}', '{params}', '--out', '{d}/x'],
+                              'give --dtype'),
+    'output directory missing': (['convert', '{sym}', '{params}', '--dtype', 'float16',
+                                  '--out', '{d}/no/such/dir/x'], 'does not exist'),
+    'alignment input unknown': (['check-alignment', '{sym}', '--shape', 'label=4,3,8,8'],
+                                'label'),
+    'diagnose missing rec': (['diagnose', '{sym}', '{params}', '--rec', '{d}/missing.rec'],
+                             'does not exist'),
+    'diagnose not a rec': (['diagnose', '{sym}', '{params}', '--rec', '{sym}'],
+                           'not an image RecordIO'),
+    'diagnose wrong data shape': (['diagnose', '{sym}', '{params}', '--synthetic',
+                                   '--data-shape', '5,8,8'], 'cannot run on data'),
+    'plot missing file': (['plot', '{d}/missing.jsonl'], 'does not exist'),
+}
+
+
+@pytest.mark.parametrize('case', sorted(BAD))
+def test_bad_input_exits_non_zero_with_one_line(case, model, capsys):
+    argv, needle = BAD[case]
+    fill = dict(d=model['dir'], sym=model['sym'], params=model['params'],
+                other_params=model['other_params'])
+    code, out, err = run([a.format(**fill) for a in argv], capsys)
+    assert code == 1
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith('mxmp %s: error: ' % argv[0]) and needle in lines[0]
+    assert 'Traceback' not in err
+
+
+def test_unknown_dtype_is_a_usage_error(model, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(['explain', model['sym'], '--dtype', 'int8'])
+    assert exc.value.code == 2
+    assert "unknown dtype 'int8'" in capsys.readouterr().err
+
+
+def test_python_m_entry_point_reports_errors_without_traceback(model, tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    bad = subprocess.run([sys.executable, '-m', 'mxmp.cli', 'convert', model['sym'],
+                          model['other_params'], '--dtype', 'bfloat16', '--out',
+                          str(tmp_path / 'x')], capture_output=True, text=True, env=env,
+                         cwd=str(tmp_path))
+    assert bad.returncode == 1
+    assert 'Traceback' not in bad.stderr
+    assert bad.stderr.strip().startswith('mxmp convert: error:')
+    assert len(bad.stderr.strip().splitlines()) == 1
