@@ -1,0 +1,531 @@
+"""``mxnet.contrib.amp``'s API on top of mxmp: migrate by changing one import.
+
+::
+
+    from mxnet.contrib import amp        ->      from mxmp import amp
+
+The names and signatures are those of ``mxnet/contrib/amp/amp.py`` in MXNet 1.9.1: ``init``,
+``init_trainer``, ``scale_loss``, ``unscale``, ``convert_symbol``, ``convert_model``,
+``convert_hybrid_block``, ``list_lp16_ops``, ``list_fp32_ops``, ``list_lp16_fp32_ops``,
+``list_widest_type_cast``, ``list_conditional_fp32_ops``, ``list_loss_output_functions``.
+They are built on mxmp's graph pass (:func:`mxmp.convert_symbol`, :func:`mxmp.convert`), its
+:class:`mxmp.Policy` and its loss scalers (:mod:`mxmp.scaler`). Nothing is monkey patched:
+no MXNet function or class is replaced, so importing or initialising this module changes
+nothing global, and it can be used beside ``mxnet.contrib.amp`` in the same process.
+
+What differs from contrib.amp, and why (each function's docstring says more):
+
+* ``init()`` cannot patch the operators, so it only *records* the target dtype and the op
+  overrides; they become the defaults of the ``convert_*`` calls that follow. It may be called
+  at any time (also after the network is built) and again to change the defaults.
+* The network must therefore be converted explicitly, also for training: add
+  ``net = amp.convert_hybrid_block(net)`` after building it. The returned block *shares* the
+  Parameters of ``net`` and trains (contrib.amp's convert functions are for inference only).
+* ``convert_hybrid_block`` chooses **emulation** by itself: when the context has no kernels
+  for the target dtype (:func:`mxmp.lp_kernels_available`: bfloat16 on a CPU without
+  AVX-512 oneDNN kernels, float16 on any CPU) the block computes with float32 kernels on
+  values rounded through the target dtype (see :mod:`mxmp.graph`), and logs that it does.
+  ``convert_symbol``/``convert_model`` write the real low-precision graph (for deployment).
+* ``target_dtype_ops``, ``fp32_ops`` and ``conditional_fp32_ops`` *add to* mxmp's op lists
+  (contrib.amp replaces its lists with them). A conditional entry keeps the matching nodes in
+  float32 (they are passed to the pass as excluded node names).
+* Loss scaling follows mxmp's defaults: dynamic for float16 (start 2**16, x2 after 2000 finite
+  steps, /2 and skip on overflow), none for bfloat16 (float32's exponent range; contrib.amp
+  scales bfloat16 too). The overflow check covers every device, not only the first.
+* The loss-output functions (``SoftmaxOutput``, ...) are not wrapped to scale their gradient:
+  for the Symbolic Module use ``mxmp.Module``.
+* ``convert_bucketing_module`` and ``list_lp16_use_fp32_params`` are not offered.
+"""
+import contextlib
+import dataclasses
+import json
+import logging
+from typing import Optional, Tuple
+
+import numpy as np
+
+__all__ = ['init', 'init_trainer', 'scale_loss', 'unscale', 'convert_symbol', 'convert_model',
+           'convert_hybrid_block', 'list_lp16_ops', 'list_fp32_ops', 'list_lp16_fp32_ops',
+           'list_widest_type_cast', 'list_conditional_fp32_ops', 'list_loss_output_functions']
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """What :func:`init` recorded: defaults of the convert calls."""
+    target_dtype: Optional[str] = None
+    lp_ops: Tuple[str, ...] = ()
+    fp32_ops: Tuple[str, ...] = ()
+    conditional_fp32_ops: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = ()
+
+
+_CONFIG = _Config()
+
+
+def _dtype(target_dtype):
+    from .policy import normalize_dtype
+    if target_dtype is None:
+        target_dtype = _CONFIG.target_dtype or 'float16'
+    return normalize_dtype(target_dtype)
+
+
+def _names(value, what):
+    if value is None:
+        return ()
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise ValueError('%s must be a list of operator names, got %r' % (what, value))
+    return tuple(value)
+
+
+def _conditional(value):
+    if value is None:
+        return ()
+    out = []
+    for entry in value:
+        try:
+            op, attr, values = entry
+        except (TypeError, ValueError):
+            raise ValueError('conditional_fp32_ops entries are (op name, attribute name, list of '
+                             'values), e.g. ("Activation", "act_type", ["softrelu"]); got %r'
+                             % (entry,)) from None
+        if isinstance(values, str):
+            values = (values,)
+        out.append((str(op), str(attr), tuple(str(v) for v in values)))
+    return tuple(out)
+
+
+def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops=None,
+         fp32_ops=None):
+    """Record the target dtype and op overrides used by the following ``convert_*`` calls.
+
+    Same signature as ``mxnet.contrib.amp.init``. Unlike it, nothing is patched: the
+    operators of ``mx.nd``/``mx.sym`` are untouched, so this does not need to run before the
+    network is built, can run again (the last call wins) and never affects code that does not
+    use ``mxmp.amp``. Convert the network with :func:`convert_hybrid_block` (training or
+    inference) or :func:`convert_symbol` / :func:`convert_model`; their ``target_dtype``
+    defaults to the one recorded here.
+
+    Args:
+        target_dtype: ``'float16'`` or ``'bfloat16'`` (or ``numpy.float16`` /
+            ``mxnet.contrib.amp.amp.bfloat16``).
+        target_precision_ops (list of str): ops to run in the target dtype, added to mxmp's
+            low-precision list (``Policy(lp_ops=...)``).
+        conditional_fp32_ops (list of (str, str, list of str)): ``(op, attribute, values)``:
+            nodes of that op whose attribute has one of the values stay float32.
+        fp32_ops (list of str): ops to keep in float32 (``Policy(fp32_ops=...)``).
+
+    Raises:
+        ValueError: unknown dtype or malformed lists (contrib.amp asserts instead).
+    """
+    global _CONFIG  # pylint: disable=global-statement
+    _CONFIG = _Config(_dtype(target_dtype), _names(target_precision_ops, 'target_precision_ops'),
+                      _names(fp32_ops, 'fp32_ops'), _conditional(conditional_fp32_ops))
+    logger.info('mxmp.amp: target dtype %s recorded for the convert calls (nothing patched)',
+                _CONFIG.target_dtype)
+
+
+def _policy(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+            excluded_sym_names, emulate=False):
+    """The mxmp Policy of a convert call: init()'s overrides plus the call's."""
+    from .policy import Policy
+    dtype = _dtype(target_dtype)
+    call_lp = set(_names(target_dtype_ops, 'target_dtype_ops'))
+    call_fp32 = set(_names(fp32_ops, 'fp32_ops'))
+    # The call's lists win over init()'s where they disagree.
+    lp = (set(_CONFIG.lp_ops) - call_fp32) | call_lp
+    fp32 = (set(_CONFIG.fp32_ops) - call_lp) | call_fp32
+    if excluded_sym_names is not None and (isinstance(excluded_sym_names, str) or
+                                           not isinstance(excluded_sym_names, (list, tuple,
+                                                                               set))):
+        raise ValueError('excluded_sym_names must be a list of node names, got %r'
+                         % (excluded_sym_names,))
+    excluded = set(excluded_sym_names or ())
+    rules = _CONFIG.conditional_fp32_ops + _conditional(conditional_fp32_ops)
+    if rules:
+        for node in json.loads(sym.tojson(remove_amp_cast=False))['nodes']:
+            attrs = node.get('attrs', {})
+            for op, attr, values in rules:
+                if node['op'] == op and attrs.get(attr) in values:
+                    excluded.add(node['name'])
+    return Policy(dtype, lp_ops=lp, fp32_ops=fp32, excluded_names=excluded, emulate=emulate)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss scaling with a gluon.Trainer
+# ---------------------------------------------------------------------------------------------
+class _TrainerLossScaler:
+    """The object :func:`init_trainer` puts in ``trainer._amp_loss_scaler``.
+
+    ``gluon.Trainer._update`` (MXNet 1.9.1, ``python/mxnet/gluon/trainer.py``) reads that
+    attribute and skips the update when ``has_overflow(params)`` is True; this is the hook
+    contrib.amp uses, and the only thing mxmp attaches. The scale itself is an immutable
+    :class:`mxmp.scaler.LossScaler`, replaced after every check.
+    """
+
+    def __init__(self, scaler):
+        self.scaler = scaler
+        self.skipped_steps = 0
+
+    @property
+    def loss_scale(self):
+        """float: the current loss scale (1.0 when scaling is off)."""
+        return float(self.scaler.scale) if self.scaler.enabled else 1.0
+
+    def has_overflow(self, params):
+        """True (skip the step) if a gradient on any device is inf/NaN; adjusts the scale.
+
+        Static and disabled scalers never check (as :class:`mxmp.Trainer`).
+        """
+        if not self.scaler.dynamic:
+            return False
+        finite = _all_finite(params)
+        self.scaler = self.scaler.adjust(finite)
+        if not finite:
+            self.skipped_steps += 1
+            logger.info('mxmp.amp: overflow, step skipped; loss scale now %g', self.loss_scale)
+        return not finite
+
+
+def _all_finite(params):
+    """One ``multi_all_finite`` pass over every gradient of every device (one host sync)."""
+    from mxnet import autograd, nd
+    with autograd.pause():
+        flags = []
+        for param in params:
+            if param.grad_req == 'null' or param._grad is None:
+                continue
+            for g in param.list_grad():
+                if g.stype == 'row_sparse':
+                    g = g.data
+                dt = np.dtype(g.dtype)
+                if dt.names == ('bfloat16',):
+                    g = nd.amp_cast(g, dtype='float32')
+                elif dt.kind != 'f':
+                    continue
+                flags.append(nd.multi_all_finite(g, num_arrays=1).as_in_context(
+                    flags[0].context if flags else g.context))
+        if not flags:
+            return True
+        total = flags[0] if len(flags) == 1 else nd.min(nd.concat(*flags, dim=0))
+        return bool(total.asscalar() > 0)
+
+
+def _is_mxmp_trainer(obj):
+    from .trainer import Trainer
+    return isinstance(obj, Trainer)
+
+
+def _check_trainer(optimizer_or_trainer):
+    from mxnet import gluon, optimizer
+    if isinstance(optimizer_or_trainer, gluon.Trainer):
+        return
+    if isinstance(optimizer_or_trainer, optimizer.Optimizer):
+        raise TypeError('mxmp.amp works with a gluon.Trainer (or mxmp.Trainer), not a bare '
+                        'Optimizer (as contrib.amp); for the Symbolic Module use mxmp.Module')
+    raise TypeError('optimizer_or_trainer must be a gluon.Trainer or mxmp.Trainer, got %s'
+                    % type(optimizer_or_trainer).__name__)
+
+
+def init_trainer(optimizer_or_trainer):
+    """Set up loss scaling on a Trainer.
+
+    Same signature as ``mxnet.contrib.amp.init_trainer``.
+
+    * ``mxmp.Trainer``: nothing to do; it scales, checks and skips by itself (its
+      ``loss_scaler`` argument chooses the scaling). Recommended: it also keeps float32 master
+      weights, which a Trainer over bfloat16 Parameters needs (``cast_optional_params=True``).
+    * ``gluon.Trainer``: a loss scaler is attached as ``trainer._amp_loss_scaler``, the
+      attribute that ``gluon.Trainer`` itself checks before every update (MXNet 1.9.1
+      ``gluon/trainer.py``, ``_update``): a step whose gradients hold inf/NaN on any device is
+      skipped and the scale backs off. No method is replaced. Scaling is dynamic for float16
+      and off for bfloat16 (the dtype recorded by :func:`init`, else the ``_mxmp_target_dtype``
+      mark that :func:`convert_hybrid_block` leaves on the Parameters, else float16).
+      If the Trainer left ``update_on_kvstore`` to MXNet, it is set to False (the update must
+      come after the check, as in mxmp.Trainer); an explicit ``update_on_kvstore=True`` is an
+      error. The optimizer must support the Parameters' dtype (MXNet's optimizers fail on
+      bfloat16 weights: use mxmp.Trainer with ``cast_optional_params=True``).
+
+    Raises:
+        TypeError: not a Trainer (a bare Optimizer is refused, as in contrib.amp).
+        ValueError: the Trainer updates on the kvstore.
+    """
+    from .scaler import make_loss_scaler
+    _check_trainer(optimizer_or_trainer)
+    trainer = optimizer_or_trainer
+    if _is_mxmp_trainer(trainer):
+        return
+    config = getattr(trainer, '_kvstore_params', {})
+    if config.get('update_on_kvstore') or (trainer._kv_initialized and
+                                           trainer._update_on_kvstore):
+        raise ValueError('mxmp.amp cannot skip overflowing steps of a Trainer that updates on '
+                         'the kvstore: create it with update_on_kvstore=False')
+    if 'update_on_kvstore' in config and config['update_on_kvstore'] is None:
+        config['update_on_kvstore'] = False
+    dtype = _CONFIG.target_dtype
+    if dtype is None:
+        marks = {getattr(p, '_mxmp_target_dtype', None) for p in trainer._params}
+        dtype = 'float16' if 'float16' in marks else ('bfloat16' if 'bfloat16' in marks
+                                                       else 'float16')
+    trainer._amp_loss_scaler = _TrainerLossScaler(make_loss_scaler(None, dtype))
+    trainer._amp_original_scale = trainer._scale
+
+
+@contextlib.contextmanager
+def scale_loss(loss, optimizer_or_trainer):
+    """Context manager yielding the loss times the loss scale (``autograd.backward`` it).
+
+    Same signature and use as ``mxnet.contrib.amp.scale_loss``::
+
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+            with amp.scale_loss(loss, trainer) as scaled_loss:
+                autograd.backward(scaled_loss)
+        trainer.step(batch_size)
+
+    With a ``gluon.Trainer`` the Trainer's gradient rescale is set to divide by the scale
+    (``trainer._scale``, as contrib.amp does), so ``step`` applies unscaled gradients. With an
+    ``mxmp.Trainer`` this is ``trainer.scale_loss(loss)``.
+
+    Args:
+        loss (NDArray or list of NDArray)
+        optimizer_or_trainer: a Trainer passed to :func:`init_trainer`.
+
+    Raises:
+        RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
+    """
+    _check_trainer(optimizer_or_trainer)
+    trainer = optimizer_or_trainer
+    if _is_mxmp_trainer(trainer):
+        with trainer.scale_loss(loss) as scaled:
+            yield scaled
+        return
+    scaler = getattr(trainer, '_amp_loss_scaler', None)
+    if not isinstance(scaler, _TrainerLossScaler):
+        raise RuntimeError('the loss scaler is not set up: call mxmp.amp.init_trainer(trainer) '
+                           'after creating the Trainer')
+    scale = scaler.loss_scale
+    trainer._scale = trainer._amp_original_scale / scale
+    if not scaler.scaler.enabled:
+        yield loss
+    elif isinstance(loss, (list, tuple)):
+        yield [l * scale for l in loss]
+    else:
+        yield loss * scale
+
+
+def unscale(optimizer_or_trainer):
+    """Divide the gradients by the loss scale in place (before clipping them).
+
+    Same signature as ``mxnet.contrib.amp.unscale``. Call between ``backward`` and ``step``;
+    that step then applies the gradients as they are (``trainer._scale`` is restored to its
+    value before :func:`scale_loss`; contrib.amp sets it to 1). inf/NaN stay and the step's
+    overflow check still sees them. With an ``mxmp.Trainer`` this is ``trainer.unscale()``.
+
+    Raises:
+        TypeError: not a Trainer.
+        RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
+    """
+    from mxnet import autograd
+    _check_trainer(optimizer_or_trainer)
+    trainer = optimizer_or_trainer
+    if _is_mxmp_trainer(trainer):
+        trainer.unscale()
+        return
+    scaler = getattr(trainer, '_amp_loss_scaler', None)
+    if not isinstance(scaler, _TrainerLossScaler):
+        raise RuntimeError('the loss scaler is not set up: call mxmp.amp.init_trainer(trainer) '
+                           'after creating the Trainer')
+    factor = trainer._scale / trainer._amp_original_scale   # 1 / loss scale
+    if factor != 1.0:
+        with autograd.pause():
+            for param in trainer._params:
+                if param.grad_req != 'null' and param._grad is not None:
+                    for g in param.list_grad():
+                        g *= factor
+    trainer._scale = trainer._amp_original_scale
+
+
+# ---------------------------------------------------------------------------------------------
+# Conversion
+# ---------------------------------------------------------------------------------------------
+def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
+                   conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
+                   cast_optional_params=False):
+    """Add cast nodes to a float32 Symbol (:func:`mxmp.convert_symbol`).
+
+    Same signature as ``mxnet.contrib.amp.convert_symbol`` except that ``target_dtype``
+    defaults to the dtype recorded by :func:`init` (else ``'float16'``).
+
+    Args:
+        sym (Symbol): the float32 graph.
+        target_dtype (str): ``'float16'`` or ``'bfloat16'``.
+        target_dtype_ops, fp32_ops (list of str): added to mxmp's op lists (contrib.amp
+            replaces its lists).
+        conditional_fp32_ops (list of (op, attr, values)): matching nodes stay float32.
+        excluded_sym_names (list of str): node names kept in float32.
+        data_names (list of str): the graph's data inputs (never cast as parameters); default
+            ``['data']``.
+        cast_optional_params (bool): give the parameters whose every consumer runs in the
+            target dtype that dtype in the graph (``cast_params=True``); cast their arrays to
+            match, as :func:`convert_model` does.
+
+    Returns:
+        Symbol: the mixed-precision graph with float32 outputs. It is the real graph, never
+        the emulated one. Save it with ``sym.save(path, remove_amp_cast=False)`` to keep the
+        casts (MXNet strips them by default).
+
+    Raises:
+        ValueError: unknown dtype or op name; an already converted graph.
+    """
+    from .graph import convert_symbol as _convert
+    policy = _policy(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                     excluded_sym_names)
+    return _convert(sym, policy=policy, data_names=tuple(data_names) if data_names else None,
+                    cast_params=bool(cast_optional_params))
+
+
+def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_ops=None,
+                  fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
+                  cast_optional_params=False):
+    """Convert a float32 model (symbol and parameters) for mixed-precision inference.
+
+    Same signature and return value as ``mxnet.contrib.amp.convert_model`` (``target_dtype``
+    defaults to :func:`init`'s). The inputs that are not in ``arg_params``/``aux_params`` are
+    the data inputs. Unlike contrib.amp the given dicts are not modified: new dicts are
+    returned.
+
+    Returns:
+        tuple (Symbol, dict, dict): the converted graph, and the parameters, cast to the target
+        dtype where the graph stores them in it (``cast_optional_params=True``), float32
+        otherwise.
+
+    Raises:
+        TypeError: ``arg_params``/``aux_params`` are not dicts.
+        ValueError: as :func:`convert_symbol`.
+    """
+    import mxnet as mx
+    from .graph import MARK
+    from .gluon import dtype_of
+    if not isinstance(arg_params, dict) or not isinstance(aux_params, dict):
+        raise TypeError('arg_params and aux_params must be dicts of name -> NDArray')
+    data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
+    out = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                         excluded_sym_names, data_names, cast_optional_params)
+    lowp = {n['name'] for n in json.loads(out.tojson(remove_amp_cast=False))['nodes']
+            if n['op'] == 'null' and n.get('attrs', {}).get(MARK, '').startswith('cast_param')}
+    target = dtype_of(_dtype(target_dtype))
+    new_args = {k: mx.nd.amp_cast(v, dtype=target) if k in lowp else v
+                for k, v in arg_params.items()}
+    return out, new_args, dict(aux_params)
+
+
+def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
+                         conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
+                         cast_optional_params=False):
+    """Return a mixed-precision version of a HybridBlock, for training or inference.
+
+    Same signature as ``mxnet.contrib.amp.convert_hybrid_block`` except the defaults of
+    ``target_dtype`` (:func:`init`'s dtype, else ``'float16'``) and ``ctx`` (None: where the
+    parameters are; contrib.amp defaults to ``gpu(0)``). Built on :func:`mxmp.convert`:
+
+    * the block need not be hybridized or run first; its input names are taken from its
+      cached graph if it has one, else ``('data',)``;
+    * the result *shares* the block's Parameters (no copy), and trains: use it in the
+      training loop with :func:`init_trainer` / :func:`scale_loss`;
+    * **emulation** is chosen here: if ``ctx`` has no kernels for the target dtype
+      (``mxmp.lp_kernels_available(target_dtype, ctx)`` is False: bfloat16 on a CPU without
+      oneDNN's AVX-512 bfloat16 kernels, float16 on any CPU) the block runs float32 kernels on
+      values rounded through the target dtype, the same numerics (logged at INFO). The
+      result's ``mxmp_policy.emulate`` tells which one you got.
+
+    Args:
+        block (gluon.HybridBlock): the float32 block, initialized or not.
+        ctx (mx.Context): context to check the kernels on and to move the (shared) parameters
+            to if given; default: the parameters' context (or cpu).
+        cast_optional_params (bool): store low-precision weights in the target dtype
+            (``mxmp.convert(cast_params=True)``): train with ``mxmp.Trainer`` then, which
+            keeps float32 master weights.
+        Others as :func:`convert_symbol`.
+
+    Returns:
+        mxmp.ConvertedBlock (a gluon.SymbolBlock): float32 outputs.
+
+    Raises:
+        TypeError: not a HybridBlock.
+        ValueError: as :func:`convert_symbol`; a block already converted.
+    """
+    import mxnet as mx
+    from mxnet import gluon
+    from .device import lp_kernels_available
+    from .gluon import convert
+    if not isinstance(block, gluon.HybridBlock):
+        raise TypeError('block must be a gluon.HybridBlock, got %s' % type(block).__name__)
+    cached = getattr(block, '_cached_graph', None)
+    data_names = tuple(s.name for s in cached[0]) if cached else ('data',)
+    if ctx is not None:
+        block.collect_params().reset_ctx(ctx)
+    else:
+        ctxs = [c for p in block.collect_params().values() if p._ctx_list
+                for c in p._ctx_list]
+        ctx = ctxs[0] if ctxs else mx.cpu()
+    dtype = _dtype(target_dtype)
+    emulate = not lp_kernels_available(dtype, ctx)
+    if emulate:
+        logger.info('mxmp.amp: %s has no %s kernels; the block emulates %s numerics with '
+                    'float32 kernels', ctx, dtype, dtype)
+    inputs = [mx.sym.var(n) for n in data_names]
+    traced = block(*inputs)
+    if isinstance(traced, (list, tuple)):
+        traced = mx.sym.Group(list(traced))
+    policy = _policy(traced, dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                     excluded_sym_names, emulate=emulate)
+    return convert(block, policy=policy, cast_params=bool(cast_optional_params),
+                   emulate=emulate, data_names=data_names)
+
+
+# ---------------------------------------------------------------------------------------------
+# Op lists
+# ---------------------------------------------------------------------------------------------
+def _classes(target_dtype):
+    from .lists import classes_for
+    from .policy import normalize_dtype
+    return classes_for(normalize_dtype(target_dtype))
+
+
+def list_lp16_ops(target_dtype):
+    """Ops that run in the target dtype (mxmp's ``LOW_PRECISION`` list), sorted.
+
+    Args:
+        target_dtype: ``'float16'``/``numpy.float16`` or ``'bfloat16'``/contrib.amp's bfloat16.
+    """
+    return sorted(_classes(target_dtype)['LOW_PRECISION'])
+
+
+def list_fp32_ops(target_dtype):
+    """Ops that compute in float32 (mxmp's ``FLOAT32`` list; loss outputs are listed apart)."""
+    return sorted(_classes(target_dtype)['FLOAT32'])
+
+
+def list_lp16_fp32_ops(target_dtype):
+    """Ops that run in whatever dtype their inputs have (mxmp's ``FOLLOW`` list)."""
+    return sorted(_classes(target_dtype)['FOLLOW'])
+
+
+def list_widest_type_cast(target_dtype):
+    """Ops whose float inputs are all cast to the widest of their dtypes (``WIDEST_TYPE``)."""
+    return sorted(_classes(target_dtype)['WIDEST_TYPE'])
+
+
+def list_conditional_fp32_ops(target_dtype):
+    """``[(op, attribute, [values])]``: the op computes in float32 for those attribute values."""
+    cond = _classes(target_dtype)['CONDITIONAL_FLOAT32']
+    if isinstance(cond, dict):
+        return sorted((op, attr, sorted(values)) for op, attrs in cond.items()
+                      for attr, values in attrs.items())
+    return sorted((op, attr, sorted(values)) for op, attr, values in cond)
+
+
+def list_loss_output_functions(target_dtype):
+    """Loss-head ops (``LOSS_OUTPUT``: SoftmaxOutput, MakeLoss, ...); they compute in float32."""
+    return sorted(_classes(target_dtype)['LOSS_OUTPUT'])

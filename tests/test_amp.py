@@ -1,0 +1,244 @@
+"""mxmp.amp: contrib.amp's API on mxmp (same names and signatures, no monkey patching)."""
+import inspect
+import json
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+from mxnet.contrib import amp as contrib_amp
+from mxnet.contrib.amp.amp import bfloat16
+from mxnet.gluon import nn
+
+import mxmp
+from mxmp import amp
+
+NAMES = ['init', 'init_trainer', 'scale_loss', 'unscale', 'convert_symbol', 'convert_model',
+         'convert_hybrid_block', 'list_lp16_ops', 'list_fp32_ops', 'list_widest_type_cast',
+         'list_conditional_fp32_ops', 'list_loss_output_functions']
+
+
+@pytest.fixture(autouse=True)
+def fresh_amp():
+    amp.init('float16')          # reset the recorded defaults between tests
+    yield
+    amp.init('float16')
+
+
+def problem(n=64, seed=0):
+    rng = np.random.RandomState(seed)
+    x = rng.normal(size=(n, 10)).astype(np.float32)
+    w = rng.normal(size=(10, 4))
+    return mx.nd.array(x), mx.nd.array((x @ w).argmax(axis=1))
+
+
+def mlp(seed=0):
+    mx.random.seed(seed)
+    net = nn.HybridSequential()
+    net.add(nn.Dense(32, in_units=10, activation='relu'), nn.Dense(4, in_units=32))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_names_and_parameters_match_contrib_amp(name):
+    ours = list(inspect.signature(getattr(amp, name)).parameters)
+    theirs = list(inspect.signature(getattr(contrib_amp, name)).parameters)
+    assert ours == theirs
+
+
+def test_contrib_style_training_loop_trains_in_bfloat16():
+    """The contrib.amp Gluon recipe with only mxmp.amp names (plus the one convert line)."""
+    x, y = problem()
+    amp.init(target_dtype='bfloat16')
+    net = mlp()
+    reference = net(x).asnumpy()
+    net = amp.convert_hybrid_block(net)        # no patching: the net is converted explicitly
+    # emulation is chosen from the hardware: on for CPUs without oneDNN bfloat16 kernels
+    assert net.mxmp_policy.target_dtype == 'bfloat16'
+    assert net.mxmp_policy.emulate == (not mxmp.lp_kernels_available('bfloat16'))
+    casts = [n for n in json.loads(net.mxmp_symbol.tojson(remove_amp_cast=False))['nodes']
+             if n['op'] == 'amp_cast' and n['attrs']['dtype'] == 'bfloat16']
+    assert casts
+    out = net(x).asnumpy()
+    assert out.dtype == np.float32
+    assert not np.array_equal(out, reference)                  # bfloat16 numerics ...
+    np.testing.assert_allclose(out, reference, rtol=0.05, atol=0.05)   # ... close to float32
+
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5})
+    amp.init_trainer(trainer)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    losses = []
+    for _ in range(25):
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+            with amp.scale_loss(loss, trainer) as scaled_loss:
+                autograd.backward(scaled_loss)
+        trainer.step(x.shape[0])
+        losses.append(float(loss.mean().asscalar()))
+    assert losses[-1] < 0.5 * losses[0]
+    assert trainer._amp_loss_scaler.loss_scale == 1.0          # no scaling for bfloat16
+    assert trainer._amp_loss_scaler.skipped_steps == 0
+
+
+def test_bfloat16_weights_train_with_mxmp_trainer():
+    """cast_optional_params=True stores bfloat16 weights; mxmp.Trainer keeps float32 masters."""
+    x, y = problem(seed=1)
+    amp.init('bfloat16')
+    net = amp.convert_hybrid_block(mlp(1), cast_optional_params=True)
+    weights = [p for p in net.collect_params().values() if p.name.endswith('weight')]
+    assert all(mxmp.graph._dtype_name(p.dtype) == 'bfloat16' for p in weights)
+    trainer = mxmp.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5})
+    amp.init_trainer(trainer)                 # nothing to do for mxmp.Trainer
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    losses = []
+    for _ in range(20):
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+            with amp.scale_loss(loss, trainer) as scaled_loss:
+                autograd.backward(scaled_loss)
+        trainer.step(x.shape[0])
+        losses.append(float(loss.mean().asscalar()))
+    assert losses[-1] < 0.6 * losses[0]
+
+
+def test_float16_gluon_trainer_skips_an_overflowing_step_and_halves_the_scale():
+    x, y = problem(seed=2)
+    amp.init('float16')
+    net = amp.convert_hybrid_block(mlp(2))
+    assert net.mxmp_policy.emulate                     # float16 has no CPU kernels
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    amp.init_trainer(trainer)
+    scaler = trainer._amp_loss_scaler
+    assert scaler.loss_scale == 2.0 ** 16
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    params = list(net.collect_params().values())
+    before = [p.data().asnumpy().copy() for p in params]
+
+    with autograd.record():
+        loss = loss_fn(net(x), y) * float('inf')       # every gradient inf/NaN
+        with amp.scale_loss(loss, trainer) as scaled_loss:
+            autograd.backward(scaled_loss)
+    trainer.step(x.shape[0])
+    assert scaler.skipped_steps == 1 and scaler.loss_scale == 2.0 ** 15
+    for p, b in zip(params, before):
+        np.testing.assert_array_equal(p.data().asnumpy(), b)
+
+    # Sum-of-batch gradients x 2**15 still overflow float16 here: the scaler keeps halving
+    # and skipping until a step fits, then that step updates the weights.
+    scales = []
+    for _ in range(12):
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+            with amp.scale_loss(loss, trainer) as scaled_loss:
+                autograd.backward(scaled_loss)
+        skipped = scaler.skipped_steps
+        trainer.step(x.shape[0])
+        scales.append(scaler.loss_scale)
+        if scaler.skipped_steps == skipped:
+            break
+    assert scaler.skipped_steps == len(scales)           # 1 (inf) + the overflowing ones
+    n = len(scales)
+    assert scales == [2.0 ** (15 - k) for k in range(1, n)] + [2.0 ** (15 - (n - 1))]
+    assert any(not np.array_equal(p.data().asnumpy(), b) for p, b in zip(params, before))
+
+
+def test_unscale_gives_the_float32_gradients():
+    x, y = problem(seed=3)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    ref_net = mlp(3)
+    with autograd.record():
+        loss_fn(ref_net(x), y).mean().backward()
+    ref = [p.grad().asnumpy() for p in ref_net.collect_params().values()]
+
+    amp.init('float16')
+    net = amp.convert_hybrid_block(mlp(3))
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    amp.init_trainer(trainer)
+    with autograd.record():
+        loss = loss_fn(net(x), y).mean()       # mean: x 2**16 stays inside float16
+        with amp.scale_loss(loss, trainer) as scaled_loss:
+            autograd.backward(scaled_loss)
+    scaled = [p.grad().asnumpy().copy() for p in net.collect_params().values()]
+    amp.unscale(trainer)
+    assert trainer._scale == trainer._amp_original_scale
+    for g, s, r in zip((p.grad().asnumpy() for p in net.collect_params().values()), scaled, ref):
+        np.testing.assert_allclose(g, s / 2.0 ** 16, rtol=1e-6)
+        np.testing.assert_allclose(g, r, rtol=0.05, atol=1e-3)   # float16-emulated gradients
+
+
+def test_init_patches_nothing_and_sets_the_convert_default():
+    before = (mx.nd.FullyConnected, mx.sym.FullyConnected, mx.nd.SoftmaxOutput,
+              gluon.Trainer._update)
+    amp.init('bfloat16', target_precision_ops=['dot'], fp32_ops=['tanh'])
+    assert (mx.nd.FullyConnected, mx.sym.FullyConnected, mx.nd.SoftmaxOutput,
+            gluon.Trainer._update) == before
+    sym = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=4, name='fc')
+    out = amp.convert_symbol(sym)           # target dtype from init()
+    dtypes = {n['attrs']['dtype'] for n in json.loads(out.tojson(remove_amp_cast=False))['nodes']
+              if n['op'] == 'amp_cast'}
+    assert 'bfloat16' in dtypes
+    assert 'float16' not in dtypes
+
+
+def test_conditional_fp32_ops_keep_matching_nodes_in_float32():
+    data = mx.sym.var('data')
+    fc1 = mx.sym.FullyConnected(data, num_hidden=8, name='fc1')
+    act = mx.sym.Activation(fc1, act_type='tanh', name='act')
+    sym = mx.sym.FullyConnected(act, num_hidden=4, name='fc2')
+
+    def act_input(converted):
+        nodes = json.loads(converted.tojson(remove_amp_cast=False))['nodes']
+        node = next(n for n in nodes if n['name'] == 'act')
+        return nodes[node['inputs'][0][0]]
+
+    plain = act_input(amp.convert_symbol(sym, 'float16'))
+    assert plain['name'] == 'fc1'                          # tanh follows fc1 in float16
+    cond = act_input(amp.convert_symbol(sym, 'float16',
+                                        conditional_fp32_ops=[('Activation', 'act_type',
+                                                               ['tanh'])]))
+    assert cond['op'] == 'amp_cast' and cond['attrs']['dtype'] == 'float32'
+    excl = act_input(amp.convert_symbol(sym, 'float16', excluded_sym_names=['act']))
+    assert excl['op'] == 'amp_cast' and excl['attrs']['dtype'] == 'float32'
+
+
+def test_convert_model_casts_parameters_and_leaves_the_inputs_alone():
+    sym = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=4, name='fc')
+    args = {'fc_weight': mx.nd.ones((4, 3)) * 1.001, 'fc_bias': mx.nd.zeros((4,))}
+    out_sym, out_args, out_aux = amp.convert_model(sym, args, {}, target_dtype='bfloat16',
+                                                   cast_optional_params=True)
+    assert mxmp.graph._dtype_name(out_args['fc_weight'].dtype) == 'bfloat16'
+    assert np.dtype(args['fc_weight'].dtype) == np.float32          # input dict untouched
+    assert out_aux == {}
+    assert 'data' in out_sym.list_inputs()
+    _, plain_args, _ = amp.convert_model(sym, args, {}, target_dtype='bfloat16')
+    assert np.dtype(plain_args['fc_weight'].dtype) == np.float32
+
+
+@pytest.mark.parametrize('dtype', ['float16', np.float16, 'bfloat16', bfloat16])
+def test_op_lists(dtype):
+    lp = amp.list_lp16_ops(dtype)
+    assert {'Convolution', 'FullyConnected'} <= set(lp)
+    assert 'softmax' in amp.list_fp32_ops(dtype)
+    assert 'SoftmaxOutput' in amp.list_loss_output_functions(dtype)
+    assert 'elemwise_add' in amp.list_widest_type_cast(dtype)
+    cond = amp.list_conditional_fp32_ops(dtype)
+    assert any(op == 'Activation' and attr == 'act_type' and 'softrelu' in values
+               for op, attr, values in cond)
+    assert not set(lp) & set(amp.list_fp32_ops(dtype))
+
+
+def test_misuse_raises_clear_errors():
+    net = mlp()
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    with pytest.raises(RuntimeError, match='init_trainer'):
+        with amp.scale_loss(mx.nd.ones((1,)), trainer):
+            pass
+    with pytest.raises(TypeError, match='Optimizer'):
+        amp.init_trainer(mx.optimizer.SGD())
+    with pytest.raises(ValueError, match='float16'):
+        amp.init('int8')
+    kv_trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                               update_on_kvstore=True)
+    with pytest.raises(ValueError, match='update_on_kvstore'):
+        amp.init_trainer(kv_trainer)
