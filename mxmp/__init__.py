@@ -8,18 +8,36 @@ The pieces, one module each:
 * :mod:`mxmp.device` -- :func:`lp_kernels_available`: does this device have the kernels.
 * :mod:`mxmp.scaler` -- loss scalers (dynamic, static, no-op).
 * :mod:`mxmp.trainer` -- :class:`Trainer`: loss scaling, skipped steps, float32 master weights.
+* :mod:`mxmp.alignment` -- :func:`check_alignment`: Tensor Core size rules for float16.
+* :mod:`mxmp.cuda` -- preloads the CUDA 11 libraries of the ``nvidia-*-cu11`` wheels.
+* :mod:`mxmp.diagnose` -- :func:`diagnose`: which layers overflow or underflow, per dtype.
+* :mod:`mxmp.plot` -- :func:`plot_run`: training curves from a metrics JSON-lines file.
+* :mod:`mxmp.amp` -- ``mxnet.contrib.amp``'s names on mxmp, without monkey patching.
+* :mod:`mxmp.cli` -- the ``mxmp`` command line.
 """
-from .policy import Policy, normalize_dtype
+# First, before anything imports mxnet: with mxnet-cu112 installed (or MXMP_PRELOAD_CUDA=1),
+# make the CUDA 11 libraries of the nvidia-*-cu11 wheels visible to it.
+from . import cuda as _cuda
+_cuda.preload_if_needed()
+
+from .policy import Policy, normalize_dtype  # noqa: E402
 from .graph import convert_symbol, remove_casts, explain, format_explain, count_casts
 from .device import lp_kernels_available
 from .gluon import convert, ConvertedBlock
 from .scaler import (LossScaler, DynamicLossScaler, StaticLossScaler, NoOpLossScaler,
                      make_loss_scaler)
 from .trainer import Trainer
+from .alignment import check_alignment, format_alignment, Misalignment
+from .cuda import preload_cuda_libraries, missing_cuda_libraries, CudaLibrariesNotFound
+from .diagnose import diagnose, NumericsReport
+from .plot import plot_run
+from . import amp, plot
 
 __version__ = '0.1.0'
 
 __all__ = ['Policy', 'normalize_dtype', 'convert_symbol', 'remove_casts', 'explain',
            'format_explain', 'count_casts', 'lp_kernels_available', 'convert', 'ConvertedBlock',
            'LossScaler', 'DynamicLossScaler', 'StaticLossScaler', 'NoOpLossScaler',
-           'make_loss_scaler', 'Trainer']
+           'make_loss_scaler', 'Trainer', 'check_alignment', 'format_alignment', 'Misalignment',
+           'preload_cuda_libraries', 'missing_cuda_libraries', 'CudaLibrariesNotFound',
+           'diagnose', 'NumericsReport', 'plot_run', 'amp', 'plot']
