@@ -57,9 +57,8 @@ def test_contrib_style_training_loop_trains_in_bfloat16():
     # emulation is chosen from the hardware: on for CPUs without oneDNN bfloat16 kernels
     assert net.mxmp_policy.target_dtype == 'bfloat16'
     assert net.mxmp_policy.emulate == (not mxmp.lp_kernels_available('bfloat16'))
-    casts = [n for n in json.loads(net.mxmp_symbol.tojson(remove_amp_cast=False))['nodes']
-             if n['op'] == 'amp_cast' and n['attrs']['dtype'] == 'bfloat16']
-    assert casts
+    # bfloat16 casts, or (emulated) mxmp's bfloat16 rounding nodes
+    assert mxmp.graph.converted_dtype(net.mxmp_symbol) == 'bfloat16'
     out = net(x).asnumpy()
     assert out.dtype == np.float32
     assert not np.array_equal(out, reference)                  # bfloat16 numerics ...
