@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# mxmp quickstart: float32 vs bfloat16 mixed precision on Fashion-MNIST, on a fresh Debian machine.
+#
+# Run from anywhere (it works in the repo root):  bash scripts/quickstart.sh
+#
+# 1. creates .venv (python3 -m venv) if missing and installs mxmp with `pip install -e .[cpu,examples]`
+# 2. installs Debian's dataset-fashion-mnist with apt-get when the data is missing (as root; otherwise
+#    it prints the command and stops)
+# 3. writes the data as RecordIO (scripts/prepare_fashion_mnist.py -> data/fashion-mnist)
+# 4. trains examples/train_imagenet.py (cifar_resnet20_v1, 28x28) in float32, then in bfloat16 with
+#    the same seed and budget (emulated in float32 kernels when the CPU has no bfloat16 kernels)
+# 5. prints a side-by-side table of val top-1, training img/s and peak memory
+#
+# The budget fits a 2-core machine in about 12 minutes including installs. Override with:
+#   QUICKSTART_EPOCHS         epochs per run                       (default 1)
+#   QUICKSTART_TRAIN_BATCHES  training batches per epoch (0 = all)  (default 234: 29,952 images,
+#                             a different half of the shuffled training set in every epoch)
+#   QUICKSTART_BATCH_SIZE     batch size                           (default 128)
+#   QUICKSTART_SEED           seed of both runs                    (default 0)
+#   QUICKSTART_RUNS           output directory                     (default runs/quickstart)
+#   FASHION_MNIST_SRC         Debian data directory                (default /usr/share/datasets/fashion-mnist)
+#   PYTHON                    interpreter for the venv             (default python3)
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+START=$(date +%s)
+
+EPOCHS=${QUICKSTART_EPOCHS:-1}
+TRAIN_BATCHES=${QUICKSTART_TRAIN_BATCHES:-234}
+BATCH_SIZE=${QUICKSTART_BATCH_SIZE:-128}
+SEED=${QUICKSTART_SEED:-0}
+RUNS=${QUICKSTART_RUNS:-runs/quickstart}
+SRC=${FASHION_MNIST_SRC:-/usr/share/datasets/fashion-mnist}
+PYTHON=${PYTHON:-python3}
+DATA=data/fashion-mnist
+
+step() { printf '\n==> %s\n' "$*"; }
+is_root() { [ "$(id -u)" = 0 ]; }
+
+# ---- 1. virtualenv and packages
+if [ ! -x .venv/bin/python ]; then
+    step "creating .venv"
+    if ! "$PYTHON" -m venv --help >/dev/null 2>&1 || ! "$PYTHON" -c 'import ensurepip' 2>/dev/null; then
+        if is_root; then
+            apt-get update -q
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
+        else
+            echo "error: $PYTHON cannot create virtualenvs; run: sudo apt-get install python3-venv" >&2
+            exit 1
+        fi
+    fi
+    "$PYTHON" -m venv .venv
+fi
+step "installing mxmp with the cpu and examples extras"
+# (the filter drops pip's warnings about unreachable extra index locations on some machines;
+# pip's own exit status still counts)
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[cpu,examples]' \
+    2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+PY=.venv/bin/python
+
+# ---- 2. Fashion-MNIST from Debian (apt-get update + install as root; otherwise print the command
+#         and stop): scripts/install_dataset.sh
+if [ ! -f "$SRC/train-images-idx3-ubyte.gz" ] || [ ! -f "$SRC/t10k-labels-idx1-ubyte.gz" ]; then
+    step "installing dataset-fashion-mnist (Debian)"
+    FASHION_MNIST_DIR="$SRC" bash scripts/install_dataset.sh
+fi
+
+# ---- 3. RecordIO
+step "writing $DATA (RecordIO)"
+"$PY" scripts/prepare_fashion_mnist.py --src "$SRC" --out "$DATA"
+
+# ---- 4. float32, then bfloat16, same seed and budget
+COMMON=(--model cifar_resnet20_v1 --input-size 28 --rec-train "$DATA/train.rec"
+        --rec-val "$DATA/val.rec" --epochs "$EPOCHS" --batch-size "$BATCH_SIZE"
+        --seed "$SEED" --log-interval 25)
+if [ "$TRAIN_BATCHES" != 0 ]; then COMMON+=(--max-train-batches "$TRAIN_BATCHES"); fi
+for DTYPE in float32 bfloat16; do
+    step "training $DTYPE: ${COMMON[*]}"
+    "$PY" examples/train_imagenet.py "${COMMON[@]}" --dtype "$DTYPE" --save-dir "$RUNS/$DTYPE"
+done
+
+# ---- 5. side by side
+step "float32 vs bfloat16 (summaries in $RUNS/*/summary.json)"
+"$PY" - "$RUNS/float32/summary.json" "$RUNS/bfloat16/summary.json" <<'EOF'
+import json, sys
+runs = [json.load(open(path)) for path in sys.argv[1:]]
+names = [r['dtype'] + (' (emulated)' if r['emulate'] else '') for r in runs]
+rows = [('val top-1 (%)', lambda r: '%.2f' % (100 * r['final_val_top1'])),
+        ('train loss (last epoch)', lambda r: '%.4f' % r['final_train_loss']),
+        ('training img/s', lambda r: '%.1f' % r['img_per_sec']),
+        ('peak RSS (MiB)', lambda r: '%.0f' % r['peak_rss_mib']),
+        ('skipped steps', lambda r: '%d' % r['skipped_steps'])]
+width = max(len(label) for label, _ in rows) + 2
+print('%-*s' % (width, '') + ''.join('%22s' % n for n in names))
+for label, cell in rows:
+    print('%-*s' % (width, label) + ''.join('%22s' % cell(r) for r in runs))
+args = runs[0]['args']
+print('\n%s, %d epoch(s) x %d images, batch %d, seed %d; bfloat16 - float32 val top-1: %+.2f points'
+      % (runs[0]['model'], args['epochs'], runs[0]['epochs'][0]['images'], args['batch_size'],
+         args['seed'], 100 * (runs[1]['final_val_top1'] - runs[0]['final_val_top1'])))
+if runs[1]['emulate']:
+    print('bfloat16 ran emulated (no bfloat16 kernels on this CPU): its numerics, not its speed.')
+EOF
+echo
+echo "quickstart finished in $(( $(date +%s) - START )) s"
