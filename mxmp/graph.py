@@ -59,9 +59,7 @@ _RANK = {'float16': 1, 'bfloat16': 1, 'float32': 2, 'float64': 3}
 _MSHADOW_ENUM = {'float16': '2', 'bfloat16': '12'}
 #: Outputs that MXNet itself types float32 whatever the data dtype (MXNet 1.9.1 facts, not
 #: policy): BatchNorm(output_mean_var=True)'s mean and var outputs get the parameter dtype,
-#: float32 (BatchNormType, src/operator/nn/batch_norm.cc). The op lists have no such table
-#: (policy.float32_outputs reads a FLOAT32_OUTPUTS key they do not define), so the plan said
-#: bfloat16 and the type check raised (found by tests/test_graph_fuzz.py).
+#: float32 (BatchNormType, src/operator/nn/batch_norm.cc). Found by tests/test_graph_fuzz.py.
 _MXNET_FLOAT32_OUTPUTS = {'BatchNorm': (1, 2)}
 
 ExplainRow = collections.namedtuple('ExplainRow', ['name', 'op', 'dtype', 'rule'])
@@ -337,8 +335,7 @@ def _plan(js, policy, input_dtypes, cast_params, data_names):
         k = 0
         while (nid, k) in orig:
             d = orig[(nid, k)]
-            if _is_float(d) and compute in _LOW and k not in policy.float32_outputs(op) \
-                    and k not in _MXNET_FLOAT32_OUTPUTS.get(op, ()):
+            if _is_float(d) and compute in _LOW and k not in _MXNET_FLOAT32_OUTPUTS.get(op, ()):
                 d = compute
             outputs.append(d)
             dtypes[(nid, k)] = d

@@ -151,10 +151,6 @@ class Policy:
         """Input positions of ``op`` that always stay float32 (BatchNorm's gamma, beta, stats)."""
         return _list_module(self.target_dtype).get('FLOAT32_INPUTS', {}).get(op, ())
 
-    def float32_outputs(self, op):
-        """Output positions of ``op`` that are float32 whatever its data dtype."""
-        return _list_module(self.target_dtype).get('FLOAT32_OUTPUTS', {}).get(op, ())
-
     def index_inputs(self, op):
         """Input positions of ``op`` that hold indices or lengths: never cast."""
         return _list_module(self.target_dtype).get('INDEX_INPUTS', {}).get(op, ())
