@@ -1,0 +1,535 @@
+"""Tests of mxmp.module: the mixed-precision Symbolic Module and its loss-scale node.
+
+CPU only. oneDNN's bfloat16 kernels need AVX-512 and MXNet has no float16 GEMM on CPU, so the
+low-precision Modules here run with ``emulate=True`` (the same mixed-precision graph, float32
+kernels, every low-precision tensor rounded through the target dtype) unless
+``mxmp.lp_kernels_available`` says real kernels run.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+import mxnet as mx
+from mxnet import nd
+
+import mxmp
+from mxmp.module import (HEAD_GRADIENT_LOSS_OPS, LOSS_SCALE_NAME, BucketingModule, Module,
+                         insert_loss_scale)
+from mxmp.policy import LOSS_OUTPUT
+from mxmp.scaler import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
+
+EMULATE = not mxmp.lp_kernels_available('bfloat16')
+BATCH, FEATURES, CLASSES = 32, 12, 4
+TWO_CPUS = [mx.cpu(0), mx.cpu(1)]
+
+
+# ---------------------------------------------------------------------------- helpers
+def mlp(hidden=16):
+    data = mx.sym.var('data')
+    h = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=hidden, name='fc1'),
+                          act_type='relu', name='relu1')
+    out = mx.sym.FullyConnected(h, num_hidden=CLASSES, name='fc2')
+    return mx.sym.SoftmaxOutput(out, name='softmax')
+
+
+def problem(n=256, seed=0):
+    """A separable 4-class problem: labels are the argmax of a random linear map."""
+    rng = np.random.RandomState(seed)
+    x = rng.randn(n, FEATURES).astype(np.float32)
+    y = (x @ rng.randn(FEATURES, CLASSES)).argmax(1).astype(np.float32)
+    return x, y
+
+
+def initial_params(sym=None, seed=1, batch=BATCH):
+    """Deterministic float32 parameters for ``sym`` (default: mlp())."""
+    sym = mlp() if sym is None else sym
+    known = {'data': (batch, FEATURES), 'softmax_label': (batch,)}
+    shapes, _, _ = sym.infer_shape(**{k: v for k, v in known.items()
+                                      if k in sym.list_arguments()})
+    rng = np.random.RandomState(seed)
+    return {n: nd.array(rng.uniform(-.5, .5, s)) for n, s in zip(sym.list_arguments(), shapes)
+            if n not in ('data', 'softmax_label')}
+
+
+def batch_of(x, y):
+    return mx.io.DataBatch(data=[nd.array(x)], label=[nd.array(y)])
+
+
+def ready(mod, batch=BATCH, momentum=.9, lr=.1, params=None):
+    mod.bind(data_shapes=[('data', (batch, FEATURES))],
+             label_shapes=[('softmax_label', (batch,))])
+    mod.init_params(arg_params=params or initial_params(batch=batch), aux_params={})
+    mod.init_optimizer(optimizer='sgd',
+                       optimizer_params={'learning_rate': lr, 'momentum': momentum})
+    return mod
+
+
+def step(mod, x, y):
+    mod.forward_backward(batch_of(x, y))
+    return mod.update()
+
+
+def np_params(mod):
+    arg, _ = mod.get_params()
+    return {k: v.asnumpy().copy() for k, v in arg.items()}
+
+
+def device_params(mod):
+    """Raw device arrays of every parameter on every context (float32 view of low precision)."""
+    group = mod._exec_group
+    return {(n, k): nd.amp_cast(a, dtype='float32').asnumpy()
+            for n, arrs in zip(group.param_names, group.param_arrays) for k, a in enumerate(arrs)}
+
+
+def optimizer_state(mod):
+    out = {}
+    for idx, state in mod._updater.states.items():
+        out[idx] = None if state is None else state.asnumpy().copy()
+    return out, dict(mod._optimizer._index_update_count), mod._optimizer.num_update
+
+
+def bf16(**kwargs):
+    kwargs.setdefault('target_dtype', 'bfloat16')
+    kwargs.setdefault('emulate', EMULATE)
+    return kwargs
+
+
+def cross_entropy(mod, x, y):
+    it = mx.io.NDArrayIter(x, y, batch_size=BATCH)
+    return dict(mod.score(it, mx.metric.CrossEntropy()))['cross-entropy']
+
+
+# ---------------------------------------------------------------------------- loss-scale node
+@pytest.mark.parametrize('target', ['float32', 'bfloat16'])
+def test_loss_scale_node_keeps_forward_bit_identical_and_scales_gradients_exactly(target):
+    x, y = problem(BATCH, seed=3)
+    x[0, 0] = 0.0
+    runs = {}
+    for name, scaler in (('plain', 'none'), ('scaled', StaticLossScaler(2.0 ** 12))):
+        kw = bf16() if target == 'bfloat16' else {'target_dtype': 'float32'}
+        mod = ready(Module(mlp(), loss_scaler=scaler, **kw))
+        mod.forward(batch_of(x, y), is_train=True)
+        mod.backward()
+        group = mod._exec_group
+        runs[name] = (mod.get_outputs()[0].asnumpy(),
+                      {n: g[0].asnumpy() for n, g in zip(group.param_names, group.grad_arrays)},
+                      mod.loss_scale_nodes)
+    assert runs['plain'][2] == 0 and runs['scaled'][2] == 1
+    np.testing.assert_array_equal(runs['plain'][0], runs['scaled'][0])
+    for name, grad in runs['plain'][1].items():
+        assert np.abs(grad).max() > 0
+        np.testing.assert_array_equal(grad * 2.0 ** 12, runs['scaled'][1][name])
+
+
+@pytest.mark.parametrize('loss', ['LinearRegressionOutput', 'LogisticRegressionOutput',
+                                  'MAERegressionOutput', 'MakeLoss', 'SVMOutput'])
+def test_loss_scale_node_in_front_of_each_loss_output(loss):
+    data, label, w = mx.sym.var('data'), mx.sym.var('label'), mx.sym.var('w')
+    fc = mx.sym.FullyConnected(data, w, num_hidden=3, no_bias=True, name='fc')
+    head = mx.sym.MakeLoss(mx.sym.square(fc)) if loss == 'MakeLoss' \
+        else getattr(mx.sym, loss)(fc, label, name='loss')
+    scaled, count = insert_loss_scale(head)
+    assert count == 1 and LOSS_SCALE_NAME in scaled.list_arguments()
+    rng = np.random.RandomState(0)
+    values = {'data': rng.randn(6, 5), 'w': rng.randn(3, 5),
+              'label': rng.randint(0, 2, (6,) if loss == 'SVMOutput' else (6, 3))}
+    results = []
+    for sym, scale in ((head, None), (scaled, 2.0 ** 9)):
+        args = {k: nd.array(v) for k, v in values.items() if k in sym.list_arguments()}
+        if scale is not None:
+            args[LOSS_SCALE_NAME] = nd.array([scale])
+        grads = {'w': nd.zeros((3, 5))}
+        exe = sym.bind(mx.cpu(), args, args_grad=grads,
+                       grad_req={k: 'write' if k == 'w' else 'null' for k in args})
+        exe.forward(is_train=True)
+        exe.backward()
+        results.append((exe.outputs[0].asnumpy(), grads['w'].asnumpy()))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    assert np.abs(results[0][1]).max() > 0
+    np.testing.assert_array_equal(results[0][1] * 2.0 ** 9, results[1][1])
+
+
+def _loss_head(op):
+    """``op`` applied to ``data`` (and ``label``), built from JSON by its registered name."""
+    one_input = op in ('MakeLoss', 'make_loss', '_sparse_make_loss')
+    nodes = [{'op': 'null', 'name': 'data', 'inputs': []}]
+    if not one_input:
+        nodes.append({'op': 'null', 'name': 'label', 'inputs': []})
+    nodes.append({'op': op, 'name': 'loss', 'inputs': [[i, 0, 0] for i in range(len(nodes))]})
+    sym = mx.sym.load_json(json.dumps({'nodes': nodes, 'heads': [[len(nodes) - 1, 0, 0]],
+                                       'arg_nodes': list(range(len(nodes) - 1)),
+                                       'attrs': {'mxnet_version': ['int', 10901]}}))
+    if one_input:
+        return sym, {'data': (2, 5)}
+    if 'ctc' in op.lower():
+        return sym, {'data': (4, 2, 5), 'label': (2, 3)}
+    return sym, {'data': (2, 5), 'label': (2, 5) if 'Regression' in op else (2,)}
+
+
+def test_head_gradient_loss_ops_are_exactly_the_loss_ops_mxnet_asks_a_head_gradient_for():
+    """The node goes in front of the loss ops that make their own gradient; the others
+    (HEAD_GRADIENT_LOSS_OPS) take the gradient of their output, scaled downstream."""
+    ops = sorted(mxmp.Policy('bfloat16').ops_in(LOSS_OUTPUT))
+    needs_head = set()
+    for op in ops:
+        sym, shapes = _loss_head(op)
+        exe = sym.simple_bind(mx.cpu(), grad_req={'data': 'write', 'label': 'null'}, **shapes)
+        for name, arr in exe.arg_dict.items():
+            arr[:] = nd.ones(arr.shape) if name == 'label' else nd.random.uniform(shape=arr.shape)
+        exe.forward(is_train=True)
+        try:
+            exe.backward()
+            nd.waitall()
+        except mx.base.MXNetError as err:
+            assert 'head_gradient is required' in str(err)
+            needs_head.add(op)
+    assert needs_head == set(HEAD_GRADIENT_LOSS_OPS)
+
+
+def test_make_loss_over_softmax_cross_entropy_scales_the_gradient_once():
+    data, label = mx.sym.var('data'), mx.sym.var('softmax_label')
+    fc = mx.sym.FullyConnected(data, num_hidden=CLASSES, name='fc')
+    sym = mx.sym.MakeLoss(mx.sym.softmax_cross_entropy(fc, label), name='loss')
+    x, y = problem(BATCH)
+    grads = []
+    for scaler in ('none', StaticLossScaler(2.0 ** 7)):
+        mod = Module(sym, target_dtype='float32', loss_scaler=scaler)
+        mod.bind(data_shapes=[('data', (BATCH, FEATURES))],
+                 label_shapes=[('softmax_label', (BATCH,))])
+        mod.init_params(arg_params=initial_params(sym), aux_params={})
+        mod.forward_backward(batch_of(x, y))
+        grads.append(mod._exec_group.grad_arrays[0][0].asnumpy())
+    assert mod.loss_scale_nodes == 1
+    np.testing.assert_array_equal(grads[0] * 2.0 ** 7, grads[1])
+
+
+def test_out_grads_of_non_loss_heads_are_scaled_and_input_gradients_reported_unscaled():
+    data = mx.sym.var('data')
+    sym = mx.sym.FullyConnected(data, num_hidden=3, name='fc')
+    x = np.random.RandomState(0).randn(8, FEATURES).astype(np.float32)
+    head_grad = nd.array(np.random.RandomState(1).randn(8, 3))
+    results = []
+    for scaler in ('none', StaticLossScaler(2.0 ** 10)):
+        mod = Module(sym, label_names=None, target_dtype='float32', loss_scaler=scaler)
+        mod.bind(data_shapes=[('data', (8, FEATURES))], inputs_need_grad=True)
+        mod.init_params(arg_params=initial_params(sym, batch=8), aux_params={})
+        mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': .5})
+        mod.forward(mx.io.DataBatch(data=[nd.array(x)]), is_train=True)
+        mod.backward(out_grads=[head_grad])
+        input_grad = mod.get_input_grads()[0].asnumpy()
+        param_grad = mod._exec_group.grad_arrays[0][0].asnumpy()
+        assert mod.update()
+        results.append((input_grad, param_grad, np_params(mod)['fc_weight']))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1] * 2.0 ** 10, results[1][1])
+    np.testing.assert_array_equal(results[0][2], results[1][2])
+
+
+def test_loss_scale_input_is_a_state_not_a_parameter_and_symbol_is_float32():
+    mod = ready(Module(mlp(), loss_scaler='dynamic', **bf16()))
+    assert LOSS_SCALE_NAME in mod.mxmp_symbol.list_arguments()
+    assert LOSS_SCALE_NAME not in mod.symbol.list_arguments()
+    assert mxmp.count_casts(mod.symbol)['amp_cast'] == 0
+    assert mxmp.count_casts(mod.mxmp_symbol)['amp_cast'] > 0
+    arg, aux = mod.get_params()
+    assert LOSS_SCALE_NAME not in arg and LOSS_SCALE_NAME not in aux
+    assert LOSS_SCALE_NAME not in mod._optimizer.idx2name.values()
+    assert mod.get_states(merge_multi_context=False) == []
+    mod.set_states(value=0)   # user states: none here; the loss scale survives
+    scale_arr = mod._exec_group.execs[0].arg_dict[LOSS_SCALE_NAME]
+    assert scale_arr.asnumpy().tolist() == [2.0 ** 16]
+
+
+def test_bfloat16_without_kernels_and_without_emulation_is_refused_up_front():
+    if mxmp.lp_kernels_available('bfloat16'):
+        pytest.skip('this CPU has bfloat16 kernels')
+    with pytest.raises(RuntimeError, match='emulate=True'):
+        Module(mlp(), target_dtype='bfloat16')
+
+
+def test_bad_arguments_raise_clear_errors():
+    with pytest.raises(ValueError, match='unknown target dtype'):
+        Module(mlp(), target_dtype='int8')
+    with pytest.raises(ValueError, match='unknown loss_scaler'):
+        Module(mlp(), target_dtype='float32', loss_scaler='sometimes')
+    mod = Module(mlp(), loss_scaler='dynamic', **bf16())
+    with pytest.raises(ValueError, match='already holds the loss-scale input'):
+        Module(mod.mxmp_symbol, **bf16())
+    mod = Module(mlp(), **bf16())
+    mod.bind(data_shapes=[('data', (BATCH, FEATURES))],
+             label_shapes=[('softmax_label', (BATCH,))])
+    mod.init_params()
+    with pytest.raises(ValueError, match='asynchronous kvstore'):
+        mod.init_optimizer(kvstore='dist_async')
+
+
+# ---------------------------------------------------------------------------- training
+def test_bfloat16_module_with_dynamic_scaling_trains_to_float32_loss():
+    x, y = problem(512)
+    losses, scales = {}, []
+    for name, kw in (('float32', {'target_dtype': 'float32', 'loss_scaler': 'none'}),
+                     ('bfloat16', bf16(loss_scaler=DynamicLossScaler(init_scale=2.0 ** 8,
+                                                                     growth_interval=10)))):
+        mod = Module(mlp(), **kw)
+        mx.random.seed(0)
+        mod.fit(mx.io.NDArrayIter(x, y, batch_size=BATCH), num_epoch=6,
+                arg_params=initial_params(), aux_params={}, optimizer='sgd',
+                optimizer_params={'learning_rate': .1, 'momentum': .9},
+                batch_end_callback=lambda p, m=mod: scales.append(m.loss_scale)
+                if name == 'bfloat16' else None)
+        losses[name] = cross_entropy(mod, x, y)
+        if name == 'bfloat16':
+            assert mod.skipped_steps == 0
+            assert mod.loss_scaler.dynamic
+            assert mod.loss_scale == 2.0 ** 8 * 2 ** (6 * 16 // 10)
+    first = cross_entropy(ready(Module(mlp(), target_dtype='float32')), x, y)
+    assert losses['float32'] < first / 5
+    assert abs(losses['bfloat16'] - losses['float32']) < 0.1 * losses['float32'] + 0.01
+    assert scales[0] == 2.0 ** 8 and scales[-1] == 2.0 ** 17 and sorted(scales) == scales
+
+
+def test_injected_overflow_skips_exactly_one_update_halves_scale_and_changes_nothing():
+    x, y = problem(3 * BATCH)
+    mod = ready(Module(mlp(), context=TWO_CPUS, cast_params=True,
+                       loss_scaler=DynamicLossScaler(init_scale=2.0 ** 10, growth_interval=100),
+                       **bf16()))
+    assert mod.cast_params and mod.master_weights('fc1_weight')[0].dtype == np.float32
+    assert step(mod, x[:BATCH], y[:BATCH]) and step(mod, x[BATCH:2 * BATCH], y[BATCH:2 * BATCH])
+    before = (np_params(mod), device_params(mod), optimizer_state(mod))
+    bad = x[2 * BATCH:].copy()
+    bad[-1, 3] = np.inf            # one sample, on the second context only
+    assert step(mod, bad, y[2 * BATCH:]) is False
+    assert mod.skipped_steps == 1
+    assert mod.loss_scale == 2.0 ** 9
+    after = (np_params(mod), device_params(mod), optimizer_state(mod))
+    for name, value in before[0].items():
+        np.testing.assert_array_equal(value, after[0][name])
+    for key, value in before[1].items():
+        np.testing.assert_array_equal(value, after[1][key])
+    states0, counts0, num0 = before[2]
+    states1, counts1, num1 = after[2]
+    assert counts0 == counts1 and num0 == num1 and states0.keys() == states1.keys()
+    for idx, value in states0.items():
+        np.testing.assert_array_equal(value, states1[idx])
+    assert step(mod, x[2 * BATCH:], y[2 * BATCH:]) is True
+    assert mod.skipped_steps == 1 and mod.loss_scale == 2.0 ** 9
+    assert not np.array_equal(np_params(mod)['fc1_weight'], before[0]['fc1_weight'])
+
+
+def test_scale_grows_after_its_interval_and_the_graph_sees_the_new_scale():
+    x, y = problem(BATCH)
+    mod = ready(Module(mlp(), loss_scaler=DynamicLossScaler(init_scale=2.0 ** 4,
+                                                            growth_interval=3), **bf16()))
+    scales = []
+    for _ in range(7):
+        assert step(mod, x, y)
+        scales.append(mod.loss_scale)
+    assert scales == [16., 16., 32., 32., 32., 64., 64.]
+    assert mod.loss_scaler.counter == 1
+    mod.forward(batch_of(x, y), is_train=True)
+    assert mod._exec_group.execs[0].arg_dict[LOSS_SCALE_NAME].asscalar() == 64.
+
+
+def test_float16_gradients_that_overflow_back_the_scale_off_until_they_fit():
+    """float16 (emulated on CPU): at S = 2**24 the scaled gradients exceed float16's maximum
+    65504 and become inf; the Module skips and halves S until they fit, then trains."""
+    x, y = problem(BATCH)
+    mod = ready(Module(mlp(), target_dtype='float16', emulate=True,
+                       loss_scaler=DynamicLossScaler(init_scale=2.0 ** 24, growth_interval=1000)),
+                lr=.05)
+    start = np_params(mod)
+    applied = [step(mod, x, y) for _ in range(12)]
+    first = applied.index(True)
+    assert first >= 1 and not any(applied[:first]) and all(applied[first:])
+    assert mod.skipped_steps == first and mod.loss_scale == 2.0 ** (24 - first)
+    assert mod.loss_scale <= 2.0 ** 16   # weight gradients sum 32 samples: more headroom
+    for name, value in np_params(mod).items():
+        assert np.isfinite(value).all() and not np.array_equal(value, start[name])
+
+
+def test_master_weights_keep_float32_precision_and_device_weights_are_their_rounding():
+    x, y = problem(BATCH)
+    mod = ready(Module(mlp(), cast_params=True, loss_scaler='dynamic', **bf16()), lr=.01)
+    for _ in range(3):
+        assert step(mod, x, y)
+    masters = mod.master_weights('fc1_weight')
+    device = mod._exec_group.param_arrays[mod._exec_group.param_names.index('fc1_weight')][0]
+    assert device.dtype != np.float32     # stored in bfloat16
+    rounded = nd.amp_cast(nd.amp_cast(masters[0], dtype=device.dtype), dtype='float32')
+    np.testing.assert_array_equal(rounded.asnumpy(), nd.amp_cast(device, dtype='float32')
+                                  .asnumpy())
+    assert not np.array_equal(rounded.asnumpy(), masters[0].asnumpy())
+    np.testing.assert_array_equal(np_params(mod)['fc1_weight'], masters[0].asnumpy())
+
+
+@pytest.mark.parametrize('target, tolerance', [
+    ('float32', 1e-5),
+    # bfloat16: each context rounds its half-batch weight gradient to bfloat16 (8 significant
+    # bits) before the float32 reduction, one context rounds the whole sum: updates agree to
+    # about 2**-8 of their size.
+    ('bfloat16', 2.0 ** -6)])
+def test_two_contexts_update_like_one_context_on_the_concatenated_batch(target, tolerance):
+    x, y = problem(4 * BATCH, seed=5)
+    kw = bf16(cast_params=True) if target == 'bfloat16' else {'target_dtype': 'float32'}
+    results = []
+    for ctx in (mx.cpu(0), TWO_CPUS):
+        mod = ready(Module(mlp(), context=ctx,
+                           loss_scaler=DynamicLossScaler(init_scale=2.0 ** 10,
+                                                         growth_interval=2), **kw),
+                    batch=2 * BATCH)
+        for k in range(2):
+            assert step(mod, x[k * 2 * BATCH:(k + 1) * 2 * BATCH],
+                        y[k * 2 * BATCH:(k + 1) * 2 * BATCH])
+        results.append((np_params(mod), mod.loss_scale))
+    assert results[0][1] == results[1][1] == 2.0 ** 11
+    start = initial_params(batch=2 * BATCH)
+    for name, value in results[0][0].items():
+        one = value - start[name].asnumpy()
+        two = results[1][0][name] - start[name].asnumpy()
+        assert np.abs(one).max() > 1e-3
+        assert np.abs(two - one).max() <= tolerance * np.abs(one).max(), name
+
+
+# ---------------------------------------------------------------------------- checkpoints
+def test_checkpoint_round_trip_and_plain_mxnet_reads_the_files(tmp_path):
+    prefix = str(tmp_path / 'mlp')
+    x, y = problem(2 * BATCH)
+    scaler = DynamicLossScaler(init_scale=2.0 ** 10, growth_interval=50)
+    mod = ready(Module(mlp(), cast_params=True, loss_scaler=scaler, **bf16()))
+    assert step(mod, x[:BATCH], y[:BATCH])
+    bad = x[BATCH:].copy()
+    bad[0] = np.nan
+    assert not step(mod, bad, y[BATCH:])
+    assert step(mod, x[BATCH:], y[BATCH:])
+    mod.save_checkpoint(prefix, 3, save_optimizer_states=True)
+    saved = np_params(mod)
+    for suffix in ('-symbol.json', '-0003.params', '-0003.states', '-0003.mxmp.json'):
+        assert os.path.exists(prefix + suffix)
+    assert not [f for f in os.listdir(tmp_path) if f.endswith('.tmp')]
+    graph = json.load(open(prefix + '-symbol.json'))
+    ops = {n['op'] for n in graph['nodes']}
+    assert 'amp_cast' not in ops and 'BlockGrad' not in ops
+    assert LOSS_SCALE_NAME not in {n['name'] for n in graph['nodes']}
+    state = json.load(open(prefix + '-0003.mxmp.json'))
+    assert state['skipped_steps'] == 1 and state['loss_scaler']['scale'] == 2.0 ** 9
+
+    # plain MXNet: float32 symbol and parameters
+    plain = mx.mod.Module.load(prefix, 3)
+    plain.bind(data_shapes=[('data', (BATCH, FEATURES))],
+               label_shapes=[('softmax_label', (BATCH,))], for_training=False)
+    arg, _ = plain.get_params()
+    assert all(v.dtype == np.float32 for v in arg.values())
+    for name, value in saved.items():
+        np.testing.assert_array_equal(arg[name].asnumpy(), value)
+    plain.forward(batch_of(x[:BATCH], y[:BATCH]), is_train=False)
+    mod.forward(batch_of(x[:BATCH], y[:BATCH]), is_train=False)
+    np.testing.assert_allclose(plain.get_outputs()[0].asnumpy(),
+                               mod.get_outputs()[0].asnumpy(), atol=0.03)
+
+    # mxmp: everything back, from the files alone
+    back = Module.load(prefix, 3, load_optimizer_states=True, emulate=EMULATE)
+    assert back.target_dtype == 'bfloat16' and back.cast_params
+    assert back.loss_scaler == mod.loss_scaler and back.skipped_steps == 1
+    ready(back)
+    for name, value in saved.items():
+        np.testing.assert_array_equal(back.master_weights(name)[0].asnumpy(), value)
+    states, _, _ = optimizer_state(back)
+    for idx, value in optimizer_state(mod)[0].items():
+        np.testing.assert_array_equal(states[idx], value)
+    assert step(back, x[:BATCH], y[:BATCH]) and step(mod, x[:BATCH], y[:BATCH])
+    for name, value in np_params(mod).items():
+        np.testing.assert_array_equal(np_params(back)[name], value)
+
+
+def test_loading_with_another_loss_scaler_configuration_raises(tmp_path):
+    prefix = str(tmp_path / 'mlp')
+    mod = ready(Module(mlp(), loss_scaler=DynamicLossScaler(growth_interval=10), **bf16()))
+    mod.save_checkpoint(prefix, 1)
+    with pytest.raises(ValueError, match='growth_interval'):
+        Module.load(prefix, 1, loss_scaler=DynamicLossScaler(growth_interval=20),
+                    emulate=EMULATE)
+
+
+def test_plain_mxnet_checkpoint_loads_into_mxmp_module(tmp_path):
+    prefix = str(tmp_path / 'plain')
+    x, y = problem(BATCH)
+    plain = mx.mod.Module(mlp())
+    ready(plain)
+    step(plain, x, y)
+    plain.save_checkpoint(prefix, 2)
+    mod = Module.load(prefix, 2, loss_scaler='dynamic', **bf16())
+    assert mod.loss_scale == 2.0 ** 16 and mod.skipped_steps == 0
+    mod.bind(data_shapes=[('data', (BATCH, FEATURES))],
+             label_shapes=[('softmax_label', (BATCH,))])
+    for name, value in np_params(plain).items():
+        np.testing.assert_array_equal(np_params(mod)[name], value)
+    plain.forward(batch_of(x, y), is_train=False)
+    mod.forward(batch_of(x, y), is_train=False)
+    np.testing.assert_allclose(mod.get_outputs()[0].asnumpy(),
+                               plain.get_outputs()[0].asnumpy(), atol=0.03)
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': .1})
+    assert step(mod, x, y)
+
+
+def test_fit_with_checkpoint_callback_and_validation(tmp_path):
+    prefix = str(tmp_path / 'fit')
+    x, y = problem(4 * BATCH)
+    mod = Module(mlp(), context=TWO_CPUS, loss_scaler=DynamicLossScaler(init_scale=2.0 ** 5,
+                                                                       growth_interval=2),
+                 **bf16())
+    seen = []
+    mod.fit(mx.io.NDArrayIter(x, y, batch_size=BATCH), num_epoch=2,
+            eval_data=mx.io.NDArrayIter(x, y, batch_size=BATCH), eval_metric='acc',
+            arg_params=initial_params(), aux_params={},
+            batch_end_callback=[mx.callback.Speedometer(BATCH, 2),
+                                lambda p: seen.append((p.epoch, mod.loss_scale))],
+            epoch_end_callback=mod.checkpoint_callback(prefix))
+    assert seen[-1] == (1, 2.0 ** 9) and len(seen) == 8
+    for epoch in (1, 2):
+        state = json.load(open('%s-%04d.mxmp.json' % (prefix, epoch)))
+        assert state['loss_scaler']['scale'] == 2.0 ** (5 + 2 * epoch)
+    back = Module.load(prefix, 2, emulate=EMULATE)
+    assert back.loss_scale == 2.0 ** 9
+
+
+# ---------------------------------------------------------------------------- bucketing
+def test_bucketing_module_buckets_share_one_loss_scaler_and_skip_together():
+    def sym_gen(length):
+        data = mx.sym.var('data')
+        h = mx.sym.FullyConnected(data, num_hidden=8, flatten=False, name='fc1')
+        pooled = mx.sym.mean(mx.sym.relu(h), axis=1)
+        out = mx.sym.FullyConnected(pooled, num_hidden=CLASSES, name='fc2')
+        return mx.sym.SoftmaxOutput(out, name='softmax'), ('data',), ('softmax_label',)
+
+    rng = np.random.RandomState(0)
+
+    def batch(length, poison=False):
+        x = rng.randn(BATCH, length, 5).astype(np.float32)
+        if poison:
+            x[0, 0, 0] = np.inf
+        return mx.io.DataBatch(
+            data=[nd.array(x)], label=[nd.array(rng.randint(0, CLASSES, BATCH))],
+            bucket_key=length, provide_data=[mx.io.DataDesc('data', (BATCH, length, 5))],
+            provide_label=[mx.io.DataDesc('softmax_label', (BATCH,))])
+
+    mod = BucketingModule(sym_gen, default_bucket_key=8, cast_params=True,
+                          loss_scaler=DynamicLossScaler(init_scale=2.0 ** 6, growth_interval=2),
+                          **bf16())
+    mod.bind(data_shapes=[('data', (BATCH, 8, 5))], label_shapes=[('softmax_label', (BATCH,))])
+    mod.init_params(mx.init.Xavier())
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': .1})
+    for length in (8, 4, 4, 8):
+        mod.forward_backward(batch(length))
+        mod.update()
+    assert set(mod._buckets) == {4, 8}
+    assert all(isinstance(m, Module) for m in mod._buckets.values())
+    assert mod.loss_scale == 2.0 ** 8
+    before = {k: v.asnumpy().copy() for k, v in mod.get_params()[0].items()}
+    mod.forward_backward(batch(4, poison=True))
+    mod.update()
+    assert mod.skipped_steps == 1 and mod.loss_scale == 2.0 ** 7
+    for name, value in mod.get_params()[0].items():
+        np.testing.assert_array_equal(value.asnumpy(), before[name])
+    with pytest.raises(NotImplementedError, match='set_params'):
+        BucketingModule.load('x', 1)
