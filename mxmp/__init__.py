@@ -8,6 +8,8 @@ The pieces, one module each:
 * :mod:`mxmp.device` -- :func:`lp_kernels_available`: does this device have the kernels.
 * :mod:`mxmp.scaler` -- loss scalers (dynamic, static, no-op).
 * :mod:`mxmp.trainer` -- :class:`Trainer`: loss scaling, skipped steps, float32 master weights.
+* :mod:`mxmp.module` -- :class:`Module`: the same for the Symbolic Module API.
+* :mod:`mxmp.update` -- the overflow check and master weights both of them use.
 * :mod:`mxmp.alignment` -- :func:`check_alignment`: Tensor Core size rules for float16.
 * :mod:`mxmp.cuda` -- preloads the CUDA 11 libraries of the ``nvidia-*-cu11`` wheels.
 * :mod:`mxmp.diagnose` -- :func:`diagnose`: which layers overflow or underflow, per dtype.
@@ -27,6 +29,7 @@ from .gluon import convert, ConvertedBlock
 from .scaler import (LossScaler, DynamicLossScaler, StaticLossScaler, NoOpLossScaler,
                      make_loss_scaler)
 from .trainer import Trainer
+from .module import Module, BucketingModule
 from .alignment import check_alignment, format_alignment, Misalignment
 from .cuda import preload_cuda_libraries, missing_cuda_libraries, CudaLibrariesNotFound
 from .diagnose import diagnose, NumericsReport
@@ -38,6 +41,6 @@ __version__ = '0.1.0'
 __all__ = ['Policy', 'normalize_dtype', 'convert_symbol', 'remove_casts', 'explain',
            'format_explain', 'count_casts', 'lp_kernels_available', 'convert', 'ConvertedBlock',
            'LossScaler', 'DynamicLossScaler', 'StaticLossScaler', 'NoOpLossScaler',
-           'make_loss_scaler', 'Trainer', 'check_alignment', 'format_alignment', 'Misalignment',
+           'make_loss_scaler', 'Trainer', 'Module', 'BucketingModule', 'check_alignment', 'format_alignment', 'Misalignment',
            'preload_cuda_libraries', 'missing_cuda_libraries', 'CudaLibrariesNotFound',
            'diagnose', 'NumericsReport', 'plot_run', 'amp', 'plot']
