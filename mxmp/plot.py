@@ -217,13 +217,13 @@ def plot_gradient_histogram(report, out_png):
     dashed lines.
 
     Args:
-        report (mxmp.diagnose.NumericsReport)
+        report (mxmp.numerics.NumericsReport)
         out_png (str)
 
     Returns:
         str: ``out_png``.
     """
-    from .diagnose import FLOAT16, BFLOAT16, HIST_LO
+    from .numerics import FLOAT16, BFLOAT16, HIST_LO
     import numpy as np
     plt = _pyplot()
     act, weight = None, None
@@ -310,14 +310,14 @@ def plot_layer_ranges(report, out_png, dtype=None):
     0.01% and 100% are visible.
 
     Args:
-        report (mxmp.diagnose.NumericsReport)
+        report (mxmp.numerics.NumericsReport)
         out_png (str)
         dtype (str): format; default the report's target dtype.
 
     Returns:
         str: ``out_png``.
     """
-    from .diagnose import _fmt
+    from .numerics import _fmt
     import numpy as np
     plt = _pyplot()
     fmt = _fmt(dtype or report.target_dtype)
