@@ -479,6 +479,10 @@ class Module(mx.mod.Module):
             self._params_written(arg_params)
 
     def _sync_params_from_devices(self):
+        # BatchNorm writes its moving mean/var in the backward pass on CPU, outside the
+        # engine's dependency tracking of the aux arrays: without a wait the copy can read
+        # the statistics of the previous step (seen as a resumed run off by one update).
+        nd.waitall()
         super()._sync_params_from_devices()
         for name in self._lp_names:
             master = self._state.masters.first_device(name)
