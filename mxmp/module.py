@@ -58,7 +58,7 @@ from .policy import LOSS_OUTPUT, Policy, normalize_dtype
 from .scaler import (DynamicLossScaler, LossScaler, NoOpLossScaler, StaticLossScaler,
                      make_loss_scaler)
 from .update import (MasterWeights, apply_update, device_update, is_low_precision,
-                     write_atomic)
+                     save_atomic, write_atomic)
 
 __all__ = ['Module', 'BucketingModule', 'insert_loss_scale', 'LOSS_SCALE_NAME',
            'HEAD_GRADIENT_LOSS_OPS']
@@ -693,11 +693,9 @@ class Module(mx.mod.Module):
         write_atomic('%s-symbol.json' % prefix, sym.tojson(remove_amp_cast=remove_amp_cast))
         param_name = '%s-%04d.params' % (prefix, epoch)
         arg_params, aux_params = self.get_params()
-        tmp = '%s.tmp%d' % (param_name, os.getpid())
         save = {'arg:%s' % k: v.as_in_context(mx.cpu()) for k, v in arg_params.items()}
         save.update({'aux:%s' % k: v.as_in_context(mx.cpu()) for k, v in aux_params.items()})
-        nd.save(tmp, save)
-        os.replace(tmp, param_name)
+        save_atomic(param_name, lambda tmp: nd.save(tmp, save))
         if save_optimizer_states:
             self.save_optimizer_states('%s-%04d.states' % (prefix, epoch))
         write_atomic('%s-%04d.mxmp.json' % (prefix, epoch),

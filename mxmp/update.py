@@ -15,8 +15,8 @@ al., "Mixed Precision Training", ICLR 2018; NVIDIA, "Training With Mixed Precisi
 Both wrappers hand this module per-device lists of ``(optimizer index, weight, gradient,
 master or None)``; the Gluon Trainer has one updater per device, the Module one updater for all
 devices with per-device indices (``index * num_devices + device``, as MXNet 1.9.1's
-``model._update_params``). :func:`write_atomic` is the crash-safe file writer both use for
-their state files.
+``model._update_params``). :func:`write_atomic` and :func:`save_atomic` are the crash-safe file writers both use for
+their checkpoint files.
 """
 import collections
 import os
@@ -26,7 +26,8 @@ import numpy as np
 from mxnet import autograd, nd
 
 __all__ = ['LOW_PRECISION_DTYPES', 'dtype_name', 'is_low_precision', 'all_finite',
-           'MasterWeights', 'DeviceUpdate', 'device_update', 'apply_update', 'write_atomic']
+           'MasterWeights', 'DeviceUpdate', 'device_update', 'apply_update', 'write_atomic',
+           'save_atomic']
 
 #: Dtypes whose weights get float32 master weights.
 LOW_PRECISION_DTYPES = ('float16', 'bfloat16')
@@ -275,7 +276,8 @@ def write_atomic(fname, data):
     A temporary file in the same directory is written, flushed and fsynced, then
     ``os.replace``d over ``fname`` (atomic on POSIX and Windows); a crash leaves either the old
     file or the new one, never a mix. The directory is fsynced afterwards where the platform
-    allows it, so the rename survives a power loss.
+    allows it, so the rename survives a power loss. A process killed while writing may leave
+    its temporary file (``.<name>.<random>.tmp``) beside ``fname``; ``fname`` itself is intact.
 
     Args:
         fname (str or os.PathLike): destination path.
@@ -286,15 +288,43 @@ def write_atomic(fname, data):
     """
     if isinstance(data, str):
         data = data.encode('utf-8')
+
+    def write(tmp):
+        with open(tmp, 'wb') as fout:
+            fout.write(data)
+    save_atomic(fname, write)
+
+
+def save_atomic(fname, save):
+    """Let ``save(path)`` write a file, then move it over ``fname`` atomically and durably.
+
+    For writers that want a path rather than bytes (``nd.save``, ``Block.save_parameters``,
+    ``gluon.Trainer.save_states``): ``save`` writes a temporary file in ``fname``'s directory,
+    which is then fsynced, ``os.replace``d over ``fname`` and followed by an fsync of the
+    directory (where the platform allows it). A crash at any point leaves either the old
+    ``fname`` or the new one, complete (POSIX rename semantics; "Files are hard",
+    https://danluu.com/file-consistency/ explains why the two fsyncs are needed).
+
+    Args:
+        fname (str or os.PathLike): destination path.
+        save (callable): ``save(tmp_path)`` writes the whole file to ``tmp_path``.
+
+    Raises:
+        whatever ``save`` raises, or OSError; the temporary file is removed and ``fname`` is
+        untouched.
+    """
     fname = os.fspath(fname)
     directory = os.path.dirname(os.path.abspath(fname))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix='.%s.' % os.path.basename(fname),
                                suffix='.tmp')
+    os.close(fd)
     try:
-        with os.fdopen(fd, 'wb') as fout:
-            fout.write(data)
-            fout.flush()
-            os.fsync(fout.fileno())
+        save(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, fname)
     except BaseException:
         if os.path.exists(tmp):
