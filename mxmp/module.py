@@ -57,8 +57,8 @@ from .graph import MARK, convert_symbol, remove_casts
 from .policy import LOSS_OUTPUT, Policy, normalize_dtype
 from .scaler import (DynamicLossScaler, LossScaler, NoOpLossScaler, StaticLossScaler,
                      make_loss_scaler)
-from .update import (MasterWeights, apply_update, device_update, is_low_precision,
-                     save_atomic, write_atomic)
+from .update import (MasterWeights, all_finite, apply_update, device_update,
+                     is_low_precision, save_atomic, write_atomic)
 
 __all__ = ['Module', 'BucketingModule', 'insert_loss_scale', 'LOSS_SCALE_NAME',
            'HEAD_GRADIENT_LOSS_OPS']
@@ -622,6 +622,15 @@ class Module(mx.mod.Module):
 
         Returns:
             bool: True if the update was applied, False if it was skipped on overflow.
+
+        Raises:
+            mxmp.update.LossScaleAtFloorError: the loss scale stayed at its floor for
+                ``max_overflows_at_floor`` consecutive overflows (the message names the
+                parameters whose gradients were inf/NaN); nothing is updated.
+
+        Warns:
+            mxmp.update.NonFiniteForwardWarning: the update is skipped and the outputs of
+                the forward pass were themselves inf/NaN (not an overflow from scaling).
         """
         assert self.binded and self.params_initialized and self.optimizer_initialized
         self._params_dirty = True
@@ -647,8 +656,10 @@ class Module(mx.mod.Module):
             for k in range(ndev):
                 per_ctx[k].append((i * ndev + k, weights[k], grads[k], masters[k]))
         calls = [(self._updater, device_update(entries)) for entries in per_ctx]
-        applied, self._state.scaler = apply_update(calls, self._optimizer, self._state.scaler,
-                                                   self._state.rescale_grad)
+        applied, self._state.scaler = apply_update(
+            calls, self._optimizer, self._state.scaler, self._state.rescale_grad,
+            name_of=lambda idx: group.param_names[idx // ndev],
+            forward_finite=lambda: all_finite(group.get_outputs(merge_multi_context=False)))
         if not applied:
             self._state.skipped_steps += 1
         self._write_loss_scale()
