@@ -353,6 +353,15 @@ def save_file_atomic(path, save):
         os.close(fd)
 
 
+def error_reason(err):
+    """One informative line of an exception (MXNetErrors start with a C++ traceback)."""
+    lines = [l.strip() for l in str(err).splitlines() if l.strip()]
+    for line in lines:
+        if 'Check failed' in line or line.startswith('MXNetError'):
+            return line[:300]
+    return lines[-1][:300] if lines else type(err).__name__
+
+
 def run_identity(args):
     """What a checkpoint must agree on with the run that resumes it (checked by --resume)."""
     return {'model': args.model, 'dtype': args.dtype, 'cast_params': bool(args.cast_params),
@@ -421,13 +430,13 @@ def load_checkpoint(save_dir, net, trainer, identity=None):
     except (mx.base.MXNetError, AssertionError, ValueError, KeyError) as err:
         raise ConfigError('--resume: cannot load the parameters %s: %s. The file is truncated or '
                           'corrupt, or from another model/dtype; %s'
-                          % (files[0], str(err).strip().splitlines()[0][:300], fresh)) from None
+                          % (files[0], error_reason(err), fresh)) from None
     try:
         trainer.load_states(files[1])
     except (mx.base.MXNetError, ValueError, KeyError, EOFError, pickle.UnpicklingError,
             AttributeError, TypeError) as err:
         raise ConfigError('--resume: cannot load the trainer states %s: %s; %s'
-                          % (files[1], str(err).strip().splitlines()[0][:300], fresh)) from None
+                          % (files[1], error_reason(err), fresh)) from None
     return index
 
 

@@ -768,10 +768,18 @@ class Module(mx.mod.Module):
             Module: parameters set (float32 from the file), not bound.
 
         Raises:
-            ValueError: the state file is malformed or does not match ``loss_scaler``.
+            ValueError: the state file is malformed (not JSON, truncated), does not match
+                ``loss_scaler``, or was written with another target dtype than the
+                ``target_dtype``/``policy`` asked for (the message names the fix).
+                Also when ``prefix-%04d.params`` or the symbol file is truncated or corrupt.
             OSError: a file cannot be read.
         """
-        sym, args, auxs = mx.model.load_checkpoint(prefix, epoch)
+        try:
+            sym, args, auxs = mx.model.load_checkpoint(prefix, epoch)
+        except mx.base.MXNetError as err:
+            raise ValueError('the checkpoint %s-symbol.json / %s-%04d.params cannot be read: '
+                             'truncated or corrupt (%s); load an earlier epoch'
+                             % (prefix, prefix, epoch, _mxnet_reason(err))) from None
         state_file = '%s-%04d.mxmp.json' % (prefix, epoch)
         state = None
         if os.path.exists(state_file):
@@ -782,6 +790,16 @@ class Module(mx.mod.Module):
                     raise ValueError('%s is not valid JSON: %s' % (state_file, err)) from None
             if not isinstance(state, dict):
                 raise ValueError('%s is not an mxmp.Module state file' % state_file)
+            wanted = (kwargs['policy'].target_dtype if kwargs.get('policy') is not None
+                      else kwargs.get('target_dtype'))
+            if wanted is not None and 'target_dtype' in state and \
+                    normalize_dtype(wanted, allow_float32=True) != state['target_dtype']:
+                raise ValueError(
+                    '%s was trained with target dtype %r but %r was asked for: its loss scaler '
+                    'and optimizer states belong to that precision. Omit target_dtype/policy to '
+                    'resume in %r; to change precision on purpose, load the float32 parameters '
+                    'with mx.model.load_checkpoint and set_params into a new Module'
+                    % (state_file, state['target_dtype'], wanted, state['target_dtype']))
             if 'policy' not in kwargs:
                 for key in ('target_dtype', 'cast_params', 'emulate'):
                     if key in state:
@@ -799,6 +817,15 @@ class Module(mx.mod.Module):
         if load_optimizer_states:
             mod._preload_opt_states = '%s-%04d.states' % (prefix, epoch)
         return mod
+
+
+def _mxnet_reason(err):
+    """The informative line of an MXNetError (its text starts with a C++ traceback)."""
+    lines = [l.strip() for l in str(err).splitlines() if l.strip()]
+    for line in lines:
+        if 'Check failed' in line or line.startswith('MXNetError'):
+            return line[:200]
+    return lines[-1][:200] if lines else type(err).__name__
 
 
 def _scaler_from_state(state, fname):

@@ -491,6 +491,11 @@ class Trainer(gluon.Trainer):
             if list(s['shape']) != m['shape'] and 0 not in m['shape']:
                 raise ValueError('%s: Parameter %d (%s) has shape %s in the file but %s here'
                                  % (fname, k, m['name'], tuple(s['shape']), tuple(m['shape'])))
+            if s['master'] and m['master'] and s['dtype'] != m['dtype']:
+                raise ValueError('%s: Parameter %d (%s) is %s in the file but %s here: the states '
+                                 'come from a run with another target dtype; convert the '
+                                 'network to %s as in that run, or start the optimizer afresh'
+                                 % (fname, k, m['name'], s['dtype'], m['dtype'], s['dtype']))
             if s['master'] != m['master']:
                 raise ValueError('%s: Parameter %d (%s) is %s in the file but %s here: master '
                                  'weights exist only for float16/bfloat16 Parameters; cast the '
