@@ -37,6 +37,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import random
 import resource
 import sys
@@ -326,17 +327,66 @@ def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def save_checkpoint(save_dir, epoch, net, trainer, history, step, keep=2):
-    """Write epoch-NNNN.params/.states and point checkpoint.json at them (atomic rename)."""
+def save_file_atomic(path, save):
+    """``save(tmp)`` writes a temporary file beside ``path``; it is fsynced, then renamed over
+    ``path`` (and the directory fsynced): a kill at any moment leaves the old file or the new one.
+    (The same recipe as ``mxmp.update.save_atomic``; repeated here so that the float32 baseline
+    does not depend on mxmp.)"""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, '.%s.%d.tmp' % (os.path.basename(path), os.getpid()))
+    try:
+        save(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def error_reason(err):
+    """One informative line of an exception (MXNetErrors start with a C++ traceback)."""
+    lines = [l.strip() for l in str(err).splitlines() if l.strip()]
+    for line in lines:
+        if 'Check failed' in line or line.startswith('MXNetError'):
+            return line[:300]
+    return lines[-1][:300] if lines else type(err).__name__
+
+
+def run_identity(args):
+    """What a checkpoint must agree on with the run that resumes it (checked by --resume)."""
+    return {'model': args.model, 'dtype': args.dtype, 'cast_params': bool(args.cast_params),
+            'num_classes': args.num_classes, 'input_size': args.input_size,
+            'optimizer': args.optimizer}
+
+
+def save_checkpoint(save_dir, epoch, net, trainer, history, step, keep=2, identity=None):
+    """Write epoch-NNNN.params/.states, then point checkpoint.json at them.
+
+    Every file is written to a temporary file, fsynced and renamed (:func:`save_file_atomic`), and
+    checkpoint.json is written last: a run killed at any moment leaves checkpoint.json naming a
+    complete, earlier pair of files. ``identity`` (:func:`run_identity`) is stored for --resume to
+    check."""
     stem = os.path.join(save_dir, 'epoch-%04d' % epoch)
-    net.save_parameters(stem + '.params')
-    trainer.save_states(stem + '.states')
+    save_file_atomic(stem + '.params', net.save_parameters)
+    save_file_atomic(stem + '.states', trainer.save_states)
     index = {'epoch': epoch, 'step': step, 'params': os.path.basename(stem + '.params'),
-             'states': os.path.basename(stem + '.states'), 'history': history}
-    tmp = os.path.join(save_dir, CHECKPOINT_INDEX + '.tmp')
-    with open(tmp, 'w') as f:
-        json.dump(index, f, indent=1)
-    os.replace(tmp, os.path.join(save_dir, CHECKPOINT_INDEX))
+             'states': os.path.basename(stem + '.states'), 'history': history,
+             'run': identity}
+
+    def write_index(tmp):
+        with open(tmp, 'w') as f:
+            json.dump(index, f, indent=1)
+    save_file_atomic(os.path.join(save_dir, CHECKPOINT_INDEX), write_index)
     old = epoch - keep
     for ext in ('.params', '.states'):
         path = os.path.join(save_dir, 'epoch-%04d%s' % (old, ext))
@@ -344,18 +394,49 @@ def save_checkpoint(save_dir, epoch, net, trainer, history, step, keep=2):
             os.remove(path)
 
 
-def load_checkpoint(save_dir, net, trainer):
+def load_checkpoint(save_dir, net, trainer, identity=None):
     """Restore params and trainer states (optimizer, momentum, loss scaler) from checkpoint.json.
 
-    Returns the checkpoint index dict (epoch done, step, per-epoch history)."""
+    Returns the checkpoint index dict (epoch done, step, per-epoch history). Raises ConfigError,
+    naming the file and the fix, when there is no checkpoint, when it was written by a run with
+    another model/dtype/--cast-params/... than ``identity``, or when a file is truncated, corrupt
+    or does not fit the network; nothing is half-loaded silently."""
     path = os.path.join(save_dir, CHECKPOINT_INDEX)
+    fresh = 'run without --resume (or with another --save-dir) to start afresh'
     if not os.path.isfile(path):
         raise ConfigError('--resume: no checkpoint in %s (%s missing); run without --resume first'
                           % (save_dir, CHECKPOINT_INDEX))
-    with open(path) as f:
-        index = json.load(f)
-    net.load_parameters(os.path.join(save_dir, index['params']))
-    trainer.load_states(os.path.join(save_dir, index['states']))
+    try:
+        with open(path) as f:
+            index = json.load(f)
+        files = [os.path.join(save_dir, index[k]) for k in ('params', 'states')]
+        int(index['epoch']), int(index['step']), list(index['history'])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError('--resume: %s is corrupt or truncated (%s); %s'
+                          % (path, err, fresh)) from None
+    saved = index.get('run')
+    if identity is not None and saved is not None and saved != identity:
+        diff = ', '.join('--%s %s in the checkpoint but %s now' % (k.replace('_', '-'),
+                                                                    saved.get(k), identity[k])
+                         for k in sorted(identity) if saved.get(k) != identity[k])
+        raise ConfigError('--resume: the checkpoint in %s is from another run (%s); resume with '
+                          'the flags of the run that wrote it, or %s' % (save_dir, diff, fresh))
+    for file in files:
+        if not os.path.isfile(file):
+            raise ConfigError('--resume: %s names %s, which is missing; %s' % (path, file, fresh))
+    import mxnet as mx
+    try:
+        net.load_parameters(files[0])
+    except (mx.base.MXNetError, AssertionError, ValueError, KeyError) as err:
+        raise ConfigError('--resume: cannot load the parameters %s: %s. The file is truncated or '
+                          'corrupt, or from another model/dtype; %s'
+                          % (files[0], error_reason(err), fresh)) from None
+    try:
+        trainer.load_states(files[1])
+    except (mx.base.MXNetError, ValueError, KeyError, EOFError, pickle.UnpicklingError,
+            AttributeError, TypeError) as err:
+        raise ConfigError('--resume: cannot load the trainer states %s: %s; %s'
+                          % (files[1], error_reason(err), fresh)) from None
     return index
 
 
@@ -500,7 +581,7 @@ def main(argv=None):
     # ---- resume
     start_epoch, step, history = 0, 0, []
     if args.resume:
-        index = load_checkpoint(args.save_dir, net, trainer)
+        index = load_checkpoint(args.save_dir, net, trainer, run_identity(args))
         start_epoch, step, history = index['epoch'], index['step'], index['history']
         LOG.info('resumed from %s: %d epoch(s) done, step %d',
                  os.path.join(args.save_dir, index['params']), start_epoch, step)
@@ -589,7 +670,8 @@ def main(argv=None):
                  '%.4f' % record['train_loss'] if finite else 'n/a', scale,
                  record['skipped_steps'], '%.4f' % val_top1 if val_top1 is not None else 'n/a',
                  record['peak_rss_mib'])
-        save_checkpoint(args.save_dir, epoch + 1, net, trainer, history, step)
+        save_checkpoint(args.save_dir, epoch + 1, net, trainer, history, step,
+                        identity=run_identity(args))
     metrics.close()
 
     total_images = sum(r['images'] for r in history)

@@ -29,6 +29,7 @@ from .gluon import convert, ConvertedBlock
 from .scaler import (LossScaler, DynamicLossScaler, StaticLossScaler, NoOpLossScaler,
                      make_loss_scaler)
 from .trainer import Trainer
+from .update import LossScaleAtFloorError, NonFiniteForwardWarning
 from .module import Module, BucketingModule
 from .alignment import check_alignment, format_alignment, Misalignment
 from .cuda import preload_cuda_libraries, missing_cuda_libraries, CudaLibrariesNotFound
@@ -41,6 +42,6 @@ __version__ = '0.1.0'
 __all__ = ['Policy', 'normalize_dtype', 'convert_symbol', 'remove_casts', 'explain',
            'format_explain', 'count_casts', 'lp_kernels_available', 'convert', 'ConvertedBlock',
            'LossScaler', 'DynamicLossScaler', 'StaticLossScaler', 'NoOpLossScaler',
-           'make_loss_scaler', 'Trainer', 'Module', 'BucketingModule', 'check_alignment', 'format_alignment', 'Misalignment',
+           'make_loss_scaler', 'LossScaleAtFloorError', 'NonFiniteForwardWarning', 'Trainer', 'Module', 'BucketingModule', 'check_alignment', 'format_alignment', 'Misalignment',
            'preload_cuda_libraries', 'missing_cuda_libraries', 'CudaLibrariesNotFound',
            'diagnose', 'NumericsReport', 'plot_run', 'amp', 'plot']

@@ -57,8 +57,8 @@ from .graph import MARK, convert_symbol, remove_casts
 from .policy import LOSS_OUTPUT, Policy, normalize_dtype
 from .scaler import (DynamicLossScaler, LossScaler, NoOpLossScaler, StaticLossScaler,
                      make_loss_scaler)
-from .update import (MasterWeights, apply_update, device_update, is_low_precision,
-                     write_atomic)
+from .update import (MasterWeights, all_finite, apply_update, device_update,
+                     is_low_precision, save_atomic, write_atomic)
 
 __all__ = ['Module', 'BucketingModule', 'insert_loss_scale', 'LOSS_SCALE_NAME',
            'HEAD_GRADIENT_LOSS_OPS']
@@ -479,6 +479,10 @@ class Module(mx.mod.Module):
             self._params_written(arg_params)
 
     def _sync_params_from_devices(self):
+        # BatchNorm writes its moving mean/var in the backward pass on CPU, outside the
+        # engine's dependency tracking of the aux arrays: without a wait the copy can read
+        # the statistics of the previous step (seen as a resumed run off by one update).
+        nd.waitall()
         super()._sync_params_from_devices()
         for name in self._lp_names:
             master = self._state.masters.first_device(name)
@@ -618,6 +622,15 @@ class Module(mx.mod.Module):
 
         Returns:
             bool: True if the update was applied, False if it was skipped on overflow.
+
+        Raises:
+            mxmp.update.LossScaleAtFloorError: the loss scale stayed at its floor for
+                ``max_overflows_at_floor`` consecutive overflows (the message names the
+                parameters whose gradients were inf/NaN); nothing is updated.
+
+        Warns:
+            mxmp.update.NonFiniteForwardWarning: the update is skipped and the outputs of
+                the forward pass were themselves inf/NaN (not an overflow from scaling).
         """
         assert self.binded and self.params_initialized and self.optimizer_initialized
         self._params_dirty = True
@@ -643,8 +656,10 @@ class Module(mx.mod.Module):
             for k in range(ndev):
                 per_ctx[k].append((i * ndev + k, weights[k], grads[k], masters[k]))
         calls = [(self._updater, device_update(entries)) for entries in per_ctx]
-        applied, self._state.scaler = apply_update(calls, self._optimizer, self._state.scaler,
-                                                   self._state.rescale_grad)
+        applied, self._state.scaler = apply_update(
+            calls, self._optimizer, self._state.scaler, self._state.rescale_grad,
+            name_of=lambda idx: group.param_names[idx // ndev],
+            forward_finite=lambda: all_finite(group.get_outputs(merge_multi_context=False)))
         if not applied:
             self._state.skipped_steps += 1
         self._write_loss_scale()
@@ -689,11 +704,9 @@ class Module(mx.mod.Module):
         write_atomic('%s-symbol.json' % prefix, sym.tojson(remove_amp_cast=remove_amp_cast))
         param_name = '%s-%04d.params' % (prefix, epoch)
         arg_params, aux_params = self.get_params()
-        tmp = '%s.tmp%d' % (param_name, os.getpid())
         save = {'arg:%s' % k: v.as_in_context(mx.cpu()) for k, v in arg_params.items()}
         save.update({'aux:%s' % k: v.as_in_context(mx.cpu()) for k, v in aux_params.items()})
-        nd.save(tmp, save)
-        os.replace(tmp, param_name)
+        save_atomic(param_name, lambda tmp: nd.save(tmp, save))
         if save_optimizer_states:
             self.save_optimizer_states('%s-%04d.states' % (prefix, epoch))
         write_atomic('%s-%04d.mxmp.json' % (prefix, epoch),
@@ -755,10 +768,18 @@ class Module(mx.mod.Module):
             Module: parameters set (float32 from the file), not bound.
 
         Raises:
-            ValueError: the state file is malformed or does not match ``loss_scaler``.
+            ValueError: the state file is malformed (not JSON, truncated), does not match
+                ``loss_scaler``, or was written with another target dtype than the
+                ``target_dtype``/``policy`` asked for (the message names the fix).
+                Also when ``prefix-%04d.params`` or the symbol file is truncated or corrupt.
             OSError: a file cannot be read.
         """
-        sym, args, auxs = mx.model.load_checkpoint(prefix, epoch)
+        try:
+            sym, args, auxs = mx.model.load_checkpoint(prefix, epoch)
+        except mx.base.MXNetError as err:
+            raise ValueError('the checkpoint %s-symbol.json / %s-%04d.params cannot be read: '
+                             'truncated or corrupt (%s); load an earlier epoch'
+                             % (prefix, prefix, epoch, _mxnet_reason(err))) from None
         state_file = '%s-%04d.mxmp.json' % (prefix, epoch)
         state = None
         if os.path.exists(state_file):
@@ -769,6 +790,16 @@ class Module(mx.mod.Module):
                     raise ValueError('%s is not valid JSON: %s' % (state_file, err)) from None
             if not isinstance(state, dict):
                 raise ValueError('%s is not an mxmp.Module state file' % state_file)
+            wanted = (kwargs['policy'].target_dtype if kwargs.get('policy') is not None
+                      else kwargs.get('target_dtype'))
+            if wanted is not None and 'target_dtype' in state and \
+                    normalize_dtype(wanted, allow_float32=True) != state['target_dtype']:
+                raise ValueError(
+                    '%s was trained with target dtype %r but %r was asked for: its loss scaler '
+                    'and optimizer states belong to that precision. Omit target_dtype/policy to '
+                    'resume in %r; to change precision on purpose, load the float32 parameters '
+                    'with mx.model.load_checkpoint and set_params into a new Module'
+                    % (state_file, state['target_dtype'], wanted, state['target_dtype']))
             if 'policy' not in kwargs:
                 for key in ('target_dtype', 'cast_params', 'emulate'):
                     if key in state:
@@ -786,6 +817,15 @@ class Module(mx.mod.Module):
         if load_optimizer_states:
             mod._preload_opt_states = '%s-%04d.states' % (prefix, epoch)
         return mod
+
+
+def _mxnet_reason(err):
+    """The informative line of an MXNetError (its text starts with a C++ traceback)."""
+    lines = [l.strip() for l in str(err).splitlines() if l.strip()]
+    for line in lines:
+        if 'Check failed' in line or line.startswith('MXNetError'):
+            return line[:200]
+    return lines[-1][:200] if lines else type(err).__name__
 
 
 def _scaler_from_state(state, fname):

@@ -75,6 +75,8 @@ class LossScaler:
     _CONFIG_FIELDS = ()
     #: Names of the fields that hold the running state (restored on load).
     _STATE_FIELDS = ()
+    #: Fields that may be missing from a saved state (name -> value assumed).
+    _OPTIONAL_FIELDS = {}
 
     def __post_init__(self):
         if type(self) is LossScaler:  # pylint: disable=unidiomatic-typecheck
@@ -133,6 +135,7 @@ class LossScaler:
             raise ValueError('loss scaler state is for %r but this scaler is %r; create the '
                              'Trainer with the same loss_scaler as the run that saved it'
                              % (cls, type(self).__name__))
+        state = dict(self._OPTIONAL_FIELDS, **state)
         for name in self._CONFIG_FIELDS + self._STATE_FIELDS:
             if name not in state:
                 raise ValueError('loss scaler state for %s misses the key %r'
@@ -210,9 +213,20 @@ class DynamicLossScaler(LossScaler):
         min_scale (float): floor of the scale, > 0; default 1 (below 1 scaling would shrink
             gradients instead of protecting them).
         max_scale (float): cap of the scale, >= min_scale; default 2**24 (contrib.amp's cap).
+        max_overflows_at_floor (int): how many consecutive overflows at ``min_scale`` the
+            owner tolerates before it raises :class:`mxmp.update.LossScaleAtFloorError`
+            (naming the parameters whose gradients were inf/NaN), >= 0; 0 never raises (the
+            behaviour of PyTorch's GradScaler, which skips such steps forever). Default 10:
+            at the floor (1 by default, i.e. no scaling) lowering the scale cannot help, so a
+            run of skipped steps there means inf/NaN gradients that scaling did not cause (a
+            NaN in the forward pass, a too large learning rate, a bad batch); 10 lets a few
+            bad batches through and stops a run that would otherwise skip every step while
+            reporting success.
         scale (float or None): current scale (state); None means ``init_scale``.
         counter (int): finite steps since the scale last changed (state), in
             ``[0, growth_interval)``; default 0.
+        overflows_at_floor (int): consecutive overflows that happened with the scale already
+            at ``min_scale`` (state), >= 0; default 0. A finite step resets it.
 
     Raises:
         ValueError: an argument is out of range; the message names it.
@@ -222,7 +236,10 @@ class DynamicLossScaler(LossScaler):
     * overflow (``finite=False``): ``scale = max(scale * backoff_factor, min_scale)``,
       ``counter = 0`` (the owner skips the step);
     * finite: ``counter += 1``; when ``counter == growth_interval``:
-      ``scale = min(scale * growth_factor, max_scale)`` and ``counter = 0``.
+      ``scale = min(scale * growth_factor, max_scale)`` and ``counter = 0``;
+    * ``overflows_at_floor`` counts the overflows of steps that ran at ``scale == min_scale``
+      since the last finite step (mxmp's addition; the owners raise at
+      ``max_overflows_at_floor``).
 
     Defaults match ``torch.cuda.amp.GradScaler`` (2**16, 2, 0.5, 2000) and
     ``mxnet/contrib/amp/loss_scaler.py`` (2**16, x2 every 2000 steps, /2, cap 2**24).
@@ -234,12 +251,17 @@ class DynamicLossScaler(LossScaler):
     growth_interval: int = 2000
     min_scale: float = 1.0
     max_scale: float = 2.0 ** 24
+    max_overflows_at_floor: int = 10
     scale: Optional[float] = None
     counter: int = 0
+    overflows_at_floor: int = 0
 
     _CONFIG_FIELDS = ('init_scale', 'growth_factor', 'backoff_factor', 'growth_interval',
-                      'min_scale', 'max_scale')
-    _STATE_FIELDS = ('scale', 'counter')
+                      'min_scale', 'max_scale', 'max_overflows_at_floor')
+    _STATE_FIELDS = ('scale', 'counter', 'overflows_at_floor')
+    #: Fields added after the first release: absent from older states, they take their
+    #: defaults on load.
+    _OPTIONAL_FIELDS = {'max_overflows_at_floor': 10, 'overflows_at_floor': 0}
 
     def __post_init__(self):
         setf = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -268,6 +290,10 @@ class DynamicLossScaler(LossScaler):
         if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < self.growth_interval:
             raise ValueError('counter must be an integer in [0, growth_interval=%d), got %r'
                              % (self.growth_interval, c))
+        for name in ('max_overflows_at_floor', 'overflows_at_floor'):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError('%s must be an integer >= 0, got %r' % (name, v))
 
     @property
     def dynamic(self) -> bool:
@@ -284,13 +310,21 @@ class DynamicLossScaler(LossScaler):
             DynamicLossScaler: a new instance with the updated ``scale`` and ``counter``.
         """
         if not finite:
+            at_floor = self.overflows_at_floor + 1 if self.scale <= self.min_scale else 0
             return dataclasses.replace(
-                self, scale=max(self.scale * self.backoff_factor, self.min_scale), counter=0)
+                self, scale=max(self.scale * self.backoff_factor, self.min_scale), counter=0,
+                overflows_at_floor=at_floor)
         counter = self.counter + 1
         if counter >= self.growth_interval:
             return dataclasses.replace(
-                self, scale=min(self.scale * self.growth_factor, self.max_scale), counter=0)
-        return dataclasses.replace(self, counter=counter)
+                self, scale=min(self.scale * self.growth_factor, self.max_scale), counter=0,
+                overflows_at_floor=0)
+        return dataclasses.replace(self, counter=counter, overflows_at_floor=0)
+
+    @property
+    def stuck_at_floor(self) -> bool:
+        """bool: ``overflows_at_floor`` reached ``max_overflows_at_floor`` (never if it is 0)."""
+        return 0 < self.max_overflows_at_floor <= self.overflows_at_floor
 
 
 _SPECS = ("None/'auto' (dynamic for float16, none for bfloat16/float32), 'dynamic', "

@@ -41,8 +41,8 @@ from mxnet import autograd, gluon
 
 from .policy import normalize_dtype
 from .scaler import LossScaler, make_loss_scaler
-from .update import (LOW_PRECISION_DTYPES as _LOW_PRECISION, MasterWeights, apply_update,
-                     device_update, dtype_name as _dtype_name, write_atomic)
+from .update import (LOW_PRECISION_DTYPES as _LOW_PRECISION, MasterWeights, all_finite,
+                     apply_update, device_update, dtype_name as _dtype_name, write_atomic)
 
 __all__ = ['Trainer']
 
@@ -137,6 +137,7 @@ class Trainer(gluon.Trainer):
         self._skipped_steps = 0
         self._unscaled = False
         self._masters = MasterWeights()   # by param index; shared with mxmp.Module
+        self._step_losses = []            # this step's losses, from scale_loss
 
     # ------------------------------------------------------------------ properties
     @property
@@ -269,6 +270,8 @@ class Trainer(gluon.Trainer):
                                'by the loss scale has to be recorded for backward(). Put the '
                                '"with trainer.scale_loss(loss)" block inside the record scope.')
         scale = float(scaler.scale)
+        # kept to tell a NaN in the forward pass from an overflow if the step overflows
+        self._step_losses = list(loss) if isinstance(loss, (list, tuple)) else [loss]
         if isinstance(loss, (list, tuple)):
             yield [l * scale for l in loss]
         else:
@@ -322,6 +325,14 @@ class Trainer(gluon.Trainer):
             ValueError: ``batch_size`` <= 0.
             UserWarning: (raised, as gluon.Trainer does) a stale gradient without
                 ``ignore_stale_grad``.
+            mxmp.update.LossScaleAtFloorError: a dynamic loss scale stayed at its floor for
+                ``max_overflows_at_floor`` consecutive overflows (the message names the
+                Parameters whose gradients were inf/NaN); nothing is updated.
+
+        Warns:
+            mxmp.update.NonFiniteForwardWarning: the step is skipped and the loss given to
+                :meth:`scale_loss` was itself inf/NaN (a NaN in the forward pass, not an
+                overflow from scaling). Checked only on skipped steps: no extra host sync.
 
         Cost: see the class docstring (one host sync with a dynamic loss scaler).
         """
@@ -386,9 +397,11 @@ class Trainer(gluon.Trainer):
             for entries in per_device:
                 for _, _, data, _ in entries:
                     data._fresh_grad = False
+            losses, self._step_losses = self._step_losses, []
             applied, self._loss_scaler = apply_update(
                 calls, self._optimizer, self._loss_scaler, self._scale / batch_size,
-                unscaled=self._unscaled)
+                unscaled=self._unscaled, name_of=lambda i: self._params[i].name,
+                forward_finite=(lambda: all_finite([losses])) if losses else None)
         if not applied:
             self._skipped_steps += 1
         self._unscaled = False
@@ -478,6 +491,11 @@ class Trainer(gluon.Trainer):
             if list(s['shape']) != m['shape'] and 0 not in m['shape']:
                 raise ValueError('%s: Parameter %d (%s) has shape %s in the file but %s here'
                                  % (fname, k, m['name'], tuple(s['shape']), tuple(m['shape'])))
+            if s['master'] and m['master'] and s['dtype'] != m['dtype']:
+                raise ValueError('%s: Parameter %d (%s) is %s in the file but %s here: the states '
+                                 'come from a run with another target dtype; convert the '
+                                 'network to %s as in that run, or start the optimizer afresh'
+                                 % (fname, k, m['name'], s['dtype'], m['dtype'], s['dtype']))
             if s['master'] != m['master']:
                 raise ValueError('%s: Parameter %d (%s) is %s in the file but %s here: master '
                                  'weights exist only for float16/bfloat16 Parameters; cast the '

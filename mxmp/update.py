@@ -15,18 +15,21 @@ al., "Mixed Precision Training", ICLR 2018; NVIDIA, "Training With Mixed Precisi
 Both wrappers hand this module per-device lists of ``(optimizer index, weight, gradient,
 master or None)``; the Gluon Trainer has one updater per device, the Module one updater for all
 devices with per-device indices (``index * num_devices + device``, as MXNet 1.9.1's
-``model._update_params``). :func:`write_atomic` is the crash-safe file writer both use for
-their state files.
+``model._update_params``). :func:`write_atomic` and :func:`save_atomic` are the crash-safe file writers both use for
+their checkpoint files.
 """
 import collections
 import os
 import tempfile
+import warnings
 
 import numpy as np
 from mxnet import autograd, nd
 
 __all__ = ['LOW_PRECISION_DTYPES', 'dtype_name', 'is_low_precision', 'all_finite',
-           'MasterWeights', 'DeviceUpdate', 'device_update', 'apply_update', 'write_atomic']
+           'MasterWeights', 'DeviceUpdate', 'device_update', 'apply_update', 'write_atomic',
+           'save_atomic', 'LossScaleAtFloorError', 'NonFiniteForwardWarning',
+           'nonfinite_names']
 
 #: Dtypes whose weights get float32 master weights.
 LOW_PRECISION_DTYPES = ('float16', 'bfloat16')
@@ -196,6 +199,57 @@ def _float32_copy(value, ctx):
     return nd.array(value, ctx=ctx, dtype='float32')
 
 
+class LossScaleAtFloorError(RuntimeError):
+    """The dynamic loss scale sat at its floor for ``max_overflows_at_floor`` overflows in a row.
+
+    Raised by :func:`apply_update` (so by ``mxmp.Trainer.step``/``update`` and
+    ``mxmp.Module.update``) instead of skipping yet another step: at the floor the scale cannot
+    go lower, so the inf/NaN gradients are not an overflow that scaling causes. The message
+    names the parameters whose gradients were inf/NaN on the last step and says whether the
+    forward pass (the loss) was already non-finite.
+
+    Attributes:
+        parameters (list of str): names of the parameters with inf/NaN gradients (any device).
+        forward_nonfinite (bool or None): whether the loss/outputs of the last step were
+            inf/NaN (None: unknown).
+    """
+
+    def __init__(self, message, parameters=(), forward_nonfinite=None):
+        super().__init__(message)
+        self.parameters = list(parameters)
+        self.forward_nonfinite = forward_nonfinite
+
+
+class NonFiniteForwardWarning(RuntimeWarning):
+    """A step was skipped because the forward pass itself gave inf/NaN (the loss or the
+    outputs), not because the loss scale made the gradients overflow.
+
+    Issued by :func:`apply_update` on every such step (Python's warning filters decide how
+    often it is shown; ``warnings.simplefilter('error', NonFiniteForwardWarning)`` turns it
+    into an exception). Lowering the loss scale does not fix it: look at the inputs and
+    labels of the batch, the learning rate, and ops like log/exp/division/sqrt in the model.
+    The weights and optimizer states are untouched by the skipped step; BatchNorm running
+    statistics are updated by the forward/backward pass itself and may hold the NaN.
+    """
+
+
+def nonfinite_names(calls, name_of):
+    """Sorted names of the parameters whose gradient holds inf/NaN on some device.
+
+    Args:
+        calls (list of (updater, DeviceUpdate)): as for :func:`apply_update`.
+        name_of (callable): optimizer index -> parameter name.
+
+    Cost: one check and one host synchronisation per gradient; only for error messages.
+    """
+    names = set()
+    for _, update in calls:
+        for index, grad in zip(update.indices, update.grads):
+            if not all_finite([[grad]]):
+                names.add(str(name_of(index)))
+    return sorted(names)
+
+
 DeviceUpdate = collections.namedtuple('DeviceUpdate', ['indices', 'grads', 'weights',
                                                        'writebacks'])
 DeviceUpdate.__doc__ = """The optimizer call of one device: ``updater(indices, grads, weights)``,
@@ -229,7 +283,8 @@ def device_update(entries):
     return DeviceUpdate(indices, grads, weights, writebacks)
 
 
-def apply_update(calls, optimizer, scaler, rescale_grad, unscaled=False):
+def apply_update(calls, optimizer, scaler, rescale_grad, unscaled=False, name_of=None,
+                 forward_finite=None):
     """Check for overflow, then run the optimizer on every device, or skip the step.
 
     Args:
@@ -242,11 +297,25 @@ def apply_update(calls, optimizer, scaler, rescale_grad, unscaled=False):
             user's own factor).
         unscaled (bool): the gradients were already divided by the loss scale
             (``Trainer.unscale``).
+        name_of (callable or None): optimizer index -> parameter name, for the message of
+            :class:`LossScaleAtFloorError` (default: the index itself).
+        forward_finite (callable or None): ``forward_finite() -> bool``, whether the loss (or
+            the outputs) of this step were finite; called only on an overflow (it may
+            synchronise with the host), to tell a NaN in the forward pass from an overflow
+            caused by loss scaling.
 
     Returns:
         tuple (applied, scaler): ``applied`` is False if the step was skipped because a
         gradient was inf/NaN (only checked with a dynamic scaler); ``scaler`` is the scaler
         for the next step (``scaler.adjust(applied)``).
+
+    Raises:
+        LossScaleAtFloorError: the step overflowed and the scaler has now seen
+            ``max_overflows_at_floor`` consecutive overflows at its ``min_scale``
+            (:attr:`mxmp.scaler.DynamicLossScaler.stuck_at_floor`); nothing was updated.
+
+    Warns:
+        NonFiniteForwardWarning: the step was skipped and ``forward_finite()`` is False.
 
     On a step: ``optimizer.rescale_grad = rescale_grad / loss_scale`` (``rescale_grad`` alone
     if scaling is disabled or ``unscaled``), then every updater call, then the write-backs of
@@ -254,7 +323,27 @@ def apply_update(calls, optimizer, scaler, rescale_grad, unscaled=False):
     the optimizer (states, update counts, ``rescale_grad``) changes.
     """
     if scaler.dynamic and not all_finite([u.grads for _, u in calls]):
-        return False, scaler.adjust(False)
+        new = scaler.adjust(False)
+        forward_nonfinite = None if forward_finite is None else not forward_finite()
+        if forward_nonfinite:
+            warnings.warn(NonFiniteForwardWarning(
+                'the forward pass gave inf/NaN (the loss or the outputs are not finite): the '
+                'step is skipped, but this is not an overflow from loss scaling and a lower '
+                'loss scale will not fix it; check the batch (inputs, labels), the learning '
+                'rate, and log/exp/division/sqrt in the model'), stacklevel=3)
+        if getattr(new, 'stuck_at_floor', False):
+            names = nonfinite_names(calls, name_of or (lambda i: i))
+            raise LossScaleAtFloorError(
+                'the loss scale has been at its floor (min_scale=%g) for %d consecutive '
+                'overflowing steps: the inf/NaN gradients are not caused by loss scaling. '
+                '%sParameters with inf/NaN gradients on the last step: %s. Fix the cause '
+                '(inputs, learning rate, unstable ops), lower min_scale, or raise '
+                'max_overflows_at_floor of the DynamicLossScaler (0 never raises).'
+                % (new.min_scale, new.overflows_at_floor,
+                   'The forward pass itself was not finite (the loss is inf/NaN). '
+                   if forward_nonfinite else '', ', '.join(names) or '(none found)'),
+                names, forward_nonfinite)
+        return False, new
     if scaler.enabled and not unscaled:
         optimizer.rescale_grad = rescale_grad / float(scaler.scale)
     else:
@@ -275,7 +364,8 @@ def write_atomic(fname, data):
     A temporary file in the same directory is written, flushed and fsynced, then
     ``os.replace``d over ``fname`` (atomic on POSIX and Windows); a crash leaves either the old
     file or the new one, never a mix. The directory is fsynced afterwards where the platform
-    allows it, so the rename survives a power loss.
+    allows it, so the rename survives a power loss. A process killed while writing may leave
+    its temporary file (``.<name>.<random>.tmp``) beside ``fname``; ``fname`` itself is intact.
 
     Args:
         fname (str or os.PathLike): destination path.
@@ -286,15 +376,43 @@ def write_atomic(fname, data):
     """
     if isinstance(data, str):
         data = data.encode('utf-8')
+
+    def write(tmp):
+        with open(tmp, 'wb') as fout:
+            fout.write(data)
+    save_atomic(fname, write)
+
+
+def save_atomic(fname, save):
+    """Let ``save(path)`` write a file, then move it over ``fname`` atomically and durably.
+
+    For writers that want a path rather than bytes (``nd.save``, ``Block.save_parameters``,
+    ``gluon.Trainer.save_states``): ``save`` writes a temporary file in ``fname``'s directory,
+    which is then fsynced, ``os.replace``d over ``fname`` and followed by an fsync of the
+    directory (where the platform allows it). A crash at any point leaves either the old
+    ``fname`` or the new one, complete (POSIX rename semantics; "Files are hard",
+    https://danluu.com/file-consistency/ explains why the two fsyncs are needed).
+
+    Args:
+        fname (str or os.PathLike): destination path.
+        save (callable): ``save(tmp_path)`` writes the whole file to ``tmp_path``.
+
+    Raises:
+        whatever ``save`` raises, or OSError; the temporary file is removed and ``fname`` is
+        untouched.
+    """
     fname = os.fspath(fname)
     directory = os.path.dirname(os.path.abspath(fname))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix='.%s.' % os.path.basename(fname),
                                suffix='.tmp')
+    os.close(fd)
     try:
-        with os.fdopen(fd, 'wb') as fout:
-            fout.write(data)
-            fout.flush()
-            os.fsync(fout.fileno())
+        save(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, fname)
     except BaseException:
         if os.path.exists(tmp):
