@@ -592,12 +592,15 @@ def bar_chart(report, path):
             ax.set_xticklabels(['batch %d' % b for b in batches])
             ax.set_ylabel(ylabel)
             ax.set_title('%s, %s' % ('training' if phase == 'train' else 'inference', ylabel))
-            if row_i == 0:
-                ax.legend(fontsize=7, loc='upper left')
     fig.suptitle('%s %dx%d, %s on %s (hatched: emulated, numerics only; whiskers: min-max)'
                  % (cfg['model'], cfg['input_size'], cfg['input_size'], cfg['dtype'], cfg['ctx']),
                  fontsize=10)
-    fig.tight_layout()
+    legend = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc='lower center', ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
