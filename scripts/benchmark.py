@@ -79,7 +79,8 @@ PHASES = ('train', 'infer')
 #: rather than resnet18_v1 (11.7 M): emulated cast_params runs cast every parameter to and from
 #: bfloat16 several times per step, and MXNet's bfloat16 cast is slow on AVX2 CPUs, so
 #: resnet18_v1 at 64x64 took 587 s here. One thread: on a shared 2-core machine two OpenMP
-#: threads per process were ~9x slower than one (measured with cifar_resnet20_v1 at load 10).
+#: threads per process were ~9x slower than one (an emulated cifar_resnet20_v1 forward at load
+#: 10: 553 ms vs 61 ms).
 QUICK = dict(model='cifar_resnet20_v1', classes=10, input_size=32, batch_size=[8], warmup=1,
              iters=5, repeats=1, loss_steps=20, threads=1)
 MIN_ITERS = 5
