@@ -208,3 +208,13 @@ def test_first_line_drops_mxnet_stack_traces():
                        'could not create a primitive descriptor iterator\n[bt] (0) libmxnet.so')
     assert bench.first_line(err) == ('RuntimeError: could not create a primitive descriptor '
                                      'iterator')
+
+
+def test_gpu_context_without_a_gpu_exits_cleanly_with_a_message(tmp_path):
+    import mxnet as mx
+    if mx.context.num_gpus():
+        pytest.skip('a GPU is present: --ctx gpu would measure')
+    proc = run_script('--ctx', 'gpu', '--output-dir', str(tmp_path))
+    assert proc.returncode == 0
+    assert 'sees no CUDA GPU' in proc.stderr and 'nothing measured' in proc.stderr
+    assert not (tmp_path / 'benchmark.json').exists()
