@@ -156,21 +156,55 @@ def build_symbol_and_params(args):
     return symbol, arg_params, aux_params
 
 
+class StepLoss(mx.metric.EvalMetric):
+    """Training metric ``cross-entropy`` of the SoftmaxOutput probabilities, per image.
+
+    Besides the running mean (which the Speedometer logs) it keeps each step's sum and count
+    until :meth:`take`: ``fit`` updates the metric before it fetches the next batch, whereas a
+    ``batch_end_callback`` runs after, when an ``ImageRecordIter`` has already overwritten the
+    current batch's labels with the next ones.
+    """
+
+    def __init__(self):
+        super().__init__('cross-entropy')
+        self._pending = []
+
+    def update(self, labels, preds):
+        """Add the per-image losses ``-log(max(p[label], 1e-12))`` of a batch (per context)."""
+        for label, prob in zip(labels, preds):
+            picked = mx.nd.pick(prob, label.as_in_context(prob.context), axis=1)
+            total = float((-mx.nd.log(mx.nd.maximum(picked, 1e-12))).sum().asscalar())
+            count = label.shape[0]
+            self._pending.append((total, count))
+            self.sum_metric += total
+            self.global_sum_metric += total
+            self.num_inst += count
+            self.global_num_inst += count
+
+    def take(self):
+        """Mean loss per image of the updates since the last call (one training step)."""
+        total = sum(t for t, _ in self._pending)
+        count = sum(c for _, c in self._pending)
+        self._pending = []
+        return total / count if count else float('nan')
+
+
 class Recorder:
     """The callbacks that log steps and epochs and write checkpoint.json (fit's bookkeeping).
 
     ``batch_end`` (a ``batch_end_callback``) writes a metrics.jsonl line per step: the forward
-    loss (cross-entropy of the SoftmaxOutput probabilities), the loss scale that step's backward
-    used, whether the update was skipped on overflow, the learning rate. ``epoch_end`` (an
-    ``epoch_end_callback``, after ``module_checkpoint``) closes the training time of the epoch;
-    ``val_end`` (``eval_end_callback``) adds the validation top-1, logs the epoch and points
-    checkpoint.json at the epoch's files. Without validation ``epoch_end`` does that.
+    loss (from :class:`StepLoss`), the loss scale that step's backward used, whether the update
+    was skipped on overflow, the learning rate. ``epoch_end`` (an ``epoch_end_callback``, after
+    ``module_checkpoint``) closes the training time of the epoch; ``val_end``
+    (``eval_end_callback``) adds the validation top-1, logs the epoch and points checkpoint.json
+    at the epoch's files. Without validation ``epoch_end`` does that.
     """
 
     def __init__(self, mod, args, metrics, step, history, steps_per_epoch, validate):
         self.mod, self.args, self.metrics = mod, args, metrics
         self.step, self.history = step, history
         self.steps_per_epoch, self.validate = steps_per_epoch, validate
+        self.step_loss = StepLoss()
         self.scale = mod.loss_scale       # the scale the next backward uses
         self.skipped_seen = mod.skipped_steps
         self.tic, self.losses, self.images, self.skipped_before = None, [], 0, 0
@@ -189,10 +223,7 @@ class Recorder:
     def batch_end(self, param):
         """batch_end_callback: one metrics.jsonl line per step (and a log line every N)."""
         batch = param.locals['data_batch']
-        prob = self.mod.get_outputs()[0]
-        label = batch.label[0].as_in_context(prob.context)
-        picked = mx.nd.pick(prob, label, axis=1)
-        loss = float(-mx.nd.log(mx.nd.maximum(picked, 1e-12)).mean().asscalar())
+        loss = self.step_loss.take()
         skipped = self.mod.skipped_steps > self.skipped_seen
         self.skipped_seen = self.mod.skipped_steps
         self.step += 1
@@ -333,11 +364,12 @@ def main(argv=None):
     speedometer = mx.callback.Speedometer(
         args.batch_size, frequent=args.log_interval or max(1, steps_per_epoch - 1))
     try:
-        mod.fit(train_iter, eval_data=val_iter, eval_metric='acc',
+        train_metric = mx.metric.CompositeEvalMetric([mx.metric.Accuracy(), recorder.step_loss])
+        mod.fit(train_iter, eval_data=val_iter, eval_metric=train_metric,
                 validation_metric=top1_metric(), kvstore=args.kvstore, optimizer=optimizer,
                 arg_params=arg_params, aux_params=aux_params,
                 begin_epoch=start_epoch, num_epoch=args.epochs,
-                batch_end_callback=[speedometer, recorder.batch_end],
+                batch_end_callback=[recorder.batch_end, speedometer],
                 epoch_end_callback=[mx.callback.module_checkpoint(mod, prefix,
                                                                   save_optimizer_states=True),
                                     recorder.epoch_end],

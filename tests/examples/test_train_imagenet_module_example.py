@@ -200,19 +200,26 @@ def test_missing_rec_file_exits_with_status_2_and_names_the_file(tmp_path):
     assert 'Traceback' not in result.stderr
 
 
-def test_recordio_epoch_validates_on_all_records_without_the_padding(module_script, tiny_rec,
-                                                                     tmp_path):
+def test_recordio_epoch_logs_true_losses_and_validates_without_the_padding(
+        module_script, train_module, tiny_rec, tmp_path):
     # 32 validation records in batches of 24: the second batch holds 8 real records and 16
     # wrapped-around ones, which the top-1 must not count. Reference: the checkpoint in plain
     # MXNet over the same records in one batch of 32 (no padding).
     rec = ['--rec-train', str(tiny_rec / 'train.rec'), '--rec-val', str(tiny_rec / 'val.rec'),
            '--num-workers', '1']
-    summary = module_script.main(rec + ['--batch-size', '24', '--epochs', '1', '--save-dir',
-                                        str(tmp_path), '--no-progress', '--log-interval', '0'])
+    run = ['--batch-size', '24', '--epochs', '1', '--no-progress', '--log-interval', '0']
+    summary = module_script.main(rec + run + ['--save-dir', str(tmp_path / 'module')])
     assert summary['args']['num_train'] == 64 and summary['args']['num_val'] == 32
     assert summary['steps'] == 3
     args = module_script.parse_args(rec + ['--batch-size', '32'])
     args.num_val = 32
-    plain = bound(mx.mod.Module.load(str(tmp_path / 'model'), 1), batch=32)
+    plain = bound(mx.mod.Module.load(str(tmp_path / 'module' / 'model'), 1), batch=32)
     assert top1(plain, module_script.ti.make_rec_iter(args, train=False, epoch=0)) == \
         summary['final_val_top1']
+    # The logged loss of step 1 is that of the first batch (ImageRecordIter reuses its buffers:
+    # labels read after fit fetched the next batch would be the next batch's), as in the Gluon
+    # script, which sees the same first batch with the same weights.
+    train_module.main(rec + run + ['--save-dir', str(tmp_path / 'gluon')])
+    first_module = step_lines(tmp_path / 'module')[0]['loss']
+    first_gluon = step_lines(tmp_path / 'gluon')[0]['loss']
+    assert first_module == pytest.approx(first_gluon, abs=1e-5)
