@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train a GluonCV classifier as a Symbolic Module with ``mxmp.Module.fit``, float32 or mixed precision.
+"""Train a GluonCV classifier as a Symbolic Module with mxmp.Module.fit, float32 or mixed precision.
 
 The Module counterpart of ``examples/train_imagenet.py``: same flags (plus ``--kvstore``), same
 data, models, initial weights, data order and augmentation, optimizer and learning-rate schedule.
