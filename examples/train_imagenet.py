@@ -157,9 +157,12 @@ def build_parser():
     return p
 
 
-def parse_args(argv=None):
-    """Parse and check the command line; raises ConfigError on values that cannot work."""
-    args = build_parser().parse_args(argv)
+def parse_args(argv=None, parser=None):
+    """Parse and check the command line; raises ConfigError on values that cannot work.
+
+    ``parser`` (default :func:`build_parser`) lets another script add flags to these.
+    """
+    args = (parser or build_parser()).parse_args(argv)
     positive = ('batch_size', 'epochs', 'input_size', 'num_classes', 'synthetic_batches',
                 'num_workers')
     for name in positive:
@@ -203,6 +206,32 @@ def count_records(rec, idx, flag):
         raise ConfigError('%s: index %s lists no records; rewrite it with `%s`'
                           % (flag, idx, PREPARE_HINT))
     return n
+
+
+def count_data(args):
+    """Set ``args.num_train``/``args.num_val`` (images) and return the training steps per epoch.
+
+    Raises ConfigError when a RecordIO file is missing or holds fewer records than a batch.
+    """
+    if args.synthetic:
+        steps_per_epoch = args.synthetic_batches
+        if args.max_train_batches:
+            steps_per_epoch = min(steps_per_epoch, args.max_train_batches)
+        args.num_train = steps_per_epoch * args.batch_size
+        args.num_val = args.batch_size * 2
+        return steps_per_epoch
+    args.num_train = count_records(args.rec_train, args.rec_train_idx, '--rec-train')
+    if args.batch_size > args.num_train:
+        raise ConfigError('--batch-size %d is larger than the %d records of %s; lower '
+                          '--batch-size or write more records (scripts/prepare_fashion_mnist.py'
+                          ' --max-train)' % (args.batch_size, args.num_train, args.rec_train))
+    args.num_val = (count_records(args.rec_val, args.rec_val_idx, '--rec-val')
+                    if args.rec_val else 0)
+    steps_per_epoch = args.num_train // args.batch_size  # round_batch: last partial batch
+    steps_per_epoch += int(args.num_train % args.batch_size > 0)  # is filled by wrapping
+    if args.max_train_batches:
+        steps_per_epoch = min(steps_per_epoch, args.max_train_batches)
+    return steps_per_epoch
 
 
 class SyntheticIter:
@@ -311,6 +340,20 @@ def resolve_emulate(args):
                           '(mxmp.lp_kernels_available(%r) is False); drop --no-emulate'
                           % (args.dtype, args.dtype))
     return args.emulate
+
+
+def optimizer_params(args, steps_per_epoch):
+    """Optimizer keyword arguments: --lr, --wd, --momentum and the learning-rate schedule.
+
+    The schedule is linear warm-up over --warmup-epochs, then cosine decay to 0 at the last
+    update (per update, as gluoncv's LRScheduler), as an ``mx.lr_scheduler.CosineScheduler``.
+    """
+    import mxnet as mx
+    schedule = mx.lr_scheduler.CosineScheduler(
+        max_update=steps_per_epoch * args.epochs, base_lr=args.lr, final_lr=0.0,
+        warmup_steps=int(round(args.warmup_epochs * steps_per_epoch)))
+    return {'learning_rate': args.lr, 'wd': args.wd, 'momentum': args.momentum,
+            'lr_scheduler': schedule}
 
 
 def trainer_status(trainer):
@@ -515,6 +558,61 @@ def setup_logging(save_dir):
         root.addHandler(h)
 
 
+def end_epoch(metrics, epoch, step, losses, images, train_time, loss_scale, skipped_steps,
+              val_top1, lr):
+    """The record of a finished epoch: built, written to metrics.jsonl, logged, returned.
+
+    Args: the JsonLines writer; epoch number (from 1); global step; the forward losses of its
+    steps (inf/NaN ones are left out of the mean); images trained on; training seconds; the
+    loss scale and the skipped steps at its end; validation top-1 (None: not validated); lr.
+    """
+    finite = [x for x in losses if math.isfinite(x)]
+    record = {'epoch': epoch, 'train_loss': float(np.mean(finite)) if finite else None,
+              'img_per_sec': images / train_time, 'train_time_s': train_time,
+              'images': images, 'loss_scale': loss_scale, 'skipped_steps': skipped_steps,
+              'val_top1': val_top1, 'lr': lr, 'peak_rss_mib': peak_rss_mib()}
+    metrics.write(epoch=epoch, step=step, val_top1=val_top1,
+                  train_loss=record['train_loss'], img_per_sec=record['img_per_sec'])
+    metrics.f.flush()
+    LOG.info('[epoch %d] %.1f img/s, train loss %s, loss scale %g, skipped steps %d, '
+             'val top-1 %s, peak RSS %.0f MiB', epoch, record['img_per_sec'],
+             '%.4f' % record['train_loss'] if finite else 'n/a', loss_scale, skipped_steps,
+             '%.4f' % val_top1 if val_top1 is not None else 'n/a', record['peak_rss_mib'])
+    return record
+
+
+def write_summary(args, history, emulate, step, **extra):
+    """Build the run's summary dict, write it to --save-dir/summary.json, log it, return it.
+
+    Keys: args, model, dtype, emulate, cast_params, loss_scale_mode, epochs (the per-epoch
+    records), final_val_top1, final_train_loss, img_per_sec (training only, all epochs),
+    peak_rss_mib, skipped_steps, loss_scale (at the end), steps, plus ``extra``.
+    """
+    total_images = sum(r['images'] for r in history)
+    total_time = sum(r['train_time_s'] for r in history)
+    summary = {
+        'args': {k: v for k, v in vars(args).items()},
+        'model': args.model, 'dtype': args.dtype, 'emulate': emulate,
+        'cast_params': args.cast_params,
+        'loss_scale_mode': args.loss_scale if args.dtype != 'float32' else 'none',
+        'epochs': history,
+        'final_val_top1': history[-1]['val_top1'] if history else None,
+        'final_train_loss': history[-1]['train_loss'] if history else None,
+        'img_per_sec': total_images / total_time if total_time else None,
+        'peak_rss_mib': peak_rss_mib(),
+        'skipped_steps': sum(r['skipped_steps'] for r in history),
+        'loss_scale': history[-1]['loss_scale'] if history else None,
+        'steps': step,
+    }
+    summary.update(extra)
+    with open(os.path.join(args.save_dir, 'summary.json'), 'w') as f:
+        json.dump(summary, f, indent=1)
+    LOG.info('done: final val top-1 %s, %.1f img/s, peak RSS %.0f MiB; summary in %s',
+             summary['final_val_top1'], summary['img_per_sec'] or 0, summary['peak_rss_mib'],
+             os.path.join(args.save_dir, 'summary.json'))
+    return summary
+
+
 def main(argv=None):
     """Run training; returns the summary dict (also written to --save-dir/summary.json).
 
@@ -528,26 +626,7 @@ def main(argv=None):
     from mxnet import autograd, gluon
     from tqdm import tqdm
 
-    # ---- data
-    if args.synthetic:
-        steps_per_epoch = args.synthetic_batches
-        if args.max_train_batches:
-            steps_per_epoch = min(steps_per_epoch, args.max_train_batches)
-        args.num_train = steps_per_epoch * args.batch_size
-        args.num_val = args.batch_size * 2
-    else:
-        args.num_train = count_records(args.rec_train, args.rec_train_idx, '--rec-train')
-        if args.batch_size > args.num_train:
-            raise ConfigError('--batch-size %d is larger than the %d records of %s; lower '
-                              '--batch-size or write more records (scripts/prepare_fashion_mnist.py'
-                              ' --max-train)' % (args.batch_size, args.num_train, args.rec_train))
-        args.num_val = (count_records(args.rec_val, args.rec_val_idx, '--rec-val')
-                        if args.rec_val else 0)
-        steps_per_epoch = args.num_train // args.batch_size  # round_batch: last partial batch
-        steps_per_epoch += int(args.num_train % args.batch_size > 0)  # is filled by wrapping
-        if args.max_train_batches:
-            steps_per_epoch = min(steps_per_epoch, args.max_train_batches)
-
+    steps_per_epoch = count_data(args)
     seed_everything(args.seed)
     emulate = False
     if args.dtype != 'float32':
@@ -563,13 +642,7 @@ def main(argv=None):
                                  emulate=emulate)
     train_net.hybridize(static_alloc=True, static_shape=True)
 
-    # ---- trainer: warm-up then cosine decay, per update (gluoncv's LRScheduler does the same)
-    total_steps = steps_per_epoch * args.epochs
-    warmup_steps = int(round(args.warmup_epochs * steps_per_epoch))
-    schedule = mx.lr_scheduler.CosineScheduler(max_update=total_steps, base_lr=args.lr,
-                                               final_lr=0.0, warmup_steps=warmup_steps)
-    opt_params = {'learning_rate': args.lr, 'wd': args.wd, 'momentum': args.momentum,
-                  'lr_scheduler': schedule}
+    opt_params = optimizer_params(args, steps_per_epoch)
     if args.dtype == 'float32':
         trainer = gluon.Trainer(net.collect_params(), args.optimizer, opt_params)
     else:
@@ -655,46 +728,14 @@ def main(argv=None):
         val_top1 = evaluate(train_net, val_iter) if val_iter is not None else None
         del val_iter
         scale, skipped_total = trainer_status(trainer)
-        finite = [x for x in losses if math.isfinite(x)]
-        record = {'epoch': epoch + 1, 'train_loss': float(np.mean(finite)) if finite else None,
-                  'img_per_sec': images / train_time, 'train_time_s': train_time,
-                  'images': images, 'loss_scale': scale,
-                  'skipped_steps': skipped_total - skipped_before, 'val_top1': val_top1,
-                  'lr': float(trainer.learning_rate), 'peak_rss_mib': peak_rss_mib()}
-        history.append(record)
-        metrics.write(epoch=epoch + 1, step=step, val_top1=val_top1,
-                      train_loss=record['train_loss'], img_per_sec=record['img_per_sec'])
-        metrics.f.flush()
-        LOG.info('[epoch %d] %.1f img/s, train loss %s, loss scale %g, skipped steps %d, '
-                 'val top-1 %s, peak RSS %.0f MiB', epoch + 1, record['img_per_sec'],
-                 '%.4f' % record['train_loss'] if finite else 'n/a', scale,
-                 record['skipped_steps'], '%.4f' % val_top1 if val_top1 is not None else 'n/a',
-                 record['peak_rss_mib'])
+        history.append(end_epoch(metrics, epoch + 1, step, losses, images, train_time, scale,
+                                 skipped_total - skipped_before, val_top1,
+                                 float(trainer.learning_rate)))
         save_checkpoint(args.save_dir, epoch + 1, net, trainer, history, step,
                         identity=run_identity(args))
     metrics.close()
 
-    total_images = sum(r['images'] for r in history)
-    total_time = sum(r['train_time_s'] for r in history)
-    summary = {
-        'args': {k: v for k, v in vars(args).items()},
-        'model': args.model, 'dtype': args.dtype, 'emulate': emulate,
-        'cast_params': args.cast_params,
-        'loss_scale_mode': args.loss_scale if args.dtype != 'float32' else 'none',
-        'epochs': history,
-        'final_val_top1': history[-1]['val_top1'] if history else None,
-        'final_train_loss': history[-1]['train_loss'] if history else None,
-        'img_per_sec': total_images / total_time if total_time else None,
-        'peak_rss_mib': peak_rss_mib(),
-        'skipped_steps': sum(r['skipped_steps'] for r in history),
-        'steps': step,
-    }
-    with open(os.path.join(args.save_dir, 'summary.json'), 'w') as f:
-        json.dump(summary, f, indent=1)
-    LOG.info('done: final val top-1 %s, %.1f img/s, peak RSS %.0f MiB; summary in %s',
-             summary['final_val_top1'], summary['img_per_sec'] or 0, summary['peak_rss_mib'],
-             os.path.join(args.save_dir, 'summary.json'))
-    return summary
+    return write_summary(args, history, emulate, step)
 
 
 if __name__ == '__main__':

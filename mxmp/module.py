@@ -667,14 +667,28 @@ class Module(mx.mod.Module):
 
     # ------------------------------------------------------------------ checkpoints
     def save_optimizer_states(self, fname):
-        """Save the optimizer states in MXNet's format (atomically).
+        """Save the optimizer and its states (atomically), in a format plain MXNet reads.
 
-        The states of low-precision parameters are those of their float32 master weights;
-        the master weights themselves are the float32 parameters (``get_params``,
-        ``save_params``, ``save_checkpoint``), not part of this file. Plain MXNet reads it.
+        The file is ``Updater.get_states(dump_optimizer=True)``: the states (for a
+        low-precision parameter, those of its float32 master weight) and the optimizer itself,
+        so that its update counts, hence the learning-rate schedule's position, survive a
+        resume even when overflow skipped some steps. ``mx.mod.Module.load_optimizer_states``
+        reads it too. The master weights are the float32 parameters (``get_params``,
+        ``save_params``, ``save_checkpoint``), not part of this file.
         """
         assert self.optimizer_initialized
-        write_atomic(fname, self._updater.get_states())
+        write_atomic(fname, self._updater.get_states(dump_optimizer=True))
+
+    def load_optimizer_states(self, fname):
+        """Load what :meth:`save_optimizer_states` (or plain MXNet's) wrote.
+
+        A file holding the optimizer replaces the installed one (update counts and schedule
+        included); ``rescale_grad`` stays ``1/batch_size`` of this Module.
+        """
+        assert self.optimizer_initialized
+        with open(fname, 'rb') as fin:
+            self._updater.set_states(fin.read())
+        self._optimizer = self._updater.optimizer
 
     def mixed_precision_state(self):
         """dict: what ``prefix-%04d.mxmp.json`` holds (JSON-serialisable)."""

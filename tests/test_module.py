@@ -427,6 +427,14 @@ def test_checkpoint_round_trip_and_plain_mxnet_reads_the_files(tmp_path):
     np.testing.assert_allclose(plain.get_outputs()[0].asnumpy(),
                                mod.get_outputs()[0].asnumpy(), atol=0.03)
 
+    # plain MXNet reads the optimizer states file too (momentum of the float32 masters)
+    plain = mx.mod.Module.load(prefix, 3, load_optimizer_states=True)
+    plain.bind(data_shapes=[('data', (BATCH, FEATURES))],
+               label_shapes=[('softmax_label', (BATCH,))])
+    plain.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': .1, 'momentum': .9})
+    for idx, value in optimizer_state(mod)[0].items():
+        np.testing.assert_array_equal(plain._updater.states[idx].asnumpy(), value)
+
     # mxmp: everything back, from the files alone
     back = Module.load(prefix, 3, load_optimizer_states=True, emulate=EMULATE)
     assert back.target_dtype == 'bfloat16' and back.cast_params
@@ -434,7 +442,8 @@ def test_checkpoint_round_trip_and_plain_mxnet_reads_the_files(tmp_path):
     ready(back)
     for name, value in saved.items():
         np.testing.assert_array_equal(back.master_weights(name)[0].asnumpy(), value)
-    states, _, _ = optimizer_state(back)
+    states, counts, num_update = optimizer_state(back)
+    assert (counts, num_update) == optimizer_state(mod)[1:] and num_update == 2
     for idx, value in optimizer_state(mod)[0].items():
         np.testing.assert_array_equal(states[idx], value)
     assert step(back, x[:BATCH], y[:BATCH]) and step(mod, x[:BATCH], y[:BATCH])

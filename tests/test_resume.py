@@ -61,11 +61,9 @@ def test_resumed_run_in_a_new_process_is_bit_identical_to_an_uninterrupted_run(c
         # grown after steps 0-1 (interval 2), backed off by the overflow of step 2: the
         # checkpoint holds a scaler that has changed both ways and a skipped step
         assert (scale, skipped) == (2.0 ** 8, 1)
-    if api == 'module' and not module_saves_update_counts(str(ckpt)):
-        pytest.xfail('mxmp.Module.save_optimizer_states does not save the optimizer yet, so '
-                     'the update counts (learning-rate schedule, Adam bias correction) are '
-                     'lost; the Updater.get_states(dump_optimizer=True) change is on another '
-                     'branch, merged by the lead')
+    if api == 'module':
+        # the optimizer (update counts: lr schedule, Adam bias correction) is in the states file
+        assert module_saves_update_counts(str(ckpt))
     run_worker(*common, '--resume', '--out', tmp_path / 'resumed.npz')
     whole, resumed = np.load(tmp_path / 'whole.npz'), np.load(tmp_path / 'resumed.npz')
     assert sorted(whole.keys()) == sorted(resumed.keys())

@@ -1,4 +1,4 @@
-"""Fixtures for the tests of scripts/prepare_fashion_mnist.py and examples/train_imagenet.py.
+"""Fixtures for the tests of scripts/prepare_fashion_mnist.py and examples/train_imagenet*.py.
 
 The data is a small synthetic Fashion-MNIST in the real IDX format (gzip, big-endian header), so
 these tests need neither the Debian package nor the network.
@@ -68,6 +68,11 @@ def prepare_module():
 @pytest.fixture(scope='session')
 def train_module():
     return load_script('examples/train_imagenet.py', 'train_imagenet_example')
+
+
+@pytest.fixture(scope='session')
+def module_script():
+    return load_script('examples/train_imagenet_module.py', 'train_imagenet_module_example')
 
 
 @pytest.fixture
