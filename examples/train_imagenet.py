@@ -506,8 +506,13 @@ def main(argv=None):
                                                final_lr=0.0, warmup_steps=warmup_steps)
     opt_params = {'learning_rate': args.lr, 'wd': args.wd, 'momentum': args.momentum,
                   'lr_scheduler': schedule}
-    if args.dtype == 'float32':
+    if args.dtype == 'float32' and workers == 1:
         trainer = gluon.Trainer(net.collect_params(), args.optimizer, opt_params, kvstore=kv)
+    elif args.dtype == 'float32':
+        # dist: gluon.Trainer either updates on the kvstore (no save_states) or, with
+        # update_on_kvstore=False, races its weight broadcast (docs/distributed.md)
+        trainer = import_mxmp().Trainer(net.collect_params(), args.optimizer, opt_params,
+                                        loss_scaler='none', target_dtype='float32', kvstore=kv)
     else:
         # --loss-scale auto: dynamic for float16, none for bfloat16 (float32's exponent range)
         trainer = mxmp.Trainer(train_net.collect_params(), args.optimizer, opt_params,

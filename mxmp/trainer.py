@@ -226,19 +226,23 @@ class Trainer(gluon.Trainer):
         # the *summed gradient into the weight* (the flaky "workers differ" failure of issue 6).
         # Waiting for the broadcast before any gradient is pushed makes every pull see the
         # weights: no worker pushes a gradient of key i before its own pull of key i returned.
+        # The broadcast goes through a fresh host copy in the kvstore's dtype, not the live weight
+        # array as in gluon: bfloat16 would abort the parameter server (float32 travels instead),
+        # and after a forward pass a weight held in oneDNN's layout was never stored by the
+        # server ("init 4 first" from kvstore_dist_server.h, with gluon.Trainer as well).
         kv, todo = self._kvstore, [p for p in self._params_to_init if not p._deferred_init]
         if kv is not None and self._distributed:
             rest = []
             for param in self._params_to_init:
-                dtype = _dtype_name(param.dtype)
-                if param._deferred_init or param._stype != 'default' or \
-                        _exchange.wire_dtype(dtype, kv.type) == dtype:
+                if param._deferred_init or param._stype != 'default':
                     rest.append(param)
                     continue
-                # bfloat16 weights travel as float32 (the parameter server aborts on bfloat16).
                 arrays, idx = param.list_data(), self._param2idx[param.name]
+                own = _dtype_name(param.dtype)
                 with autograd.pause():
-                    wire = nd.amp_cast(arrays[0], dtype='float32')
+                    host = (nd.amp_cast(arrays[0], dtype='float32') if own == 'bfloat16'
+                            else arrays[0]).asnumpy()
+                    wire = nd.array(host, dtype=_exchange.wire_dtype(own, kv.type))
                     kv.init(idx, wire)
                     kv.pull(idx, out=wire)
                     for arr in arrays:
