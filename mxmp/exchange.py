@@ -29,7 +29,8 @@ from mxnet import autograd, nd
 from .policy import normalize_dtype
 from .update import dtype_name
 
-__all__ = ['EXCHANGE_DTYPES', 'check_grad_dtype', 'exchange_dtype', 'GradientExchange']
+__all__ = ['EXCHANGE_DTYPES', 'check_grad_dtype', 'exchange_dtype', 'wire_dtype', 'itemsize',
+           'GradientExchange']
 
 #: Values accepted for ``grad_dtype`` (None: each gradient's own dtype, see exchange_dtype).
 EXCHANGE_DTYPES = ('float32', 'float16', 'bfloat16')
@@ -74,11 +75,11 @@ def check_grad_dtype(grad_dtype, kv_type, dynamic_scaler):
     return name
 
 
-def exchange_dtype(grad_dtype, requested, kv_type):
-    """The dtype a gradient of dtype ``grad_dtype`` travels in.
+def exchange_dtype(own_dtype, requested, kv_type):
+    """The dtype a gradient of dtype ``own_dtype`` travels in.
 
     Args:
-        grad_dtype (str): the gradient's own dtype name (``'bfloat16'`` for contrib.amp's).
+        own_dtype (str): the gradient's own dtype name (``'bfloat16'`` for contrib.amp's).
         requested (str or None): the checked ``grad_dtype`` option (:func:`check_grad_dtype`).
         kv_type (str or None): the kvstore type.
 
@@ -86,9 +87,9 @@ def exchange_dtype(grad_dtype, requested, kv_type):
         str: ``requested`` for float gradients when given, else the gradient's own dtype,
         except bfloat16 over a dist kvstore: ``'float32'``. Non-float gradients keep theirs.
     """
-    if grad_dtype not in _ITEMSIZE:
-        return grad_dtype
-    out = requested or grad_dtype
+    if own_dtype not in _ITEMSIZE:
+        return own_dtype
+    out = requested or own_dtype
     if out == 'bfloat16' and _is_dist(kv_type):
         out = 'float32'
     return out
@@ -100,7 +101,7 @@ def wire_dtype(dtype, kv_type):
 
 
 def itemsize(dtype):
-    """Bytes per element of a dtype name."""
+    """Bytes per element of a dtype name (``'bfloat16'``: 2; unknown names: 4)."""
     return _ITEMSIZE.get(dtype, 4)
 
 

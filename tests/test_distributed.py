@@ -4,7 +4,7 @@ CPU and loopback only. Every job runs under ``scripts/launch_local.py`` (schedul
 workers on 127.0.0.1) with a ``--timeout``, and the launcher itself is waited for with a timeout
 (then killed with its process group); every process of a job carries a unique
 ``MXMP_TEST_TAG`` in its environment, and the ``tag`` fixture fails the test if one survives the
-job (after killing it). The whole file takes about a minute on 2 cores.
+job (after killing it). The whole file takes 70-110 s on 2 shared cores.
 
 The training jobs run ``tests/dist_worker.py``: a tiny MLP, converted with
 ``mxmp.convert(net, 'bfloat16', emulate=True)`` (this CPU has no bfloat16 oneDNN kernels), trained
