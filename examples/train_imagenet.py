@@ -145,6 +145,12 @@ def build_parser():
     g.add_argument('--momentum', type=float, default=0.9)
     g.add_argument('--seed', type=int, default=0,
                    help='seeds python random, numpy, mx.random and the data order/augmentation')
+    g.add_argument('--kvstore', default='device',
+                   choices=('device', 'local', 'dist_sync', 'dist_device_sync'),
+                   help='kvstore that reduces the gradients (default device: one process). '
+                        'dist_*: run under scripts/launch_local.py; each worker reads its part '
+                        'of the data, steps with the global batch (batch size x workers), and '
+                        'workers of rank > 0 write to SAVE_DIR/rank<r>')
     g.add_argument('--max-train-batches', type=int, default=None,
                    help='cap the number of training batches per epoch (quick runs)')
     g = p.add_argument_group('output')
@@ -208,6 +214,22 @@ def count_records(rec, idx, flag):
     return n
 
 
+def setup_kvstore(args):
+    """The kvstore for --kvstore: an ``mx.kv.KVStore`` for dist_*, else the name.
+
+    Sets ``args.part = (rank, number of workers)`` (read by :func:`count_data` and
+    :func:`make_rec_iter`) and moves a rank > 0 worker's output to ``SAVE_DIR/rank<r>``.
+    """
+    import mxnet as mx
+    kv = mx.kv.create(args.kvstore) if args.kvstore.startswith('dist') else args.kvstore
+    rank, workers = (kv.rank, kv.num_workers) if not isinstance(kv, str) else (0, 1)
+    if rank > 0:   # one output directory per worker
+        args.save_dir = os.path.join(args.save_dir, 'rank%d' % rank)
+        os.makedirs(args.save_dir, exist_ok=True)
+    args.part = (rank, workers)
+    return kv
+
+
 def count_data(args):
     """Set ``args.num_train``/``args.num_val`` (images) and return the training steps per epoch.
 
@@ -227,6 +249,7 @@ def count_data(args):
                           ' --max-train)' % (args.batch_size, args.num_train, args.rec_train))
     args.num_val = (count_records(args.rec_val, args.rec_val_idx, '--rec-val')
                     if args.rec_val else 0)
+    args.num_train //= getattr(args, 'part', (0, 1))[1]   # this worker's part (--kvstore dist)
     steps_per_epoch = args.num_train // args.batch_size  # round_batch: last partial batch
     steps_per_epoch += int(args.num_train % args.batch_size > 0)  # is filled by wrapping
     if args.max_train_batches:
@@ -272,6 +295,9 @@ def make_rec_iter(args, train, epoch):
         kw.update(path_imgrec=args.rec_train, path_imgidx=args.rec_train_idx, shuffle=True,
                   seed=args.seed + epoch, seed_aug=args.seed + epoch,
                   shuffle_chunk_seed=args.seed + epoch, rand_mirror=not args.no_mirror)
+        part_index, num_parts = getattr(args, 'part', (0, 1))
+        if num_parts > 1:
+            kw.update(part_index=part_index, num_parts=num_parts)
         if args.crop_pad:
             kw.update(pad=args.crop_pad, fill_value=0, rand_crop=True)
     else:
@@ -626,6 +652,8 @@ def main(argv=None):
     from mxnet import autograd, gluon
     from tqdm import tqdm
 
+    kv = setup_kvstore(args)
+    rank, workers = args.part
     steps_per_epoch = count_data(args)
     seed_everything(args.seed)
     emulate = False
@@ -643,12 +671,18 @@ def main(argv=None):
     train_net.hybridize(static_alloc=True, static_shape=True)
 
     opt_params = optimizer_params(args, steps_per_epoch)
-    if args.dtype == 'float32':
-        trainer = gluon.Trainer(net.collect_params(), args.optimizer, opt_params)
+    if args.dtype == 'float32' and workers == 1:
+        trainer = gluon.Trainer(net.collect_params(), args.optimizer, opt_params, kvstore=kv)
+    elif args.dtype == 'float32':
+        # dist: gluon.Trainer either updates on the kvstore (no save_states) or, with
+        # update_on_kvstore=False, races its weight broadcast (docs/distributed.md)
+        trainer = import_mxmp().Trainer(net.collect_params(), args.optimizer, opt_params,
+                                        loss_scaler='none', target_dtype='float32', kvstore=kv)
     else:
         # --loss-scale auto: dynamic for float16, none for bfloat16 (float32's exponent range)
         trainer = mxmp.Trainer(train_net.collect_params(), args.optimizer, opt_params,
-                               loss_scaler=args.loss_scale, target_dtype=args.dtype)
+                               loss_scaler=args.loss_scale, target_dtype=args.dtype,
+                               kvstore=kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
     # ---- resume
@@ -674,7 +708,7 @@ def main(argv=None):
         seed_everything(args.seed + epoch)
         if args.synthetic:
             train_iter = SyntheticIter(args.batch_size, args.input_size, args.num_classes,
-                                       steps_per_epoch, args.seed + epoch)
+                                       steps_per_epoch, args.seed + epoch + 1000 * rank)
         else:
             train_iter = make_rec_iter(args, train=True, epoch=epoch)
 
@@ -698,7 +732,9 @@ def main(argv=None):
                     with trainer.scale_loss(loss) as scaled:
                         scaled.backward()
             scale = trainer_status(trainer)[0]  # the loss scale this step's backward used
-            applied = trainer.step(data.shape[0])  # mxmp: False when an overflow skipped it
+            # dist_sync sums the workers' gradients: divide by the global batch.
+            # mxmp: False when an overflow skipped it
+            applied = trainer.step(data.shape[0] * workers)
             skipped = applied is False
             loss_value = float(loss.mean().asscalar())
             step += 1

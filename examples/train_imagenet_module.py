@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train a GluonCV classifier as a Symbolic Module with mxmp.Module.fit, float32 or mixed precision.
 
-The Module counterpart of ``examples/train_imagenet.py``: same flags (plus ``--kvstore``), same
+The Module counterpart of ``examples/train_imagenet.py``: same flags (``--kvstore`` too), same
 data, models, initial weights, data order and augmentation, optimizer and learning-rate schedule.
 At equal seed the two scripts differ only in the training API (Gluon + ``mxmp.Trainer`` there,
 ``Module.fit`` + ``mxmp.Module`` here), so their results can be compared step by step.
@@ -32,7 +32,6 @@ Example (Fashion-MNIST, see examples/README.md)::
 
     python examples/train_imagenet_module.py --dtype bfloat16 --epochs 1 --save-dir runs/mod-bf16
 """
-import argparse
 import json
 import logging
 import math
@@ -52,16 +51,11 @@ DATA_NAME, LABEL_NAME = 'data', 'softmax_label'
 
 
 def parse_args(argv=None):
-    """train_imagenet.py's command line plus ``--kvstore``; ConfigError on bad values."""
+    """train_imagenet.py's command line (``--kvstore`` included); ConfigError on bad values."""
     parser = ti.build_parser()
     parser.description = ('Train a GluonCV classifier as a Symbolic Module (mxmp.Module.fit) in '
                           'float32 or mixed precision.')
     parser.set_defaults(save_dir='runs/train_imagenet_module')
-    try:
-        parser.add_argument('--kvstore', default='device',
-                            help='kvstore passed to Module.fit (local, device, dist_sync, ...)')
-    except argparse.ArgumentError:  # train_imagenet.py has its own --kvstore: use that one
-        pass
     return ti.parse_args(argv, parser)
 
 
@@ -309,6 +303,7 @@ def main(argv=None):
     os.makedirs(args.save_dir, exist_ok=True)
     ti.setup_logging(args.save_dir)
 
+    kvstore = ti.setup_kvstore(args)   # dist_*: this worker's part of the data
     steps_per_epoch = ti.count_data(args)
     ti.seed_everything(args.seed)
     emulate = ti.resolve_emulate(args) if args.dtype != 'float32' else False
@@ -366,7 +361,7 @@ def main(argv=None):
     try:
         train_metric = mx.metric.CompositeEvalMetric([mx.metric.Accuracy(), recorder.step_loss])
         mod.fit(train_iter, eval_data=val_iter, eval_metric=train_metric,
-                validation_metric=top1_metric(), kvstore=args.kvstore, optimizer=optimizer,
+                validation_metric=top1_metric(), kvstore=kvstore, optimizer=optimizer,
                 arg_params=arg_params, aux_params=aux_params,
                 begin_epoch=start_epoch, num_epoch=args.epochs,
                 batch_end_callback=[recorder.batch_end, speedometer],

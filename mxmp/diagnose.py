@@ -48,9 +48,9 @@ import json
 import numpy as np
 
 # the report's data classes live in numerics.py; re-exported here for ``mxmp.diagnose.X`` users
-from .numerics import (BFLOAT16, FLOAT16, FORMATS, HIST_HI, HIST_LO, LayerStats,  # noqa: F401
+from .numerics import (BFLOAT16, FLOAT16, FORMATS, LayerStats,  # noqa: F401
                        LossScaleAdvice, NumberFormat, NumericsReport, TensorStats, _advice,
-                       _fmt, _judge, _merge)
+                       _judge, _merge)
 
 __all__ = ['diagnose', 'NumberFormat', 'TensorStats', 'LayerStats', 'LossScaleAdvice',
            'NumericsReport', 'FORMATS', 'FLOAT16', 'BFLOAT16']

@@ -41,11 +41,10 @@ import logging
 
 import numpy as np
 
-from .casts import (_CAST_OPS, _LOW, _MSHADOW_ENUM, MARK, ROUND_MARK, _dtype_name,  # noqa: F401
+from .casts import (_LOW, _MSHADOW_ENUM, MARK, ROUND_MARK, _dtype_name,  # noqa: F401
                     _dump, _load, _previous_conversion, _strip, converted_dtype, count_casts,
                     remove_casts)
-from .policy import (FLOAT32, FOLLOW, LOSS_OUTPUT, LOW_PRECISION, WIDEST_TYPE, Policy,
-                     normalize_dtype)
+from .policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, Policy, normalize_dtype
 
 __all__ = ['convert_symbol', 'remove_casts', 'explain', 'format_explain', 'ExplainRow',
            'count_casts', 'converted_dtype']

@@ -249,8 +249,10 @@ class Module(mx.mod.Module):
 
     * :attr:`symbol` is the float32 graph (what callbacks such as ``mx.callback.do_checkpoint``
       save); the bound graph, casts and loss-scale node included, is :attr:`mxmp_symbol`;
-    * the optimizer always runs in the Module (``update_on_kvstore`` is False; a kvstore only
-      reduces the gradients, in float32), so asynchronous kvstores are refused;
+    * the optimizer always runs in the Module (``update_on_kvstore`` is False, logged at INFO;
+      a kvstore only reduces the gradients, in float32), so asynchronous kvstores are refused;
+      every worker checks the same reduced gradients, so all skip the same steps; on a dist
+      kvstore :meth:`init_optimizer` gives every worker worker 0's parameters;
     * :meth:`update` returns whether the step was applied (False: skipped on overflow);
     * :meth:`backward` multiplies user ``out_grads`` by the loss scale, and
       :meth:`get_input_grads` divides input gradients by it, so both are in the user's units;
@@ -550,10 +552,26 @@ class Module(mx.mod.Module):
         self._kvstore = kv
         self._update_on_kvstore = False
         if kv:
+            self.logger.info('mxmp.Module: update_on_kvstore=False on the %r kvstore: it only '
+                             'reduces the gradients; every worker checks them for overflow and '
+                             'updates its own weights', kv.type)
             if self._compression_params:
                 kv.set_gradient_compression(self._compression_params)
             for name in self._exec_group.param_names:
                 kv.init(name, self._arg_params[name])
+            if 'dist' in kv.type:
+                # kv.init stored worker 0's float32 values; MXNet's Module without
+                # update_on_kvstore would keep each worker's own. Start every worker from
+                # worker 0's, and wait for the pulls before any gradient is pushed on the same
+                # keys (the server's value of a key becomes the gradient sum after a round).
+                pulled = {name: self._arg_params[name].copy()
+                          for name in self._exec_group.param_names}
+                for name, value in pulled.items():
+                    kv.pull(name, out=value)
+                for value in pulled.values():
+                    value.wait_to_read()
+                self.set_params(dict(self._arg_params, **pulled), self._aux_params,
+                                force_init=True)
         self._updater = mx.optimizer.get_updater(optimizer)
         self.optimizer_initialized = True
         if self._preload_opt_states is not None:

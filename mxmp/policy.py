@@ -21,7 +21,7 @@ float32 accumulation; reductions, exponentials and losses in float32).
 import dataclasses
 import functools
 import logging
-from typing import FrozenSet, Optional, Tuple
+from typing import FrozenSet
 
 import numpy as np
 

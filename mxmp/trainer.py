@@ -27,24 +27,32 @@ The update itself (overflow check, master weights, the skipped or applied step) 
 :mod:`mxmp.update`, shared with :class:`mxmp.module.Module`.
 
 Differences from ``gluon.Trainer``: ``update_on_kvstore`` is always False (the Trainer must see
-the reduced gradients to check them before the update), and ``step``/``update`` return whether
-the update was applied.
+the reduced gradients to check them before the update; gluon's default on a kvstore is True, so
+the Trainer logs that it turned it off), and ``step``/``update`` return whether the update was
+applied. With a kvstore the gradients are reduced first (every worker pulls the same sum), so
+the one overflow check that follows reaches the same answer on every worker: all workers skip
+the same steps and keep the same loss scale without exchanging a flag. The gradient exchange
+dtype (``grad_dtype``) is :mod:`mxmp.exchange`.
 """
 import contextlib
 import hashlib
+import logging
 import os
 import pickle
 import struct
 
 import numpy as np
-from mxnet import autograd, gluon
+from mxnet import autograd, gluon, nd
 
+from . import exchange as _exchange
 from .policy import normalize_dtype
 from .scaler import LossScaler, make_loss_scaler
 from .update import (LOW_PRECISION_DTYPES as _LOW_PRECISION, MasterWeights, all_finite,
                      apply_update, device_update, dtype_name as _dtype_name, write_atomic)
 
 __all__ = ['Trainer']
+
+logger = logging.getLogger(__name__)
 
 #: Header of the states file written by :meth:`Trainer.save_states`.
 _MAGIC = b'MXMP-TRAINER-STATES\x00'
@@ -71,7 +79,8 @@ class Trainer(gluon.Trainer):
         compression_params (dict or None): as for ``gluon.Trainer``.
         update_on_kvstore (None or False): must not be True (ValueError): mxmp checks the
             reduced gradients for overflow and updates master weights before the update, which
-            an update on the kvstore would bypass. None means False.
+            an update on the kvstore would bypass. None means False (logged at INFO when a
+            kvstore is created, since gluon's default there is True).
         loss_scaler (keyword-only): anything :func:`mxmp.scaler.make_loss_scaler` accepts;
             default None = dynamic scaling for float16, none for bfloat16/float32.
         target_dtype (keyword-only, str or None): ``'float16'``, ``'bfloat16'`` or
@@ -79,10 +88,18 @@ class Trainer(gluon.Trainer):
             Parameter has dtype float16, else ``'bfloat16'`` if any has dtype bfloat16, else the
             ``_mxmp_target_dtype`` attribute that ``mxmp.convert`` sets on the Parameters of a
             converted block (float16 first), else ``'float32'``.
+        grad_dtype (keyword-only, None or str): the *exchange dtype* of the gradients on the
+            kvstore (:mod:`mxmp.exchange`): ``'float32'``, ``'float16'`` (needs a dynamic loss
+            scaler: half the bytes, float16 rounding of each worker's gradient and of the sum)
+            or ``'bfloat16'`` (local/device kvstores only). None (default): each gradient's own
+            dtype, except bfloat16 gradients on a dist kvstore, which travel as float32 (MXNet's
+            parameter server aborts on bfloat16). The reduced gradient is cast back to the
+            gradient's dtype before the overflow check. No effect without a kvstore.
 
     Raises:
-        ValueError: ``update_on_kvstore=True``, an async kvstore, an unknown ``target_dtype`` or
-            ``loss_scaler``; plus everything ``gluon.Trainer`` raises.
+        ValueError: ``update_on_kvstore=True``, an async kvstore, an unknown ``target_dtype``,
+            ``loss_scaler`` or ``grad_dtype`` (see :func:`mxmp.exchange.check_grad_dtype`);
+            plus everything ``gluon.Trainer`` raises.
 
     Behaviour of :meth:`step` (and of :meth:`update` after :meth:`allreduce_grads`):
 
@@ -115,7 +132,7 @@ class Trainer(gluon.Trainer):
 
     def __init__(self, params, optimizer, optimizer_params=None, kvstore='device',
                  compression_params=None, update_on_kvstore=None, *, loss_scaler=None,
-                 target_dtype=None):
+                 target_dtype=None, grad_dtype=None):
         if update_on_kvstore:
             raise ValueError(
                 'mxmp.Trainer cannot update on the kvstore (update_on_kvstore=True): it must '
@@ -134,10 +151,17 @@ class Trainer(gluon.Trainer):
             target_dtype = self._infer_target_dtype()
         self._target_dtype = normalize_dtype(target_dtype, allow_float32=True)
         self._loss_scaler = make_loss_scaler(loss_scaler, self._target_dtype)
+        self._asked_update_on_kvstore = update_on_kvstore
+        self._grad_dtype = _exchange.check_grad_dtype(grad_dtype, kv_type,
+                                                      self._loss_scaler.dynamic)
+        self._exchange = _exchange.GradientExchange(len(self._params))
         self._skipped_steps = 0
         self._unscaled = False
         self._masters = MasterWeights()   # by param index; shared with mxmp.Module
         self._step_losses = []            # this step's losses, from scale_loss
+        if 'dist' in (kv_type or '') and all(p._data is not None for p in self._params):
+            # Broadcast worker 0's values now, so that every worker's first forward uses them.
+            self._prepare()
 
     # ------------------------------------------------------------------ properties
     @property
@@ -185,6 +209,114 @@ class Trainer(gluon.Trainer):
             self._init_kvstore()
         if self._params_to_init:
             self._init_params()
+
+    def _init_kvstore(self):
+        super()._init_kvstore()
+        if self._kvstore is not None and getattr(self, '_asked_update_on_kvstore', 0) is None:
+            logger.info('mxmp.Trainer: update_on_kvstore=False on the %r kvstore (gluon\'s '
+                        'default there is True): the kvstore only reduces the gradients; every '
+                        'worker checks the reduced gradients for overflow and updates its own '
+                        'weights', self._kvstore.type)
+
+    def _init_params(self):
+        # gluon.Trainer broadcasts worker 0's initial weights lazily, at the first step, with an
+        # *asynchronous* pull on key i, and then pushes and pulls the gradient on the same key i.
+        # The two touch different NDArrays, so MXNet's engine does not order them; on a dist
+        # kvstore the server's value of key i is the initial weight until the first gradient
+        # round completes and the gradient sum afterwards, so a weight pull served late writes
+        # the *summed gradient into the weight* (the flaky "workers differ" failure of issue 6).
+        # Waiting for the broadcast before any gradient is pushed makes every pull see the
+        # weights: no worker pushes a gradient of key i before its own pull of key i returned.
+        # The broadcast goes through a fresh host copy in the kvstore's dtype, not the live weight
+        # array as in gluon: bfloat16 would abort the parameter server (float32 travels instead),
+        # and after a forward pass a weight held in oneDNN's layout was never stored by the
+        # server ("init 4 first" from kvstore_dist_server.h, with gluon.Trainer as well).
+        kv, todo = self._kvstore, [p for p in self._params_to_init if not p._deferred_init]
+        if kv is not None and self._distributed:
+            rest = []
+            for param in self._params_to_init:
+                if param._deferred_init or param._stype != 'default':
+                    rest.append(param)
+                    continue
+                arrays, idx = param.list_data(), self._param2idx[param.name]
+                own = _dtype_name(param.dtype)
+                with autograd.pause():
+                    host = (nd.amp_cast(arrays[0], dtype='float32') if own == 'bfloat16'
+                            else arrays[0]).asnumpy()
+                    wire = nd.array(host, dtype=_exchange.wire_dtype(own, kv.type))
+                    kv.init(idx, wire)
+                    kv.pull(idx, out=wire)
+                    for arr in arrays:
+                        nd.amp_cast(wire.as_in_context(arr.context), dtype=arr.dtype, out=arr)
+            self._params_to_init = rest
+        super()._init_params()
+        for param in todo:
+            for arr in param.list_data():
+                arr.wait_to_read()
+
+    def _allreduce_grads(self):
+        kv = self._kvstore
+        if not kv:
+            return
+        for i, param in enumerate(self._params):
+            if param.grad_req == 'null':
+                continue
+            grads = param.list_grad()
+            own = _dtype_name(param.dtype)
+            dtype = self.exchange_dtype(param)
+            if grads[0].stype != 'default':   # as gluon.Trainer (sparse: own dtype only)
+                kv.push(i, grads, priority=-i)
+                if param._stype == 'default':
+                    kv.pull(i, grads, priority=-i, ignore_sparse=self._distributed)
+            elif dtype == own:
+                kv.pushpull(i, grads, priority=-i)
+            else:
+                self._exchange.pushpull(kv, i, grads, dtype,
+                                        _exchange.wire_dtype(own, kv.type) == dtype, -i)
+
+    # ------------------------------------------------------------------ gradient exchange
+    @property
+    def num_workers(self) -> int:
+        """int: number of workers of the kvstore (1 without a kvstore). Creates the kvstore."""
+        if not self._kv_initialized:
+            self._init_kvstore()
+        return self._kvstore.num_workers if self._kvstore else 1
+
+    def exchange_dtype(self, param):
+        """The dtype a Parameter's gradient travels in over the kvstore (see ``grad_dtype``).
+
+        Args:
+            param (Parameter or str): a Parameter of this Trainer, or its name.
+
+        Returns:
+            str: ``'float32'``, ``'float16'`` or ``'bfloat16'``; the gradient's own dtype when
+            there is no kvstore (nothing is exchanged).
+
+        Raises:
+            ValueError: the Parameter is not in this Trainer.
+        """
+        p = self._params[self._param_index(param)]
+        if not self._kv_initialized:
+            self._init_kvstore()
+        own = _dtype_name(p.dtype)
+        if not self._kvstore:
+            return own
+        return _exchange.exchange_dtype(own, self._grad_dtype, self._kvstore.type)
+
+    def bytes_pushed_per_step(self):
+        """Gradient bytes this worker pushes to the kvstore per step (0 without a kvstore).
+
+        The sum over Parameters with ``grad_req != 'null'`` of elements x bytes per element of
+        :meth:`exchange_dtype`: what one worker sends after its devices' gradients are summed
+        (``dist_sync`` pulls the same amount back). Parameters whose shape is not known yet
+        (deferred initialisation) count 0.
+        """
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if not self._kvstore:
+            return 0
+        return int(sum(int(np.prod(p.shape)) * _exchange.itemsize(self.exchange_dtype(p))
+                       for p in self._params if p.grad_req != 'null'))
 
     def _ensure_master(self, i, param):
         """Return the float32 master weights of Parameter ``i`` (one per device)."""

@@ -199,7 +199,7 @@ class _Child:
 
     # ------------------------------------------------------------------ training
     def build_train(self):
-        mxmp, spec, res = self.mxmp, self.spec, self.result
+        mx, mxmp, spec, res = self.mx, self.mxmp, self.spec, self.result
         from mxnet import autograd, gluon
         mode = spec['mode']
         loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()

@@ -10,7 +10,6 @@ once, with the helpers imported from those files.
 import importlib.util
 import json
 import logging
-import os
 from pathlib import Path
 
 import mxnet as mx

@@ -17,7 +17,7 @@ import mxmp
 from mxmp.module import (HEAD_GRADIENT_LOSS_OPS, LOSS_SCALE_NAME, BucketingModule, Module,
                          insert_loss_scale)
 from mxmp.policy import LOSS_OUTPUT
-from mxmp.scaler import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
+from mxmp.scaler import DynamicLossScaler, StaticLossScaler
 
 EMULATE = not mxmp.lp_kernels_available('bfloat16')
 BATCH, FEATURES, CLASSES = 32, 12, 4

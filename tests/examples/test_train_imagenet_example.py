@@ -220,3 +220,33 @@ def test_real_fashion_mnist_float32_and_emulated_bfloat16_reach_similar_accuracy
     # deviations of that noise; a broken bfloat16 path fails the 70% floor above.
     assert abs(bf16['final_val_top1'] - fp32['final_val_top1']) < 0.05
     assert bf16['dtype'] == 'bfloat16' and bf16['skipped_steps'] == 0
+
+
+def test_kvstore_dist_sync_two_workers_on_their_own_data_end_with_identical_weights(tmp_path):
+    # 2 workers + 1 server on loopback (scripts/launch_local.py, bounded): every worker sees
+    # other synthetic data, but the reduced gradients are the same, so the weights are too.
+    # A GluonCV ResNet also pins mxmp.Trainer's own weight broadcast: gluon.Trainer's
+    # broadcast of this net after a forward pass aborted the server ("init 4 first").
+    cmd = [sys.executable, str(REPO / 'scripts' / 'launch_local.py'), '-n', '2', '-s', '1',
+           '--timeout', '150', '--kill-after', '2', '--env', 'OMP_NUM_THREADS=1', '--',
+           sys.executable, SCRIPT, '--kvstore', 'dist_sync', '--dtype', 'bfloat16',
+           *synthetic_args(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, cwd=str(REPO))
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        pytest.fail('the launcher did not return:\n' + out)
+    assert proc.returncode == 0, out
+    first = mx.nd.load(str(tmp_path / 'epoch-0001.params'))
+    second = mx.nd.load(str(tmp_path / 'rank1' / 'epoch-0001.params'))
+    assert sorted(first) == sorted(second)
+    stats = [n for n in first if n.endswith(('running_mean', 'running_var'))]
+    assert stats   # BatchNorm statistics are per worker (not gradients: never reduced)
+    for name in set(first) - set(stats):
+        assert first[name].asnumpy().tobytes() == second[name].asnumpy().tobytes(), name
+    losses = [json.load(open(d / 'summary.json'))['final_train_loss']
+              for d in (tmp_path, tmp_path / 'rank1')]
+    assert losses[0] != losses[1]   # each worker trained on its own part of the data
