@@ -397,29 +397,8 @@ def peak_rss_mib():
 
 
 def save_file_atomic(path, save):
-    """``save(tmp)`` writes a temporary file beside ``path``; it is fsynced, then renamed over
-    ``path`` (and the directory fsynced): a kill at any moment leaves the old file or the new one.
-    (The same recipe as ``mxmp.update.save_atomic``; repeated here so that the float32 baseline
-    does not depend on mxmp.)"""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, '.%s.%d.tmp' % (os.path.basename(path), os.getpid()))
-    try:
-        save(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """``save(tmp)`` then fsync and rename over ``path``: ``mxmp.update.save_atomic``."""
+    import_mxmp().update.save_atomic(path, save)
 
 
 def error_reason(err):
@@ -774,9 +753,14 @@ def main(argv=None):
     return write_summary(args, history, emulate, step)
 
 
-if __name__ == '__main__':
+def run_cli(main_fn):
+    """Run ``main_fn()``; a ConfigError exits with status 2 and one line on stderr."""
     try:
-        main()
+        main_fn()
     except ConfigError as err:
         print('error: %s' % err, file=sys.stderr)
         sys.exit(2)
+
+
+if __name__ == '__main__':
+    run_cli(main)

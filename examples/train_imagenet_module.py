@@ -376,8 +376,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except ConfigError as err:
-        print('error: %s' % err, file=sys.stderr)
-        sys.exit(2)
+    ti.run_cli(main)
