@@ -30,7 +30,8 @@ from .scaler import (LossScaler, DynamicLossScaler, StaticLossScaler, NoOpLossSc
                      make_loss_scaler)
 from .trainer import Trainer
 from .update import LossScaleAtFloorError, NonFiniteForwardWarning
-from .module import Module, BucketingModule
+from .module import Module
+from .bucketing import BucketingModule
 from .alignment import check_alignment, format_alignment, Misalignment
 from .cuda import preload_cuda_libraries, missing_cuda_libraries, CudaLibrariesNotFound
 from .diagnose import diagnose, NumericsReport

@@ -60,7 +60,7 @@ from .scaler import (DynamicLossScaler, LossScaler, NoOpLossScaler, StaticLossSc
 from .update import (MasterWeights, all_finite, apply_update, device_update,
                      is_low_precision, save_atomic, write_atomic)
 
-__all__ = ['Module', 'BucketingModule', 'insert_loss_scale', 'LOSS_SCALE_NAME',
+__all__ = ['Module', 'insert_loss_scale', 'LOSS_SCALE_NAME',
            'HEAD_GRADIENT_LOSS_OPS']
 
 #: Name of the input variable (a Module *state*, shape ``(1,)``, float32) holding the scale.
@@ -263,7 +263,7 @@ class Module(mx.mod.Module):
     gradient copy per low-precision weight and context. The loss-scale node adds three
     elementwise ops on the loss inputs (e.g. the logits).
 
-    BucketingModule: see :class:`BucketingModule`.
+    BucketingModule: see :class:`mxmp.bucketing.BucketingModule`.
     """
 
     def __init__(self, symbol, data_names=('data',), label_names=('softmax_label',), *,
@@ -812,36 +812,9 @@ class Module(mx.mod.Module):
             raise ValueError('the checkpoint %s-symbol.json / %s-%04d.params cannot be read: '
                              'truncated or corrupt (%s); load an earlier epoch'
                              % (prefix, prefix, epoch, _mxnet_reason(err))) from None
-        state_file = '%s-%04d.mxmp.json' % (prefix, epoch)
-        state = None
-        if os.path.exists(state_file):
-            with open(state_file, 'r', encoding='utf-8') as fin:
-                try:
-                    state = json.load(fin)
-                except ValueError as err:
-                    raise ValueError('%s is not valid JSON: %s' % (state_file, err)) from None
-            if not isinstance(state, dict):
-                raise ValueError('%s is not an mxmp.Module state file' % state_file)
-            wanted = (kwargs['policy'].target_dtype if kwargs.get('policy') is not None
-                      else kwargs.get('target_dtype'))
-            if wanted is not None and 'target_dtype' in state and \
-                    normalize_dtype(wanted, allow_float32=True) != state['target_dtype']:
-                raise ValueError(
-                    '%s was trained with target dtype %r but %r was asked for: its loss scaler '
-                    'and optimizer states belong to that precision. Omit target_dtype/policy to '
-                    'resume in %r; to change precision on purpose, load the float32 parameters '
-                    'with mx.model.load_checkpoint and set_params into a new Module'
-                    % (state_file, state['target_dtype'], wanted, state['target_dtype']))
-            if 'policy' not in kwargs:
-                for key in ('target_dtype', 'cast_params', 'emulate'):
-                    if key in state:
-                        kwargs.setdefault(key, state[key])
-            if 'loss_scaler' not in kwargs:
-                kwargs['loss_scaler'] = _scaler_from_state(state.get('loss_scaler'),
-                                                           state_file)
+        state, state_file, kwargs = read_state(prefix, epoch, kwargs)
         mod = Module(sym, **kwargs)
-        mod._arg_params = {k: v.astype('float32') if is_low_precision(v.dtype) else v
-                           for k, v in args.items()}
+        mod._arg_params = _float32_params(args)
         mod._aux_params = auxs
         mod.params_initialized = True
         if state is not None:
@@ -849,6 +822,50 @@ class Module(mx.mod.Module):
         if load_optimizer_states:
             mod._preload_opt_states = '%s-%04d.states' % (prefix, epoch)
         return mod
+
+
+def read_state(prefix, epoch, kwargs):
+    """Read ``prefix-%04d.mxmp.json`` (if any) and fill in the Module keyword arguments.
+
+    Returns ``(state or None, state file name, kwargs)``: without ``loss_scaler`` /
+    ``target_dtype`` / ``cast_params`` / ``emulate`` in ``kwargs``, the saved ones are used.
+    Raises ValueError as :meth:`Module.load` documents.
+    """
+    kwargs = dict(kwargs)
+    state_file = '%s-%04d.mxmp.json' % (prefix, epoch)
+    state = None
+    if os.path.exists(state_file):
+        with open(state_file, 'r', encoding='utf-8') as fin:
+            try:
+                state = json.load(fin)
+            except ValueError as err:
+                raise ValueError('%s is not valid JSON: %s' % (state_file, err)) from None
+        if not isinstance(state, dict):
+            raise ValueError('%s is not an mxmp.Module state file' % state_file)
+        wanted = (kwargs['policy'].target_dtype if kwargs.get('policy') is not None
+                  else kwargs.get('target_dtype'))
+        if wanted is not None and 'target_dtype' in state and \
+                normalize_dtype(wanted, allow_float32=True) != state['target_dtype']:
+            raise ValueError(
+                '%s was trained with target dtype %r but %r was asked for: its loss scaler '
+                'and optimizer states belong to that precision. Omit target_dtype/policy to '
+                'resume in %r; to change precision on purpose, load the float32 parameters '
+                'with mx.model.load_checkpoint and set_params into a new Module'
+                % (state_file, state['target_dtype'], wanted, state['target_dtype']))
+        if 'policy' not in kwargs:
+            for key in ('target_dtype', 'cast_params', 'emulate'):
+                if key in state:
+                    kwargs.setdefault(key, state[key])
+        if 'loss_scaler' not in kwargs:
+            kwargs['loss_scaler'] = _scaler_from_state(state.get('loss_scaler'),
+                                                       state_file)
+    return state, state_file, kwargs
+
+
+def _float32_params(params):
+    """Parameters as stored for a Module: low-precision ones widened to float32."""
+    return {k: v.astype('float32') if is_low_precision(v.dtype) else v
+            for k, v in params.items()}
 
 
 def _mxnet_reason(err):
@@ -870,100 +887,3 @@ def _scaler_from_state(state, fname):
         return cls(**fields)
     except (TypeError, ValueError) as err:
         raise ValueError('%s: invalid loss scaler state: %s' % (fname, err)) from None
-
-
-# ---------------------------------------------------------------------------------------------
-# BucketingModule
-# ---------------------------------------------------------------------------------------------
-class BucketingModule(mx.mod.BucketingModule):
-    """``mx.mod.BucketingModule`` whose buckets are :class:`Module` s.
-
-    Args:
-        sym_gen, default_bucket_key, logger, context, work_load_list, fixed_param_names,
-            state_names, group2ctxs, compression_params: as for ``mx.mod.BucketingModule``.
-            ``sym_gen`` returns float32 symbols.
-        target_dtype, loss_scaler, cast_params, emulate, policy (keyword-only): as for
-            :class:`Module`; every bucket is converted with them.
-
-    All buckets share one optimizer, one loss scaler (so one loss scale and one count of
-    skipped steps) and one set of master weights; :attr:`loss_scale`, :attr:`loss_scaler`
-    and :attr:`skipped_steps` read them. ``save_checkpoint`` writes MXNet's bucketing files
-    (float32 symbols from ``sym_gen``, float32 parameters) plus ``prefix-%04d.mxmp.json``.
-    Not provided: ``load`` (raises NotImplementedError; instead create the module, bind it,
-    ``set_params(*mx.model.load_params(prefix, epoch))`` and pass the saved scaler as
-    ``loss_scaler``), and ``save_optimizer_states`` beyond what MXNet's BucketingModule does.
-    """
-
-    def __init__(self, sym_gen, default_bucket_key=None, *, target_dtype='bfloat16',
-                 loss_scaler=None, cast_params=False, emulate=False, policy=None, **kwargs):
-        self._mxmp_kwargs = dict(target_dtype=target_dtype, loss_scaler=loss_scaler,
-                                 cast_params=cast_params, emulate=emulate, policy=policy)
-        super().__init__(sym_gen, default_bucket_key, **kwargs)
-
-    def _make_module(self, bucket_key):
-        symbol, data_names, label_names = self._call_sym_gen(bucket_key)
-        return Module(symbol, data_names, label_names, logger=self.logger,
-                      context=self._context, work_load_list=self._work_load_list,
-                      fixed_param_names=self._fixed_param_names, state_names=self._state_names,
-                      group2ctxs=self._group2ctxs, compression_params=self._compression_params,
-                      **self._mxmp_kwargs)
-
-    def _reset_bind(self):
-        # MXNet's bind creates the default bucket's Module unless one is there: put an mxmp
-        # Module there, carrying over the loss scaler, skipped steps and master weights.
-        old = self._buckets.get(self._default_bucket_key)
-        super()._reset_bind()
-        module = self._make_module(self._default_bucket_key)
-        if old is not None:
-            module._state = old._state
-        self._buckets[self._default_bucket_key] = module
-
-    def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
-             force_rebind=False, shared_module=None, grad_req='write'):
-        """Bind the default bucket, as ``mx.mod.BucketingModule.bind``."""
-        if self._default_bucket_key not in self._buckets:
-            self._buckets[self._default_bucket_key] = \
-                self._make_module(self._default_bucket_key)
-        super().bind(data_shapes, label_shapes, for_training, inputs_need_grad, force_rebind,
-                     shared_module, grad_req)
-
-    def switch_bucket(self, bucket_key, data_shapes, label_shapes=None):
-        """Switch to a bucket, as ``mx.mod.BucketingModule.switch_bucket`` (mxmp Modules)."""
-        assert self.binded, 'call bind before switching bucket'
-        if bucket_key not in self._buckets:
-            self._buckets[bucket_key] = self._make_module(bucket_key)
-        super().switch_bucket(bucket_key, data_shapes, label_shapes)
-
-    def _default_module(self):
-        return self._buckets[self._default_bucket_key]
-
-    @property
-    def loss_scaler(self):
-        """LossScaler: the loss scaler shared by all buckets."""
-        return self._default_module().loss_scaler
-
-    @property
-    def loss_scale(self):
-        """float: the current loss scale."""
-        return self._default_module().loss_scale
-
-    @property
-    def skipped_steps(self):
-        """int: updates skipped on overflow, all buckets together."""
-        return self._default_module().skipped_steps
-
-    @staticmethod
-    def load(prefix, epoch, sym_gen=None, default_bucket_key=None, **kwargs):
-        """Not provided: see the class docstring for the two-step recipe."""
-        raise NotImplementedError(
-            'mxmp.BucketingModule.load is not provided: create mxmp.BucketingModule(sym_gen, '
-            'default_bucket_key, ...), bind it, and call set_params with '
-            'mx.model.load_params(prefix, epoch); restore the loss scaler by passing '
-            'loss_scaler= built from prefix-%04d.mxmp.json.')
-
-    def save_checkpoint(self, prefix, epoch, remove_amp_cast=True):
-        """MXNet's bucketing checkpoint (float32) plus ``prefix-%04d.mxmp.json``."""
-        super().save_checkpoint(prefix, epoch, remove_amp_cast=remove_amp_cast)
-        write_atomic('%s-%04d.mxmp.json' % (prefix, epoch),
-                     json.dumps(self._default_module().mixed_precision_state(), indent=1,
-                                sort_keys=True))

@@ -14,7 +14,8 @@ import mxnet as mx
 from mxnet import nd
 
 import mxmp
-from mxmp.module import (HEAD_GRADIENT_LOSS_OPS, LOSS_SCALE_NAME, BucketingModule, Module,
+from mxmp.bucketing import BucketingModule
+from mxmp.module import (HEAD_GRADIENT_LOSS_OPS, LOSS_SCALE_NAME, Module,
                          insert_loss_scale)
 from mxmp.policy import LOSS_OUTPUT
 from mxmp.scaler import DynamicLossScaler, StaticLossScaler
@@ -503,42 +504,88 @@ def test_fit_with_checkpoint_callback_and_validation(tmp_path):
 
 
 # ---------------------------------------------------------------------------- bucketing
+def bucket_sym_gen(length):
+    data = mx.sym.var('data')
+    h = mx.sym.FullyConnected(data, num_hidden=8, flatten=False, name='fc1')
+    pooled = mx.sym.mean(mx.sym.relu(h), axis=1)
+    out = mx.sym.FullyConnected(pooled, num_hidden=CLASSES, name='fc2')
+    return mx.sym.SoftmaxOutput(out, name='softmax'), ('data',), ('softmax_label',)
+
+
+def bucket_batch(rng, length, poison=False):
+    x = rng.randn(BATCH, length, 5).astype(np.float32)
+    if poison:
+        x[0, 0, 0] = np.inf
+    return mx.io.DataBatch(
+        data=[nd.array(x)], label=[nd.array(rng.randint(0, CLASSES, BATCH))],
+        bucket_key=length, provide_data=[mx.io.DataDesc('data', (BATCH, length, 5))],
+        provide_label=[mx.io.DataDesc('softmax_label', (BATCH,))])
+
+
+def bind_bucketing(mod):
+    mod.bind(data_shapes=[('data', (BATCH, 8, 5))], label_shapes=[('softmax_label', (BATCH,))])
+
+
 def test_bucketing_module_buckets_share_one_loss_scaler_and_skip_together():
-    def sym_gen(length):
-        data = mx.sym.var('data')
-        h = mx.sym.FullyConnected(data, num_hidden=8, flatten=False, name='fc1')
-        pooled = mx.sym.mean(mx.sym.relu(h), axis=1)
-        out = mx.sym.FullyConnected(pooled, num_hidden=CLASSES, name='fc2')
-        return mx.sym.SoftmaxOutput(out, name='softmax'), ('data',), ('softmax_label',)
-
     rng = np.random.RandomState(0)
-
-    def batch(length, poison=False):
-        x = rng.randn(BATCH, length, 5).astype(np.float32)
-        if poison:
-            x[0, 0, 0] = np.inf
-        return mx.io.DataBatch(
-            data=[nd.array(x)], label=[nd.array(rng.randint(0, CLASSES, BATCH))],
-            bucket_key=length, provide_data=[mx.io.DataDesc('data', (BATCH, length, 5))],
-            provide_label=[mx.io.DataDesc('softmax_label', (BATCH,))])
-
-    mod = BucketingModule(sym_gen, default_bucket_key=8, cast_params=True,
+    mod = BucketingModule(bucket_sym_gen, default_bucket_key=8, cast_params=True,
                           loss_scaler=DynamicLossScaler(init_scale=2.0 ** 6, growth_interval=2),
                           **bf16())
-    mod.bind(data_shapes=[('data', (BATCH, 8, 5))], label_shapes=[('softmax_label', (BATCH,))])
+    bind_bucketing(mod)
     mod.init_params(mx.init.Xavier())
     mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': .1})
     for length in (8, 4, 4, 8):
-        mod.forward_backward(batch(length))
+        mod.forward_backward(bucket_batch(rng, length))
         mod.update()
     assert set(mod._buckets) == {4, 8}
     assert all(isinstance(m, Module) for m in mod._buckets.values())
     assert mod.loss_scale == 2.0 ** 8
     before = {k: v.asnumpy().copy() for k, v in mod.get_params()[0].items()}
-    mod.forward_backward(batch(4, poison=True))
-    mod.update()
+    mod.forward_backward(bucket_batch(rng, 4, poison=True))
+    with pytest.warns(mxmp.NonFiniteForwardWarning):   # an inf input, not a scaling overflow
+        mod.update()
     assert mod.skipped_steps == 1 and mod.loss_scale == 2.0 ** 7
     for name, value in mod.get_params()[0].items():
         np.testing.assert_array_equal(value.asnumpy(), before[name])
-    with pytest.raises(NotImplementedError, match='set_params'):
-        BucketingModule.load('x', 1)
+
+
+def test_bucketing_checkpoint_round_trip_keeps_parameters_and_loss_scale(tmp_path):
+    rng = np.random.RandomState(0)
+    mod = BucketingModule(bucket_sym_gen, default_bucket_key=8, cast_params=True,
+                          loss_scaler=DynamicLossScaler(init_scale=2.0 ** 6, growth_interval=2),
+                          **bf16())
+    bind_bucketing(mod)
+    mod.init_params(mx.init.Xavier())
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': .1})
+    for length in (8, 4):
+        mod.forward_backward(bucket_batch(rng, length))
+        mod.update()
+    mod.forward_backward(bucket_batch(rng, 4, poison=True))
+    with pytest.warns(mxmp.NonFiniteForwardWarning):
+        mod.update()
+    assert (mod.loss_scale, mod.skipped_steps) == (2.0 ** 6, 1)
+    prefix = str(tmp_path / 'bucket')
+    mod.save_checkpoint(prefix, 1)
+    saved = {k: v.asnumpy() for k, v in mod.get_params()[0].items()}
+
+    back = BucketingModule.load(prefix, 1, sym_gen=bucket_sym_gen, default_bucket_key=8,
+                                emulate=EMULATE)
+    bind_bucketing(back)
+    assert (back.loss_scale, back.skipped_steps) == (2.0 ** 6, 1)
+    assert back._default_module().target_dtype == 'bfloat16'
+    for name, value in back.get_params()[0].items():
+        np.testing.assert_array_equal(value.asnumpy(), saved[name])
+    back.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': .1})
+    back.forward_backward(bucket_batch(rng, 4))   # a bucket created after loading trains
+    back.update()
+    assert back.skipped_steps == 1 and set(back._buckets) == {4, 8}
+    assert any(not np.array_equal(v.asnumpy(), saved[k])
+               for k, v in back.get_params()[0].items())
+
+    # plain MXNet reads the same files
+    plain = mx.mod.BucketingModule.load(prefix, 1, sym_gen=bucket_sym_gen, default_bucket_key=8)
+    bind_bucketing(plain)
+    for name, value in plain.get_params()[0].items():
+        np.testing.assert_array_equal(value.asnumpy(), saved[name])
+    with pytest.raises(ValueError, match='sym_gen and default_bucket_key'):
+        BucketingModule.load(prefix, 1)
