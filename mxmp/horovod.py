@@ -1,4 +1,4 @@
-"""Horovod for mxmp: :class:`DistributedTrainer`, an :class:`mxmp.Trainer` that reduces with Horovod.
+"""Horovod for mxmp: :class:`DistributedTrainer`, an :class:`mxmp.Trainer` reduced by Horovod.
 
 Import it explicitly (``from mxmp.horovod import DistributedTrainer``): ``import mxmp`` never
 imports this module, and this module imports ``horovod.mxnet`` only when a trainer is created,
@@ -15,17 +15,19 @@ CMake 4 refuses Gloo's ``cmake_minimum_required``.) Run with ``horovodrun --gloo
 localhost:2 python train.py``; see ``docs/distributed.md``.
 
 Why a subclass of :class:`mxmp.Trainer` and not of ``hvd.DistributedTrainer``: Horovod's
-trainer (``horovod/mxnet/__init__.py``) is ``gluon.Trainer`` with ``kvstore=None``, a
-``_scale`` divided by the number of workers, and a ``_allreduce_grads`` that all-reduces every
-gradient in place. Its ``step``/``update`` are gluon's, which would update without mxmp's
-overflow check and master weights, and its ``__init__`` does not take the arguments
-``mxmp.Trainer`` passes to ``gluon.Trainer`` (``kvstore``, ``update_on_kvstore``), so the two
-cannot be combined by multiple inheritance. The reduction is the only part needed, and it is a
-few lines: this class keeps mxmp.Trainer's step (reduce -> one overflow check -> update of the
-master weights) and replaces only the reduction, exactly where the kvstore's ``pushpull`` runs
-for ``dist_sync``. Every worker then checks the same summed gradients, so all workers skip the
-same steps and keep the same loss scale without exchanging a flag; an inf on one worker is inf
-(or NaN) in the sum on every worker.
+trainer (0.28.1, ``horovod/mxnet/__init__.py``) is ``gluon.Trainer`` with ``kvstore=None`` and
+a ``_allreduce_grads`` that all-reduces every gradient in place and averages it (with
+``op=Average``, or, on CPU/ROCm/old-NCCL builds such as ours, a sum and a ``_scale`` divided by
+the number of workers). Its ``step``/``update`` are gluon's, which would update without mxmp's
+overflow check and master weights, and its ``__init__(params, optimizer, optimizer_params,
+compression, gradient_predivide_factor, prefix, num_groups, process_set)`` does not take the
+arguments ``mxmp.Trainer`` passes to ``gluon.Trainer`` (``kvstore``, ``update_on_kvstore``),
+so the two cannot be combined by multiple inheritance. The reduction is the only part needed,
+and it is a few lines: this class keeps mxmp.Trainer's step (reduce -> one overflow check ->
+update of the master weights) and replaces only the reduction, exactly where the kvstore's
+``pushpull`` runs for ``dist_sync``. Every worker then checks the same summed gradients, so
+all workers skip the same steps and keep the same loss scale without exchanging a flag; an inf
+on one worker is inf (or NaN) in the sum on every worker.
 """
 import numpy as np
 from mxnet import autograd, nd
@@ -42,7 +44,9 @@ _BUILD_HINT = (
     'HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 '
     'pip install --no-build-isolation horovod==0.28.1 (see docs/distributed.md)')
 
-#: Dtypes Horovod's MXNet binding reduces (``horovod/mxnet/tensor_util.cc``): no bfloat16.
+#: Float dtypes Horovod's MXNet binding reduces. No bfloat16: measured with horovod 0.28.1,
+#: ``hvd.allreduce_`` of a bfloat16 array raises ``MXNetError: GetDType: Type 12 is not
+#: supported in MPI mode.`` (also with Gloo).
 _HOROVOD_FLOAT_DTYPES = ('float16', 'float32', 'float64')
 
 
@@ -89,7 +93,8 @@ class DistributedTrainer(Trainer):
             loss scaler: an overflow of the float16 sum arrives as inf and the check backs the
             scale off). None (default): each gradient's own dtype, except bfloat16 gradients
             (``cast_params=True``), which travel as float32: Horovod's MXNet binding has no
-            bfloat16. ``'bfloat16'`` is refused for the same reason.
+            bfloat16 ("GetDType: Type 12 is not supported"). ``'bfloat16'`` is refused for
+            the same reason.
         root_rank (keyword-only, int): the worker whose Parameter values every worker starts
             from (default 0).
         prefix (keyword-only, str): prefix of the Horovod tensor names (``<prefix>grad.<i>``,
@@ -133,8 +138,9 @@ class DistributedTrainer(Trainer):
             name = _exchange.check_grad_dtype(grad_dtype, None, self._loss_scaler.dynamic)
             if name == 'bfloat16':
                 raise ValueError("grad_dtype='bfloat16' is not possible with Horovod: its MXNet "
-                                 "binding reduces float16/float32/float64 only. Use "
-                                 "grad_dtype='float16' (with a dynamic loss scaler) or None")
+                                 "binding reduces float16/float32/float64 only ('GetDType: "
+                                 "Type 12 is not supported'). Use grad_dtype='float16' (with a "
+                                 "dynamic loss scaler) or None")
             grad_dtype = name
         self._hvd = hvd
         self._grad_dtype = grad_dtype
