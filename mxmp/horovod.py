@@ -182,8 +182,11 @@ class DistributedTrainer(Trainer):
 
         The sum over Parameters with ``grad_req != 'null'`` of elements x bytes per element of
         :meth:`exchange_dtype` (what the kvstore trainer reports; Horovod's ring all-reduce
-        moves about twice that per worker on the wire). Deferred Parameters count 0.
+        moves about twice that per worker on the wire). Deferred Parameters count 0; 0 with one
+        worker (nothing is reduced).
         """
+        if self._hvd.size() == 1:
+            return 0
         return int(sum(int(np.prod(p.shape)) * _exchange.itemsize(self.exchange_dtype(p))
                        for p in self._params if p.grad_req != 'null'))
 
