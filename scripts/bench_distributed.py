@@ -7,6 +7,11 @@ machine (loopback): under ``scripts/launch_local.py``::
     python scripts/launch_local.py -n 2 -s 1 --timeout 600 --env OMP_NUM_THREADS=1 -- \\
         python scripts/bench_distributed.py --kvstore dist_sync --grad-dtype float16
 
+With Horovod (``mxmp.horovod.DistributedTrainer``, no kvstore, no server)::
+
+    horovodrun --gloo -np 2 -H localhost:2 \
+        python scripts/bench_distributed.py --kvstore horovod --grad-dtype float16
+
 Model: an MLP 784-1024-1024-10 (1.86 M parameters) on synthetic data, ``--dtype bfloat16``
 (``mxmp.convert(..., emulate=True)`` unless real bfloat16 kernels run here) or ``float32``;
 SGD with momentum, dynamic loss scaling. Every worker trains on ``--batch-size`` rows per step;
@@ -36,7 +41,8 @@ if REPO not in sys.path:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--kvstore', default='none',
-                        help="'none' (no kvstore), 'local', 'dist_sync', ... (default none)")
+                        help="'none' (no kvstore), 'local', 'dist_sync', ..., or 'horovod' "
+                             "(under horovodrun; default none)")
     parser.add_argument('--dtype', choices=('bfloat16', 'float32'), default='bfloat16')
     parser.add_argument('--grad-dtype', choices=('float32', 'float16'), default=None,
                         help='dtype of the gradient exchange (mxmp.Trainer grad_dtype); '
@@ -65,9 +71,14 @@ def main(argv=None):
     from mxnet import autograd, gluon, nd
     import mxmp
 
-    kv = None if args.kvstore == 'none' else mx.kv.create(args.kvstore)
-    rank = kv.rank if kv is not None else 0
-    workers = kv.num_workers if kv is not None else 1
+    if args.kvstore == 'horovod':   # imported only here: mxmp does not need Horovod
+        import horovod.mxnet as hvd
+        hvd.init()
+        kv, rank, workers = 'horovod', hvd.rank(), hvd.size()
+    else:
+        kv = None if args.kvstore == 'none' else mx.kv.create(args.kvstore)
+        rank = kv.rank if kv is not None else 0
+        workers = kv.num_workers if kv is not None else 1
     mx.random.seed(0)
     net = gluon.nn.HybridSequential(prefix='bench_')
     with net.name_scope():
@@ -81,9 +92,14 @@ def main(argv=None):
         net = mxmp.convert(net, 'bfloat16', emulate=emulate)
     net.hybridize(static_alloc=True, static_shape=True)
     extra = {'grad_dtype': args.grad_dtype} if args.grad_dtype else {}
-    trainer = mxmp.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.01,
-                                                         'momentum': 0.9},
-                           kvstore=kv, loss_scaler='dynamic', **extra)
+    opt = {'learning_rate': 0.01, 'momentum': 0.9}
+    if kv == 'horovod':
+        from mxmp.horovod import DistributedTrainer
+        trainer = DistributedTrainer(net.collect_params(), 'sgd', opt, loss_scaler='dynamic',
+                                     **extra)
+    else:
+        trainer = mxmp.Trainer(net.collect_params(), 'sgd', opt, kvstore=kv,
+                               loss_scaler='dynamic', **extra)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rng = np.random.RandomState(rank)
     x = nd.array(rng.normal(size=(args.batch_size, 784)))
@@ -95,7 +111,8 @@ def main(argv=None):
             loss = loss_fn(net(x), y)
             with trainer.scale_loss(loss) as scaled:
                 scaled.backward()
-        trainer.step(args.batch_size * workers)   # dist_sync sums: divide by the global batch
+        # dist_sync sums: divide by the global batch; Horovod's trainer averages by itself.
+        trainer.step(args.batch_size * (1 if kv == 'horovod' else workers))
         nd.waitall()
         if step >= args.warmup:
             times.append(time.perf_counter() - tic)

@@ -21,6 +21,9 @@ only, so both runs see the same numbers:
 * ``--perturb-other-ranks``: every worker but rank 0 doubles its initial values, so the run
   matches the reference only if every worker starts from rank 0's values (the initial
   broadcast of ``mxmp.Trainer`` / ``mxmp.Module.init_optimizer``);
+* ``--kvstore horovod`` (under ``horovodrun``): ``hvd.init()`` and
+  ``mxmp.horovod.DistributedTrainer`` instead of a kvstore, ``trainer.step(batch)`` (it
+  averages over the workers itself); gluon only;
 * ``--api module``: the same MLP as a Symbol with SoftmaxOutput, trained by ``mxmp.Module``
   (parameters ``fc1_weight``, ...; MXNet's Module divides by ``batch * num_workers`` for
   dist_sync by itself); the overflow sets the marked rows of the data to inf.
@@ -101,7 +104,8 @@ def train(init, steps, batch, kvstore='none', num_shards=None, seed=1, inf_step=
         init (str): parameters file of :func:`make_net` (``save_parameters`` format).
         steps (int): number of steps.
         batch (int): rows per worker per step.
-        kvstore (str): ``'none'`` (one process on the whole global batch) or a kvstore type.
+        kvstore (str): ``'none'`` (one process on the whole global batch), a kvstore type, or
+            ``'horovod'`` (under horovodrun, :class:`mxmp.horovod.DistributedTrainer`).
         num_shards (int or None): how many workers the global batch is made for; default the
             kvstore's ``num_workers`` (1 without a dist kvstore).
         seed (int): data seed.
@@ -119,9 +123,16 @@ def train(init, steps, batch, kvstore='none', num_shards=None, seed=1, inf_step=
         dict: ``params`` (list per step of name -> float32 array), ``loss_scale``,
         ``skipped_steps``, ``applied`` (lists per step), ``rank``, ``num_workers``.
     """
-    kv = None if kvstore == 'none' else mx.kv.create(kvstore)
-    rank = kv.rank if kv is not None else 0
-    num_workers = kv.num_workers if kv is not None else 1
+    if kvstore == 'horovod' and api != 'gluon':
+        raise ValueError("--kvstore horovod needs --api gluon (mxmp.horovod has no Module)")
+    if kvstore == 'horovod':   # under horovodrun; imported only here
+        import horovod.mxnet as hvd
+        hvd.init()
+        kv, rank, num_workers = 'horovod', hvd.rank(), hvd.size()
+    else:
+        kv = None if kvstore == 'none' else mx.kv.create(kvstore)
+        rank = kv.rank if kv is not None else 0
+        num_workers = kv.num_workers if kv is not None else 1
     shards = num_shards or num_workers
     scaler = mxmp.DynamicLossScaler(init_scale=init_scale, growth_interval=1000)
     factor = 2.0 if perturb_other_ranks and rank > 0 else 1.0
@@ -163,8 +174,14 @@ def _gluon_trainer(init, kv, batch, shards, scaler, cast_params, lr, dtype, grad
     if dtype == 'bfloat16':
         net = mxmp.convert(net, 'bfloat16', emulate=True, cast_params=cast_params)
     extra = {} if grad_dtype is None else {'grad_dtype': grad_dtype}
-    trainer = mxmp.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr, 'momentum': 0.9},
-                           kvstore=kv, loss_scaler=scaler, **extra)
+    opt = {'learning_rate': lr, 'momentum': 0.9}
+    if kv == 'horovod':
+        from mxmp.horovod import DistributedTrainer
+        trainer = DistributedTrainer(net.collect_params(), 'sgd', opt, loss_scaler=scaler,
+                                     **extra)
+    else:
+        trainer = mxmp.Trainer(net.collect_params(), 'sgd', opt, kvstore=kv, loss_scaler=scaler,
+                               **extra)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
     def step_fn(x, y, mult):
@@ -173,8 +190,9 @@ def _gluon_trainer(init, kv, batch, shards, scaler, cast_params, lr, dtype, grad
             loss = loss_fn(net(x), y) * mult
             with trainer.scale_loss(loss) as scaled:
                 scaled.backward()
-        # dist_sync sums the workers' gradients: divide by the global batch.
-        return trainer.step(batch * shards)
+        # dist_sync sums the workers' gradients: divide by the global batch. Horovod's trainer
+        # (like hvd.DistributedTrainer) takes one worker's batch and divides by the workers.
+        return trainer.step(batch if kv == 'horovod' else batch * shards)
 
     def exchange():
         if not hasattr(trainer, 'bytes_pushed_per_step'):   # mxmp without grad_dtype
