@@ -526,14 +526,20 @@ def bind_bucketing(mod):
     mod.bind(data_shapes=[('data', (BATCH, 8, 5))], label_shapes=[('softmax_label', (BATCH,))])
 
 
-def test_bucketing_module_buckets_share_one_loss_scaler_and_skip_together():
-    rng = np.random.RandomState(0)
+def new_bucketing_module():
+    """bfloat16, cast_params, dynamic scaling from 2**6 growing every 2 steps; bound, SGD."""
     mod = BucketingModule(bucket_sym_gen, default_bucket_key=8, cast_params=True,
                           loss_scaler=DynamicLossScaler(init_scale=2.0 ** 6, growth_interval=2),
                           **bf16())
     bind_bucketing(mod)
     mod.init_params(mx.init.Xavier())
     mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': .1})
+    return mod
+
+
+def test_bucketing_module_buckets_share_one_loss_scaler_and_skip_together():
+    rng = np.random.RandomState(0)
+    mod = new_bucketing_module()
     for length in (8, 4, 4, 8):
         mod.forward_backward(bucket_batch(rng, length))
         mod.update()
@@ -551,12 +557,7 @@ def test_bucketing_module_buckets_share_one_loss_scaler_and_skip_together():
 
 def test_bucketing_checkpoint_round_trip_keeps_parameters_and_loss_scale(tmp_path):
     rng = np.random.RandomState(0)
-    mod = BucketingModule(bucket_sym_gen, default_bucket_key=8, cast_params=True,
-                          loss_scaler=DynamicLossScaler(init_scale=2.0 ** 6, growth_interval=2),
-                          **bf16())
-    bind_bucketing(mod)
-    mod.init_params(mx.init.Xavier())
-    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': .1})
+    mod = new_bucketing_module()
     for length in (8, 4):
         mod.forward_backward(bucket_batch(rng, length))
         mod.update()
