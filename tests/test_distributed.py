@@ -171,6 +171,26 @@ def assert_skipped_together(records):
 
 
 # ---------------------------------------------------------------------------- training
+def assert_matches_one_process(records, tmp_path, tolerance=0.02, **reference_args):
+    """Rank 0's steps against one process on the concatenated batch: same applied steps and
+    loss scales, parameters within ``tolerance`` relative error of the distance travelled."""
+    ref = reference(tmp_path, **reference_args)
+    assert ref['applied'] == records[0]['applied'].tolist()
+    assert ref['loss_scale'] == records[0]['loss_scale'].tolist()
+    init = initial_params(tmp_path)
+    for step in range(STEPS):
+        assert relative_error(records[0], ref, init, step) < tolerance, step
+
+
+def assert_float32_matches_one_process(records, tmp_path):
+    """float32: rank 0's parameters equal one process's to rtol 1e-5 at every step."""
+    ref = reference(tmp_path, dtype='float32')
+    for step in range(STEPS):
+        for name in param_names(records[0]):
+            np.testing.assert_allclose(records[0]['k%d/%s' % (step, name)],
+                                       ref['params'][step][name], rtol=1e-5, atol=1e-6)
+
+
 def test_dist_sync_bfloat16_workers_stay_identical_skip_together_and_match_one_process(
         tag, tmp_path):
     records = train_job(tag, tmp_path)
@@ -181,23 +201,14 @@ def test_dist_sync_bfloat16_workers_stay_identical_skip_together_and_match_one_p
     # bfloat16 rounding of each worker's gradient before the sum (measured: 0.2-0.4 % of the
     # distance travelled); a wrong rescale_grad (step(batch) instead of step(global batch))
     # would double every step, a relative error near 1.
-    ref = reference(tmp_path)
-    assert ref['applied'] == records[0]['applied'].tolist()
-    assert ref['loss_scale'] == records[0]['loss_scale'].tolist()
-    init = initial_params(tmp_path)
-    for step in range(STEPS):
-        assert relative_error(records[0], ref, init, step) < 0.02, step
+    assert_matches_one_process(records, tmp_path)
 
 
 def test_dist_sync_float32_equals_one_process_on_the_concatenated_batch(tag, tmp_path):
     records = train_job(tag, tmp_path, '--dtype', 'float32')
     assert_identical_workers(records)
     assert_skipped_together(records)
-    ref = reference(tmp_path, dtype='float32')
-    for step in range(STEPS):
-        for name in param_names(records[0]):
-            np.testing.assert_allclose(records[0]['k%d/%s' % (step, name)],
-                                       ref['params'][step][name], rtol=1e-5, atol=1e-6)
+    assert_float32_matches_one_process(records, tmp_path)
 
 
 #: The gradient exchange of issue 6 (mxmp.Trainer grad_dtype, bfloat16 over dist_*).

@@ -30,8 +30,9 @@ hvd = pytest.importorskip(
            "horovod==0.28.1 (with 'cmake<4'; see docs/distributed.md)")
 
 from test_distributed import (BATCH, INF_RANK, INF_STEP, STEPS, WORKER,  # noqa: E402
-                              assert_identical_workers, assert_skipped_together, dist_worker,
-                              initial_params, param_names, reference, relative_error,
+                              assert_float32_matches_one_process, assert_identical_workers,
+                              assert_matches_one_process, assert_skipped_together, dist_worker,
+                              initial_params, reference, relative_error,
                               tagged_pids, tag)  # noqa: F401  (tag is a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,23 +104,14 @@ def test_horovod_bfloat16_workers_start_from_rank_0_skip_together_and_match_one_
     # One process on the concatenated batch: the same steps up to bfloat16 rounding of each
     # worker's gradient before the sum (a wrong rescale_grad would double every step: a
     # relative error near 1).
-    ref = reference(tmp_path)
-    assert ref['applied'] == records[0]['applied'].tolist()
-    assert ref['loss_scale'] == records[0]['loss_scale'].tolist()
-    init = initial_params(tmp_path)
-    for step in range(STEPS):
-        assert relative_error(records[0], ref, init, step) < 0.02, step
+    assert_matches_one_process(records, tmp_path)
 
 
 def test_horovod_float32_equals_one_process_on_the_concatenated_batch(tag, tmp_path):
     records = train_job(tag, tmp_path, '--dtype', 'float32')
     assert_identical_workers(records)
     assert_skipped_together(records)
-    ref = reference(tmp_path, dtype='float32')
-    for step in range(STEPS):
-        for name in param_names(records[0]):
-            np.testing.assert_allclose(records[0]['k%d/%s' % (step, name)],
-                                       ref['params'][step][name], rtol=1e-5, atol=1e-6)
+    assert_float32_matches_one_process(records, tmp_path)
 
 
 def test_horovod_bfloat16_parameters_and_float16_sums_match_one_process(tag, tmp_path):
