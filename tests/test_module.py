@@ -91,8 +91,10 @@ def optimizer_state(mod):
 
 
 def bf16(**kwargs):
+    """Module keyword arguments; ``emulate`` follows the probe of the target dtype given (a CPU
+    never has float16 kernels, whatever its bfloat16 kernels)."""
     kwargs.setdefault('target_dtype', 'bfloat16')
-    kwargs.setdefault('emulate', EMULATE)
+    kwargs.setdefault('emulate', not mxmp.lp_kernels_available(kwargs['target_dtype']))
     return kwargs
 
 
