@@ -407,6 +407,7 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
     import mxnet as mx
     from .graph import MARK
     from .gluon import dtype_of
+    from .layout import to_default_layout
     if not isinstance(arg_params, dict) or not isinstance(aux_params, dict):
         raise TypeError('arg_params and aux_params must be dicts of name -> NDArray')
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
@@ -415,6 +416,8 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
     lowp = {n['name'] for n in json.loads(out.tojson(remove_amp_cast=False))['nodes']
             if n['op'] == 'null' and n.get('attrs', {}).get(MARK, '').startswith('cast_param')}
     target = dtype_of(_dtype(target_dtype))
+    # amp_cast fails on grouped weights that oneDNN reordered in place (mxmp/layout.py)
+    to_default_layout([v for k, v in arg_params.items() if k in lowp])
     new_args = {k: mx.nd.amp_cast(v, dtype=target) if k in lowp else v
                 for k, v in arg_params.items()}
     return out, new_args, dict(aux_params)

@@ -263,6 +263,8 @@ def diagnose(net, data, label, loss_fn, target_dtype='float16', steps=3, learnin
             if name in params:
                 value = params[name].list_data()[0]
                 if np.dtype(value.dtype) != np.float32:
+                    from .layout import to_default_layout
+                    to_default_layout(value)   # amp_cast fails on reordered grouped weights
                     value = mx.nd.amp_cast(value, dtype='float32')
                 value.copyto(arr)
             elif name in probe_vars:

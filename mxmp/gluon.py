@@ -17,6 +17,7 @@ from mxnet import gluon
 
 from .graph import MARK, convert_symbol, count_casts, remove_casts
 from .device import lp_kernels_available
+from .layout import to_default_layout
 from .policy import Policy, normalize_dtype
 
 __all__ = ['convert', 'ConvertedBlock', 'dtype_of']
@@ -43,6 +44,7 @@ class ConvertedBlock(gluon.SymbolBlock):
     mxmp_policy = None
     mxmp_cast_params = False
     mxmp_source = None
+    _mxmp_cast_in_graph = ()
 
     def forward(self, x, *args):  # pylint: disable=arguments-differ
         if isinstance(x, mx.nd.NDArray) and not self.mxmp_policy.emulate and \
@@ -53,6 +55,11 @@ class ConvertedBlock(gluon.SymbolBlock):
                 'GEMM). Convert with mxmp.convert(block, %r, emulate=True) to run the same '
                 'numerics with float32 kernels.' % (x.ctx, self.mxmp_policy.target_dtype,
                                                     self.mxmp_policy.target_dtype))
+        if isinstance(x, mx.nd.NDArray):
+            # A float32 inference forward of the source block (which shares these Parameters)
+            # may have left a weight in oneDNN's blocked layout, where the graph's amp_cast
+            # fails for grouped convolutions (mxmp/layout.py).
+            to_default_layout(_arrays_on(self._mxmp_cast_in_graph, x.ctx))
         return super().forward(x, *args)
 
     def export(self, path, epoch=0, remove_amp_cast=True):
@@ -160,6 +167,7 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
         param._mxmp_target_dtype = policy.target_dtype  # read by mxmp.Trainer
         if name in lp_names:
             _cast_parameter(param, lp_dtype)
+    cast_in_graph = _cast_in_graph_names(converted)
     with warnings.catch_warnings():
         # SymbolBlock warns that it cannot type the data inputs before the first call.
         warnings.simplefilter('ignore', UserWarning)
@@ -167,6 +175,7 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
     out.mxmp_policy = policy
     out.mxmp_cast_params = bool(cast_params)
     out.mxmp_source = block
+    out._mxmp_cast_in_graph = [p for n, p in params.items() if n in cast_in_graph]
     logger.info('converted %s to %s%s: %d casts, %d parameters stored in %s', block.name,
                 policy.target_dtype, ' (emulated)' if policy.emulate else '',
                 count_casts(converted)['amp_cast'], len(lp_names), policy.target_dtype)
@@ -176,6 +185,25 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
 def _lp_parameter_names(sym):
     return {n['name'] for n in json.loads(sym.tojson(remove_amp_cast=False))['nodes']
             if n['op'] == 'null' and n.get('attrs', {}).get(MARK, '').startswith('cast_param')}
+
+
+def _arrays_on(params, ctx):
+    """The arrays of the initialized ``params`` on ``ctx`` (others: MXNet's own errors follow)."""
+    out = []
+    for param in params:
+        if param._data is not None:
+            try:
+                out.append(param.data(ctx))
+            except RuntimeError:
+                pass
+    return out
+
+
+def _cast_in_graph_names(sym):
+    """Names of the variables that the converted graph casts (``amp_cast``/``amp_multicast``)."""
+    nodes = json.loads(sym.tojson(remove_amp_cast=False))['nodes']
+    return {nodes[i]['name'] for n in nodes if n['op'] in ('amp_cast', 'amp_multicast')
+            for i, _, _ in n['inputs'] if nodes[i]['op'] == 'null'}
 
 
 def _cast_parameter(param, dtype):
@@ -204,6 +232,7 @@ def _cast_parameter(param, dtype):
         return
     param._dtype = dtype
     with autograd.pause():
+        to_default_layout(param._data)  # amp_cast fails on grouped weights oneDNN reordered
         param._data = [mx.nd.amp_cast(d, dtype=dtype) for d in param._data]
         if param._grad is None:
             return

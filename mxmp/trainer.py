@@ -46,6 +46,7 @@ from mxnet import autograd, gluon, nd
 
 from . import exchange as _exchange
 from .policy import normalize_dtype
+from .layout import to_default_layout
 from .scaler import LossScaler, make_loss_scaler
 from .update import (LOW_PRECISION_DTYPES as _LOW_PRECISION, MasterWeights, all_finite,
                      apply_update, device_update, dtype_name as _dtype_name, write_atomic)
@@ -241,6 +242,7 @@ class Trainer(gluon.Trainer):
                 arrays, idx = param.list_data(), self._param2idx[param.name]
                 own = _dtype_name(param.dtype)
                 with autograd.pause():
+                    to_default_layout(arrays[0])   # amp_cast fails on reordered grouped weights
                     host = (nd.amp_cast(arrays[0], dtype='float32') if own == 'bfloat16'
                             else arrays[0]).asnumpy()
                     wire = nd.array(host, dtype=_exchange.wire_dtype(own, kv.type))

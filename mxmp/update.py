@@ -26,6 +26,8 @@ import warnings
 import numpy as np
 from mxnet import autograd, nd
 
+from .layout import to_default_layout
+
 __all__ = ['LOW_PRECISION_DTYPES', 'dtype_name', 'is_low_precision', 'all_finite',
            'MasterWeights', 'DeviceUpdate', 'device_update', 'apply_update', 'write_atomic',
            'save_atomic', 'LossScaleAtFloorError', 'NonFiniteForwardWarning',
@@ -150,6 +152,9 @@ class MasterWeights:
             if pending is not None:
                 masters = [_float32_copy(pending, a.context) for a in arrays]
             else:
+                # amp_cast fails on a grouped weight that an inference forward left in
+                # oneDNN's blocked layout (mxmp/layout.py)
+                to_default_layout(arrays)
                 masters = [nd.amp_cast(a, dtype='float32') for a in arrays]
         self._masters[key] = masters
         self._sources[key] = list(arrays) if track else None
