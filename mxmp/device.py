@@ -14,8 +14,10 @@ from .policy import normalize_dtype
 
 __all__ = ['lp_kernels_available', 'MISSING_KERNEL_MESSAGE']
 
-#: The MXNet error text of a missing oneDNN low-precision kernel.
-MISSING_KERNEL_MESSAGE = 'could not create a primitive descriptor'
+#: The MXNet error text of a missing oneDNN low-precision kernel (measured with
+#: ``DNNL_MAX_CPU_ISA=AVX2``: bfloat16 Convolution and FullyConnected both raise it, from
+#: mkldnn_convolution.cc and mkldnn_fully_connected.cc).
+MISSING_KERNEL_MESSAGE = 'could not create a primitive descriptor iterator'
 
 
 @contextlib.contextmanager
@@ -39,18 +41,33 @@ def lp_kernels_available(target_dtype, ctx=None):
     """Whether ``ctx`` runs Convolution and FullyConnected in ``target_dtype``.
 
     The answer comes from running a 1x1 Convolution and a FullyConnected (forward and backward)
-    on tiny arrays once per (dtype, context); it is cached.
+    on tiny fresh arrays once per (dtype, context); a genuine answer is cached for the process.
+
+    The probe cannot be poisoned by other work: it waits only on its own arrays (never
+    ``nd.waitall()``), so a failure still pending from another computation (MXNet reports
+    errors asynchronously, at the next wait) neither reaches the probe nor is consumed by it;
+    the user's next ``waitall`` still raises it. MXNet passes an error only along data
+    dependencies: measured with an ``amp_cast`` failing in the background, the probe's own
+    ``wait_to_read`` saw nothing while a ``waitall`` raised, and cleared, the unrelated error.
+    Only oneDNN's missing-kernel error (:data:`MISSING_KERNEL_MESSAGE`) means "no kernels";
+    on a CPU any other error of the probe is raised, not cached. It runs in this process
+    (0.03 s) rather than in a subprocess (2.7-4.5 s to start Python and MXNet, measured on a
+    2-core machine), and so sees the same MXNet and oneDNN settings (``DNNL_MAX_CPU_ISA`` is
+    read once, when MXNet loads) as the computations it answers for.
 
     Args:
         target_dtype (str): ``'float16'`` or ``'bfloat16'``.
         ctx (mxnet.Context): default ``mx.cpu()``.
 
     Returns:
-        bool: False for float16 on a CPU, and for bfloat16 on a CPU without oneDNN's
-        bfloat16 kernels; then use ``emulate=True`` (or float32).
+        bool: False for float16 on a CPU, for bfloat16 on a CPU without oneDNN's bfloat16
+        kernels (oneDNN 2.x needs AVX-512; with ``DNNL_MAX_CPU_ISA=AVX2`` too), and for a GPU
+        that cannot run the probe; then use ``emulate=True`` (or float32).
 
     Raises:
         ValueError: unknown dtype.
+        mxnet.base.MXNetError: the probe failed on a CPU for another reason than a missing
+            kernel (not cached: the next call probes again).
     """
     import mxnet as mx
     ctx = ctx or mx.cpu()
@@ -59,6 +76,7 @@ def lp_kernels_available(target_dtype, ctx=None):
 
 @functools.lru_cache(maxsize=None)
 def _probe(dtype, device_type, device_id):
+    """The cached answer; an exception (an error that is not about kernels) is not cached."""
     import mxnet as mx
     from mxnet import autograd, nd
     if dtype == 'float16' and device_type != 'gpu':
@@ -69,7 +87,7 @@ def _probe(dtype, device_type, device_id):
     else:
         target = 'float16'
     try:
-        with _quiet_stderr():
+        with _quiet_stderr(), autograd.pause():
             x = nd.amp_cast(nd.ones((2, 8, 4, 4), ctx=ctx), dtype=target)
             w = nd.amp_cast(nd.ones((8, 8, 1, 1), ctx=ctx), dtype=target)
             fw = nd.amp_cast(nd.ones((4, 128), ctx=ctx), dtype=target)
@@ -79,8 +97,12 @@ def _probe(dtype, device_type, device_id):
                 y = nd.Convolution(x, w, kernel=(1, 1), num_filter=8, no_bias=True)
                 z = nd.FullyConnected(y, fw, num_hidden=4, no_bias=True)
             z.backward()
-            nd.waitall()
-            fw.grad.wait_to_read()
-    except mx.base.MXNetError:
-        return False
+            # Only the probe's own results: never nd.waitall(), which would raise (and clear)
+            # an error pending from someone else's computation.
+            for a in (z, x.grad, w.grad, fw.grad):
+                a.wait_to_read()
+    except mx.base.MXNetError as err:
+        if device_type == 'gpu' or MISSING_KERNEL_MESSAGE in str(err):
+            return False
+        raise
     return True
