@@ -2,6 +2,12 @@
 # Set up everything the tests need on a fresh Debian machine, then run them.
 #   bash scripts/test.sh                 # the whole suite, slow real-data checks included
 #   bash scripts/test.sh -m "not slow"   # extra arguments go to pytest
+# On a CPU with oneDNN's bfloat16 kernels (avx512_bf16/AMX) the suite takes the real-kernel path
+# and its `real_kernels` tests run; then, when no arguments were given, the tests whose path
+# depends on the kernels run a second time with oneDNN capped to AVX2 (DNNL_MAX_CPU_ISA=AVX2,
+# read when MXNet loads), so the emulated path is tested on the same machine.
+#   MXMP_TEST_EMULATED=0 bash scripts/test.sh   # skip that second run
+#   MXMP_TEST_EMULATED=1 bash scripts/test.sh   # run it even with arguments or without kernels
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,5 +25,26 @@ python -c "import mxnet, gluoncv, pytest, hypothesis; print('mxnet', mxnet.__ver
 
 bash scripts/install_dataset.sh
 
+# the tests that take emulate (or skip) from mxmp.lp_kernels_available
+EMULATED_PATH_TESTS=(tests/test_graph.py tests/test_gluon.py tests/test_module.py tests/test_amp.py
+                     tests/test_layout.py tests/test_device.py tests/test_nonfinite.py
+                     tests/test_cli.py tests/test_bad_inputs.py)
+
 echo "== pytest"
-exec python -m pytest -ra --durations=15 "$@"
+status=0
+python -m pytest -ra --durations=15 "$@" || status=$?
+
+emulated=${MXMP_TEST_EMULATED:-auto}
+if [ "$emulated" = auto ]; then
+  emulated=0
+  if [ $# -eq 0 ] && python -c "import sys, mxmp
+sys.exit(0 if mxmp.lp_kernels_available('bfloat16') else 1)" 2>/dev/null; then
+    emulated=1
+  fi
+fi
+if [ "$emulated" = 1 ]; then
+  echo "== pytest, emulated path: oneDNN capped with DNNL_MAX_CPU_ISA=AVX2"
+  DNNL_MAX_CPU_ISA=AVX2 python -m pytest -ra -m "not slow" "${EMULATED_PATH_TESTS[@]}" \
+    || status=$?
+fi
+exit $status
