@@ -33,6 +33,7 @@ import numpy as np
 from mxnet import autograd, nd
 
 from . import exchange as _exchange
+from .layout import to_default_layout
 from .trainer import Trainer
 from .update import dtype_name
 
@@ -213,7 +214,8 @@ class DistributedTrainer(Trainer):
             own = dtype_name(arr.dtype)
             with autograd.pause():
                 # A fresh copy in a dtype Horovod reduces (bfloat16 -> float32), written back
-                # into the live array.
+                # into the live array (amp_cast fails on grouped weights oneDNN reordered).
+                to_default_layout(arr)
                 wire = nd.amp_cast(arr, dtype=_wire_dtype(own, None)) if own == 'bfloat16' \
                     else arr.copy()
                 hvd.broadcast_(wire, root_rank=self._root_rank,
