@@ -10,6 +10,7 @@ The pieces, one module each:
 * :mod:`mxmp.trainer` -- :class:`Trainer`: loss scaling, skipped steps, float32 master weights.
 * :mod:`mxmp.module` -- :class:`Module`: the same for the Symbolic Module API.
 * :mod:`mxmp.update` -- the overflow check and master weights both of them use.
+* :mod:`mxmp.layout` -- arrays oneDNN reordered back to MXNet's default layout before a cast.
 * :mod:`mxmp.alignment` -- :func:`check_alignment`: Tensor Core size rules for float16.
 * :mod:`mxmp.cuda` -- preloads the CUDA 11 libraries of the ``nvidia-*-cu11`` wheels.
 * :mod:`mxmp.diagnose` -- :func:`diagnose`: which layers overflow or underflow, per dtype.

@@ -136,6 +136,10 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
         ConvertedBlock: call it with float32 NDArrays (shape as for ``block``); it returns
         float32 outputs. It trains under ``autograd.record()``, ``hybridize()``s and
         ``export()``s (``export`` strips the casts unless ``remove_amp_cast=False``).
+        ``block`` may have run float32 forwards before (and after) the conversion: weights
+        that oneDNN left in its blocked layout are brought back to the default layout before
+        they are cast (:mod:`mxmp.layout`; MXNet's ``amp_cast`` fails on grouped and
+        depthwise convolution weights in that layout).
 
     Raises:
         TypeError: ``block`` is not a HybridBlock or cannot be traced (the message names the fix).
