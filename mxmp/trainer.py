@@ -40,6 +40,7 @@ import logging
 import os
 import pickle
 import struct
+import weakref
 
 import numpy as np
 from mxnet import autograd, gluon, nd
@@ -320,6 +321,9 @@ class Trainer(gluon.Trainer):
 
     def _ensure_master(self, i, param):
         """Return the float32 master weights of Parameter ``i`` (one per device)."""
+        # Lets a converted block's save_parameters/load_parameters (mxmp.block_params) write
+        # and set the exact float32 master instead of the stored low-precision rounding.
+        param._mxmp_trainer = weakref.ref(self)
         return self._masters.get(i, param.list_data())
 
     def _ensure_all_masters(self):
