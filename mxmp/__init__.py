@@ -16,6 +16,7 @@ The pieces, one module each:
 * :mod:`mxmp.cuda` -- preloads the CUDA 11 libraries of the ``nvidia-*-cu11`` wheels.
 * :mod:`mxmp.diagnose` -- :func:`diagnose`: which layers overflow or underflow, per dtype.
 * :mod:`mxmp.plot` -- :func:`plot_run`: training curves from a metrics JSON-lines file.
+* :mod:`mxmp.numerics_plot` -- the diagnose plots, in float16's or bfloat16's own format.
 * :mod:`mxmp.amp` -- ``mxnet.contrib.amp``'s names on mxmp, without monkey patching.
 * :mod:`mxmp.cli` -- the ``mxmp`` command line.
 """
