@@ -22,6 +22,7 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd
 
+from .gluon import dtype_of
 from .policy import normalize_dtype
 from .update import dtype_name, save_atomic
 
@@ -75,15 +76,8 @@ def _value(param, dtype):
         else:
             value = param._reduce()
         if dtype is not None and dtype_name(value.dtype) != dtype:
-            value = mx.nd.amp_cast(value, dtype=_mx_dtype(dtype))
+            value = mx.nd.amp_cast(value, dtype=dtype_of(dtype))
     return value
-
-
-def _mx_dtype(name):
-    if name == 'bfloat16':
-        from mxnet.contrib.amp.amp import bfloat16
-        return bfloat16
-    return name
 
 
 def save_block_parameters(block, filename, deduplicate=False, dtype='float32'):
@@ -220,7 +214,7 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
         for _, param, value in chosen.values():
             own = dtype_name(param.dtype) if param.dtype is not None else dtype_name(value.dtype)
             if own != dtype_name(value.dtype):
-                cast = mx.nd.amp_cast(value, dtype=_mx_dtype(own)) if own in (
+                cast = mx.nd.amp_cast(value, dtype=dtype_of(own)) if own in (
                     'float32', 'float16', 'bfloat16') else value.astype(own)
             else:
                 cast = value
