@@ -676,6 +676,10 @@ def main(argv=None):
                      start_epoch, args.epochs)
     truncate_metrics(os.path.join(args.save_dir, 'metrics.jsonl'), step, start_epoch)
     metrics = JsonLines(os.path.join(args.save_dir, 'metrics.jsonl'))
+    if metrics.f.tell() == 0:   # a fresh file: say what runs (mxmp plot titles the figure)
+        metrics.write(model=args.model, dtype=args.dtype, emulate=bool(emulate),
+                      cast_params=bool(args.cast_params),
+                      loss_scale_mode=args.loss_scale if args.dtype != 'float32' else 'none')
 
     LOG.info('model %s, dtype %s%s%s, batch %d, %d steps/epoch x %d epochs, %d train / %d val '
              'images%s', args.model, args.dtype, ' (emulated)' if emulate else '',

@@ -319,6 +319,10 @@ def main(argv=None):
         mod = make_module(args, emulate, symbol)
     ti.truncate_metrics(os.path.join(args.save_dir, 'metrics.jsonl'), step, start_epoch)
     metrics = ti.JsonLines(os.path.join(args.save_dir, 'metrics.jsonl'))
+    if metrics.f.tell() == 0:   # a fresh file: say what runs (mxmp plot titles the figure)
+        metrics.write(model=args.model, dtype=args.dtype, emulate=bool(emulate),
+                      cast_params=bool(getattr(args, 'cast_params', False)),
+                      loss_scale_mode=args.loss_scale if args.dtype != 'float32' else 'none')
     validate = bool(args.synthetic or args.rec_val)
     recorder = Recorder(mod, args, metrics, step, history, steps_per_epoch, validate)
 

@@ -5,8 +5,10 @@ The pieces, one module each:
 * :mod:`mxmp.policy` -- :class:`Policy`: target dtype, op classes (``mxmp/lists``), overrides.
 * :mod:`mxmp.graph` -- the pass: :func:`convert_symbol`, :func:`remove_casts`, :func:`explain`.
 * :mod:`mxmp.gluon` -- :func:`convert`: a Gluon HybridBlock in mixed precision.
+* :mod:`mxmp.block_params` -- a converted block's checkpoints, as the float32 network's.
 * :mod:`mxmp.device` -- :func:`lp_kernels_available`: does this device have the kernels.
 * :mod:`mxmp.scaler` -- loss scalers (dynamic, static, no-op).
+* :mod:`mxmp.shared_scale` -- one loss scale shared by several Trainers (PyTorch's habit).
 * :mod:`mxmp.trainer` -- :class:`Trainer`: loss scaling, skipped steps, float32 master weights.
 * :mod:`mxmp.module` -- :class:`Module`: the same for the Symbolic Module API.
 * :mod:`mxmp.update` -- the overflow check and master weights both of them use.
@@ -15,6 +17,7 @@ The pieces, one module each:
 * :mod:`mxmp.cuda` -- preloads the CUDA 11 libraries of the ``nvidia-*-cu11`` wheels.
 * :mod:`mxmp.diagnose` -- :func:`diagnose`: which layers overflow or underflow, per dtype.
 * :mod:`mxmp.plot` -- :func:`plot_run`: training curves from a metrics JSON-lines file.
+* :mod:`mxmp.numerics_plot` -- the diagnose plots, in float16's or bfloat16's own format.
 * :mod:`mxmp.amp` -- ``mxnet.contrib.amp``'s names on mxmp, without monkey patching.
 * :mod:`mxmp.cli` -- the ``mxmp`` command line.
 """

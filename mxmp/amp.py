@@ -288,12 +288,13 @@ def scale_loss(loss, optimizer_or_trainer):
     ``mxmp.Trainer`` this is ``trainer.scale_loss(loss)``.
 
     Args:
-        loss (NDArray or list of NDArray)
+        loss (NDArray, or lists/tuples of NDArrays nested to any depth)
         optimizer_or_trainer: a Trainer passed to :func:`init_trainer`.
 
     Raises:
         RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
     """
+    from .scaler import scale_losses
     _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
     if _is_mxmp_trainer(trainer):
@@ -308,10 +309,8 @@ def scale_loss(loss, optimizer_or_trainer):
     trainer._scale = trainer._amp_original_scale / scale
     if not scaler.scaler.enabled:
         yield loss
-    elif isinstance(loss, (list, tuple)):
-        yield [l * scale for l in loss]
     else:
-        yield loss * scale
+        yield scale_losses(loss, scale)   # NDArray or nested lists/tuples of them
 
 
 def unscale(optimizer_or_trainer):

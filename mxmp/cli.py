@@ -443,10 +443,7 @@ def cmd_plot(args):
     """mxmp plot: training curves of a metrics.jsonl file."""
     from .plot import plot_run
     _need_file(args.metrics, 'metrics file')
-    out_dir = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(out_dir):
-        raise CLIError('output directory %s does not exist' % out_dir)
-    path = plot_run(args.metrics, args.out, title=args.title)
+    path = plot_run(args.metrics, args.out, title=args.title)   # creates --out's directory
     print('wrote %s' % path)
     return 0
 
@@ -534,7 +531,8 @@ def build_parser():
                    help='random N(0,1) images and random labels instead of --rec')
     d.add_argument('--batch-size', type=int, default=32)
     d.add_argument('--dtype', type=_dtype, default='float16', help=dtype_help)
-    d.add_argument('--out', help='directory for report.txt, report.json and the PNG plots')
+    d.add_argument('--out', help='directory for report.txt, report.json and the PNG plots '
+                                 '(created if needed; the plots use --dtype\'s format)')
     d.add_argument('--steps', type=int, default=3, help='float32 iterations')
     d.add_argument('--lr', type=float, default=0.01,
                    help='SGD learning rate between iterations (on copies of the weights)')
@@ -558,8 +556,11 @@ def build_parser():
                                    'steps marked) and the learning rate from the JSON-lines '
                                    'file the example scripts write (--save-dir/metrics.jsonl).')
     t.add_argument('metrics', help='metrics.jsonl')
-    t.add_argument('--out', default='curves.png', help='output PNG')
-    t.add_argument('--title', default=None, help='figure title (default: the file name)')
+    t.add_argument('--out', default='curves.png',
+                   help='output PNG (its directory is created if needed)')
+    t.add_argument('--title', default=None,
+                   help='figure title (default: the model and dtype of the run, from the '
+                        'metrics file or the summary.json beside it)')
     t.set_defaults(func=cmd_plot)
     return p
 

@@ -85,6 +85,47 @@ class ConvertedBlock(gluon.SymbolBlock):
                   for k, v in arrays.items()}
         mx.nd.save(params_file, arrays)
 
+    def save_parameters(self, filename, deduplicate=False, dtype='float32'):
+        """Write the parameters as the original network's checkpoint (each parameter once).
+
+        The keys are the names ``mxmp_source.save_parameters`` writes (``features.0.weight``)
+        and the values float32 by default, also for weights stored in bfloat16/float16
+        (``cast_params=True``), where the float32 master weights of an :class:`mxmp.Trainer`
+        are written if it holds them: the file loads into the float32 network with
+        ``net.load_parameters``. See :func:`mxmp.block_params.save_block_parameters`.
+
+        Args:
+            filename (str): the file (written atomically).
+            deduplicate (bool): as ``gluon.Block.save_parameters``. Default False.
+            dtype (str or None): ``'float32'`` (default), ``'bfloat16'``, ``'float16'``, or None
+                for each parameter's stored dtype.
+
+        Raises:
+            ValueError: unknown ``dtype``.
+        """
+        from .block_params import save_block_parameters
+        save_block_parameters(self, filename, deduplicate=deduplicate, dtype=dtype)
+
+    def load_parameters(self, filename, ctx=None, allow_missing=False, ignore_extra=False,
+                        cast_dtype=False, dtype_source='current'):
+        """Load a checkpoint of the original network (float32 or not) into this block.
+
+        Accepts ``net.save_parameters`` files of the float32 network, files of
+        :meth:`save_parameters`, ``export`` files and ``collect_params().save`` files. Values
+        are cast to each parameter's stored dtype; master weights an :class:`mxmp.Trainer`
+        keeps are set to the file's float32 values. Arguments as
+        ``gluon.Block.load_parameters``; see :func:`mxmp.block_params.load_block_parameters`.
+
+        Raises:
+            mxmp.block_params.ParameterFileError: (ValueError and AssertionError) a missing
+                or unknown parameter, without ``allow_missing``/``ignore_extra``.
+            ValueError: ``dtype_source='saved'``.
+        """
+        from .block_params import load_block_parameters
+        load_block_parameters(self, filename, ctx=ctx, allow_missing=allow_missing,
+                              ignore_extra=ignore_extra, cast_dtype=cast_dtype,
+                              dtype_source=dtype_source)
+
     @property
     def mxmp_symbol(self):
         """The converted Symbol, casts included."""

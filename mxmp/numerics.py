@@ -32,12 +32,42 @@ class NumberFormat:
         name (str): ``'float16'`` or ``'bfloat16'``.
         max_finite (float): largest finite value; larger magnitudes overflow to inf.
         min_normal (float): smallest normal magnitude; below it values are subnormal.
-        zero_below (float): magnitudes below this become zero.
+        zero_below (float): magnitudes below this become zero in MXNet (for float16 the
+            smallest subnormal; for bfloat16 the smallest normal, see ``BFLOAT16``).
+        significand_bits (int): bits of precision, the implicit leading bit included (11 for
+            float16, 8 for bfloat16): a normal value is rounded to a relative error of at most
+            ``2**-significand_bits`` (:attr:`unit_roundoff`).
+        min_subnormal (float): the format's smallest subnormal magnitude.
     """
     name: str
     max_finite: float
     min_normal: float
     zero_below: float
+    significand_bits: int = 24
+    min_subnormal: float = 2.0 ** -149
+
+    @property
+    def unit_roundoff(self) -> float:
+        """float: largest relative rounding error of a normal value, ``2**-significand_bits``
+        (round to nearest: half a unit in the last place)."""
+        return 2.0 ** -self.significand_bits
+
+    @property
+    def risk(self) -> str:
+        """str: what limits this format in training, in one sentence (for reports and plots)."""
+        if self.max_finite > 1e38:
+            return ('%s has float32\'s exponent range, so gradients neither underflow nor '
+                    'overflow where float32 does not: precision is the risk (%d significant '
+                    'bits, relative rounding error up to 2^-%d = %.3g%%: long sums and weight '
+                    'updates much smaller than the weight lose digits; mxmp keeps float32 '
+                    'master weights and float32 reductions for that), not underflow'
+                    % (self.name, self.significand_bits, self.significand_bits,
+                       100 * self.unit_roundoff))
+        return ('%s\'s range is narrow (overflow above %g, zero below 2^%d): underflow of small '
+                'gradients is the risk, which loss scaling addresses; %d significant bits '
+                '(relative rounding error up to 2^-%d = %.3g%%)'
+                % (self.name, self.max_finite, self.log2_zero_below, self.significand_bits,
+                   self.significand_bits, 100 * self.unit_roundoff))
 
     @property
     def log2_min_normal(self) -> int:
@@ -50,11 +80,16 @@ class NumberFormat:
         return int(round(math.log2(self.zero_below)))
 
 
-#: IEEE 754 binary16: max 65504, normal from 2**-14, smallest subnormal 2**-24.
-FLOAT16 = NumberFormat('float16', 65504.0, 2.0 ** -14, 2.0 ** -24)
-#: bfloat16: max (2 - 2**-7) * 2**127; oneDNN flushes its subnormals, so anything below the
-#: smallest normal 2**-126 counts as zero.
-BFLOAT16 = NumberFormat('bfloat16', (2.0 - 2.0 ** -7) * 2.0 ** 127, 2.0 ** -126, 2.0 ** -126)
+#: IEEE 754 binary16: max 65504, normal from 2**-14, smallest subnormal 2**-24, 11 significant
+#: bits.
+FLOAT16 = NumberFormat('float16', 65504.0, 2.0 ** -14, 2.0 ** -24, 11, 2.0 ** -24)
+#: bfloat16: float32's 8-bit exponent with 8 significant bits: max (2 - 2**-7) * 2**127
+#: (about 3.39e38), normal from 2**-126, subnormals down to 2**-133 in the format. MXNet 1.9.1's
+#: bfloat16 conversion flushes them: ``nd.amp_cast`` of 2**-127, 2**-130 and 2**-133 to bfloat16
+#: and back gives 0 (measured with real kernels and with DNNL_MAX_CPU_ISA=AVX2), as Intel's
+#: BF16 conversion instructions treat denormals as zero. So below 2**-126 counts as zero.
+BFLOAT16 = NumberFormat('bfloat16', (2.0 - 2.0 ** -7) * 2.0 ** 127, 2.0 ** -126, 2.0 ** -126, 8,
+                        2.0 ** -133)
 FORMATS = {'float16': FLOAT16, 'bfloat16': BFLOAT16}
 
 
@@ -287,15 +322,15 @@ class NumericsReport:
     def save_plots(self, directory, dtype=None):
         """Write the PNG plots (matplotlib, Agg backend) into ``directory`` (created if needed).
 
-        Files: ``gradient_histogram.png`` (gradient log2 magnitudes against the float16 range,
-        as the activation-gradient histogram of Micikevicius et al. 2018; unscaled and with the
-        recommended loss scale) and ``layer_ranges.png`` (per layer: the fraction of
-        activations that overflow and of values that flush to zero).
+        Files: ``gradient_histogram.png`` (gradient log2 magnitudes against the range of the
+        format, as the activation-gradient histogram of Micikevicius et al. 2018; unscaled, and
+        with the recommended loss scale where scaling rescues values) and ``layer_ranges.png``
+        (per layer: where its values lie in the format's range, and the fractions that
+        overflow or flush to zero). Both use the same format as :meth:`table`.
 
         Args:
-            directory (str): output directory.
-            dtype (str): format of the per-layer chart; default the target dtype. The histogram
-                is always drawn against float16's range, with bfloat16's limits marked.
+            directory (str): output directory (created with its parents if needed).
+            dtype (str): the format; default the target dtype.
 
         Returns:
             dict str -> str: plot name -> path.
@@ -305,7 +340,7 @@ class NumericsReport:
         fmt = _fmt(dtype or self.target_dtype)
         return {
             'gradient_histogram': plot.plot_gradient_histogram(
-                self, os.path.join(directory, 'gradient_histogram.png')),
+                self, os.path.join(directory, 'gradient_histogram.png'), fmt.name),
             'layer_ranges': plot.plot_layer_ranges(
                 self, os.path.join(directory, 'layer_ranges.png'), fmt.name),
         }
@@ -329,7 +364,8 @@ class NumericsReport:
         }
 
     def save_json(self, path):
-        """Write :meth:`to_dict` to ``path`` as JSON."""
+        """Write :meth:`to_dict` to ``path`` as JSON (its directory is created if needed)."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, 'w') as f:
             json.dump(self.to_dict(), f, indent=1)
         return path
@@ -403,7 +439,8 @@ def _format_table(report, fmt, flagged_only):
     reasons = report.reasons[fmt.name]
     k = advice.log2_scale
     lines = ['mxmp numerics report for %s: overflow above %g, subnormal below 2^%d, zero below '
-             '2^%d' % (fmt.name, fmt.max_finite, fmt.log2_min_normal, fmt.log2_zero_below)]
+             '2^%d, %d significant bits' % (fmt.name, fmt.max_finite, fmt.log2_min_normal,
+                                            fmt.log2_zero_below, fmt.significand_bits)]
     losses = ', '.join('%.4g' % l for l in report.losses)
     lines.append('%d float32 iteration(s), batch %d, loss %s; %d layer(s) would compute in %s'
                  % (report.steps, report.batch_size, losses, len(report.layers),
@@ -424,6 +461,7 @@ def _format_table(report, fmt, flagged_only):
         lines.append('gradient values that flush to zero: %s unscaled, %s with 2^%d; the scale '
                      'rescues %s' % (_pct(advice.zero_unscaled), _pct(advice.zero_scaled), k,
                                      _pct(advice.rescued)))
+    lines.append('precision: ' + fmt.risk)
     names = report.recommended(fmt.name)
     if names:
         lines.append('keep in float32 (%d layer(s)): mxmp.Policy(%r, excluded_names=%r)'

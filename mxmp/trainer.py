@@ -40,14 +40,16 @@ import logging
 import os
 import pickle
 import struct
+import weakref
 
 import numpy as np
 from mxnet import autograd, gluon, nd
 
 from . import exchange as _exchange
 from .policy import normalize_dtype
+from . import shared_scale as _shared_scale
 from .layout import to_default_layout
-from .scaler import LossScaler, make_loss_scaler
+from .scaler import LossScaler, flatten_losses, make_loss_scaler, scale_losses
 from .update import (LOW_PRECISION_DTYPES as _LOW_PRECISION, MasterWeights, all_finite,
                      apply_update, device_update, dtype_name as _dtype_name, write_atomic)
 
@@ -83,7 +85,11 @@ class Trainer(gluon.Trainer):
             an update on the kvstore would bypass. None means False (logged at INFO when a
             kvstore is created, since gluon's default there is True).
         loss_scaler (keyword-only): anything :func:`mxmp.scaler.make_loss_scaler` accepts;
-            default None = dynamic scaling for float16, none for bfloat16/float32.
+            default None = dynamic scaling for float16, none for bfloat16/float32. Trainers
+            given the same :class:`~mxmp.LossScaler` object share one loss scale, updated once
+            per iteration as PyTorch's GradScaler shared by several optimizers
+            (:mod:`mxmp.shared_scale`: each Trainer skips only its own step on overflow; the
+            scale changes once every Trainer of the group has stepped).
         target_dtype (keyword-only, str or None): ``'float16'``, ``'bfloat16'`` or
             ``'float32'``; decides the default loss scaler. None: ``'float16'`` if any
             Parameter has dtype float16, else ``'bfloat16'`` if any has dtype bfloat16, else the
@@ -151,7 +157,9 @@ class Trainer(gluon.Trainer):
         if target_dtype is None:
             target_dtype = self._infer_target_dtype()
         self._target_dtype = normalize_dtype(target_dtype, allow_float32=True)
-        self._loss_scaler = make_loss_scaler(loss_scaler, self._target_dtype)
+        self._scale_group = _shared_scale.group_for(
+            make_loss_scaler(loss_scaler, self._target_dtype), self,
+            shared=isinstance(loss_scaler, LossScaler))
         self._asked_update_on_kvstore = update_on_kvstore
         self._grad_dtype = _exchange.check_grad_dtype(grad_dtype, kv_type,
                                                       self._loss_scaler.dynamic)
@@ -166,8 +174,18 @@ class Trainer(gluon.Trainer):
 
     # ------------------------------------------------------------------ properties
     @property
+    def _loss_scaler(self):
+        # the current scaler lives in the (possibly shared) group: mxmp.shared_scale
+        return self._scale_group.current
+
+    @_loss_scaler.setter
+    def _loss_scaler(self, scaler):
+        self._scale_group.current = scaler
+
+    @property
     def loss_scaler(self) -> LossScaler:
-        """LossScaler: the current loss scaler (replaced after every step)."""
+        """LossScaler: the current loss scaler (replaced after every step; shared with the
+        other Trainers given the same scaler object, see :mod:`mxmp.shared_scale`)."""
         return self._loss_scaler
 
     @property
@@ -322,6 +340,9 @@ class Trainer(gluon.Trainer):
 
     def _ensure_master(self, i, param):
         """Return the float32 master weights of Parameter ``i`` (one per device)."""
+        # Lets a converted block's save_parameters/load_parameters (mxmp.block_params) write
+        # and set the exact float32 master instead of the stored low-precision rounding.
+        param._mxmp_trainer = weakref.ref(self)
         return self._masters.get(i, param.list_data())
 
     def _ensure_all_masters(self):
@@ -385,15 +406,17 @@ class Trainer(gluon.Trainer):
                     scaled.backward()     # or autograd.backward(scaled) for a list
 
         Args:
-            loss (NDArray or list/tuple of NDArray): the loss(es), any float dtype.
+            loss (NDArray, or a list/tuple of NDArrays nested to any depth): the loss(es), any
+                float dtype.
 
         Yields:
-            NDArray or list of NDArray: ``loss * loss_scale`` (a new array, same dtype); with
-            scaling disabled (NoOpLossScaler) ``loss`` itself, no multiply.
+            NDArray, or lists/tuples of the same nesting: ``loss * loss_scale`` (new arrays,
+            same dtype); with scaling disabled (NoOpLossScaler) ``loss`` itself, no multiply.
 
         Raises:
             RuntimeError: scaling is enabled and autograd is not recording (the multiply would
                 not be differentiated).
+            TypeError: an element of ``loss`` is not an NDArray (the message says which).
         """
         scaler = self._loss_scaler
         if not scaler.enabled:
@@ -405,11 +428,8 @@ class Trainer(gluon.Trainer):
                                '"with trainer.scale_loss(loss)" block inside the record scope.')
         scale = float(scaler.scale)
         # kept to tell a NaN in the forward pass from an overflow if the step overflows
-        self._step_losses = list(loss) if isinstance(loss, (list, tuple)) else [loss]
-        if isinstance(loss, (list, tuple)):
-            yield [l * scale for l in loss]
-        else:
-            yield loss * scale
+        self._step_losses = flatten_losses(loss)
+        yield scale_losses(loss, scale)
 
     def unscale(self):
         """Divide every gradient by the loss scale, in place (for gradient clipping).
@@ -457,6 +477,9 @@ class Trainer(gluon.Trainer):
 
         Raises:
             ValueError: ``batch_size`` <= 0.
+            RuntimeError: this Trainer shares its loss scaler with other Trainers and stepped
+                already in this iteration while some of them have not
+                (:mod:`mxmp.shared_scale`); nothing is updated.
             UserWarning: (raised, as gluon.Trainer does) a stale gradient without
                 ``ignore_stale_grad``.
             mxmp.update.LossScaleAtFloorError: a dynamic loss scale stayed at its floor for
@@ -471,6 +494,7 @@ class Trainer(gluon.Trainer):
         Cost: see the class docstring (one host sync with a dynamic loss scaler).
         """
         self._check_batch_size(batch_size)
+        self._scale_group.check_can_step(self)
         self._prepare()
         self._allreduce_grads()
         return self._apply_update(batch_size, ignore_stale_grad)
@@ -482,6 +506,7 @@ class Trainer(gluon.Trainer):
         ``gluon.Trainer``. Arguments, return value, errors and costs as :meth:`step`.
         """
         self._check_batch_size(batch_size)
+        self._scale_group.check_can_step(self)
         self._prepare()
         return self._apply_update(batch_size, ignore_stale_grad)
 
@@ -532,10 +557,12 @@ class Trainer(gluon.Trainer):
                 for _, _, data, _ in entries:
                     data._fresh_grad = False
             losses, self._step_losses = self._step_losses, []
-            applied, self._loss_scaler = apply_update(
+            applied, _ = apply_update(
                 calls, self._optimizer, self._loss_scaler, self._scale / batch_size,
                 unscaled=self._unscaled, name_of=lambda i: self._params[i].name,
                 forward_finite=(lambda: all_finite([losses])) if losses else None)
+            # one scale update per iteration of the group (alone: after every step)
+            self._scale_group.stepped(self, applied)
         if not applied:
             self._skipped_steps += 1
         self._unscaled = False

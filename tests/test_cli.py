@@ -252,3 +252,23 @@ def test_python_m_entry_point_reports_errors_without_traceback(model, tmp_path):
     assert 'Traceback' not in bad.stderr
     assert bad.stderr.strip().startswith('mxmp convert: error:')
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_plot_and_diagnose_create_their_output_directories(model, capsys, tmp_path):
+    path = tmp_path / 'metrics.jsonl'
+    path.write_text(''.join(json.dumps({'step': i, 'loss': 1.0 / i, 'loss_scale': 1.0,
+                                        'skipped': False, 'lr': 0.1}) + '\n'
+                            for i in range(1, 6)))
+    code, out, _ = run(['plot', path, '--out', tmp_path / 'new' / 'dir' / 'c.png'], capsys)
+    assert code == 0 and (tmp_path / 'new' / 'dir' / 'c.png').read_bytes()[:8] == PNG_MAGIC
+    outs = {}
+    for dtype in ('float16', 'bfloat16'):
+        out_dir = tmp_path / 'deep' / dtype
+        code, stdout, _ = run(['diagnose', model['sym'], model['params'], '--synthetic',
+                               '--data-shape', '3,8,8', '--batch-size', 4, '--steps', 1,
+                               '--dtype', dtype, '--out', out_dir], capsys)
+        assert code == 0
+        outs[dtype] = (out_dir / 'gradient_histogram.png').read_bytes()
+        report = (out_dir / 'report.txt').read_text()
+        assert report.startswith('mxmp numerics report for %s' % dtype)
+    assert outs['float16'] != outs['bfloat16']
