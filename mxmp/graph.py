@@ -182,7 +182,7 @@ def _plan(js, policy, input_dtypes, cast_params, data_names, pinned=()):
                                                       for n, d in input_dtypes.items()})
     classes = [None] * len(nodes)
     for nid, node in enumerate(nodes):
-        if node['op'] in _CAST_OPS:  # the model's own (the others were stripped)
+        if node['op'] in _CAST_OPS and cast_origin(node) == 'model':  # others were stripped
             classes[nid] = (_MODEL_CAST, 'cast written by the model: kept, computes as in MXNet')
         elif node['op'] != 'null':
             classes[nid] = policy.classify(node['op'], node.get('attrs', {}), node['name'])
@@ -465,8 +465,10 @@ def _prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names):
     # casts to float32, e.g. relu(data) -> [relu_amp_cast_float32]. Those casts used to be kept
     # and classified as float32 ops, so converting again added a second cast
     # relu_amp_cast_float321 (found by tests/test_graph_fuzz.py).
-    if previous is not None or any(node.get('attrs', {}).get(MARK) is not None
-                                   for node in js['nodes']):
+    # contrib.amp's casts go too (cast_origin): the float32/low-precision decisions are
+    # mxmp's, made again on the float32 graph; the model's own casts stay.
+    if previous is not None or any(node.get('attrs', {}).get(MARK) is not None or
+                                   cast_origin(node) == 'contrib.amp' for node in js['nodes']):
         js = _strip(js)  # same target: converting again gives the same graph
     input_dtypes = {}
     for name, d in (data_dtypes or {}).items():
