@@ -16,6 +16,21 @@
 
 Every node's decision (op, dtype, the rule that chose it) is available from :func:`explain`.
 
+Graphs that already hold casts convert. :func:`mxmp.casts.cast_origin` says who wrote each one:
+mxmp's casts (marked) and ``mxnet.contrib.amp``'s (named ``<tensor>_amp_cast_<dtype>`` and
+``<node>_<k>_amp_multicast`` by its pass) only mark precision boundaries, so they are removed
+and the pass plans the float32 graph again with mxmp's lists: converting contrib.amp's output
+gives the same graph as converting the float32 graph. Casts the model's own code wrote
+(GluonCV's ``amp_multicast`` in front of ``box_decode``, ``Cast`` to an index dtype) are part of
+what the model computes: they stay, their inputs arrive uncast, and their outputs have the
+dtypes MXNet gives them (an ``amp_multicast`` with ``cast_narrow=True`` of a bfloat16 and a
+float32 tensor gives two bfloat16 tensors, as it would under contrib.amp). A variable whose
+``__dtype__`` is a low-precision dtype (contrib.amp's ``cast_optional_params=True``) keeps it.
+
+Nodes are identified by their position in the graph JSON, never by name: a block called twice
+(a shared activation, a weight-tied encoder) gives nodes with equal names, which convert like
+any other; the casts the pass adds get unique names.
+
 ``cast_params=True`` stores the parameters whose every consumer is a low-precision op in the
 target dtype (no cast per iteration); the optimizer wrapper then keeps float32 master weights.
 
@@ -198,7 +213,8 @@ def _plan(js, policy, input_dtypes, cast_params, data_names, pinned=()):
         users = _consumers(nodes)
         for nid, node in enumerate(nodes):
             if (node['op'] == 'null' and node['name'] not in data_names
-                    and node['name'] not in input_dtypes and orig[(nid, 0)] == 'float32' and users[nid]
+                    and node['name'] not in input_dtypes and orig[(nid, 0)] == 'float32'
+                    and users[nid]
                     and all(wants_low(c, pos) for c, pos in users[nid])):
                 lp_params.add(node['name'])
 
@@ -511,11 +527,16 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
         float32 outputs. Converting its result again with the same target dtype returns an
         identical graph.
 
+    Graphs that already hold casts are accepted (module docstring): mxmp's and contrib.amp's
+    casts are re-planned, the model's own casts kept.
+
     Raises:
-        ValueError: unknown dtype; a graph already converted to another dtype, or holding casts
-            from ``mxnet.contrib.amp``; a graph MXNet cannot type.
-        RuntimeError: MXNet's type inference disagrees with the plan (an op-list bug; the
-            message names the node and a ``Policy(fp32_ops=...)`` workaround).
+        ValueError: unknown dtype; a graph already converted by mxmp to another dtype (the
+            message names ``remove_casts``); variables stored (``__dtype__``) in the other
+            low-precision dtype; a graph MXNet cannot type.
+        RuntimeError: MXNet's type inference disagrees with the plan. At a node of the graph:
+            an op-list bug, the message names the node, its op and a ``Policy(fp32_ops=...)``
+            workaround; at a node the pass wrote: a bug of the pass, to report.
     """
     js, policy, input_dtypes, names, pinned = _prepare(sym, target_dtype, policy, emulate,
                                                        data_dtypes, data_names)

@@ -59,7 +59,7 @@ def test_cast_origin_tells_mxmp_contrib_amp_and_model_casts_apart():
     assert mxmp.graph.cast_origins(index) == [('to_index', 'Cast', 'model')]
 
 
-# --- the model's amp_multicast ----------------------------------------------------------------------
+# --- the model's amp_multicast --------------------------------------------------------------------
 def test_model_multicast_is_kept_and_narrows_to_the_target_dtype():
     out = mxmp.convert_symbol(box_decoder(cast_narrow=True), 'bfloat16')
     nodes = nodes_of(out)
@@ -185,7 +185,7 @@ def test_contrib_amp_hybrid_block_converts():
     np.testing.assert_allclose(got, ref, rtol=0.05, atol=0.02)
 
 
-# --- variables stored in low precision --------------------------------------------------------------
+# --- variables stored in low precision ------------------------------------------------------------
 def pinned_fc():
     data = mx.sym.var('data')
     weight = mx.sym.var('fc_weight', dtype='float16')   # __dtype__ = 2, as contrib.amp writes
