@@ -90,11 +90,13 @@ def cast_origin(node):
     return 'model'
 
 
-def _strip(js):
+def _strip(js, unpin=False):
     """Remove the mixed-precision casts (mxmp's and contrib.amp's, see :func:`cast_origin`),
     mxmp's bfloat16 rounding nodes and mxmp's parameter dtypes (pure, on JSON). Model casts
-    stay."""
+    stay. ``unpin``: in a graph that holds contrib.amp casts, variables that contrib.amp
+    stored in a low-precision dtype (``cast_optional_params=True``) become float32 too."""
     nodes = js['nodes']
+    contrib = unpin and any(cast_origin(n) == 'contrib.amp' for n in nodes)
     resolve = {}  # (old nid, out idx) -> (old nid, out idx) of a kept node
     keep = []
     for nid, node in enumerate(nodes):
@@ -125,6 +127,9 @@ def _strip(js):
                 node['attrs'] = attrs
             else:
                 node.pop('attrs')
+        elif contrib and node['op'] == 'null' and attrs and \
+                attrs.get('__dtype__') in _MSHADOW_ENUM.values():
+            node['attrs'] = dict(attrs, __dtype__='0')   # float32, as contrib.amp writes it
         out_nodes.append(node)
     out = dict(js)
     out['nodes'] = out_nodes
@@ -138,7 +143,9 @@ def remove_casts(sym):
     Removes the ``amp_cast``/``amp_multicast`` nodes that mxmp or ``mxnet.contrib.amp`` wrote
     (:func:`cast_origin` tells them apart) and mxmp's bfloat16 rounding nodes; consumers of a
     removed cast are rewired to the cast's input; variables whose dtype mxmp set
-    (``cast_params=True``) lose that dtype. Casts that the model's own code wrote (``Cast``
+    (``cast_params=True``) lose that dtype, and so do those that contrib.amp stored in a
+    low-precision dtype (``cast_optional_params=True``; their arrays must then be cast to
+    float32, as ``mxmp convert --strip`` does). Casts that the model's own code wrote (``Cast``
     to an index dtype, GluonCV's ``amp_multicast`` in a box decoder) stay: they are part of
     what the model computes. ``remove_casts(convert_symbol(g))`` gives back ``g`` exactly
     (same nodes, names, attrs). (MXNet's ``Symbol.tojson(remove_amp_cast=True)`` instead drops
@@ -150,7 +157,7 @@ def remove_casts(sym):
     Returns:
         mxnet.symbol.Symbol
     """
-    return _dump(_strip(_load(sym)))
+    return _dump(_strip(_load(sym), unpin=True))
 
 
 def cast_origins(sym):

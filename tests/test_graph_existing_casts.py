@@ -332,3 +332,19 @@ def test_contrib_amp_model_with_bfloat16_params_converts_and_binds_its_params(em
     # softmax probabilities: max abs error 0.0006-0.024 measured over random_args seeds 0-5,
     # emulated and on real kernels
     np.testing.assert_allclose(got, ref, rtol=0, atol=0.05)
+
+
+def test_remove_casts_on_contrib_amp_model_with_bfloat16_params_gives_a_float32_model():
+    sym = conv_bn_relu_fc_softmax()
+    args, aux = random_args(sym, {'data': (2, 3, 8, 8)})
+    data = args.pop('data')
+    ref, = run(sym, dict(args, data=data), aux)
+    # (convert_model replaces the arrays of the dicts it is given: pass copies)
+    theirs, _, _ = contrib_amp.convert_model(sym, dict(args), dict(aux),
+                                             target_dtype='bfloat16', cast_optional_params=True)
+    assert '12' in {n.get('attrs', {}).get('__dtype__') for n in nodes_of(theirs)}
+    plain = mxmp.remove_casts(theirs)
+    assert mxmp.graph.cast_origins(plain) == []
+    assert set(infer_types(plain).values()) == {'float32'}
+    got, = run(plain, dict(args, data=data), aux)     # the float32 arrays bind
+    np.testing.assert_array_equal(got, ref)
