@@ -16,6 +16,21 @@
 
 Every node's decision (op, dtype, the rule that chose it) is available from :func:`explain`.
 
+Graphs that already hold casts convert. :func:`mxmp.casts.cast_origin` says who wrote each one:
+mxmp's casts (marked) and ``mxnet.contrib.amp``'s (named ``<tensor>_amp_cast_<dtype>`` and
+``<node>_<k>_amp_multicast`` by its pass) only mark precision boundaries, so they are removed
+and the pass plans the float32 graph again with mxmp's lists: converting contrib.amp's output
+gives the same graph as converting the float32 graph. Casts the model's own code wrote
+(GluonCV's ``amp_multicast`` in front of ``box_decode``, ``Cast`` to an index dtype) are part of
+what the model computes: they stay, their inputs arrive uncast, and their outputs have the
+dtypes MXNet gives them (an ``amp_multicast`` with ``cast_narrow=True`` of a bfloat16 and a
+float32 tensor gives two bfloat16 tensors, as it would under contrib.amp). A variable whose
+``__dtype__`` is a low-precision dtype (contrib.amp's ``cast_optional_params=True``) keeps it.
+
+Nodes are identified by their position in the graph JSON, never by name: a block called twice
+(a shared activation, a weight-tied encoder) gives nodes with equal names, which convert like
+any other; the casts the pass adds get unique names.
+
 ``cast_params=True`` stores the parameters whose every consumer is a low-precision op in the
 target dtype (no cast per iteration); the optimizer wrapper then keeps float32 master weights.
 
@@ -41,17 +56,20 @@ import logging
 
 import numpy as np
 
-from .casts import (_LOW, _MSHADOW_ENUM, MARK, ROUND_MARK, _dtype_name,  # noqa: F401
-                    _dump, _load, _previous_conversion, _strip, converted_dtype, count_casts,
-                    remove_casts)
+from .casts import (_CAST_OPS, _LOW, _MSHADOW_ENUM, MARK, ROUND_MARK,  # noqa: F401
+                    _dtype_name, _dump, _load, _previous_conversion, _strip, cast_origin,
+                    cast_origins, converted_dtype, count_casts, remove_casts)
 from .policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, Policy, normalize_dtype
 
 __all__ = ['convert_symbol', 'remove_casts', 'explain', 'format_explain', 'ExplainRow',
-           'count_casts', 'converted_dtype']
+           'count_casts', 'converted_dtype', 'cast_origins']
 
 logger = logging.getLogger(__name__)
 
 _RANK = {'float16': 1, 'bfloat16': 1, 'float32': 2, 'float64': 3}
+
+#: Pseudo op class of the amp_cast/amp_multicast nodes that the model's own code wrote.
+_MODEL_CAST = 'model_cast'
 
 #: Outputs that MXNet itself types float32 whatever the data dtype (MXNet 1.9.1 facts, not
 #: policy): BatchNorm(output_mean_var=True)'s mean and var outputs get the parameter dtype,
@@ -80,53 +98,78 @@ _Decision = collections.namedtuple('_Decision', [
 
 
 def _infer_dtypes(js, input_dtypes):
-    """(node name, out) -> dtype name of every visible output of a graph, from MXNet.
+    """(node id, out) -> dtype name of every visible output of a graph, from MXNet.
 
-    Inputs without a dtype (given, or a ``__dtype__`` attribute) are taken as float32.
+    Node ids are positions in ``js['nodes']``; names play no part, so a graph whose blocks are
+    called twice (two nodes named ``relu0_fwd``) types like any other. Inputs without a dtype
+    (given by name, or a ``__dtype__`` attribute) are taken as float32. Nodes that no head
+    reaches are absent.
     """
     # A bfloat16 input must be typed through its variable's ``__dtype__`` attribute: MXNet
     # 1.9.1's Symbol.infer_type(_partial) silently drops bfloat16 keyword arguments (their numpy
     # type, np.void, is not in _DTYPE_NP_TO_MX), which left the input untyped and made
     # convert_symbol(..., 'bfloat16', data_dtypes={'data': 'bfloat16'}) raise (found by
     # tests/test_graph_fuzz.py). So bfloat16 and float16 inputs get the attribute on a copy.
-    nodes = []
-    for node in js['nodes']:
+    # Every node is renamed to its id on that copy: MXNet reports types per output name.
+    nodes, args = [], {}
+    for nid, node in enumerate(js['nodes']):
+        attrs = node.get('attrs', {})
         d = input_dtypes.get(node['name'])
-        if node['op'] == 'null' and d in _MSHADOW_ENUM and \
-                '__dtype__' not in node.get('attrs', {}):
-            node = dict(node, attrs=dict(node.get('attrs', {}), __dtype__=_MSHADOW_ENUM[d]))
-        nodes.append(node)
-    js = dict(js, nodes=nodes)
-    sym = _dump(js)
-    internals = sym.get_internals()
-    args = {}
-    for node in js['nodes']:
-        if node['op'] != 'null' or '__dtype__' in node.get('attrs', {}):
-            continue
-        args[node['name']] = np.dtype(input_dtypes.get(node['name'], 'float32'))
+        if node['op'] == 'null':
+            if d in _MSHADOW_ENUM and '__dtype__' not in attrs:
+                attrs = dict(attrs, __dtype__=_MSHADOW_ENUM[d])
+            if '__dtype__' not in attrs:
+                args[str(nid)] = np.dtype(d or 'float32')
+        nodes.append(dict(node, name=str(nid), attrs=attrs))
+    internals = _dump(dict(js, nodes=nodes)).get_internals()
     try:
         _, out_types, _ = internals.infer_type_partial(**args)
     except Exception as err:  # MXNetError: inconsistent dtypes
-        raise ValueError('MXNet cannot infer the dtypes of the graph: %s' % err) from err
+        names = [n['name'] for n in js['nodes']]
+        message = _renamed_back(str(err), names)
+        raise ValueError('MXNet cannot infer the dtypes of the graph: %s' % message) from err
     result, previous, k = {}, None, 0
     for p, dtype in enumerate(out_types):
-        owner = internals[p].name
+        owner = int(internals[p].name)
         k = k + 1 if owner == previous else 0
         previous = owner
         result[(owner, k)] = _dtype_name(dtype)
     return result
 
 
+def _renamed_back(message, names):
+    """MXNet's error text with the ids of :func:`_infer_dtypes`' renamed nodes as names."""
+    import re
+    return re.sub(r'(operator |node )(\d+)\b',
+                  lambda m: m.group(1) + (names[int(m.group(2))]
+                                          if int(m.group(2)) < len(names) else m.group(2)),
+                  message)
+
+
+def _node_output_dtypes(node, in_dtypes, n_out):
+    """Output dtypes MXNet gives one node for the given input dtypes (a one-node graph)."""
+    from mxnet.ndarray.ndarray import _DTYPE_NP_TO_MX
+    enum = {_dtype_name(t): str(v) for t, v in _DTYPE_NP_TO_MX.items() if t is not None}
+    nodes = [{'op': 'null', 'name': 'i%d' % i, 'inputs': [], 'attrs': {'__dtype__': enum[d]}}
+             for i, d in enumerate(in_dtypes)]
+    nodes.append(dict(node, inputs=[[i, 0, 0] for i in range(len(in_dtypes))]))
+    js = {'nodes': nodes, 'heads': [[len(in_dtypes), k, 0] for k in range(n_out)],
+          'attrs': {'mxnet_version': ['int', 10901]}}
+    types = _infer_dtypes(js, {})
+    return [types.get((len(in_dtypes), k)) for k in range(n_out)]
+
+
 def _original_dtypes(js, input_dtypes):
     """(nid, out) -> dtype name of every visible output of the input graph."""
-    by_name = _infer_dtypes(js, input_dtypes)
-    names = [n['name'] for n in js['nodes']]
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError('node names must be unique for the pass; repeated: %s'
-                         % ', '.join(dup[:5]))
-    nid_of = {name: nid for nid, name in enumerate(names)}
-    return {(nid_of[name], k): d for (name, k), d in by_name.items() if name in nid_of}
+    return _infer_dtypes(js, input_dtypes)
+
+
+def _pinned_low(js):
+    """{variable name: dtype} of variables whose ``__dtype__`` is a low-precision dtype that
+    mxmp did not set (contrib.amp's ``cast_optional_params=True``, or the user's own)."""
+    low = {v: k for k, v in _MSHADOW_ENUM.items()}
+    return {n['name']: low[n['attrs']['__dtype__']] for n in js['nodes']
+            if n['op'] == 'null' and n.get('attrs', {}).get('__dtype__') in low}
 
 
 def _consumers(nodes):
@@ -137,16 +180,26 @@ def _consumers(nodes):
     return users
 
 
-def _plan(js, policy, input_dtypes, cast_params, data_names):
-    """Decide each node's dtype. Returns (decisions, original dtypes, lp parameter names)."""
+def _plan(js, policy, input_dtypes, cast_params, data_names, pinned=()):
+    """Decide each node's dtype. Returns (decisions, lp parameter names).
+
+    ``pinned``: variables stored in low precision by their ``__dtype__`` (their dtype is in
+    ``input_dtypes``).
+    """
     nodes = js['nodes']
     lp = policy.target_dtype
-    # The input graph is float32: type it with float32 where the data comes in low precision.
-    orig = _original_dtypes(js, {n: 'float32' if d in _LOW else d
-                                 for n, d in input_dtypes.items()})
+    # The input graph is float32: type it with float32 where the data comes in low precision,
+    # and without the low-precision __dtype__ of variables stored in low precision.
+    untyped = [dict(n, attrs={k: v for k, v in n['attrs'].items() if k != '__dtype__'})
+               if n['op'] == 'null' and input_dtypes.get(n['name']) in _LOW and 'attrs' in n
+               else n for n in nodes]
+    orig = _original_dtypes(dict(js, nodes=untyped), {n: 'float32' if d in _LOW else d
+                                                      for n, d in input_dtypes.items()})
     classes = [None] * len(nodes)
     for nid, node in enumerate(nodes):
-        if node['op'] != 'null':
+        if node['op'] in _CAST_OPS and cast_origin(node) == 'model':  # others were stripped
+            classes[nid] = (_MODEL_CAST, 'cast written by the model: kept, computes as in MXNet')
+        elif node['op'] != 'null':
             classes[nid] = policy.classify(node['op'], node.get('attrs', {}), node['name'])
 
     def wants_low(nid, pos):
@@ -160,7 +213,8 @@ def _plan(js, policy, input_dtypes, cast_params, data_names):
         users = _consumers(nodes)
         for nid, node in enumerate(nodes):
             if (node['op'] == 'null' and node['name'] not in data_names
-                    and orig[(nid, 0)] == 'float32' and users[nid]
+                    and node['name'] not in input_dtypes and orig[(nid, 0)] == 'float32'
+                    and users[nid]
                     and all(wants_low(c, pos) for c, pos in users[nid])):
                 lp_params.add(node['name'])
 
@@ -173,6 +227,8 @@ def _plan(js, policy, input_dtypes, cast_params, data_names):
                                 'consumer is a low-precision op)' % lp, lp, [lp], [])
             else:
                 kind = 'data input' if node['name'] in data_names else 'parameter'
+                if node['name'] in pinned:
+                    kind = 'parameter stored in %s (its __dtype__ attribute)' % d
                 dec = _Decision('variable', kind, d, [d], [])
             decisions.append(dec)
             dtypes[(nid, 0)] = dec.outputs[0]
@@ -182,6 +238,22 @@ def _plan(js, policy, input_dtypes, cast_params, data_names):
         in_dtypes = [dtypes[(src, idx)] for src, idx, _ in node['inputs']]
         skip = set(policy.index_inputs(op)) | set(policy.float32_inputs(op))
         data_pos = [p for p, d in enumerate(in_dtypes) if _is_float(d) and p not in skip]
+        if op_class == _MODEL_CAST:
+            # The model's amp_cast/amp_multicast: inputs as they come, outputs as MXNet types
+            # them (amp_multicast: all float inputs to the widest, or with cast_narrow=True the
+            # narrowest, dtype; amp_cast: float inputs to its dtype).
+            n_out = 0
+            while (nid, n_out) in orig:
+                n_out += 1
+            outputs = (_node_output_dtypes(node, in_dtypes, n_out) if None not in in_dtypes
+                       else [orig[(nid, k)] for k in range(n_out)])
+            for k, d in enumerate(outputs):
+                dtypes[(nid, k)] = d
+            low = [d for d in outputs if d in _LOW]
+            decisions.append(_Decision(op_class, rule, low[0] if low else (
+                'float32' if any(_is_float(d) for d in outputs) else None), outputs,
+                [None] * len(in_dtypes)))
+            continue
         if op_class == LOW_PRECISION:
             # No float data input (e.g. transpose of int32 indices with lp_ops=['transpose']):
             # nothing computes in low precision; explain used to report the target dtype for
@@ -238,6 +310,13 @@ class _Builder:
         self.casts = {}     # (old nid, out, logical dtype) -> [new nid, out]
         self.where = {}     # (old nid, out) -> [new nid, out] physical location
         self.logical = {}   # (old nid, out) -> logical dtype
+        self.raw = {}       # (old nid, out) -> [new nid, out] where the node writes it
+        # Emulation: (old nid, out) -> 'round' (a float32-held low-precision tensor, rounded
+        # through the target dtype) or 'up' (a tensor really in low precision, cast to float32)
+        # before its first use. Made on first use, so an output nobody reads (an LSTM's states,
+        # split(...)[1:]) gets no dangling round trip, which MXNet would drop from the graph.
+        self.pending = {}
+        self.kind = {}      # the same, kept after the nodes are made
 
     def _unique(self, name):
         base, i = name, 1
@@ -302,14 +381,26 @@ class _Builder:
         return self._emulate_node('_mul_scalar', base + '_amp_round_bfloat16', [high],
                                   {'scalar': '65536.0'})
 
+    def _location(self, nid, out):
+        """Where tensor (nid, out) is read from, making its pending emulation nodes."""
+        kind = self.pending.pop((nid, out), None)
+        if kind == 'round':
+            self.where[(nid, out)] = self._round_trip(self.raw[(nid, out)],
+                                                      self._tensor_name(nid, out))
+        elif kind == 'up':
+            self.where[(nid, out)] = self._cast_node(
+                self.raw[(nid, out)], 'float32',
+                self._tensor_name(nid, out) + '_amp_cast_float32_emulate', 'emulate')
+        return self.where[(nid, out)]
+
     def get(self, nid, out, dtype):
         """Entry of tensor (nid, out) in logical dtype ``dtype`` (None: as it is)."""
         have = self.logical[(nid, out)]
         if dtype is None or dtype == have:
-            return list(self.where[(nid, out)])
+            return list(self._location(nid, out))
         key = (nid, out, dtype)
         if key not in self.casts:
-            src = self.where[(nid, out)]
+            src = self._location(nid, out)
             name = self._tensor_name(nid, out)
             if self.emulate and dtype in _LOW:
                 self.casts[key] = self._round_trip(src, name)
@@ -324,7 +415,7 @@ class _Builder:
         if node['op'] == 'null':
             new = dict(node)
             if decision.dtype in _LOW and decision.op_class == 'variable' and \
-                    decision.rule.startswith('parameter stored'):
+                    decision.rule.startswith('parameter stored in %s (cast_params' % self.lp):
                 attrs = dict(node.get('attrs', {}))
                 # Keep the variable's own __dtype__ (if any) so remove_casts can restore it.
                 attrs[MARK] = 'cast_param:' + attrs.get('__dtype__', '')
@@ -332,12 +423,7 @@ class _Builder:
                 new['attrs'] = attrs
             self.nodes.append(new)
             me = len(self.nodes) - 1
-            self.logical[(nid, 0)] = decision.outputs[0]
-            self.where[(nid, 0)] = [me, 0]
-            if self.emulate and decision.outputs[0] in _LOW:
-                # A low-precision parameter feeds float32 kernels through one up-cast.
-                self.where[(nid, 0)] = self._cast_node(
-                    [me, 0], 'float32', node['name'] + '_amp_cast_float32_emulate', 'emulate')
+            self._place(nid, 0, [me, 0], decision.outputs[0], physical_low=True)
             return
         new = dict(node)
         new['inputs'] = []
@@ -346,11 +432,26 @@ class _Builder:
             new['inputs'].append([entry[0], entry[1], version])
         self.nodes.append(new)
         me = len(self.nodes) - 1
+        # Under emulation every tensor is held in float32, except the outputs of the nodes
+        # that set their dtype themselves: a model's amp_cast to a low-precision dtype, Cast.
+        fixes_dtype = node['op'] in ('amp_cast', 'Cast', 'cast')
         for k, d in enumerate(decision.outputs):
-            self.logical[(nid, k)] = d
-            self.where[(nid, k)] = [me, k]
-            if self.emulate and d in _LOW:
-                self.where[(nid, k)] = self._round_trip([me, k], self._tensor_name(nid, k))
+            self._place(nid, k, [me, k], d, physical_low=fixes_dtype)
+
+    def _place(self, nid, k, entry, dtype, physical_low):
+        self.logical[(nid, k)] = dtype
+        self.raw[(nid, k)] = entry
+        self.where[(nid, k)] = entry
+        if self.emulate and dtype in _LOW:
+            self.pending[(nid, k)] = self.kind[(nid, k)] = 'up' if physical_low else 'round'
+
+    def physical(self, nid, k):
+        """The dtypes MXNet must infer for tensor (nid, k): (where its node writes it, where
+        consumers read it)."""
+        want = self.logical[(nid, k)]
+        if not self.emulate or want not in _LOW:
+            return want, want
+        return (want if self.kind[(nid, k)] == 'up' else 'float32'), 'float32'
 
 
 def _make_policy(target_dtype, policy, emulate):
@@ -380,14 +481,25 @@ def _prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names):
     # casts to float32, e.g. relu(data) -> [relu_amp_cast_float32]. Those casts used to be kept
     # and classified as float32 ops, so converting again added a second cast
     # relu_amp_cast_float321 (found by tests/test_graph_fuzz.py).
-    if previous is not None or any(node.get('attrs', {}).get(MARK) is not None
-                                   for node in js['nodes']):
+    # contrib.amp's casts go too (cast_origin): the float32/low-precision decisions are
+    # mxmp's, made again on the float32 graph; the model's own casts stay.
+    if previous is not None or any(node.get('attrs', {}).get(MARK) is not None or
+                                   cast_origin(node) == 'contrib.amp' for node in js['nodes']):
         js = _strip(js)  # same target: converting again gives the same graph
     input_dtypes = {}
     for name, d in (data_dtypes or {}).items():
         input_dtypes[name] = _dtype_name(d) if not isinstance(d, str) else d
     names = set(data_names if data_names is not None else ('data',)) | set(input_dtypes)
-    return js, policy, input_dtypes, names
+    pinned = {n: d for n, d in _pinned_low(js).items() if n not in input_dtypes}
+    wrong = sorted(n for n, d in pinned.items() if d != policy.target_dtype)
+    if wrong:
+        raise ValueError(
+            'variable(s) %s are stored in %s (their __dtype__ attribute, e.g. from '
+            "mxnet.contrib.amp's cast_optional_params=True); converting to %s needs them in "
+            'float32: delete their __dtype__ attribute and cast their arrays to float32'
+            % (', '.join(wrong[:5]), pinned[wrong[0]], policy.target_dtype))
+    input_dtypes.update(pinned)
+    return js, policy, input_dtypes, names, set(pinned)
 
 
 def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_params=False,
@@ -415,15 +527,20 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
         float32 outputs. Converting its result again with the same target dtype returns an
         identical graph.
 
+    Graphs that already hold casts are accepted (module docstring): mxmp's and contrib.amp's
+    casts are re-planned, the model's own casts kept.
+
     Raises:
-        ValueError: unknown dtype; a graph already converted to another dtype, or holding casts
-            from ``mxnet.contrib.amp``; a graph MXNet cannot type.
-        RuntimeError: MXNet's type inference disagrees with the plan (an op-list bug; the
-            message names the node and a ``Policy(fp32_ops=...)`` workaround).
+        ValueError: unknown dtype; a graph already converted by mxmp to another dtype (the
+            message names ``remove_casts``); variables stored (``__dtype__``) in the other
+            low-precision dtype; a graph MXNet cannot type.
+        RuntimeError: MXNet's type inference disagrees with the plan. At a node of the graph:
+            an op-list bug, the message names the node, its op and a ``Policy(fp32_ops=...)``
+            workaround; at a node the pass wrote: a bug of the pass, to report.
     """
-    js, policy, input_dtypes, names = _prepare(sym, target_dtype, policy, emulate, data_dtypes,
-                                               data_names)
-    decisions, _ = _plan(js, policy, input_dtypes, cast_params, names)
+    js, policy, input_dtypes, names, pinned = _prepare(sym, target_dtype, policy, emulate,
+                                                       data_dtypes, data_names)
+    decisions, _ = _plan(js, policy, input_dtypes, cast_params, names, pinned)
     builder = _Builder(js, policy.emulate, policy.target_dtype)
     for nid, (node, dec) in enumerate(zip(js['nodes'], decisions)):
         builder.add(nid, node, dec)
@@ -435,31 +552,44 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
     out['nodes'] = builder.nodes
     out['heads'] = heads
     result = _dump(out)
-    _check_types(result, builder, input_dtypes)
+    _check_types(out, builder, input_dtypes, js['nodes'])
     return result
 
 
-def _check_types(result, builder, input_dtypes):
-    """MXNet's type inference on the converted graph must match the plan, node by node."""
+def _check_types(graph, builder, input_dtypes, original):
+    """MXNet's type inference on the converted graph (JSON ``graph``, the builder's node list)
+    must match the plan, tensor by tensor, where each node writes it and where it is read."""
     try:
-        inferred = _infer_dtypes(json.loads(result.tojson(remove_amp_cast=False)),
-                                 input_dtypes)
+        inferred = _infer_dtypes(graph, input_dtypes)
     except ValueError as err:
         raise RuntimeError('the converted graph does not type-check in MXNet (%s); an op list '
                            'is wrong for one of its ops: please report it, and keep the op in '
                            'float32 meanwhile with Policy(fp32_ops=[...])' % err) from err
-    for (nid, k), want in builder.logical.items():
-        new_nid, new_k = builder.where[(nid, k)]
-        if builder.emulate and want in _LOW:
-            want = 'float32'
-        node = builder.nodes[new_nid]
-        got = inferred.get((node['name'], new_k))
-        if want != got:
+    for (nid, k) in builder.logical:
+        written, read = builder.physical(nid, k)
+        source = original[nid]
+        got = inferred.get(tuple(builder.raw[(nid, k)]))
+        if got != written:
+            if source['op'] == 'null' or cast_origin(source) is not None:
+                raise RuntimeError(
+                    'mxmp planned %s for output %d of %s %s but MXNet infers %s: a bug of the '
+                    'mxmp pass; please report it with the graph (sym.save(path))'
+                    % (written, k, 'variable' if source['op'] == 'null' else source['op'],
+                       source['name'], got))
             raise RuntimeError(
-                'mxmp planned %s for output %d of node %s (%s) but MXNet infers %s: an op-list '
-                'bug; please report it, and keep the op in float32 meanwhile with '
-                'mxmp.Policy(..., fp32_ops=[%r])' % (want, k, node['name'], node['op'], got,
-                                                     node['op']))
+                'mxmp planned %s for output %d of node %s (%s) but MXNet infers %s: the op lists '
+                'are wrong for %s; please report it, and keep the op in float32 meanwhile with '
+                'mxmp.Policy(..., fp32_ops=[%r])' % (written, k, source['name'], source['op'],
+                                                     got, source['op'], source['op']))
+        if builder.where[(nid, k)] != builder.raw[(nid, k)]:
+            node = builder.nodes[builder.where[(nid, k)][0]]
+            got = inferred.get(tuple(builder.where[(nid, k)]))
+            if got != read:
+                raise RuntimeError(
+                    'mxmp planned %s for output %d of node %s (%s), read through the emulation '
+                    'node %s (%s), but MXNet infers %s there: a bug of the mxmp pass, not of the '
+                    'op lists; please report it with the graph (sym.save(path))'
+                    % (read, k, source['name'], source['op'], node['name'], node['op'], got))
 
 
 def explain(sym, target_dtype=None, policy=None, data_dtypes=None, cast_params=False,
@@ -473,9 +603,9 @@ def explain(sym, target_dtype=None, policy=None, data_dtypes=None, cast_params=F
         list of :class:`ExplainRow` ``(name, op, dtype, rule)``, one per node in topological
         order; variables have op ``'null'``. ``format_explain(rows)`` prints them as a table.
     """
-    js, policy, input_dtypes, names = _prepare(sym, target_dtype, policy, None, data_dtypes,
-                                               data_names)
-    decisions, _ = _plan(js, policy, input_dtypes, cast_params, names)
+    js, policy, input_dtypes, names, pinned = _prepare(sym, target_dtype, policy, None,
+                                                       data_dtypes, data_names)
+    decisions, _ = _plan(js, policy, input_dtypes, cast_params, names, pinned)
     return [ExplainRow(node['name'], node['op'], dec.dtype, dec.rule)
             for node, dec in zip(js['nodes'], decisions)]
 
