@@ -43,7 +43,7 @@ import numpy as np
 
 from .casts import (_LOW, _MSHADOW_ENUM, MARK, ROUND_MARK, _dtype_name,  # noqa: F401
                     _dump, _load, _previous_conversion, _strip, converted_dtype, count_casts,
-                    remove_casts)
+                    pin_variable_dtypes, remove_casts)
 from .policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, Policy, normalize_dtype
 
 __all__ = ['convert_symbol', 'remove_casts', 'explain', 'format_explain', 'ExplainRow',
@@ -412,7 +412,9 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
 
     Returns:
         mxnet.symbol.Symbol: the same graph with ``amp_cast`` nodes at the precision boundaries;
-        float32 outputs. Converting its result again with the same target dtype returns an
+        float32 outputs. Every float variable not in ``data_names`` carries its dtype
+        (``__dtype__``), so plain MXNet binds the graph (``mx.mod.Module``, ``simple_bind``,
+        ``gluon.SymbolBlock``) without being told the parameters' dtypes. Converting its result again with the same target dtype returns an
         identical graph.
 
     Raises:
@@ -431,6 +433,10 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
             logger.debug('%s %s -> %s: %s', node['op'], node['name'], dec.dtype, dec.rule)
     heads = [builder.get(nid, out, 'float32' if builder.logical[(nid, out)] in _LOW else None)
              + [0] for nid, out, _ in js['heads']]
+    # Every parameter's dtype goes into the graph, so that plain MXNet binds it.
+    pin_variable_dtypes(builder.nodes, {
+        node['name']: builder.logical[(nid, 0)] for nid, node in enumerate(js['nodes'])
+        if node['op'] == 'null' and node['name'] not in names})
     out = dict(js)
     out['nodes'] = builder.nodes
     out['heads'] = heads
