@@ -44,9 +44,13 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-__all__ = ['init', 'init_trainer', 'scale_loss', 'unscale', 'convert_symbol', 'convert_model',
-           'convert_hybrid_block', 'list_lp16_ops', 'list_fp32_ops', 'list_lp16_fp32_ops',
-           'list_widest_type_cast', 'list_conditional_fp32_ops', 'list_loss_output_functions']
+from ..policy import AmpListConflict
+from . import lists
+
+__all__ = ['AmpListConflict', 'lists', 'init', 'init_trainer', 'scale_loss', 'unscale',
+           'convert_symbol', 'convert_model', 'convert_hybrid_block', 'list_lp16_ops',
+           'list_fp32_ops', 'list_lp16_fp32_ops', 'list_widest_type_cast',
+           'list_conditional_fp32_ops', 'list_loss_output_functions']
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +68,7 @@ _CONFIG = _Config()
 
 
 def _dtype(target_dtype):
-    from .policy import normalize_dtype
+    from ..policy import normalize_dtype
     if target_dtype is None:
         target_dtype = _CONFIG.target_dtype or 'float16'
     return normalize_dtype(target_dtype)
@@ -125,30 +129,81 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
                 _CONFIG.target_dtype)
 
 
-def _policy(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
-            excluded_sym_names, emulate=False):
-    """The mxmp Policy of a convert call: init()'s overrides plus the call's."""
-    from .policy import Policy
+def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names,
+            emulate=False):
+    """The mxmp Policy of a convert call, with contrib.amp's meaning of the op lists.
+
+    As in ``mxnet.contrib.amp.convert_symbol`` (MXNet 1.9.1), a list given to the call
+    *replaces* its default: ``target_dtype_ops`` is then exactly the set of ops run in the target
+    dtype, ``fp32_ops`` exactly the float32 ops (loss outputs stay float32 whatever it says),
+    ``conditional_fp32_ops`` exactly the conditional rules. A default op that the given list
+    leaves out runs in the dtype of its inputs (mxmp's follow class). A list left as None is
+    the default (:mod:`mxmp.amp.lists`) with what :func:`init` recorded.
+
+    Raises:
+        AmpListConflict (a ValueError and an AssertionError): an op in two of the three lists
+            (defaults included), or an op that no list can take (a widest-type op such as
+            ``elemwise_add``, or an unregistered name).
+        ValueError: malformed lists or ``excluded_sym_names``.
+    """
+    from ..lists import classes_for
+    from ..policy import Policy
+    from .lists import contrib_lists
     dtype = _dtype(target_dtype)
-    call_lp = set(_names(target_dtype_ops, 'target_dtype_ops'))
-    call_fp32 = set(_names(fp32_ops, 'fp32_ops'))
-    # The call's lists win over init()'s where they disagree.
-    lp = (set(_CONFIG.lp_ops) - call_fp32) | call_lp
-    fp32 = (set(_CONFIG.fp32_ops) - call_lp) | call_fp32
+    classes = classes_for(dtype)
+    base_lp, base_fp32 = set(classes['LOW_PRECISION']), set(classes['FLOAT32'])
+    init_lp, init_fp32 = set(_CONFIG.lp_ops), set(_CONFIG.fp32_ops)
+    lp = ((base_lp - init_fp32) | init_lp if target_dtype_ops is None
+          else set(_names(target_dtype_ops, 'target_dtype_ops')))
+    fp32 = ((base_fp32 - init_lp) | init_fp32 if fp32_ops is None
+            else set(_names(fp32_ops, 'fp32_ops')))
+    if conditional_fp32_ops is None:
+        rules = tuple((op, attr, tuple(values)) for op, attr, values
+                      in contrib_lists(dtype)['conditional']) + _CONFIG.conditional_fp32_ops
+    else:
+        rules = _conditional(conditional_fp32_ops)
+    _check_lists(dtype, lp, fp32, {op for op, _, _ in rules},
+                 (target_dtype_ops is None, fp32_ops is None, conditional_fp32_ops is None))
     if excluded_sym_names is not None and (isinstance(excluded_sym_names, str) or
                                            not isinstance(excluded_sym_names, (list, tuple,
                                                                                set))):
         raise ValueError('excluded_sym_names must be a list of node names, got %r'
                          % (excluded_sym_names,))
-    excluded = set(excluded_sym_names or ())
-    rules = _CONFIG.conditional_fp32_ops + _conditional(conditional_fp32_ops)
-    if rules:
-        for node in json.loads(sym.tojson(remove_amp_cast=False))['nodes']:
-            attrs = node.get('attrs', {})
-            for op, attr, values in rules:
-                if node['op'] == op and attrs.get(attr) in values:
-                    excluded.add(node['name'])
-    return Policy(dtype, lp_ops=lp, fp32_ops=fp32, excluded_names=excluded, emulate=emulate)
+    follow = ((base_lp - lp) | (base_fp32 - fp32)) - lp - fp32
+    return Policy(dtype, lp_ops=lp - base_lp, fp32_ops=fp32 - base_fp32 - classes['LOSS_OUTPUT'],
+                  excluded_names=set(excluded_sym_names or ()), emulate=emulate,
+                  follow_ops=follow, conditional_fp32=rules)
+
+
+def _check_lists(dtype, lp, fp32, cond_ops, defaults):
+    """contrib.amp's checks of the three op lists: disjoint, and only ops a list can take."""
+    from ..policy import AmpListConflict
+    from .lists import contrib_lists
+    named = {'target_dtype_ops': lp, 'fp32_ops': fp32, 'conditional_fp32_ops': cond_ops}
+    default = dict(zip(named, defaults))
+    for a, b in (('target_dtype_ops', 'fp32_ops'), ('target_dtype_ops', 'conditional_fp32_ops'),
+                 ('fp32_ops', 'conditional_fp32_ops')):
+        common = sorted(named[a] & named[b])
+        if common:
+            note = ''.join('; %s was not given, so it is the default list' % n
+                           for n in (a, b) if default[n])
+            raise AmpListConflict(
+                'Ops cannot be in two or more lists: %s in both %s and %s%s. Put each op in '
+                'one list.' % (', '.join(common), a, b, note))
+    lists = contrib_lists(dtype)
+    allowed = set(lists['lp16']) | set(lists['lp16_fp32']) | set(lists['fp32']) | {
+        op for op, _, _ in lists['conditional']}
+    for name, ops in named.items():
+        illegal = sorted(ops - allowed)
+        if illegal:
+            widest = sorted(set(illegal) & set(lists['widest']))
+            why = ('%s cast all their inputs to the widest dtype among them '
+                   '(amp.list_widest_type_cast), which no list changes' % ', '.join(widest)
+                   if widest else 'MXNet registers no op named %s' % ', '.join(illegal))
+            raise AmpListConflict('%s cannot take %s: %s. Choose ops from amp.list_lp16_ops, '
+                                  'amp.list_fp32_ops, amp.list_lp16_fp32_ops or '
+                                  'amp.list_conditional_fp32_ops.'
+                                  % (name, ', '.join(illegal), why))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,7 +267,7 @@ def _all_finite(params):
 
 
 def _is_mxmp_trainer(obj):
-    from .trainer import Trainer
+    from ..trainer import Trainer
     return isinstance(obj, Trainer)
 
 
@@ -250,7 +305,7 @@ def init_trainer(optimizer_or_trainer):
         TypeError: not a Trainer (a bare Optimizer is refused, as in contrib.amp).
         ValueError: the Trainer updates on the kvstore.
     """
-    from .scaler import make_loss_scaler
+    from ..scaler import make_loss_scaler
     _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
     if _is_mxmp_trainer(trainer):
@@ -378,8 +433,8 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
     Raises:
         ValueError: unknown dtype or op name; an already converted graph.
     """
-    from .graph import convert_symbol as _convert
-    policy = _policy(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+    from ..graph import convert_symbol as _convert
+    policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names)
     return _convert(sym, policy=policy, data_names=tuple(data_names) if data_names else None,
                     cast_params=bool(cast_optional_params))
@@ -396,28 +451,38 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
     returned.
 
     Returns:
-        tuple (Symbol, dict, dict): the converted graph, and the parameters, cast to the target
-        dtype where the graph stores them in it (``cast_optional_params=True``), float32
-        otherwise.
+        tuple (Symbol, dict, dict): the converted graph, and the parameters, each cast to the
+        dtype the graph gives its variable (``__dtype__``, as contrib.amp): the target dtype
+        where ``cast_optional_params=True`` stores it so, float32 otherwise.
 
     Raises:
         TypeError: ``arg_params``/``aux_params`` are not dicts.
         ValueError: as :func:`convert_symbol`.
     """
-    import mxnet as mx
-    from .graph import MARK
-    from .gluon import dtype_of
     if not isinstance(arg_params, dict) or not isinstance(aux_params, dict):
         raise TypeError('arg_params and aux_params must be dicts of name -> NDArray')
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
     out = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                          excluded_sym_names, data_names, cast_optional_params)
-    lowp = {n['name'] for n in json.loads(out.tojson(remove_amp_cast=False))['nodes']
-            if n['op'] == 'null' and n.get('attrs', {}).get(MARK, '').startswith('cast_param')}
-    target = dtype_of(_dtype(target_dtype))
-    new_args = {k: mx.nd.amp_cast(v, dtype=target) if k in lowp else v
-                for k, v in arg_params.items()}
-    return out, new_args, dict(aux_params)
+    return out, _cast_to_graph(out, arg_params), _cast_to_graph(out, aux_params)
+
+
+def _cast_to_graph(sym, params):
+    """A new dict: each array cast to its variable's ``__dtype__`` in ``sym`` (if it has one)."""
+    import mxnet as mx
+    from ..casts import _FLOAT_ENUM
+    from ..gluon import dtype_of
+    enum = {v: k for k, v in _FLOAT_ENUM.items()}
+    wanted = {n['name']: enum.get(n.get('attrs', {}).get('__dtype__'))
+              for n in json.loads(sym.tojson(remove_amp_cast=False))['nodes']
+              if n['op'] == 'null'}
+    out = {}
+    for name, value in params.items():
+        dtype = wanted.get(name)
+        if dtype is not None and np.dtype(value.dtype) != np.dtype(dtype_of(dtype)):
+            value = mx.nd.amp_cast(value, dtype=dtype_of(dtype))
+        out[name] = value
+    return out
 
 
 def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
@@ -457,8 +522,8 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     """
     import mxnet as mx
     from mxnet import gluon
-    from .device import lp_kernels_available
-    from .gluon import convert
+    from ..device import lp_kernels_available
+    from ..gluon import convert
     if not isinstance(block, gluon.HybridBlock):
         raise TypeError('block must be a gluon.HybridBlock, got %s' % type(block).__name__)
     cached = getattr(block, '_cached_graph', None)
@@ -474,11 +539,7 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     if emulate:
         logger.info('mxmp.amp: %s has no %s kernels; the block emulates %s numerics with '
                     'float32 kernels', ctx, dtype, dtype)
-    inputs = [mx.sym.var(n) for n in data_names]
-    traced = block(*inputs)
-    if isinstance(traced, (list, tuple)):
-        traced = mx.sym.Group(list(traced))
-    policy = _policy(traced, dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+    policy = _policy(dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names, emulate=emulate)
     return convert(block, policy=policy, cast_params=bool(cast_optional_params),
                    emulate=emulate, data_names=data_names)
@@ -487,45 +548,49 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
 # ---------------------------------------------------------------------------------------------
 # Op lists
 # ---------------------------------------------------------------------------------------------
-def _classes(target_dtype):
-    from .lists import classes_for
-    from .policy import normalize_dtype
-    return classes_for(normalize_dtype(target_dtype))
+def _lists(target_dtype):
+    from ..policy import normalize_dtype
+    from .lists import contrib_lists
+    return contrib_lists(normalize_dtype(target_dtype))
 
 
 def list_lp16_ops(target_dtype):
-    """Ops that run in the target dtype (mxmp's ``LOW_PRECISION`` list), sorted.
+    """Ops that run in the target dtype (``lists.symbol_*.FP16_FUNCS``/``BF16_FUNCS``), sorted.
+
+    Every op is in at most one of :func:`list_lp16_ops`, :func:`list_fp32_ops`,
+    :func:`list_lp16_fp32_ops`, :func:`list_widest_type_cast` and the ops of
+    :func:`list_conditional_fp32_ops` (see :mod:`mxmp.amp.lists`).
 
     Args:
         target_dtype: ``'float16'``/``numpy.float16`` or ``'bfloat16'``/contrib.amp's bfloat16.
+
+    Raises:
+        ValueError: another dtype.
     """
-    return sorted(_classes(target_dtype)['LOW_PRECISION'])
+    return _lists(target_dtype)['lp16']
 
 
 def list_fp32_ops(target_dtype):
-    """Ops that compute in float32 (mxmp's ``FLOAT32`` list; loss outputs are listed apart)."""
-    return sorted(_classes(target_dtype)['FLOAT32'])
+    """Ops that compute in float32 (mxmp's float32 and loss-output classes), sorted."""
+    return _lists(target_dtype)['fp32']
 
 
 def list_lp16_fp32_ops(target_dtype):
-    """Ops that run in whatever dtype their inputs have (mxmp's ``FOLLOW`` list)."""
-    return sorted(_classes(target_dtype)['FOLLOW'])
+    """Ops that run in whatever dtype their inputs have (mxmp's follow class), sorted."""
+    return _lists(target_dtype)['lp16_fp32']
 
 
 def list_widest_type_cast(target_dtype):
-    """Ops whose float inputs are all cast to the widest of their dtypes (``WIDEST_TYPE``)."""
-    return sorted(_classes(target_dtype)['WIDEST_TYPE'])
+    """Ops whose float inputs are all cast to the widest of their dtypes, sorted."""
+    return _lists(target_dtype)['widest']
 
 
 def list_conditional_fp32_ops(target_dtype):
-    """``[(op, attribute, [values])]``: the op computes in float32 for those attribute values."""
-    cond = _classes(target_dtype)['CONDITIONAL_FLOAT32']
-    if isinstance(cond, dict):
-        return sorted((op, attr, sorted(values)) for op, attrs in cond.items()
-                      for attr, values in attrs.items())
-    return sorted((op, attr, sorted(values)) for op, attr, values in cond)
+    """``[(op, attribute, [values])]``: the op computes in float32 for those attribute values
+    and follows its inputs otherwise."""
+    return _lists(target_dtype)['conditional']
 
 
 def list_loss_output_functions(target_dtype):
-    """Loss-head ops (``LOSS_OUTPUT``: SoftmaxOutput, MakeLoss, ...); they compute in float32."""
-    return sorted(_classes(target_dtype)['LOSS_OUTPUT'])
+    """Loss-head ops (SoftmaxOutput, MakeLoss, ...); they compute in float32."""
+    return _lists(target_dtype)['loss']
