@@ -138,7 +138,25 @@ def _consumers(nodes):
 
 
 def _plan(js, policy, input_dtypes, cast_params, data_names):
-    """Decide each node's dtype. Returns (decisions, original dtypes, lp parameter names)."""
+    """Decide each node's dtype. Returns (decisions, lp parameter names).
+
+    With ``policy.follow_params`` a second round stores in the target dtype the parameters
+    that the first round cast down for follow ops (contrib.amp's rule).
+    """
+    decisions, lp_params = _plan_once(js, policy, input_dtypes, cast_params, data_names)
+    if not policy.follow_params:
+        return decisions, lp_params
+    users = _consumers(js['nodes'])
+    adapt = {js['nodes'][nid]['name'] for nid, node in enumerate(js['nodes'])
+             if node['op'] == 'null' and node['name'] not in data_names and users[nid] and
+             all(decisions[c].op_class not in (LOW_PRECISION, FLOAT32, LOSS_OUTPUT) and
+                 decisions[c].wants[pos] == policy.target_dtype for c, pos in users[nid])}
+    if not adapt:
+        return decisions, lp_params
+    return _plan_once(js, policy, input_dtypes, cast_params, data_names, adapt)
+
+
+def _plan_once(js, policy, input_dtypes, cast_params, data_names, stored_lp=frozenset()):
     nodes = js['nodes']
     lp = policy.target_dtype
     # The input graph is float32: type it with float32 where the data comes in low precision.
@@ -155,7 +173,7 @@ def _plan(js, policy, input_dtypes, cast_params, data_names):
         return (classes[nid][0] == LOW_PRECISION and pos not in policy.index_inputs(op)
                 and pos not in policy.float32_inputs(op))
 
-    lp_params = set()
+    lp_params = set(stored_lp)
     if cast_params:
         users = _consumers(nodes)
         for nid, node in enumerate(nodes):
@@ -168,7 +186,10 @@ def _plan(js, policy, input_dtypes, cast_params, data_names):
     for nid, node in enumerate(nodes):
         if node['op'] == 'null':
             d = input_dtypes.get(node['name'], orig[(nid, 0)])
-            if node['name'] in lp_params:
+            if node['name'] in stored_lp:
+                dec = _Decision('variable', 'parameter stored in %s (follow_params: its '
+                                'consumers follow %s data)' % (lp, lp), lp, [lp], [])
+            elif node['name'] in lp_params:
                 dec = _Decision('variable', 'parameter stored in %s (cast_params: every '
                                 'consumer is a low-precision op)' % lp, lp, [lp], [])
             else:
@@ -194,6 +215,11 @@ def _plan(js, policy, input_dtypes, cast_params, data_names):
                      for p, d in enumerate(in_dtypes)]
         else:  # WIDEST_TYPE, FOLLOW
             floats = [in_dtypes[p] for p in data_pos]
+            if policy.follow_params:  # parameters take the dtype of the other inputs
+                own = [in_dtypes[p] for p in data_pos
+                       if nodes[node['inputs'][p][0]]['op'] != 'null'
+                       or nodes[node['inputs'][p][0]]['name'] in data_names]
+                floats = own or floats
             if not floats:
                 compute = None
             elif len(set(floats)) == 1:

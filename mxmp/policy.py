@@ -117,6 +117,11 @@ class Policy:
             values)`` rules, a node of ``op`` whose attribute has one of the values computes in
             float32. None (default): the rules of ``mxmp/lists/<dtype>.py``
             (``CONDITIONAL_FLOAT32``); a list replaces them.
+        follow_params (bool): contrib.amp's rule for ops in no list: a follow or widest-type
+            op runs in the dtype of its non-parameter float inputs, and its parameters (graph
+            inputs not in ``data_names``) are stored in that dtype, instead of all inputs going
+            to the widest dtype among them, parameters included. Default False; ``mxmp.amp``
+            sets it.
         emulate (bool): run the low-precision graph with float32 kernels whose low-precision
             tensors are rounded through the target dtype (see :mod:`mxmp.graph`). Default False.
 
@@ -133,6 +138,7 @@ class Policy:
     emulate: bool = False
     follow_ops: FrozenSet[str] = frozenset()
     conditional_fp32: Optional[Tuple[Tuple[str, str, FrozenSet[str]], ...]] = None
+    follow_params: bool = False
 
     def __post_init__(self):
         set_ = functools.partial(object.__setattr__, self)
@@ -144,6 +150,7 @@ class Policy:
                                  % (field, value))
             set_(field, frozenset(value))
         set_('emulate', bool(self.emulate))
+        set_('follow_params', bool(self.follow_params))
         known = _registered_ops()
         if self.conditional_fp32 is not None:
             set_('conditional_fp32', _conditional_rules(self.conditional_fp32))

@@ -172,7 +172,7 @@ def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excl
     follow = ((base_lp - lp) | (base_fp32 - fp32)) - lp - fp32
     return Policy(dtype, lp_ops=lp - base_lp, fp32_ops=fp32 - base_fp32 - classes['LOSS_OUTPUT'],
                   excluded_names=set(excluded_sym_names or ()), emulate=emulate,
-                  follow_ops=follow, conditional_fp32=rules)
+                  follow_ops=follow, conditional_fp32=rules, follow_params=True)
 
 
 def _check_lists(dtype, lp, fp32, cond_ops, defaults):
