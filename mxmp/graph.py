@@ -440,8 +440,8 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
         mxnet.symbol.Symbol: the same graph with ``amp_cast`` nodes at the precision boundaries;
         float32 outputs. Every float variable not in ``data_names`` carries its dtype
         (``__dtype__``), so plain MXNet binds the graph (``mx.mod.Module``, ``simple_bind``,
-        ``gluon.SymbolBlock``) without being told the parameters' dtypes. Converting its result again with the same target dtype returns an
-        identical graph.
+        ``gluon.SymbolBlock``) without being told the parameters' dtypes. Converting its
+        result again with the same target dtype returns an identical graph.
 
     Raises:
         ValueError: unknown dtype; a graph already converted to another dtype, or holding casts

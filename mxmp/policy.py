@@ -27,8 +27,8 @@ import numpy as np
 
 from . import lists
 
-__all__ = ['Policy', 'AmpListConflict', 'normalize_dtype', 'TARGET_DTYPES', 'LOW_PRECISION', 'FLOAT32',
-           'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW']
+__all__ = ['Policy', 'AmpListConflict', 'normalize_dtype', 'TARGET_DTYPES', 'LOW_PRECISION',
+           'FLOAT32', 'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW']
 
 logger = logging.getLogger(__name__)
 

@@ -26,9 +26,13 @@ What differs from contrib.amp, and why (each function's docstring says more):
   AVX-512 oneDNN kernels, float16 on any CPU) the block computes with float32 kernels on
   values rounded through the target dtype (see :mod:`mxmp.graph`), and logs that it does.
   ``convert_symbol``/``convert_model`` write the real low-precision graph (for deployment).
-* ``target_dtype_ops``, ``fp32_ops`` and ``conditional_fp32_ops`` *add to* mxmp's op lists
-  (contrib.amp replaces its lists with them). A conditional entry keeps the matching nodes in
-  float32 (they are passed to the pass as excluded node names).
+* The op lists are mxmp's (``amp.lists.symbol_fp16`` / ``symbol_bf16`` hold them under
+  contrib.amp's names; every op is in one list). The convert calls treat their list arguments
+  as contrib.amp does: ``target_dtype_ops``, ``fp32_ops`` and ``conditional_fp32_ops``
+  *replace* the default lists, an op left out of every list runs in its data's dtype with its
+  parameters stored in that dtype, and an op in two lists raises :class:`AmpListConflict`
+  (a ValueError and an AssertionError). The lists given to :func:`init` *add to* the
+  defaults. mxmp's native :class:`mxmp.Policy` adds and moves (``lp_ops``/``fp32_ops``).
 * Loss scaling follows mxmp's defaults: dynamic for float16 (start 2**16, x2 after 2000 finite
   steps, /2 and skip on overflow), none for bfloat16 (float32's exponent range; contrib.amp
   scales bfloat16 too). The overflow check covers every device, not only the first.
@@ -38,7 +42,6 @@ What differs from contrib.amp, and why (each function's docstring says more):
 """
 import contextlib
 import dataclasses
-import json
 import logging
 from typing import Optional, Tuple
 
@@ -46,6 +49,8 @@ import numpy as np
 
 from ..policy import AmpListConflict
 from . import lists
+from .lists import (list_conditional_fp32_ops, list_fp32_ops, list_loss_output_functions,
+                    list_lp16_fp32_ops, list_lp16_ops, list_widest_type_cast)
 
 __all__ = ['AmpListConflict', 'lists', 'init', 'init_trainer', 'scale_loss', 'unscale',
            'convert_symbol', 'convert_model', 'convert_hybrid_block', 'list_lp16_ops',
@@ -131,79 +136,21 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
 
 def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names,
             emulate=False):
-    """The mxmp Policy of a convert call, with contrib.amp's meaning of the op lists.
-
-    As in ``mxnet.contrib.amp.convert_symbol`` (MXNet 1.9.1), a list given to the call
-    *replaces* its default: ``target_dtype_ops`` is then exactly the set of ops run in the target
-    dtype, ``fp32_ops`` exactly the float32 ops (loss outputs stay float32 whatever it says),
-    ``conditional_fp32_ops`` exactly the conditional rules. A default op that the given list
-    leaves out runs in the dtype of its inputs (mxmp's follow class). A list left as None is
-    the default (:mod:`mxmp.amp.lists`) with what :func:`init` recorded.
-
-    Raises:
-        AmpListConflict (a ValueError and an AssertionError): an op in two of the three lists
-            (defaults included), or an op that no list can take (a widest-type op such as
-            ``elemwise_add``, or an unregistered name).
-        ValueError: malformed lists or ``excluded_sym_names``.
-    """
-    from ..lists import classes_for
-    from ..policy import Policy
-    from .lists import contrib_lists
-    dtype = _dtype(target_dtype)
-    classes = classes_for(dtype)
-    base_lp, base_fp32 = set(classes['LOW_PRECISION']), set(classes['FLOAT32'])
-    init_lp, init_fp32 = set(_CONFIG.lp_ops), set(_CONFIG.fp32_ops)
-    lp = ((base_lp - init_fp32) | init_lp if target_dtype_ops is None
-          else set(_names(target_dtype_ops, 'target_dtype_ops')))
-    fp32 = ((base_fp32 - init_lp) | init_fp32 if fp32_ops is None
-            else set(_names(fp32_ops, 'fp32_ops')))
-    if conditional_fp32_ops is None:
-        rules = tuple((op, attr, tuple(values)) for op, attr, values
-                      in contrib_lists(dtype)['conditional']) + _CONFIG.conditional_fp32_ops
-    else:
-        rules = _conditional(conditional_fp32_ops)
-    _check_lists(dtype, lp, fp32, {op for op, _, _ in rules},
-                 (target_dtype_ops is None, fp32_ops is None, conditional_fp32_ops is None))
+    """The mxmp Policy of a convert call (:func:`mxmp.amp.convert_policy.policy_for`)."""
+    from .convert_policy import policy_for
     if excluded_sym_names is not None and (isinstance(excluded_sym_names, str) or
                                            not isinstance(excluded_sym_names, (list, tuple,
                                                                                set))):
         raise ValueError('excluded_sym_names must be a list of node names, got %r'
                          % (excluded_sym_names,))
-    follow = ((base_lp - lp) | (base_fp32 - fp32)) - lp - fp32
-    return Policy(dtype, lp_ops=lp - base_lp, fp32_ops=fp32 - base_fp32 - classes['LOSS_OUTPUT'],
-                  excluded_names=set(excluded_sym_names or ()), emulate=emulate,
-                  follow_ops=follow, conditional_fp32=rules, follow_params=True)
-
-
-def _check_lists(dtype, lp, fp32, cond_ops, defaults):
-    """contrib.amp's checks of the three op lists: disjoint, and only ops a list can take."""
-    from ..policy import AmpListConflict
-    from .lists import contrib_lists
-    named = {'target_dtype_ops': lp, 'fp32_ops': fp32, 'conditional_fp32_ops': cond_ops}
-    default = dict(zip(named, defaults))
-    for a, b in (('target_dtype_ops', 'fp32_ops'), ('target_dtype_ops', 'conditional_fp32_ops'),
-                 ('fp32_ops', 'conditional_fp32_ops')):
-        common = sorted(named[a] & named[b])
-        if common:
-            note = ''.join('; %s was not given, so it is the default list' % n
-                           for n in (a, b) if default[n])
-            raise AmpListConflict(
-                'Ops cannot be in two or more lists: %s in both %s and %s%s. Put each op in '
-                'one list.' % (', '.join(common), a, b, note))
-    lists = contrib_lists(dtype)
-    allowed = set(lists['lp16']) | set(lists['lp16_fp32']) | set(lists['fp32']) | {
-        op for op, _, _ in lists['conditional']}
-    for name, ops in named.items():
-        illegal = sorted(ops - allowed)
-        if illegal:
-            widest = sorted(set(illegal) & set(lists['widest']))
-            why = ('%s cast all their inputs to the widest dtype among them '
-                   '(amp.list_widest_type_cast), which no list changes' % ', '.join(widest)
-                   if widest else 'MXNet registers no op named %s' % ', '.join(illegal))
-            raise AmpListConflict('%s cannot take %s: %s. Choose ops from amp.list_lp16_ops, '
-                                  'amp.list_fp32_ops, amp.list_lp16_fp32_ops or '
-                                  'amp.list_conditional_fp32_ops.'
-                                  % (name, ', '.join(illegal), why))
+    return policy_for(
+        _dtype(target_dtype),
+        None if target_dtype_ops is None else _names(target_dtype_ops, 'target_dtype_ops'),
+        None if fp32_ops is None else _names(fp32_ops, 'fp32_ops'),
+        None if conditional_fp32_ops is None else _conditional(conditional_fp32_ops),
+        excluded_names=set(excluded_sym_names or ()), emulate=emulate,
+        init_lp=_CONFIG.lp_ops, init_fp32=_CONFIG.fp32_ops,
+        init_conditional=_CONFIG.conditional_fp32_ops)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,9 +362,13 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
     Args:
         sym (Symbol): the float32 graph.
         target_dtype (str): ``'float16'`` or ``'bfloat16'``.
-        target_dtype_ops, fp32_ops (list of str): added to mxmp's op lists (contrib.amp
-            replaces its lists).
-        conditional_fp32_ops (list of (op, attr, values)): matching nodes stay float32.
+        target_dtype_ops, fp32_ops (list of str): replace the default low-precision /
+            float32 lists (None: the defaults, :func:`list_lp16_ops`, :func:`list_fp32_ops`,
+            with :func:`init`'s additions); loss outputs stay float32. An op that ends up in
+            no list runs in the dtype of its data, its parameters stored in that dtype.
+        conditional_fp32_ops (list of (op, attr, values)): replace the default rules
+            (:func:`list_conditional_fp32_ops`); matching nodes compute in float32, the
+            others follow their data.
         excluded_sym_names (list of str): node names kept in float32.
         data_names (list of str): the graph's data inputs (never cast as parameters); default
             ``['data']``.
@@ -431,7 +382,9 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
         casts (MXNet strips them by default).
 
     Raises:
-        ValueError: unknown dtype or op name; an already converted graph.
+        AmpListConflict: an op in two lists (the default lists included), or a widest-type
+            or unregistered op in a list; a ValueError and an AssertionError.
+        ValueError: unknown dtype; malformed lists; an already converted graph.
     """
     from ..graph import convert_symbol as _convert
     policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
@@ -464,25 +417,8 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
     out = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                          excluded_sym_names, data_names, cast_optional_params)
-    return out, _cast_to_graph(out, arg_params), _cast_to_graph(out, aux_params)
-
-
-def _cast_to_graph(sym, params):
-    """A new dict: each array cast to its variable's ``__dtype__`` in ``sym`` (if it has one)."""
-    import mxnet as mx
-    from ..casts import _FLOAT_ENUM
-    from ..gluon import dtype_of
-    enum = {v: k for k, v in _FLOAT_ENUM.items()}
-    wanted = {n['name']: enum.get(n.get('attrs', {}).get('__dtype__'))
-              for n in json.loads(sym.tojson(remove_amp_cast=False))['nodes']
-              if n['op'] == 'null'}
-    out = {}
-    for name, value in params.items():
-        dtype = wanted.get(name)
-        if dtype is not None and np.dtype(value.dtype) != np.dtype(dtype_of(dtype)):
-            value = mx.nd.amp_cast(value, dtype=dtype_of(dtype))
-        out[name] = value
-    return out
+    from .convert_policy import cast_to_graph
+    return out, cast_to_graph(out, arg_params), cast_to_graph(out, aux_params)
 
 
 def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
@@ -543,54 +479,3 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
                      excluded_sym_names, emulate=emulate)
     return convert(block, policy=policy, cast_params=bool(cast_optional_params),
                    emulate=emulate, data_names=data_names)
-
-
-# ---------------------------------------------------------------------------------------------
-# Op lists
-# ---------------------------------------------------------------------------------------------
-def _lists(target_dtype):
-    from ..policy import normalize_dtype
-    from .lists import contrib_lists
-    return contrib_lists(normalize_dtype(target_dtype))
-
-
-def list_lp16_ops(target_dtype):
-    """Ops that run in the target dtype (``lists.symbol_*.FP16_FUNCS``/``BF16_FUNCS``), sorted.
-
-    Every op is in at most one of :func:`list_lp16_ops`, :func:`list_fp32_ops`,
-    :func:`list_lp16_fp32_ops`, :func:`list_widest_type_cast` and the ops of
-    :func:`list_conditional_fp32_ops` (see :mod:`mxmp.amp.lists`).
-
-    Args:
-        target_dtype: ``'float16'``/``numpy.float16`` or ``'bfloat16'``/contrib.amp's bfloat16.
-
-    Raises:
-        ValueError: another dtype.
-    """
-    return _lists(target_dtype)['lp16']
-
-
-def list_fp32_ops(target_dtype):
-    """Ops that compute in float32 (mxmp's float32 and loss-output classes), sorted."""
-    return _lists(target_dtype)['fp32']
-
-
-def list_lp16_fp32_ops(target_dtype):
-    """Ops that run in whatever dtype their inputs have (mxmp's follow class), sorted."""
-    return _lists(target_dtype)['lp16_fp32']
-
-
-def list_widest_type_cast(target_dtype):
-    """Ops whose float inputs are all cast to the widest of their dtypes, sorted."""
-    return _lists(target_dtype)['widest']
-
-
-def list_conditional_fp32_ops(target_dtype):
-    """``[(op, attribute, [values])]``: the op computes in float32 for those attribute values
-    and follows its inputs otherwise."""
-    return _lists(target_dtype)['conditional']
-
-
-def list_loss_output_functions(target_dtype):
-    """Loss-head ops (SoftmaxOutput, MakeLoss, ...); they compute in float32."""
-    return _lists(target_dtype)['loss']
