@@ -187,8 +187,10 @@ def _plan_once(js, policy, input_dtypes, cast_params, data_names, stored_lp=froz
         if node['op'] == 'null':
             d = input_dtypes.get(node['name'], orig[(nid, 0)])
             if node['name'] in stored_lp:
-                dec = _Decision('variable', 'parameter stored in %s (follow_params: its '
-                                'consumers follow %s data)' % (lp, lp), lp, [lp], [])
+                # The rule starts as cast_params' does: the builder stores both the same way.
+                dec = _Decision('variable', 'parameter stored in %s (cast_params by '
+                                'follow_params: its consumers follow %s data)' % (lp, lp),
+                                lp, [lp], [])
             elif node['name'] in lp_params:
                 dec = _Decision('variable', 'parameter stored in %s (cast_params: every '
                                 'consumer is a low-precision op)' % lp, lp, [lp], [])
