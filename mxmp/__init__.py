@@ -26,7 +26,7 @@ The pieces, one module each:
 from . import cuda as _cuda
 _cuda.preload_if_needed()
 
-from .policy import Policy, normalize_dtype  # noqa: E402
+from .policy import Policy, AmpListConflict, normalize_dtype  # noqa: E402
 from .graph import convert_symbol, remove_casts, explain, format_explain, count_casts
 from .device import lp_kernels_available
 from .gluon import convert, ConvertedBlock
@@ -44,7 +44,7 @@ from . import amp, plot
 
 __version__ = '0.1.0'
 
-__all__ = ['Policy', 'normalize_dtype', 'convert_symbol', 'remove_casts', 'explain',
+__all__ = ['Policy', 'AmpListConflict', 'normalize_dtype', 'convert_symbol', 'remove_casts', 'explain',
            'format_explain', 'count_casts', 'lp_kernels_available', 'convert', 'ConvertedBlock',
            'LossScaler', 'DynamicLossScaler', 'StaticLossScaler', 'NoOpLossScaler',
            'make_loss_scaler', 'LossScaleAtFloorError', 'NonFiniteForwardWarning', 'Trainer', 'Module', 'BucketingModule', 'check_alignment', 'format_alignment', 'Misalignment',

@@ -22,6 +22,10 @@ ROUND_MARK = '__mxmp_round__'
 _CAST_OPS = ('amp_cast', 'amp_multicast')
 _LOW = ('float16', 'bfloat16')
 _MSHADOW_ENUM = {'float16': '2', 'bfloat16': '12'}
+#: mshadow's enum of every float dtype a variable can be pinned to (include/mshadow/base.h).
+_FLOAT_ENUM = {'float32': '0', 'float64': '1', 'float16': '2', 'bfloat16': '12'}
+#: MARK value of a variable whose ``__dtype__`` :func:`pin_variable_dtypes` wrote.
+PINNED = 'pinned'
 
 def _dtype_name(t):
     """numpy dtype / type / None -> 'float32', 'bfloat16', ..., or None."""
@@ -118,7 +122,13 @@ def _strip(js, unpin=False):
         node = dict(nodes[old])
         node['inputs'] = [remap(e) for e in node['inputs']]
         attrs = node.get('attrs')
-        if node['op'] == 'null' and attrs and attrs.get(MARK, '').startswith('cast_param'):
+        if node['op'] == 'null' and attrs and attrs.get(MARK) == PINNED:
+            attrs = {k: v for k, v in attrs.items() if k not in (MARK, '__dtype__')}
+            if attrs:
+                node['attrs'] = attrs
+            else:
+                node.pop('attrs')
+        elif node['op'] == 'null' and attrs and attrs.get(MARK, '').startswith('cast_param'):
             original = attrs[MARK][len('cast_param:'):]
             attrs = {k: v for k, v in attrs.items() if k not in (MARK, '__dtype__')}
             if original:
@@ -135,6 +145,30 @@ def _strip(js, unpin=False):
     out['nodes'] = out_nodes
     out['heads'] = [remap(h) for h in js['heads']]
     return out
+
+
+def pin_variable_dtypes(nodes, dtypes):
+    """Write each variable's dtype into the graph (``__dtype__``), in place on JSON nodes.
+
+    Behind an ``amp_cast`` MXNet cannot infer a variable's dtype (a cast accepts any input
+    dtype), so a converted graph bound by plain MXNet (``mx.mod.Module(sym).bind``, which types
+    only the data and labels) fails with "InferType pass cannot decide dtypes ...
+    fc_weight: -1". ``mxnet.contrib.amp`` writes ``__dtype__`` for the same reason. Variables
+    that already have a ``__dtype__`` keep it; the pinned ones are marked so that
+    :func:`remove_casts` gives the float32 graph back exactly.
+
+    Args:
+        nodes (list of dict): the graph JSON's ``nodes`` (modified in place).
+        dtypes (dict of str -> str): variable name -> dtype name (``'float32'``, ...); names
+            not given, and non-float dtypes, are left alone.
+    """
+    for node in nodes:
+        dtype = dtypes.get(node['name'])
+        if node['op'] != 'null' or dtype not in _FLOAT_ENUM or \
+                '__dtype__' in node.get('attrs', {}):
+            continue
+        node['attrs'] = dict(node.get('attrs', {}), __dtype__=_FLOAT_ENUM[dtype])
+        node['attrs'][MARK] = PINNED
 
 
 def remove_casts(sym):

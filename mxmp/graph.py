@@ -58,7 +58,8 @@ import numpy as np
 
 from .casts import (_CAST_OPS, _LOW, _MSHADOW_ENUM, MARK, ROUND_MARK,  # noqa: F401
                     _dtype_name, _dump, _load, _previous_conversion, _strip, cast_origin,
-                    cast_origins, converted_dtype, count_casts, remove_casts)
+                    cast_origins, converted_dtype, count_casts, pin_variable_dtypes,
+                    remove_casts)
 from .policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, Policy, normalize_dtype
 
 __all__ = ['convert_symbol', 'remove_casts', 'explain', 'format_explain', 'ExplainRow',
@@ -184,8 +185,24 @@ def _plan(js, policy, input_dtypes, cast_params, data_names, pinned=()):
     """Decide each node's dtype. Returns (decisions, lp parameter names).
 
     ``pinned``: variables stored in low precision by their ``__dtype__`` (their dtype is in
-    ``input_dtypes``).
+    ``input_dtypes``). With ``policy.follow_params`` a second round stores in the target dtype
+    the parameters that the first round cast down for follow ops (contrib.amp's rule).
     """
+    decisions, lp_params = _plan_once(js, policy, input_dtypes, cast_params, data_names, pinned)
+    if not policy.follow_params:
+        return decisions, lp_params
+    users = _consumers(js['nodes'])
+    adapt = {js['nodes'][nid]['name'] for nid, node in enumerate(js['nodes'])
+             if node['op'] == 'null' and node['name'] not in data_names and users[nid] and
+             all(decisions[c].op_class not in (LOW_PRECISION, FLOAT32, LOSS_OUTPUT) and
+                 decisions[c].wants[pos] == policy.target_dtype for c, pos in users[nid])}
+    if not adapt:
+        return decisions, lp_params
+    return _plan_once(js, policy, input_dtypes, cast_params, data_names, pinned, adapt)
+
+
+def _plan_once(js, policy, input_dtypes, cast_params, data_names, pinned=(),
+               stored_lp=frozenset()):
     nodes = js['nodes']
     lp = policy.target_dtype
     # The input graph is float32: type it with float32 where the data comes in low precision,
@@ -208,7 +225,7 @@ def _plan(js, policy, input_dtypes, cast_params, data_names, pinned=()):
         return (classes[nid][0] == LOW_PRECISION and pos not in policy.index_inputs(op)
                 and pos not in policy.float32_inputs(op))
 
-    lp_params = set()
+    lp_params = set(stored_lp)
     if cast_params:
         users = _consumers(nodes)
         for nid, node in enumerate(nodes):
@@ -222,7 +239,12 @@ def _plan(js, policy, input_dtypes, cast_params, data_names, pinned=()):
     for nid, node in enumerate(nodes):
         if node['op'] == 'null':
             d = input_dtypes.get(node['name'], orig[(nid, 0)])
-            if node['name'] in lp_params:
+            if node['name'] in stored_lp:
+                # The rule starts as cast_params' does: the builder stores both the same way.
+                dec = _Decision('variable', 'parameter stored in %s (cast_params by '
+                                'follow_params: its consumers follow %s data)' % (lp, lp),
+                                lp, [lp], [])
+            elif node['name'] in lp_params:
                 dec = _Decision('variable', 'parameter stored in %s (cast_params: every '
                                 'consumer is a low-precision op)' % lp, lp, [lp], [])
             else:
@@ -266,6 +288,11 @@ def _plan(js, policy, input_dtypes, cast_params, data_names, pinned=()):
                      for p, d in enumerate(in_dtypes)]
         else:  # WIDEST_TYPE, FOLLOW
             floats = [in_dtypes[p] for p in data_pos]
+            if policy.follow_params:  # parameters take the dtype of the other inputs
+                own = [in_dtypes[p] for p in data_pos
+                       if nodes[node['inputs'][p][0]]['op'] != 'null'
+                       or nodes[node['inputs'][p][0]]['name'] in data_names]
+                floats = own or floats
             if not floats:
                 compute = None
             elif len(set(floats)) == 1:
@@ -524,8 +551,10 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
 
     Returns:
         mxnet.symbol.Symbol: the same graph with ``amp_cast`` nodes at the precision boundaries;
-        float32 outputs. Converting its result again with the same target dtype returns an
-        identical graph.
+        float32 outputs. Every float variable not in ``data_names`` carries its dtype
+        (``__dtype__``), so plain MXNet binds the graph (``mx.mod.Module``, ``simple_bind``,
+        ``gluon.SymbolBlock``) without being told the parameters' dtypes. Converting its
+        result again with the same target dtype returns an identical graph.
 
     Graphs that already hold casts are accepted (module docstring): mxmp's and contrib.amp's
     casts are re-planned, the model's own casts kept.
@@ -548,6 +577,10 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
             logger.debug('%s %s -> %s: %s', node['op'], node['name'], dec.dtype, dec.rule)
     heads = [builder.get(nid, out, 'float32' if builder.logical[(nid, out)] in _LOW else None)
              + [0] for nid, out, _ in js['heads']]
+    # Every parameter's dtype goes into the graph, so that plain MXNet binds it.
+    pin_variable_dtypes(builder.nodes, {
+        node['name']: builder.logical[(nid, 0)] for nid, node in enumerate(js['nodes'])
+        if node['op'] == 'null' and node['name'] not in names})
     out = dict(js)
     out['nodes'] = builder.nodes
     out['heads'] = heads

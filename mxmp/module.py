@@ -167,30 +167,6 @@ def insert_loss_scale(sym, loss_ops=None):
     return mx.sym.load_json(json.dumps(out)), len(scaled)
 
 
-def _pin_param_dtypes(sym, fp32_sym, input_names):
-    """Give every parameter variable of the converted graph its dtype (``__dtype__``).
-
-    In a float32 graph MXNet infers a weight's dtype from the data it meets; behind an
-    ``amp_cast`` it cannot (a cast's input dtype is free), and the Module's executors get
-    dtypes for the data and labels only. The dtypes come from the float32 graph typed with
-    float32 inputs; variables that already carry ``__dtype__`` (cast_params) keep it.
-    """
-    names = fp32_sym.list_arguments()
-    types = {n: 'float32' for n in input_names if n in names}
-    arg_types, _, aux_types = fp32_sym.infer_type_partial(**types)
-    known = {}
-    for name, t in list(zip(names, arg_types)) + list(zip(fp32_sym.list_auxiliary_states(),
-                                                            aux_types)):
-        if t is not None and name not in input_names and np.dtype(t).name in _MSHADOW_ENUM:
-            known[name] = _MSHADOW_ENUM[np.dtype(t).name]
-    js = json.loads(sym.tojson(remove_amp_cast=False))
-    for node in js['nodes']:
-        if node['op'] == 'null' and node['name'] in known:
-            attrs = node.setdefault('attrs', {})
-            attrs.setdefault('__dtype__', known[node['name']])
-    return mx.sym.load_json(json.dumps(js))
-
-
 def _lp_variable_names(sym):
     """Variables that convert_symbol(cast_params=True) stores in the target dtype."""
     js = json.loads(sym.tojson(remove_amp_cast=False))
@@ -308,8 +284,8 @@ class Module(mx.mod.Module):
             mp_symbol = convert_symbol(self._fp32_symbol, policy=policy,
                                        cast_params=self._cast_params,
                                        data_names=data_names + label_names + state_names)
-            mp_symbol = _pin_param_dtypes(mp_symbol, self._fp32_symbol,
-                                          data_names + label_names + state_names)
+            # convert_symbol pins every parameter's dtype (__dtype__): behind a cast the
+            # executors could not infer it.
         self._mp_symbol = mp_symbol
         self._lp_names = _lp_variable_names(mp_symbol) if self._cast_params else frozenset()
         self._state = _TrainState(make_loss_scaler(loss_scaler, target))

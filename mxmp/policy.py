@@ -21,14 +21,14 @@ float32 accumulation; reductions, exponentials and losses in float32).
 import dataclasses
 import functools
 import logging
-from typing import FrozenSet
+from typing import FrozenSet, Optional, Tuple
 
 import numpy as np
 
 from . import lists
 
-__all__ = ['Policy', 'normalize_dtype', 'TARGET_DTYPES', 'LOW_PRECISION', 'FLOAT32',
-           'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW']
+__all__ = ['Policy', 'AmpListConflict', 'normalize_dtype', 'TARGET_DTYPES', 'LOW_PRECISION',
+           'FLOAT32', 'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW']
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,16 @@ _CLASS_LISTS = ((LOW_PRECISION, 'LOW_PRECISION'), (FLOAT32, 'FLOAT32'),
 _RULE_NAMES = {LOW_PRECISION: 'low-precision list', FLOAT32: 'float32 list',
                LOSS_OUTPUT: 'loss-output list (float32)', WIDEST_TYPE: 'widest-type list',
                FOLLOW: 'follow list'}
+
+
+class AmpListConflict(ValueError, AssertionError):
+    """An op is put in two op classes at once (e.g. in both ``lp_ops`` and ``fp32_ops``).
+
+    A ``ValueError`` (what mxmp raises for bad arguments) and an ``AssertionError`` (what
+    ``mxnet.contrib.amp`` 1.9.1 raised for the same conflicts, from ``assert`` statements in
+    ``convert_symbol``), so code written for either catches it. The message names the ops
+    and the lists.
+    """
 
 
 def normalize_dtype(dtype, allow_float32=False):
@@ -101,47 +111,69 @@ class Policy:
         fp32_ops (iterable of str): op names to keep in float32 (moved to the float32 class).
         excluded_names (iterable of str): node names (e.g. ``'resnetv10_dense0_fwd'``) that
             compute in float32 whatever their op.
+        follow_ops (iterable of str): op names moved to the follow class: they run in the
+            dtype of their inputs (widest of them), no cast of their own. Default: none.
+        conditional_fp32 (iterable of (str, str, iterable of str)) or None: ``(op, attribute,
+            values)`` rules, a node of ``op`` whose attribute has one of the values computes in
+            float32. None (default): the rules of ``mxmp/lists/<dtype>.py``
+            (``CONDITIONAL_FLOAT32``); a list replaces them.
+        follow_params (bool): contrib.amp's rule for ops in no list: a follow or widest-type
+            op runs in the dtype of its non-parameter float inputs, and its parameters (graph
+            inputs not in ``data_names``) are stored in that dtype, instead of all inputs going
+            to the widest dtype among them, parameters included. Default False; ``mxmp.amp``
+            sets it.
         emulate (bool): run the low-precision graph with float32 kernels whose low-precision
             tensors are rounded through the target dtype (see :mod:`mxmp.graph`). Default False.
 
     Raises:
-        ValueError: unknown target dtype; an op name MXNet 1.9.1 does not register; an op in
-            both ``lp_ops`` and ``fp32_ops``. The message names the offending entry.
+        ValueError: unknown target dtype; an op name MXNet 1.9.1 does not register; a
+            malformed ``conditional_fp32`` entry.
+        AmpListConflict: an op in two of ``lp_ops``, ``fp32_ops``, ``follow_ops`` (a
+            ValueError). The message names the offending entries.
     """
     target_dtype: str = 'bfloat16'
     lp_ops: FrozenSet[str] = frozenset()
     fp32_ops: FrozenSet[str] = frozenset()
     excluded_names: FrozenSet[str] = frozenset()
     emulate: bool = False
+    follow_ops: FrozenSet[str] = frozenset()
+    conditional_fp32: Optional[Tuple[Tuple[str, str, FrozenSet[str]], ...]] = None
+    follow_params: bool = False
 
     def __post_init__(self):
         set_ = functools.partial(object.__setattr__, self)
         set_('target_dtype', normalize_dtype(self.target_dtype))
-        for field in ('lp_ops', 'fp32_ops', 'excluded_names'):
+        for field in ('lp_ops', 'fp32_ops', 'excluded_names', 'follow_ops'):
             value = getattr(self, field)
             if isinstance(value, str):
                 raise ValueError('%s must be a list of names, not the string %r'
                                  % (field, value))
             set_(field, frozenset(value))
         set_('emulate', bool(self.emulate))
+        set_('follow_params', bool(self.follow_params))
         known = _registered_ops()
-        for field in ('lp_ops', 'fp32_ops'):
+        if self.conditional_fp32 is not None:
+            set_('conditional_fp32', _conditional_rules(self.conditional_fp32))
+        for field in ('lp_ops', 'fp32_ops', 'follow_ops'):
             unknown = sorted(getattr(self, field) - known)
             if unknown:
                 raise ValueError('%s names ops that MXNet does not register: %s (names are '
                                  'case-sensitive, e.g. "FullyConnected"; see '
                                  'mx.operator.get_all_registered_operators())'
                                  % (field, ', '.join(unknown)))
-        both = sorted(self.lp_ops & self.fp32_ops)
-        if both:
-            raise ValueError('ops put in both lp_ops and fp32_ops: %s; choose one class each'
-                             % ', '.join(both))
+        for a, b in (('lp_ops', 'fp32_ops'), ('lp_ops', 'follow_ops'),
+                     ('fp32_ops', 'follow_ops')):
+            both = sorted(getattr(self, a) & getattr(self, b))
+            if both:
+                raise AmpListConflict('ops put in both %s and %s: %s; choose one class each'
+                                      % (a, b, ', '.join(both)))
 
     # -- the op classes -------------------------------------------------------------------
     @property
     def classes(self):
         """dict: class name -> frozenset of op names, after the user's overrides."""
-        return _effective_classes(self.target_dtype, self.lp_ops, self.fp32_ops)
+        return _effective_classes(self.target_dtype, self.lp_ops, self.fp32_ops,
+                                  self.follow_ops)
 
     def ops_in(self, op_class):
         """frozenset of the op names in ``op_class`` (one of the class constants)."""
@@ -174,16 +206,28 @@ class Policy:
             return LOW_PRECISION, 'lp_ops (user override)'
         if op in self.fp32_ops:
             return FLOAT32, 'fp32_ops (user override)'
-        conditions = _list_module(self.target_dtype).get('CONDITIONAL_FLOAT32', {})
+        conditions = self.conditional_rules
         for attr, values in conditions.get(op, {}).items():
             if attrs.get(attr) in values:
                 return FLOAT32, 'conditional float32: %s %s=%s' % (op, attr, attrs[attr])
+        if op in self.follow_ops:
+            return FOLLOW, 'follow_ops (user override)'
         for op_class, ops in self.classes.items():
             if op in ops:
                 return op_class, _RULE_NAMES[op_class]
         reason = lists.excluded_reason(op)
         _warn_unlisted(op, reason)
         return FLOAT32, 'in no list: float32' + (' (%s)' % reason if reason else '')
+
+    @property
+    def conditional_rules(self):
+        """dict: op -> {attribute: frozenset of values that make the op compute in float32}."""
+        if self.conditional_fp32 is None:
+            return _list_module(self.target_dtype).get('CONDITIONAL_FLOAT32', {})
+        rules = {}
+        for op, attr, values in self.conditional_fp32:
+            rules.setdefault(op, {})[attr] = values
+        return rules
 
     def replace(self, **changes):
         """A copy of this policy with some fields changed (``dataclasses.replace``)."""
@@ -194,14 +238,32 @@ def _list_module(target_dtype):
     return lists.classes_for(target_dtype)
 
 
+def _conditional_rules(entries):
+    """Validate ``Policy(conditional_fp32=...)``: a tuple of (op, attr, frozenset)."""
+    out = []
+    for entry in entries:
+        try:
+            op, attr, values = entry
+        except (TypeError, ValueError):
+            raise ValueError('conditional_fp32 entries are (op name, attribute name, list of '
+                             'values), e.g. ("Activation", "act_type", ["softrelu"]); got %r'
+                             % (entry,)) from None
+        if isinstance(values, str):
+            values = (values,)
+        out.append((str(op), str(attr), frozenset(str(v) for v in values)))
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=None)
-def _effective_classes(target_dtype, lp_ops, fp32_ops):
+def _effective_classes(target_dtype, lp_ops, fp32_ops, follow_ops=frozenset()):
     module = _list_module(target_dtype)
+    moved = lp_ops | fp32_ops | follow_ops
     out = {}
     for op_class, list_name in _CLASS_LISTS:
-        out[op_class] = frozenset(module.get(list_name, ())) - lp_ops - fp32_ops
+        out[op_class] = frozenset(module.get(list_name, ())) - moved
     out[LOW_PRECISION] |= lp_ops
     out[FLOAT32] |= fp32_ops
+    out[FOLLOW] |= follow_ops
     return out
 
 

@@ -241,3 +241,196 @@ def test_misuse_raises_clear_errors():
                                update_on_kvstore=True)
     with pytest.raises(ValueError, match='update_on_kvstore'):
         amp.init_trainer(kv_trainer)
+
+
+# ------------------------------------------------------------------ contrib.amp's list semantics
+def ops_and_casts(sym):
+    """[(op, name, [input names])] of a converted graph, casts included."""
+    nodes = json.loads(sym.tojson(remove_amp_cast=False))['nodes']
+    return [(n['op'], n['name'], [nodes[i]['name'] for i, _, _ in n['inputs']])
+            for n in nodes if n['op'] != 'null']
+
+
+def cast_dtypes_into(sym, name):
+    """dtypes of the amp_cast nodes feeding node ``name`` directly."""
+    nodes = json.loads(sym.tojson(remove_amp_cast=False))['nodes']
+    node = next(n for n in nodes if n['name'] == name)
+    return sorted(nodes[i]['attrs']['dtype'] for i, _, _ in node['inputs']
+                  if nodes[i]['op'] == 'amp_cast')
+
+
+@pytest.mark.parametrize('dtype,short,lp_name', [('float16', 'fp16', 'FP16'),
+                                                 ('bfloat16', 'bf16', 'BF16')])
+def test_lists_modules_have_contrib_names_and_mxmp_membership(dtype, short, lp_name):
+    module = getattr(amp.lists, 'symbol_' + short)
+    classes = mxmp.lists.classes_for(dtype)
+    lp = getattr(module, lp_name + '_FUNCS')
+    follow = getattr(module, lp_name + '_FP32_FUNCS')
+    conditional = {op for op, _, _ in module.CONDITIONAL_FP32_FUNCS}
+    assert set(lp) == set(classes['LOW_PRECISION']) - conditional
+    assert set(follow) == set(classes['FOLLOW']) - conditional
+    assert set(module.FP32_FUNCS) == (set(classes['FLOAT32']) |
+                                      set(classes['LOSS_OUTPUT'])) - conditional
+    assert set(module.LOSS_OUTPUT_FUNCTIONS) == set(classes['LOSS_OUTPUT'])
+    assert set(module.LOSS_OUTPUT_FUNCTIONS) <= set(module.FP32_FUNCS)   # as in contrib.amp
+    assert set(module.WIDEST_TYPE_CASTS) == set(classes['WIDEST_TYPE']) - conditional
+    # the functions return the modules' lists
+    assert amp.list_lp16_ops(dtype) == lp
+    assert amp.list_lp16_fp32_ops(dtype) == follow
+    assert amp.list_conditional_fp32_ops(dtype) == module.CONDITIONAL_FP32_FUNCS
+
+
+@pytest.mark.parametrize('dtype', ['float16', 'bfloat16'])
+def test_every_op_is_in_exactly_one_list(dtype):
+    everything = (amp.list_lp16_ops(dtype) + amp.list_lp16_fp32_ops(dtype) +
+                  amp.list_fp32_ops(dtype) + amp.list_widest_type_cast(dtype) +
+                  [op for op, _, _ in amp.list_conditional_fp32_ops(dtype)])
+    repeated = sorted({op for op in everything if everything.count(op) > 1})
+    assert repeated == []
+    # Activation has a conditional rule (softrelu -> float32): listed there only
+    assert 'Activation' not in amp.list_lp16_fp32_ops(dtype)
+    assert 'Activation' in [op for op, _, _ in amp.list_conditional_fp32_ops(dtype)]
+    registered = {op for op in mx.operator.get_all_registered_operators()
+                  if mxmp.lists.excluded_reason(op) is None}
+    assert registered - set(everything) == set()
+
+
+def two_branch_graph():
+    """FullyConnected(x, y) + sin(y): one op of each kind and a widest-type add."""
+    x, y = mx.sym.var('x'), mx.sym.var('y')
+    fc = mx.sym.FullyConnected(x, y, num_hidden=6, no_bias=True, name='fc')
+    return mx.sym.elemwise_add(fc, mx.sym.sin(y, name='sin'), name='add')
+
+
+@pytest.mark.parametrize('lists', [
+    dict(target_dtype_ops=['FullyConnected'], fp32_ops=['FullyConnected']),
+    dict(target_dtype_ops=['FullyConnected'], fp32_ops=['Activation'],
+         conditional_fp32_ops=[('Activation', 'act_type', ['selu'])]),
+    dict(target_dtype_ops=['Activation'], fp32_ops=['sin']),   # default conditional: Activation
+    dict(fp32_ops=['FullyConnected']),                          # default target list has it
+])
+def test_an_op_in_two_lists_is_a_conflict_for_both_error_styles(lists):
+    with pytest.raises(amp.AmpListConflict) as info:
+        amp.convert_symbol(two_branch_graph(), 'bfloat16', **lists)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, AssertionError)
+    conflicting = set(lists.get('target_dtype_ops', ['FullyConnected'])) & (
+        set(lists.get('fp32_ops', ())) | {'Activation'})
+    assert all(op in str(info.value) for op in conflicting)
+    assert 'two or more lists' in str(info.value)
+
+
+def test_a_widest_type_op_cannot_be_listed():
+    for kwargs in (dict(fp32_ops=['elemwise_add']), dict(target_dtype_ops=['elemwise_add'])):
+        with pytest.raises(AssertionError, match='elemwise_add.*widest'):
+            amp.convert_symbol(two_branch_graph(), 'bfloat16', **kwargs)
+    with pytest.raises(ValueError, match='no op named Convolutoin'):
+        amp.convert_symbol(two_branch_graph(), 'bfloat16', target_dtype_ops=['Convolutoin'])
+
+
+def test_native_policy_conflict_is_the_same_class():
+    with pytest.raises(mxmp.AmpListConflict, match='lp_ops and fp32_ops: FullyConnected'):
+        mxmp.Policy('bfloat16', lp_ops=['FullyConnected'], fp32_ops=['FullyConnected'])
+
+
+def test_given_lists_replace_the_defaults():
+    sym = two_branch_graph()
+    out = amp.convert_symbol(sym, 'bfloat16', target_dtype_ops=['FullyConnected'],
+                             fp32_ops=['sin'])
+    # x and y go to bfloat16 for the FullyConnected, whose output goes back to float32 for
+    # the add; sin reads the float32 y directly.
+    assert sorted(ops_and_casts(out)) == sorted([
+        ('amp_cast', 'x_amp_cast_bfloat16', ['x']),
+        ('amp_cast', 'y_amp_cast_bfloat16', ['y']),
+        ('FullyConnected', 'fc', ['x_amp_cast_bfloat16', 'y_amp_cast_bfloat16']),
+        ('sin', 'sin', ['y']),
+        ('amp_cast', 'fc_amp_cast_float32', ['fc']),
+        ('elemwise_add', 'add', ['fc_amp_cast_float32', 'sin'])])
+    # An empty target list: FullyConnected is in no list, it follows its float32 inputs.
+    fc = mx.sym.FullyConnected(mx.sym.var('x'), mx.sym.var('y'), num_hidden=6, no_bias=True,
+                               name='fc')
+    untouched = amp.convert_symbol(fc, 'bfloat16', target_dtype_ops=[], fp32_ops=['sin'])
+    assert mxmp.count_casts(untouched) == {'amp_cast': 0, 'amp_multicast': 0}
+    assert mxmp.remove_casts(untouched).tojson() == fc.tojson()
+
+
+def test_given_conditional_rules_replace_the_default_rules():
+    data = mx.sym.var('data')
+    conv = mx.sym.Convolution(data, num_filter=4, kernel=(3, 3), name='conv')
+    act = mx.sym.Activation(conv, act_type='softrelu', name='act')
+    sym = mx.sym.FullyConnected(act, num_hidden=3, name='fc')
+    # default rule: softrelu computes in float32
+    assert cast_dtypes_into(amp.convert_symbol(sym, 'bfloat16'), 'act') == ['float32']
+    # an empty list of rules replaces it: softrelu follows the bfloat16 convolution
+    assert cast_dtypes_into(amp.convert_symbol(sym, 'bfloat16', conditional_fp32_ops=[]),
+                            'act') == []
+    # a rule on another op, only its matching nodes go to float32
+    fc_rule = [('FullyConnected', 'no_bias', ['True'])]
+    plain = mx.sym.FullyConnected(data, num_hidden=3, no_bias=False, name='plain')
+    nobias = mx.sym.FullyConnected(data, num_hidden=3, no_bias=True, name='nobias')
+    for node, expect in ((plain, None), (nobias, 'float32')):
+        rows = {r.name: r for r in mxmp.explain(node, policy=amp._policy(
+            'bfloat16', [], None, fc_rule, None))}
+        if expect is None:
+            assert rows[node.name].rule == 'follow_ops (user override)'
+        else:
+            assert rows[node.name].rule.startswith('conditional float32')
+
+
+def test_cast_optional_params_follows_contrib_amp():
+    """False: parameters feeding low-precision ops stay float32 (the graph casts them);
+    True: they are stored in the target dtype. Either way convert_model's parameters have the
+    dtypes the graph declares, so mx.mod.Module binds and runs it."""
+    x = mx.sym.var('data')
+    conv = mx.sym.Convolution(x, num_filter=4, kernel=(3, 3), name='conv')
+    sym = mx.sym.FullyConnected(mx.sym.relu(conv), num_hidden=3, name='fc')
+    shapes, _, _ = sym.infer_shape(data=(2, 3, 6, 6))
+    rng = np.random.RandomState(0)
+    args = {n: mx.nd.array(rng.normal(scale=0.3, size=s))
+            for n, s in zip(sym.list_arguments(), shapes) if n != 'data'}
+    for optional, stored in ((False, 'float32'), (True, 'bfloat16')):
+        out, new_args, _ = amp.convert_model(sym, args, {}, target_dtype='bfloat16',
+                                             target_dtype_ops=['Convolution'],
+                                             cast_optional_params=optional)
+        assert mxmp.graph._dtype_name(new_args['conv_weight'].dtype) == stored
+        assert cast_dtypes_into(out, 'conv') == (['bfloat16'] if optional else
+                                                 ['bfloat16'] * 3)
+        types = dict(zip(out.list_arguments(), out.infer_type(data='float32')[0]))
+        for name, value in new_args.items():
+            assert np.dtype(types[name]) == np.dtype(value.dtype), name
+
+
+def test_an_op_in_no_list_runs_in_its_data_dtype_with_its_parameters():
+    """contrib.amp's rule for an op left out of every list: it runs in the dtype of its data
+    and its parameters are stored in that dtype, whatever cast_optional_params says. mxmp's
+    native pass widens instead (all inputs to the widest dtype, parameters included)."""
+    data = mx.sym.var('data')
+    conv = mx.sym.Convolution(data, num_filter=4, kernel=(3, 3), no_bias=True, name='conv')
+    bn = mx.sym.BatchNorm(conv, fix_gamma=False, name='bn')
+    sym = mx.sym.FullyConnected(bn, num_hidden=3, name='fc')
+    mod = mx.mod.Module(sym, label_names=None)
+    mod.bind(data_shapes=[('data', (2, 3, 6, 6))], for_training=False)
+    mod.init_params(mx.init.Xavier())
+    args, aux = mod.get_params()
+    out, new_args, new_aux = amp.convert_model(sym, args, aux, target_dtype='bfloat16',
+                                               target_dtype_ops=['Convolution'])
+    dtype = mxmp.graph._dtype_name
+    assert dtype(new_args['fc_weight'].dtype) == dtype(new_args['fc_bias'].dtype) == 'bfloat16'
+    assert dtype(new_args['conv_weight'].dtype) == 'float32'    # cast in the graph
+    assert dtype(new_aux['bn_moving_mean'].dtype) == 'float32'  # BatchNorm's statistics
+    assert cast_dtypes_into(out, 'fc') == []                    # bfloat16 straight from bn
+    plain = mx.mod.Module(out, label_names=None)
+    plain.bind(data_shapes=[('data', (2, 3, 6, 6))], for_training=False)
+    plain.set_params(new_args, new_aux)
+    if mxmp.lp_kernels_available('bfloat16'):
+        x = mx.nd.array(np.random.RandomState(0).uniform(-1, 1, (2, 3, 6, 6)))
+        mod.forward(mx.io.DataBatch([x]), is_train=False)
+        plain.forward(mx.io.DataBatch([x]), is_train=False)
+        got = mx.nd.amp_cast(plain.get_outputs()[0], dtype='float32').asnumpy()
+        ref = mod.get_outputs()[0].asnumpy()
+        # measured over seeds 0-4: at most 1.5% of max|ref| (1.1% without oneDNN fusion)
+        assert np.abs(got - ref).max() <= 0.05 * np.abs(ref).max()
+    # mxmp's own pass (Policy without follow_params) keeps the FullyConnected in float32
+    native = mxmp.convert_symbol(sym, policy=amp._policy('bfloat16', ['Convolution'], None,
+                                                         None, None).replace(
+                                                             follow_params=False))
+    assert cast_dtypes_into(native, 'fc') == ['float32']

@@ -26,9 +26,13 @@ What differs from contrib.amp, and why (each function's docstring says more):
   AVX-512 oneDNN kernels, float16 on any CPU) the block computes with float32 kernels on
   values rounded through the target dtype (see :mod:`mxmp.graph`), and logs that it does.
   ``convert_symbol``/``convert_model`` write the real low-precision graph (for deployment).
-* ``target_dtype_ops``, ``fp32_ops`` and ``conditional_fp32_ops`` *add to* mxmp's op lists
-  (contrib.amp replaces its lists with them). A conditional entry keeps the matching nodes in
-  float32 (they are passed to the pass as excluded node names).
+* The op lists are mxmp's (``amp.lists.symbol_fp16`` / ``symbol_bf16`` hold them under
+  contrib.amp's names; every op is in one list). The convert calls treat their list arguments
+  as contrib.amp does: ``target_dtype_ops``, ``fp32_ops`` and ``conditional_fp32_ops``
+  *replace* the default lists, an op left out of every list runs in its data's dtype with its
+  parameters stored in that dtype, and an op in two lists raises :class:`AmpListConflict`
+  (a ValueError and an AssertionError). The lists given to :func:`init` *add to* the
+  defaults. mxmp's native :class:`mxmp.Policy` adds and moves (``lp_ops``/``fp32_ops``).
 * Loss scaling follows mxmp's defaults: dynamic for float16 (start 2**16, x2 after 2000 finite
   steps, /2 and skip on overflow), none for bfloat16 (float32's exponent range; contrib.amp
   scales bfloat16 too). The overflow check covers every device, not only the first.
@@ -38,15 +42,20 @@ What differs from contrib.amp, and why (each function's docstring says more):
 """
 import contextlib
 import dataclasses
-import json
 import logging
 from typing import Optional, Tuple
 
 import numpy as np
 
-__all__ = ['init', 'init_trainer', 'scale_loss', 'unscale', 'convert_symbol', 'convert_model',
-           'convert_hybrid_block', 'list_lp16_ops', 'list_fp32_ops', 'list_lp16_fp32_ops',
-           'list_widest_type_cast', 'list_conditional_fp32_ops', 'list_loss_output_functions']
+from ..policy import AmpListConflict
+from . import lists
+from .lists import (list_conditional_fp32_ops, list_fp32_ops, list_loss_output_functions,
+                    list_lp16_fp32_ops, list_lp16_ops, list_widest_type_cast)
+
+__all__ = ['AmpListConflict', 'lists', 'init', 'init_trainer', 'scale_loss', 'unscale',
+           'convert_symbol', 'convert_model', 'convert_hybrid_block', 'list_lp16_ops',
+           'list_fp32_ops', 'list_lp16_fp32_ops', 'list_widest_type_cast',
+           'list_conditional_fp32_ops', 'list_loss_output_functions']
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +73,7 @@ _CONFIG = _Config()
 
 
 def _dtype(target_dtype):
-    from .policy import normalize_dtype
+    from ..policy import normalize_dtype
     if target_dtype is None:
         target_dtype = _CONFIG.target_dtype or 'float16'
     return normalize_dtype(target_dtype)
@@ -125,30 +134,23 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
                 _CONFIG.target_dtype)
 
 
-def _policy(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
-            excluded_sym_names, emulate=False):
-    """The mxmp Policy of a convert call: init()'s overrides plus the call's."""
-    from .policy import Policy
-    dtype = _dtype(target_dtype)
-    call_lp = set(_names(target_dtype_ops, 'target_dtype_ops'))
-    call_fp32 = set(_names(fp32_ops, 'fp32_ops'))
-    # The call's lists win over init()'s where they disagree.
-    lp = (set(_CONFIG.lp_ops) - call_fp32) | call_lp
-    fp32 = (set(_CONFIG.fp32_ops) - call_lp) | call_fp32
+def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names,
+            emulate=False):
+    """The mxmp Policy of a convert call (:func:`mxmp.amp.convert_policy.policy_for`)."""
+    from .convert_policy import policy_for
     if excluded_sym_names is not None and (isinstance(excluded_sym_names, str) or
                                            not isinstance(excluded_sym_names, (list, tuple,
                                                                                set))):
         raise ValueError('excluded_sym_names must be a list of node names, got %r'
                          % (excluded_sym_names,))
-    excluded = set(excluded_sym_names or ())
-    rules = _CONFIG.conditional_fp32_ops + _conditional(conditional_fp32_ops)
-    if rules:
-        for node in json.loads(sym.tojson(remove_amp_cast=False))['nodes']:
-            attrs = node.get('attrs', {})
-            for op, attr, values in rules:
-                if node['op'] == op and attrs.get(attr) in values:
-                    excluded.add(node['name'])
-    return Policy(dtype, lp_ops=lp, fp32_ops=fp32, excluded_names=excluded, emulate=emulate)
+    return policy_for(
+        _dtype(target_dtype),
+        None if target_dtype_ops is None else _names(target_dtype_ops, 'target_dtype_ops'),
+        None if fp32_ops is None else _names(fp32_ops, 'fp32_ops'),
+        None if conditional_fp32_ops is None else _conditional(conditional_fp32_ops),
+        excluded_names=set(excluded_sym_names or ()), emulate=emulate,
+        init_lp=_CONFIG.lp_ops, init_fp32=_CONFIG.fp32_ops,
+        init_conditional=_CONFIG.conditional_fp32_ops)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,7 +214,7 @@ def _all_finite(params):
 
 
 def _is_mxmp_trainer(obj):
-    from .trainer import Trainer
+    from ..trainer import Trainer
     return isinstance(obj, Trainer)
 
 
@@ -250,7 +252,7 @@ def init_trainer(optimizer_or_trainer):
         TypeError: not a Trainer (a bare Optimizer is refused, as in contrib.amp).
         ValueError: the Trainer updates on the kvstore.
     """
-    from .scaler import make_loss_scaler
+    from ..scaler import make_loss_scaler
     _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
     if _is_mxmp_trainer(trainer):
@@ -294,7 +296,7 @@ def scale_loss(loss, optimizer_or_trainer):
     Raises:
         RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
     """
-    from .scaler import scale_losses
+    from ..scaler import scale_losses
     _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
     if _is_mxmp_trainer(trainer):
@@ -359,9 +361,13 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
     Args:
         sym (Symbol): the float32 graph.
         target_dtype (str): ``'float16'`` or ``'bfloat16'``.
-        target_dtype_ops, fp32_ops (list of str): added to mxmp's op lists (contrib.amp
-            replaces its lists).
-        conditional_fp32_ops (list of (op, attr, values)): matching nodes stay float32.
+        target_dtype_ops, fp32_ops (list of str): replace the default low-precision /
+            float32 lists (None: the defaults, :func:`list_lp16_ops`, :func:`list_fp32_ops`,
+            with :func:`init`'s additions); loss outputs stay float32. An op that ends up in
+            no list runs in the dtype of its data, its parameters stored in that dtype.
+        conditional_fp32_ops (list of (op, attr, values)): replace the default rules
+            (:func:`list_conditional_fp32_ops`); matching nodes compute in float32, the
+            others follow their data.
         excluded_sym_names (list of str): node names kept in float32.
         data_names (list of str): the graph's data inputs (never cast as parameters); default
             ``['data']``.
@@ -375,10 +381,12 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
         casts (MXNet strips them by default).
 
     Raises:
-        ValueError: unknown dtype or op name; an already converted graph.
+        AmpListConflict: an op in two lists (the default lists included), or a widest-type
+            or unregistered op in a list; a ValueError and an AssertionError.
+        ValueError: unknown dtype; malformed lists; an already converted graph.
     """
-    from .graph import convert_symbol as _convert
-    policy = _policy(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+    from ..graph import convert_symbol as _convert
+    policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names)
     return _convert(sym, policy=policy, data_names=tuple(data_names) if data_names else None,
                     cast_params=bool(cast_optional_params))
@@ -395,31 +403,21 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
     returned.
 
     Returns:
-        tuple (Symbol, dict, dict): the converted graph, and the parameters, cast to the target
-        dtype where the graph stores them in it (``cast_optional_params=True``), float32
-        otherwise.
+        tuple (Symbol, dict, dict): the converted graph, and the parameters, each cast to the
+        dtype the graph gives its variable (``__dtype__``, as contrib.amp): the target dtype
+        where ``cast_optional_params=True`` stores it so, float32 otherwise.
 
     Raises:
         TypeError: ``arg_params``/``aux_params`` are not dicts.
         ValueError: as :func:`convert_symbol`.
     """
-    import mxnet as mx
-    from .graph import MARK
-    from .gluon import dtype_of
-    from .layout import to_default_layout
     if not isinstance(arg_params, dict) or not isinstance(aux_params, dict):
         raise TypeError('arg_params and aux_params must be dicts of name -> NDArray')
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
     out = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                          excluded_sym_names, data_names, cast_optional_params)
-    lowp = {n['name'] for n in json.loads(out.tojson(remove_amp_cast=False))['nodes']
-            if n['op'] == 'null' and n.get('attrs', {}).get(MARK, '').startswith('cast_param')}
-    target = dtype_of(_dtype(target_dtype))
-    # amp_cast fails on grouped weights that oneDNN reordered in place (mxmp/layout.py)
-    to_default_layout([v for k, v in arg_params.items() if k in lowp])
-    new_args = {k: mx.nd.amp_cast(v, dtype=target) if k in lowp else v
-                for k, v in arg_params.items()}
-    return out, new_args, dict(aux_params)
+    from .convert_policy import cast_to_graph
+    return out, cast_to_graph(out, arg_params), cast_to_graph(out, aux_params)
 
 
 def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
@@ -459,8 +457,8 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     """
     import mxnet as mx
     from mxnet import gluon
-    from .device import lp_kernels_available
-    from .gluon import convert
+    from ..device import lp_kernels_available
+    from ..gluon import convert
     if not isinstance(block, gluon.HybridBlock):
         raise TypeError('block must be a gluon.HybridBlock, got %s' % type(block).__name__)
     cached = getattr(block, '_cached_graph', None)
@@ -476,58 +474,7 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     if emulate:
         logger.info('mxmp.amp: %s has no %s kernels; the block emulates %s numerics with '
                     'float32 kernels', ctx, dtype, dtype)
-    inputs = [mx.sym.var(n) for n in data_names]
-    traced = block(*inputs)
-    if isinstance(traced, (list, tuple)):
-        traced = mx.sym.Group(list(traced))
-    policy = _policy(traced, dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+    policy = _policy(dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names, emulate=emulate)
     return convert(block, policy=policy, cast_params=bool(cast_optional_params),
                    emulate=emulate, data_names=data_names)
-
-
-# ---------------------------------------------------------------------------------------------
-# Op lists
-# ---------------------------------------------------------------------------------------------
-def _classes(target_dtype):
-    from .lists import classes_for
-    from .policy import normalize_dtype
-    return classes_for(normalize_dtype(target_dtype))
-
-
-def list_lp16_ops(target_dtype):
-    """Ops that run in the target dtype (mxmp's ``LOW_PRECISION`` list), sorted.
-
-    Args:
-        target_dtype: ``'float16'``/``numpy.float16`` or ``'bfloat16'``/contrib.amp's bfloat16.
-    """
-    return sorted(_classes(target_dtype)['LOW_PRECISION'])
-
-
-def list_fp32_ops(target_dtype):
-    """Ops that compute in float32 (mxmp's ``FLOAT32`` list; loss outputs are listed apart)."""
-    return sorted(_classes(target_dtype)['FLOAT32'])
-
-
-def list_lp16_fp32_ops(target_dtype):
-    """Ops that run in whatever dtype their inputs have (mxmp's ``FOLLOW`` list)."""
-    return sorted(_classes(target_dtype)['FOLLOW'])
-
-
-def list_widest_type_cast(target_dtype):
-    """Ops whose float inputs are all cast to the widest of their dtypes (``WIDEST_TYPE``)."""
-    return sorted(_classes(target_dtype)['WIDEST_TYPE'])
-
-
-def list_conditional_fp32_ops(target_dtype):
-    """``[(op, attribute, [values])]``: the op computes in float32 for those attribute values."""
-    cond = _classes(target_dtype)['CONDITIONAL_FLOAT32']
-    if isinstance(cond, dict):
-        return sorted((op, attr, sorted(values)) for op, attrs in cond.items()
-                      for attr, values in attrs.items())
-    return sorted((op, attr, sorted(values)) for op, attr, values in cond)
-
-
-def list_loss_output_functions(target_dtype):
-    """Loss-head ops (``LOSS_OUTPUT``: SoftmaxOutput, MakeLoss, ...); they compute in float32."""
-    return sorted(_classes(target_dtype)['LOSS_OUTPUT'])
