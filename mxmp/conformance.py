@@ -122,14 +122,17 @@ def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, 
     info = machine_info(target)
     rows, local, zygotes = [], threading.local(), []
 
-    def run(op, cls):
+    def execute(job, limit):  # one zygote per worker thread, started on first use
         if not hasattr(local, 'zygote'):
             local.zygote = _Zygote()
             zygotes.append(local.zygote)
-        return _run_op(op, cls, policy, emulate, timeout, seeds, local.zygote)
+        return local.zygote(job, limit)
+
+    def run(op, cls):
+        return _run_op(op, cls, policy, emulate, timeout, seeds, execute)
 
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=int(jobs)) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(int(jobs), len(todo) or 1)) as pool:
             futures = [pool.submit(run, op, cls) for op, cls in todo]
             for fut in futures:
                 for row in fut.result():
