@@ -32,19 +32,21 @@ _ROW_KEYS = ('op', 'class', 'variant', 'case', 'mode', 'fwd_err', 'bwd_err', 've
 
 
 def _cpu():
-    model, flags = platform.processor() or platform.machine(), []
+    """(model name with family and model numbers, flags) of the first CPU in /proc/cpuinfo."""
+    info = {}
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:
                 key, _, value = line.partition(':')
-                if key.strip() == 'model name' and model in ('', platform.machine(),
-                                                              platform.processor()):
-                    model = value.strip()
-                elif key.strip() == 'flags' and not flags:
-                    flags = value.split()
+                if not key.strip() and info:
+                    break  # end of the first processor's block
+                info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return model, flags
+    model = info.get('model name') or platform.processor() or platform.machine()
+    if 'cpu family' in info and 'model' in info:
+        model += ' (family %s, model %s)' % (info['cpu family'], info['model'])
+    return model, info.get('flags', '').split()
 
 
 def machine_info(target_dtype='bfloat16'):
