@@ -32,14 +32,14 @@ Where the facts come from:
   gather_nd in no-kernel, each with its measured figures. The same run with
   DNNL_MAX_CPU_ISA=AVX2 (generic kernels, oneDNN ops emulated) caught the same ops: these
   faults reproduce on AVX2 CPUs too (Deconvolution with cast inputs crashes there before oneDNN
-  reports its missing kernel). docs/conformance.md has both tables.
-  ops that issue 11 measured correct on the same CPU at the same sizes (forward <= 0.0032,
-  backward <= 0.005): SwapAxis, Reshape, Flatten, expand_dims, SliceChannel, slice,
-  slice_axis, Concat, stack, add_n, elemwise_add/mul, broadcast_add, _mul_scalar,
-  _plus_scalar, _div_scalar, relu, Activation (relu/sigmoid/tanh), sigmoid, tanh, LeakyReLU
-  (leaky, gelu), clip, Pooling (max, avg, global avg), BatchNorm, depth_to_space, tile,
-  repeat, broadcast_to, abs, square, negative, Embedding, take, where, _copy, BlockGrad,
-  Convolution (dense and depthwise), FullyConnected.
+  reports its missing kernel). docs/conformance.md has both tables. The ops issue 11 measured
+  correct on the same CPU at the same sizes (forward <= 0.0032, backward <= 0.005) agree:
+  SwapAxis, Reshape, Flatten, expand_dims, SliceChannel, slice, slice_axis, Concat, stack,
+  add_n, elemwise_add/mul, broadcast_add, _mul_scalar, _plus_scalar (FLOAT32 nevertheless, see
+  absorb), _div_scalar, relu, Activation (relu/sigmoid/tanh), sigmoid, tanh, LeakyReLU (leaky,
+  gelu), clip, Pooling (max, avg, global avg), BatchNorm, depth_to_space, tile, repeat,
+  broadcast_to, abs, square, negative, Embedding, take, where, _copy, BlockGrad, Convolution
+  (dense and depthwise), FullyConnected.
 - Differences from contrib.amp: the shape, gather and elementwise ops it casts to float32 in
   bfloat16 mode run in bfloat16 (checked) and FOLLOW here, saving casts; RNN, dot and batch_dot
   have no bfloat16 kernel in 1.9.1 and are FLOAT32; Deconvolution is FLOAT32 (bf16-crash).
