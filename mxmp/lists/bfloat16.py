@@ -109,11 +109,12 @@ LOW_PRECISION = (
 #       its own process, avx512_bf16 and DNNL_MAX_CPU_ISA=AVX2 alike). transpose corrupts the
 #       heap: (4, 32, 16, 16) axes (0, 2, 1, 3) and (8, 32, 64) axes (0, 2, 1) abort with glibc
 #       "double free or corruption (out)", "corrupted double-linked list", "corrupted size vs.
-#       prev_size" when the data arrives in bfloat16, and give relative errors of 1.3-1.6 when
-#       the pass casts float32 data (a transformer block that splits heads with transpose gave
-#       0.53 against float32, issue 11). Deconvolution (kernel 2x2, stride 2, 16 filters on
-#       (4, 32, 16, 16)) forward then backward dies with SIGSEGV ("Segmentation fault: 11")
-#       in both cases; issue 11 also saw "vector::reserve"; called directly on bfloat16 arrays
+#       prev_size" (or hang in the corrupted allocator) when the data arrives in bfloat16, and
+#       give relative errors of 1.3-1.6 when the pass casts float32 data (a transformer block
+#       that splits heads with transpose gave 0.53 against float32, issue 11). Deconvolution
+#       (kernel 2x2, stride 2, 16 filters on (4, 32, 16, 16)) forward then backward dies with
+#       SIGSEGV ("Segmentation fault: 11") or hangs, in both cases, in every run; issue 11 also
+#       saw "vector::reserve"; called directly on bfloat16 arrays
 #       it ran, in a converted graph it does not. The fault is not bfloat16's: a float32
 #       Deconvolution whose weight is computed by another node (`w * 1.0`, or
 #       `amp_cast(w, dtype='float32')`, which is what the pass inserts) segfaults in training
