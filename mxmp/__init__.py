@@ -19,6 +19,8 @@ The pieces, one module each:
 * :mod:`mxmp.plot` -- :func:`plot_run`: training curves from a metrics JSON-lines file.
 * :mod:`mxmp.numerics_plot` -- the diagnose plots, in float16's or bfloat16's own format.
 * :mod:`mxmp.amp` -- ``mxnet.contrib.amp``'s names on mxmp, without monkey patching.
+* :mod:`mxmp.conformance` -- :func:`check_kernels`: is each low-precision op correct on this
+  machine's kernels (``mxmp check-kernels``); :mod:`mxmp.kernel_report` its report.
 * :mod:`mxmp.cli` -- the ``mxmp`` command line.
 """
 # First, before anything imports mxnet: with mxnet-cu112 installed (or MXMP_PRELOAD_CUDA=1),
@@ -40,6 +42,8 @@ from .alignment import check_alignment, format_alignment, Misalignment
 from .cuda import preload_cuda_libraries, missing_cuda_libraries, CudaLibrariesNotFound
 from .diagnose import diagnose, NumericsReport
 from .plot import plot_run
+from .conformance import check_kernels
+from .kernel_report import KernelReport, load_kernel_report
 from . import amp, plot
 
 __version__ = '0.1.0'
@@ -49,4 +53,5 @@ __all__ = ['Policy', 'AmpListConflict', 'normalize_dtype', 'convert_symbol', 're
            'LossScaler', 'DynamicLossScaler', 'StaticLossScaler', 'NoOpLossScaler',
            'make_loss_scaler', 'LossScaleAtFloorError', 'NonFiniteForwardWarning', 'Trainer', 'Module', 'BucketingModule', 'check_alignment', 'format_alignment', 'Misalignment',
            'preload_cuda_libraries', 'missing_cuda_libraries', 'CudaLibrariesNotFound',
-           'diagnose', 'NumericsReport', 'plot_run', 'amp', 'plot']
+           'diagnose', 'NumericsReport', 'plot_run', 'amp', 'plot', 'check_kernels',
+           'KernelReport', 'load_kernel_report']

@@ -568,6 +568,25 @@ def build_parser():
                    help='figure title (default: the model and dtype of the run, from the '
                         'metrics file or the summary.json beside it)')
     t.set_defaults(func=cmd_plot)
+
+    k = sub.add_parser('check-kernels', formatter_class=fmt,
+                       help="verify this machine's low-precision kernels op by op",
+                       description='Run every op the policy computes in low precision as a '
+                                   'one-op graph, forward and backward, each in its own '
+                                   'subprocess, against float32 on the same rounded inputs; '
+                                   'print the table and write a report that '
+                                   'mxmp.Policy.from_kernel_report loads (see '
+                                   'docs/conformance.md). Exit code 4 if any op is wrong, '
+                                   'crashed or failed.')
+    k.add_argument('--dtype', type=_dtype, default='bfloat16', help=dtype_help)
+    k.add_argument('--ops', default=None, help='comma-separated op names (default: every op '
+                   'of the LOW_PRECISION, FOLLOW and WIDEST_TYPE classes)')
+    k.add_argument('--out', default=None, help='write the JSON report here')
+    k.add_argument('--emulate', choices=('auto', 'yes', 'no'), default='auto',
+                   help='auto: real kernels, emulated graph where oneDNN has none on this CPU')
+    k.add_argument('--jobs', type=int, default=2, help='subprocesses at once')
+    k.add_argument('--timeout', type=float, default=90.0, help='seconds per op before "hang"')
+    k.set_defaults(func=lambda args: __import__('mxmp.conformance').conformance.cmd(args))
     return p
 
 

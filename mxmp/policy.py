@@ -229,6 +229,54 @@ class Policy:
             rules.setdefault(op, {})[attr] = values
         return rules
 
+    @classmethod
+    def from_kernel_report(cls, report, allow_other_cpu=False, **kwargs):
+        """A policy whose classes follow the evidence of ``mxmp check-kernels`` on a machine.
+
+        Ops with any case ``wrong``, ``crash`` or ``error`` in the report go to ``fp32_ops``;
+        ops the lists keep in float32 that the report shows ``ok`` in every case on real
+        kernels go to ``lp_ops`` (see :mod:`mxmp.kernel_report`). Aliases follow their op.
+
+        Args:
+            report (str or mxmp.kernel_report.KernelReport): a report file written by
+                ``mxmp check-kernels --out FILE`` or :meth:`KernelReport.save`, or the object.
+            allow_other_cpu (bool): accept a report measured on another CPU model than this
+                one (default False: evidence about one CPU's kernels says nothing of another's).
+            **kwargs: the other :class:`Policy` fields (``lp_ops``, ``fp32_ops``,
+                ``excluded_names``, ``emulate``); the user's ``lp_ops``/``fp32_ops`` win over the
+                report's.
+
+        Returns:
+            Policy: with the report's target dtype.
+
+        Raises:
+            ValueError: a malformed file (the message names the problem); a report from another
+                CPU model without ``allow_other_cpu=True``; ``target_dtype`` in ``kwargs`` that
+                differs from the report's.
+        """
+        from .kernel_report import KernelReport, load_kernel_report, machine_info
+        if not isinstance(report, KernelReport):
+            source = str(report)
+            report = load_kernel_report(report)
+        else:
+            source = 'the report'
+        target = kwargs.pop('target_dtype', report.target_dtype)
+        if normalize_dtype(target) != report.target_dtype:
+            raise ValueError('%s is a %s report; it cannot set a %s policy'
+                             % (source, report.target_dtype, target))
+        here = machine_info(report.target_dtype)['cpu']
+        if report.machine.get('cpu') != here and not allow_other_cpu:
+            raise ValueError('%s was measured on %r, this machine is %r: kernels differ between '
+                             'CPUs; run `mxmp check-kernels` here, or pass allow_other_cpu=True '
+                             'to use it anyway' % (source, report.machine.get('cpu'), here))
+        user_lp = frozenset(kwargs.pop('lp_ops', ()))
+        user_fp32 = frozenset(kwargs.pop('fp32_ops', ()))
+        lp, fp32 = report.policy_changes(cls(report.target_dtype).classes)
+        known = _registered_ops()
+        lp = (lp & known) - user_fp32 | user_lp
+        fp32 = (fp32 & known) - user_lp | user_fp32
+        return cls(report.target_dtype, lp_ops=lp - fp32, fp32_ops=fp32, **kwargs)
+
     def replace(self, **changes):
         """A copy of this policy with some fields changed (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)

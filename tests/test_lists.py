@@ -267,8 +267,17 @@ def test_float32_inputs_are_the_inputs_mxnet_infers_float32_for_low_precision_da
 # the classification facts of DESIGN.md section 4
 @pytest.mark.parametrize('target', TARGETS)
 def test_convolution_deconvolution_fully_connected_run_in_low_precision(target):
-    for op in ('Convolution', 'Deconvolution', 'FullyConnected'):
+    for op in ('Convolution', 'FullyConnected') + (('Deconvolution',) if target == 'float16'
+                                                   else ()):
         assert _class_of(target, op) == 'LOW_PRECISION', op
+
+
+def test_ops_that_crash_or_are_wrong_on_real_bfloat16_kernels_are_float32():
+    # `mxmp check-kernels` on avx512_bf16 (docs/conformance.md): transpose corrupts the heap,
+    # Deconvolution segfaults in training, the rest miss the tolerance.
+    for op in ('transpose', 'Deconvolution', 'broadcast_mul', 'broadcast_div', '_mod',
+               '_contrib_AdaptiveAvgPooling2D', '_contrib_BilinearResize2D', 'gather_nd'):
+        assert _class_of('bfloat16', op) == 'FLOAT32', op
 
 
 def test_rnn_dot_batch_dot_are_low_precision_for_float16_and_float32_for_bfloat16():
@@ -301,8 +310,8 @@ def test_binary_elementwise_concat_add_n_cast_to_the_widest_type(target):
 
 @pytest.mark.parametrize('target', TARGETS)
 def test_relu_pooling_flatten_reshape_batchnorm_follow_their_input(target):
-    for op in ('relu', 'Activation', 'Pooling', 'Flatten', 'Reshape', 'transpose', 'slice',
-               'BatchNorm'):
+    for op in ('relu', 'Activation', 'Pooling', 'Flatten', 'Reshape', 'SwapAxis', 'slice',
+               'BatchNorm') + (('transpose',) if target == 'float16' else ()):
         assert _class_of(target, op) == 'FOLLOW', op
 
 
@@ -515,7 +524,7 @@ def _follow_and_widest(target):
 @pytest.mark.parametrize('target', TARGETS)
 def test_follow_and_widest_ops_keep_the_target_dtype_on_cpu(target):
     wrong, failed = {}, {}
-    assert set(NOT_RUN) <= set(_follow_and_widest(target))
+    assert set(NOT_RUN) <= set(_follow_and_widest('float16'))  # bfloat16: float32 (untested)
     for op in _follow_and_widest(target):
         if op in NOT_RUN:
             continue
@@ -539,7 +548,7 @@ def test_follow_and_widest_ops_keep_the_target_dtype_on_cpu(target):
 def test_ops_with_several_float_inputs_that_must_match_are_widest_type(target):
     # MXNet rejects mixed float16/float32 inputs for these, so FOLLOW would not be enough.
     module = MODULES[target]
-    for op in ('elemwise_add', 'broadcast_mul', '_maximum', 'Concat', 'stack', 'add_n',
+    for op in ('elemwise_add', 'broadcast_add', '_maximum', 'Concat', 'stack', 'add_n',
                'where', 'LeakyReLU', '_slice_assign'):
         assert op in module.WIDEST_TYPE, op
     lhs, rhs = mx.sym.var('lhs'), mx.sym.var('rhs')
