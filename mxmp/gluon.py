@@ -100,7 +100,15 @@ class ConvertedBlock(gluon.SymbolBlock):
         Raises:
             RuntimeError: the block has not run forward since ``hybridize()``.
         """
-        super().export(path, epoch, remove_amp_cast=False)
+        saved = self._cached_op_args
+        if not saved and self._active:
+            # Only fused inference calls ran: this block's own CachedOp (whose argument list
+            # export reads) was never built. Its parameters are the same objects.
+            self._cached_op_args = [(False, p) for p in self.collect_params().values()]
+        try:
+            super().export(path, epoch, remove_amp_cast=False)
+        finally:
+            self._cached_op_args = saved
         if not remove_amp_cast:
             return
         remove_casts(self._cached_graph[1]).save('%s-symbol.json' % path)
