@@ -20,6 +20,14 @@ after anything that may change the parameters: a forward under ``autograd.record
 any converted block, ``Parameter.set_data`` (and so ``load_parameters``) on a converted block's
 parameters, a parameter array replaced (``initialize(force_reinit=True)``, ``cast``), and
 ``hybridize()``.
+
+Weights cast in the graph: when a converted block keeps its weights in float32
+(``cast_params=False``), each low-precision weight reaches its convolution through an
+``amp_cast`` whose output is rewritten on every call, so a fused convolution re-initializes
+(re-folds BatchNorm, reorders the weight) on every call: measured slower than the unfused graph
+[avx512_bf16]. The fused graph of such a block is therefore the ``cast_params=True`` graph, fed
+with target-dtype copies of those weights, made when the fused graph is (re)built. They cost
+2 bytes per weight while the fused graph exists.
 """
 import json
 import logging
@@ -97,10 +105,15 @@ class FusedInference:
 
     Args:
         block (mxnet.gluon.SymbolBlock): the block (its ``_cached_graph`` and ``_flags``).
+        precast (callable): ``precast()`` returns ``(symbol, names, dtype)``: a graph that
+            takes the weights ``names`` (set of str) as ``dtype`` arrays instead of casting
+            them, run with copies of the weights cast to ``dtype``. Default None: the block's
+            own graph and parameters.
     """
 
-    def __init__(self, block):
+    def __init__(self, block, precast=None):
         self.block = block
+        self.precast = precast
         self.twin = None
         self.refused = None  # the reason, once fusion was refused
         self._key = None
@@ -131,10 +144,8 @@ class FusedInference:
         key = self._state()
         if self.twin is not None and key == self._key:
             return self.twin(*args)
-        inputs, sym = self.block._cached_graph
-        twin = gluon.SymbolBlock(sym, inputs, params=self.block.collect_params())
-        twin.hybridize(backend=BACKEND, **dict(self.block._flags))
         try:
+            twin = self._build()
             out = twin(*args)
             for o in (out if isinstance(out, (list, tuple)) else [out]):
                 o.wait_to_read()  # a refusal surfaces here, not later and far from the cause
@@ -152,3 +163,24 @@ class FusedInference:
             return None
         self.twin, self._key = twin, key
         return out
+
+    def _build(self):
+        from mxnet import autograd, gluon
+        inputs, sym = self.block._cached_graph
+        params = self.block.collect_params()
+        if self.precast is not None:
+            sym, names, dtype = self.precast()
+            shared, params = params, gluon.ParameterDict()
+            for name, param in shared.items():
+                if name not in names:
+                    params._params[name] = param
+                    continue
+                copy = gluon.Parameter(name, shape=param.shape, dtype=dtype, grad_req='null')
+                with autograd.pause():
+                    import mxnet as mx
+                    copy._init_impl(mx.nd.amp_cast(param.data(param.list_ctx()[0]), dtype=dtype),
+                                    param.list_ctx())
+                params._params[name] = copy
+        twin = gluon.SymbolBlock(sym, inputs, params=params)
+        twin.hybridize(backend=BACKEND, **dict(self.block._flags))
+        return twin

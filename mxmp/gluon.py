@@ -223,7 +223,13 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
     out.mxmp_cast_params = bool(cast_params)
     out.mxmp_source = block
     out.mxmp_fuse_inference = fuse_inference
-    out._mxmp_fused = FusedInference(out)  # not a Block: not a child, adds no parameter names
+    precast = None
+    if not cast_params and not policy.emulate:
+        def precast():  # the fused graph takes target-dtype weights (see mxmp.fusion)
+            graph = convert_symbol(sym, policy=policy, data_dtypes=data_dtypes, cast_params=True,
+                                   data_names=data_names)
+            return graph, _lp_parameter_names(graph), lp_dtype
+    out._mxmp_fused = FusedInference(out, precast)  # not a Block: no child, no parameter names
     logger.info('converted %s to %s%s: %d casts, %d parameters stored in %s', block.name,
                 policy.target_dtype, ' (emulated)' if policy.emulate else '',
                 count_casts(converted)['amp_cast'], len(lp_names), policy.target_dtype)
