@@ -145,7 +145,7 @@ class FusedInference:
         if self.twin is not None and key == self._key:
             return self.twin(*args)
         try:
-            twin = self._build()
+            twin = self._build(args)
             out = twin(*args)
             for o in (out if isinstance(out, (list, tuple)) else [out]):
                 o.wait_to_read()  # a refusal surfaces here, not later and far from the cause
@@ -164,11 +164,16 @@ class FusedInference:
         self.twin, self._key = twin, key
         return out
 
-    def _build(self):
+    def _build(self, args):
         from mxnet import autograd, gluon
         inputs, sym = self.block._cached_graph
         params = self.block.collect_params()
         if self.precast is not None:
+            if any(p._deferred_init for p in self._params):
+                # Shapes come from the first batch (as the block's own first call would do).
+                self.block._deferred_infer_shape(*args)
+                for p in self._params:
+                    p._finish_deferred_init()
             sym, names, dtype = self.precast()
             shared, params = params, gluon.ParameterDict()
             for name, param in shared.items():

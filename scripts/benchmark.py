@@ -63,17 +63,29 @@ import time
 
 import numpy as np
 
+# The benchmarks/ package (FLOP counting, GEMM peak, profile tables) sits beside scripts/.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import flops as bench_flops  # noqa: E402
+from benchmarks import peak as bench_peak  # noqa: E402
+from benchmarks import profile as bench_profile  # noqa: E402
+
 LOG = logging.getLogger('benchmark')
 
 MODELS = ('resnet50_v1', 'resnet18_v1', 'mobilenetv2_1.0')
 #: Mode name -> (label, phases it applies to). Order = order of the rows and of the interleaving.
 MODES = {
     'float32': ('float32', ('train', 'infer')),
+    'float32_fused': ('float32, oneDNN-fused', ('infer',)),
     'contrib_amp': ('contrib.amp {dtype}', ('train', 'infer')),
     'contrib_amp_cast_params': ('contrib.amp {dtype}, cast_optional_params', ('infer',)),
     'mxmp': ('mxmp {dtype}', ('train', 'infer')),
     'mxmp_cast_params': ('mxmp {dtype}, cast_params', ('train', 'infer')),
+    'mxmp_unfused': ('mxmp {dtype}, fuse_inference=False', ('infer',)),
 }
+#: Modes run unless --modes says otherwise (mxmp_unfused measures the fusion lever: opt-in).
+DEFAULT_MODES = [m for m in MODES if m != 'mxmp_unfused']
+#: Modes profiled by --profile (training), the first is the reference of the ratios.
+PROFILE_MODES = ('float32', 'contrib_amp', 'mxmp')
 PHASES = ('train', 'infer')
 #: The --quick configuration (explicit flags still win). cifar_resnet20_v1 (0.27 M parameters)
 #: rather than resnet18_v1 (11.7 M): emulated cast_params runs cast every parameter to and from
@@ -139,13 +151,24 @@ class _Child:
         np.random.seed(SEED)
         if spec['mode'] == 'loss_check':
             return self.loss_check()
+        if spec['mode'] == 'peak':
+            return self.gemm_peaks()
         res['lp_kernels_available'] = mxmp.lp_kernels_available(spec['dtype'], self.ctx)
+        res['stage'] = 'flops'
+        res['flop_per_image'] = bench_flops.forward_flops_per_image(
+            self.traced(self.get_model(spec['model'], pretrained=False,
+                                       classes=spec['classes'])),
+            (3, spec['input_size'], spec['input_size']))
         res['stage'] = 'build'
         net, step = getattr(self, 'build_%s' % spec['phase'])()
         res['stage'] = 'warmup'
         for _ in range(spec['warmup']):
             step()
             mx.nd.waitall()
+        if spec['mode'].startswith('mxmp'):
+            res['fused'] = net.mxmp_fused_symbol is not None
+        if spec.get('profile'):
+            return self.profile(step)
         res['stage'] = 'timed'
         batch = spec['batch_size']
         for _ in range(spec['iters']):
@@ -155,6 +178,38 @@ class _Child:
             seconds = time.perf_counter() - start
             res['iter_s'].append(seconds)
             res['img_per_s'].append(batch / seconds)
+        res['stage'] = 'done'
+        res['status'] = 'ok'
+        return res
+
+    # ------------------------------------------------------------------ limit, profile
+    def gemm_peaks(self):
+        """GEMM GFLOP/s in float32 and the target dtype (benchmarks.peak)."""
+        res = self.result
+        res['stage'] = 'gemm'
+        res['peaks'] = {d: bench_peak.measure_gemm_peak(d, self.ctx, size=self.spec['gemm_size'])
+                        for d in ('float32', self.spec['dtype'])}
+        res['stage'] = 'done'
+        res['status'] = 'ok'
+        return res
+
+    def profile(self, step):
+        """``spec['iters']`` iterations under mx.profiler; keeps its aggregate table."""
+        mx, res = self.mx, self.result
+        res['stage'] = 'profile'
+        res['bulk_env'] = {k: os.environ.get(k) for k in bench_profile.BULK_OFF}
+        mx.profiler.set_config(profile_all=True, aggregate_stats=True,
+                               filename=os.path.join(self.spec['output_dir'], 'logs',
+                                                     'profile_%s.json' % self.spec['mode']))
+        mx.profiler.set_state('run')
+        start = time.perf_counter()
+        for _ in range(self.spec['iters']):
+            step()
+        mx.nd.waitall()
+        res['iter_s'] = [(time.perf_counter() - start) / self.spec['iters']]
+        mx.profiler.set_state('stop')
+        res['profile_text'] = mx.profiler.dumps(reset=True)
+        res['profile_iters'] = self.spec['iters']
         res['stage'] = 'done'
         res['status'] = 'ok'
         return res
@@ -181,7 +236,7 @@ class _Child:
             return not self.result['lp_kernels_available']
         return choice == 'yes'
 
-    def convert_mxmp(self, net, cast_params):
+    def convert_mxmp(self, net, cast_params, fuse_inference='auto'):
         """mxmp.convert, timed; cast counts of the graph that runs and of the real graph."""
         mxmp, res = self.mxmp, self.result
         emulate = self.emulate()
@@ -189,7 +244,7 @@ class _Child:
         float32_graph = self.traced(net)
         start = time.perf_counter()
         block = mxmp.convert(net, target_dtype=self.spec['dtype'], cast_params=cast_params,
-                             emulate=emulate)
+                             emulate=emulate, fuse_inference=fuse_inference)
         res['conversion_s'] = time.perf_counter() - start
         res['casts'] = mxmp.count_casts(block.mxmp_symbol)
         if emulate:
@@ -251,9 +306,13 @@ class _Child:
         mode = spec['mode']
         x, _ = self.data(spec['batch_size'])
         net = self.new_net()
-        if mode == 'float32':
+        hybridize = dict(static_alloc=True, static_shape=True)
+        if mode in ('float32', 'float32_fused'):
             res['casts'] = mxmp.count_casts(self.traced(net))
             res['conversion_s'] = 0.0
+            res['fused'] = mode == 'float32_fused'
+            if res['fused']:  # the fastest float32 inference a user can have
+                hybridize['backend'] = 'MKLDNN'
         elif mode in ('contrib_amp', 'contrib_amp_cast_params'):
             from mxnet.contrib import amp
             # convert_hybrid_block needs a hybridized block that ran forward once (float32).
@@ -266,11 +325,12 @@ class _Child:
                 cast_optional_params=mode == 'contrib_amp_cast_params')
             res['conversion_s'] = time.perf_counter() - start
             res['casts'] = mxmp.count_casts(net._cached_graph[1])
-        elif mode in ('mxmp', 'mxmp_cast_params'):
-            net = self.convert_mxmp(net, cast_params=mode == 'mxmp_cast_params')
+        elif mode in ('mxmp', 'mxmp_cast_params', 'mxmp_unfused'):
+            net = self.convert_mxmp(net, cast_params=mode == 'mxmp_cast_params',
+                                    fuse_inference='auto' if mode != 'mxmp_unfused' else False)
         else:
             raise BenchmarkError('mode %r has no inference phase' % mode)
-        net.hybridize(static_alloc=True, static_shape=True)
+        net.hybridize(**hybridize)
 
         def step():
             net(x)
@@ -402,7 +462,8 @@ def aggregate(runs):
                         'peak_rss_mib': r.get('peak_rss_mib'), 'log': r.get('log')}
                        for r in runs]}
     first = runs[0]
-    for key in ('casts', 'casts_real_graph', 'emulated', 'lp_kernels_available', 'versions'):
+    for key in ('casts', 'casts_real_graph', 'emulated', 'lp_kernels_available', 'versions',
+                'flop_per_image', 'fused'):
         row[key] = first.get(key)
     convs = [r['conversion_s'] for r in runs if r.get('conversion_s') is not None]
     row['conversion_s'] = float(np.median(convs)) if convs else None
@@ -431,22 +492,62 @@ def _ratio(a, b):
 
 
 def add_ratios(rows):
-    """Speed and memory ratios against float32 and contrib.amp of the same phase and batch.
+    """Speed and memory ratios against float32, fused float32 and contrib.amp of the same phase
+    and batch.
 
     ``speedup_vs_*`` = median images/s of the row / median images/s of the reference (> 1:
     faster); ``memory_vs_*`` = peak RSS of the row / peak RSS of the reference (< 1: less
-    memory). None when either side failed. The contrib.amp reference is the ``contrib_amp`` row.
+    memory). None when either side failed or did not run. The contrib.amp reference is the
+    ``contrib_amp`` row; ``*_vs_float32_fused`` exists for inference only (the fused float32
+    row is the fastest float32 inference).
     """
     for row in rows:
         peers = {r['mode']: r for r in rows
                  if r['phase'] == row['phase'] and r['batch_size'] == row['batch_size']}
-        for ref, key in (('float32', 'float32'), ('contrib_amp', 'contrib_amp')):
+        for ref, key in (('float32', 'float32'), ('contrib_amp', 'contrib_amp'),
+                         ('float32_fused', 'float32_fused')):
             other = peers.get(ref, {})
             row['speedup_vs_%s' % key] = _ratio(row.get('img_per_s_median'),
                                                 other.get('img_per_s_median'))
             row['memory_vs_%s' % key] = _ratio(row.get('peak_rss_mib'),
                                                other.get('peak_rss_mib'))
     return rows
+
+
+def add_percent_of_peak(rows, peaks, dtype):
+    """Each row's percent of the GEMM peak of its dtype (benchmarks.peak.percent_of_peak).
+
+    ``peaks``: dtype -> aggregated peak (:func:`aggregate_peaks`). Sets ``peak_dtype``,
+    ``peak_gflops`` and ``percent_of_peak`` (None where the peak is unavailable, the row failed,
+    or the row is emulated: emulation runs float32 kernels, its speed is not a dtype's).
+    """
+    for row in rows:
+        row['peak_dtype'] = bench_peak.peak_dtype_of(row['mode'], dtype)
+        peak = peaks.get(row['peak_dtype'], {})
+        row['peak_gflops'] = peak.get('gflops_median')
+        row['percent_of_peak'] = None if row.get('emulated') else bench_peak.percent_of_peak(
+            row.get('img_per_s_median'), row.get('flop_per_image'), row['phase'],
+            row['peak_gflops'])
+    return rows
+
+
+def aggregate_peaks(runs, dtypes):
+    """One peak per dtype from the per-repeat GEMM runs: median of every timed call."""
+    out = {}
+    for dtype in dtypes:
+        results = [r['peaks'][dtype] for r in runs if r['status'] == 'ok']
+        ok = [p for p in results if p['status'] == 'ok']
+        if ok:
+            calls = np.concatenate([p['gflops'] for p in ok])
+            out[dtype] = {'dtype': dtype, 'status': 'ok', 'size': ok[0]['size'],
+                          'gflops_median': float(np.median(calls)),
+                          'gflops_max': float(calls.max()), 'calls': int(calls.size)}
+        elif results:
+            out[dtype] = {'dtype': dtype, 'status': 'unavailable', 'reason': results[0]['reason']}
+        else:
+            failed = next((r for r in runs if r['status'] != 'ok'), {})
+            out[dtype] = {'dtype': dtype, 'status': 'failed', 'reason': failed.get('error')}
+    return out
 
 
 def loss_summary(result):
@@ -515,21 +616,28 @@ def markdown(report):
         lines += ['**Rows marked (emulated) run float32 kernels with %s rounding: they measure '
                   'numerics and the cost of emulation, not %s speed.**' % (cfg['dtype'],
                                                                           cfg['dtype']), '']
-    head = ('| phase | batch | mode | status | img/s median | min | max | x float32 | '
-            'x contrib.amp | peak RSS MiB | RSS x float32 | RSS x contrib.amp | '
-            'amp_cast / amp_multicast | conversion s |')
+    lines += limit_table(report)
+    head = ('| phase | batch | mode | status | img/s median | min | max | GFLOP/img | '
+            '% of peak | x float32 | x fused float32 | x contrib.amp | peak RSS MiB | '
+            'RSS x float32 | RSS x contrib.amp | amp_cast / amp_multicast | conversion s |')
     lines += [head, '|' + '---|' * (head.count('|') - 1)]
     for r in report['rows']:
         casts = _casts(r['casts'])
         if r.get('casts_real_graph'):
             casts += ' (real graph: %s)' % _casts(r['casts_real_graph'])
-        lines.append('| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |' % (
-            r['phase'], r['batch_size'], r['label'],
+        flop = r.get('flop_per_image')
+        percent = r.get('percent_of_peak')
+        lines.append('| %s |' % ' | '.join([
+            r['phase'], str(r['batch_size']), r['label'],
             'ok' if r['status'] == 'ok' else 'FAILED: %s' % r['error'],
             _fmt(r['img_per_s_median']), _fmt(r['img_per_s_min']), _fmt(r['img_per_s_max']),
-            _fmt(r['speedup_vs_float32'], '%.2fx'), _fmt(r['speedup_vs_contrib_amp'], '%.2fx'),
+            _fmt(flop and flop / 1e9, '%.3f'),
+            '-' if percent is None else '%.0f%% of %s' % (percent, r['peak_dtype']),
+            _fmt(r['speedup_vs_float32'], '%.2fx'),
+            _fmt(r.get('speedup_vs_float32_fused'), '%.2fx'),
+            _fmt(r['speedup_vs_contrib_amp'], '%.2fx'),
             _fmt(r['peak_rss_mib'], '%.0f'), _fmt(r['memory_vs_float32'], '%.2fx'),
-            _fmt(r['memory_vs_contrib_amp'], '%.2fx'), casts, _fmt(r['conversion_s'], '%.3f')))
+            _fmt(r['memory_vs_contrib_amp'], '%.2fx'), casts, _fmt(r['conversion_s'], '%.3f')]))
     loss = report.get('loss_check')
     if loss:
         lines += ['', '## Training loss on one fixed synthetic batch (batch %d, SGD lr %g, '
@@ -545,30 +653,71 @@ def markdown(report):
                     mode_label(variant, cfg['dtype'], loss['emulated'] and variant != 'float32'),
                     v['initial'], v['final'], v['final_diff_vs_float32'],
                     100 * v['final_rel_diff_vs_float32']))
-    lines += ['', 'img/s: images per second of one iteration (forward [+ backward + update]); '
-              'median/min/max over all timed iterations of all repeats. x float32 / x '
-              'contrib.amp: ratio of median img/s (> 1 is faster). peak RSS: largest ru_maxrss '
-              'of the run\'s process in MiB (includes MXNet itself, about %s MiB after import); '
-              'RSS x: ratio of peak RSS (< 1 is less memory). amp_cast / amp_multicast: cast '
-              'nodes in the graph that runs. conversion s: amp.init (contrib.amp training), '
-              'convert_hybrid_block or mxmp.convert, in seconds.'
-              % _fmt(min((r['rss_after_import_mib'] for r in report['rows']
-                          if r.get('rss_after_import_mib')), default=None), '%.0f')]
+    rss_import = _fmt(min((r['rss_after_import_mib'] for r in report['rows']
+                           if r.get('rss_after_import_mib')), default=None), '%.0f')
+    lines += ['', ' '.join([
+        'img/s: images per second of one iteration (forward [+ backward + update]);',
+        'median/min/max over all timed iterations of all repeats.',
+        "GFLOP/img: forward FLOP of one image, counted from the graph's Convolution and",
+        'FullyConnected layers with their inferred shapes (2 per multiply-accumulate).',
+        '%% of peak: img/s x GFLOP/img (x %d for training: forward + data and weight'
+        % bench_flops.TRAIN_FACTOR,
+        "gradients) divided by the GEMM peak of the row's dtype measured in this run",
+        "(float32 rows: the float32 peak; low-precision rows: the target dtype's; none for",
+        'emulated rows).',
+        "(fused): inference ran oneDNN's fused graph (mxmp's default where the kernels exist).",
+        'x float32 / x fused float32 / x contrib.amp: ratio of median img/s (> 1 is faster).',
+        "peak RSS: largest ru_maxrss of the run's process in MiB (includes MXNet itself, about",
+        '%s MiB after import); RSS x: ratio of peak RSS (< 1 is less memory).' % rss_import,
+        'amp_cast / amp_multicast: cast nodes in the graph that runs. conversion s: amp.init',
+        '(contrib.amp training), convert_hybrid_block or mxmp.convert, in seconds.'])]
     return '\n'.join(lines) + '\n'
 
 
+def limit_table(report):
+    """Markdown lines: the GEMM peak of every dtype, measured in this run."""
+    cfg = report['config']
+    lines = ['## The limit: GEMM peak of this machine (%d threads, measured in this run)'
+             % report['machine']['threads'], '',
+             '| dtype | GEMM | GFLOP/s median | max | x float32 | status |',
+             '|---|---|---|---|---|---|']
+    peaks = report.get('peaks') or {}
+    base = peaks.get('float32', {}).get('gflops_median')
+    for dtype in ('float32', cfg['dtype']):
+        p = peaks.get(dtype)
+        if p is None:
+            continue
+        if p['status'] == 'ok':
+            lines.append('| %s | %d^3 | %.1f | %.1f | %s | ok (%d calls) |' % (
+                dtype, p['size'], p['gflops_median'], p['gflops_max'],
+                _fmt(_ratio(p['gflops_median'], base), '%.2fx'), p['calls']))
+        else:
+            lines.append('| %s | - | - | - | - | %s: %s |' % (dtype, p['status'], p['reason']))
+    return lines + ['']
+
+
+def chart_phases(rows):
+    """The phases that have rows, in PHASES order: one column of panels each (none empty)."""
+    return [p for p in PHASES if any(r['phase'] == p for r in rows)]
+
+
 def bar_chart(report, path):
-    """PNG: median images/s (min-max whiskers) and peak RSS (MiB) per phase, batch and mode."""
+    """PNG: median images/s (min-max whiskers) and peak RSS (MiB) per phase, batch and mode.
+
+    One column of two panels per phase that has rows (no empty panels). Returns the panel
+    titles (list of str).
+    """
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     rows, cfg = report['rows'], report['config']
-    modes = [m for m in MODES if any(r['mode'] == m for r in rows)]
     colors = dict(zip(MODES, plt.get_cmap('tab10').colors))
-    fig, axes = plt.subplots(2, len(PHASES), figsize=(6 * len(PHASES), 7.5), squeeze=False)
+    phases = chart_phases(rows)
+    fig, axes = plt.subplots(2, len(phases), figsize=(6 * len(phases), 7.5), squeeze=False)
     batches = cfg['batch_size']
-    width = 0.8 / len(modes)
-    for col, phase in enumerate(PHASES):
+    for col, phase in enumerate(phases):
+        modes = [m for m in MODES if any(r['mode'] == m and r['phase'] == phase for r in rows)]
+        width = 0.8 / len(modes)
         for row_i, (key, ylabel) in enumerate((('img_per_s_median', 'images/s (median)'),
                                                ('peak_rss_mib', 'peak RSS (MiB)'))):
             ax = axes[row_i][col]
@@ -608,6 +757,7 @@ def bar_chart(report, path):
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return [ax.get_title() for ax in axes.flat]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -628,8 +778,9 @@ def parse_args(argv=None):
     p.add_argument('--warmup', type=int, default=3, help='untimed iterations per run (>= 1)')
     p.add_argument('--iters', type=int, default=10, help='timed iterations per run (>= %d)'
                    % MIN_ITERS)
-    p.add_argument('--repeats', type=int, default=2,
-                   help='interleaved repeats of every mode (A B A B ...)')
+    p.add_argument('--repeats', type=int, default=3,
+                   help='interleaved repeats of every mode (A B C A B C ...); one repeat once '
+                        'read 0.63x where three read 1.29x on a shared machine')
     p.add_argument('--dtype', default='bfloat16', choices=('bfloat16', 'float16'),
                    help='target dtype (float16 needs --ctx gpu for real kernels)')
     p.add_argument('--ctx', default='cpu', choices=('cpu', 'gpu'),
@@ -638,8 +789,16 @@ def parse_args(argv=None):
                    help='mxmp modes: emulate the target dtype in float32 kernels; auto = when '
                         'mxmp.lp_kernels_available(dtype, ctx) is False')
     p.add_argument('--phases', nargs='+', default=list(PHASES), choices=PHASES)
-    p.add_argument('--modes', nargs='+', default=list(MODES), choices=list(MODES),
-                   help='modes to run (float32 is always run: it is the reference)')
+    p.add_argument('--modes', nargs='+', default=DEFAULT_MODES, choices=list(MODES),
+                   help='modes to run (float32 is always run: it is the reference; '
+                        'mxmp_unfused, inference without fusion, only when named)')
+    p.add_argument('--gemm-size', type=int, default=bench_peak.DEFAULT_SIZE,
+                   help='M = N = K of the GEMM whose GFLOP/s is the peak (once per repeat, '
+                        'float32 and the target dtype); 0 skips it (no %% of peak)')
+    p.add_argument('--profile', action='store_true',
+                   help='instead of the benchmark: per-operator time of training (mx.profiler, '
+                        'bulk execution off) for %s side by side, at the first --batch-size, '
+                        'over --iters iterations' % ', '.join(PROFILE_MODES))
     p.add_argument('--loss-steps', type=int, default=20,
                    help='SGD steps of the loss check (0: skip it)')
     p.add_argument('--threads', type=int, default=None,
@@ -687,6 +846,63 @@ def check_args(args):
         args.modes = ['float32'] + list(args.modes)
 
 
+def profile_main(config, env, machine, out_dir, timeout):
+    """--profile: one profiled training process per mode; prints and writes the table."""
+    env = dict(env, **bench_profile.BULK_OFF)
+    batch = config['batch_size'][0]
+    per_mode, labels, results = {}, {}, {}
+    for mode in PROFILE_MODES:
+        spec = dict(config, mode=mode, phase='train', batch_size=batch, output_dir=out_dir,
+                    profile=True)
+        name = 'profile_train_bs%d_%s' % (batch, mode)
+        res = run_child(spec, env, os.path.join(out_dir, 'logs', name + '.log'),
+                        os.path.join(out_dir, 'logs', name + '.json'), timeout)
+        label = mode_label(mode, config['dtype'], res.get('emulated'))
+        results[mode] = {k: v for k, v in res.items() if k != 'profile_text'}
+        if res['status'] != 'ok':
+            LOG.warning('profile %s FAILED: %s', mode, res.get('error'))
+            results[mode]['label'] = label
+            continue
+        with open(os.path.join(out_dir, name + '.txt'), 'w') as f:
+            f.write(res['profile_text'])
+        sections = bench_profile.parse_aggregate(res['profile_text'])
+        per_mode[mode] = bench_profile.per_iteration(sections, res['profile_iters'])
+        labels[mode] = results[mode]['label'] = label
+        LOG.info('profile %s: %.1f ms per iteration', mode, 1000 * res['iter_s'][0])
+    machine['loadavg_end'] = os.getloadavg()
+    lines = ['# mxmp training profile: %s, input %dx%d, batch %d, target dtype %s'
+             % (config['model'], config['input_size'], config['input_size'], batch,
+                config['dtype']), '',
+             '- command: `%s`' % config['command'],
+             '- %s threads; bulk execution off (%s); load average %.1f at start, %.1f at end'
+             % (machine['threads'], ', '.join('%s=%s' % kv for kv in
+                                              bench_profile.BULK_OFF.items()),
+                machine['loadavg_start'][0], machine['loadavg_end'][0]),
+             '- %d warm-up + %d profiled iterations per mode, one fresh process per mode'
+             % (config['warmup'], config['iters'])]
+    for mode, r in results.items():
+        lines.append('- %s: %s' % (r['label'], '%.1f ms per profiled iteration (wall, with '
+                                   'the profiler on)' % (1000 * r['iter_s'][0])
+                                   if r['status'] == 'ok' else 'FAILED: %s' % r.get('error')))
+    rows = []
+    if per_mode:
+        reference = next(m for m in PROFILE_MODES if m in per_mode)
+        rows = bench_profile.side_by_side(per_mode, reference)
+        lines += ['', 'Operator time in ms per iteration (sum over the calls of the iteration); '
+                  'ratio columns: the %s time divided by the mode\'s (> 1: faster than %s).'
+                  % (labels[reference], labels[reference]), '',
+                  bench_profile.markdown_table(rows, labels, reference)]
+    text = '\n'.join(lines) + '\n'
+    report = {'config': config, 'machine': machine, 'modes': results, 'rows': rows}
+    with open(os.path.join(out_dir, 'profile.json'), 'w') as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(out_dir, 'profile.md'), 'w') as f:
+        f.write(text)
+    print(text)
+    LOG.info('wrote %s', os.path.join(out_dir, 'profile.md'))
+    return 0 if per_mode else 1
+
+
 def gpu_available():
     """Number of CUDA GPUs MXNet sees (0 without CUDA or without a CUDA build)."""
     try:
@@ -718,16 +934,31 @@ def main(argv=None):
     machine = machine_info(threads)
     config = {k: getattr(args, k) for k in ('model', 'batch_size', 'input_size', 'classes',
                                             'warmup', 'iters', 'repeats', 'dtype', 'ctx',
-                                            'emulate', 'phases', 'modes', 'loss_steps', 'quick')}
+                                            'emulate', 'phases', 'modes', 'loss_steps', 'quick',
+                                            'gemm_size')}
     config['command'] = ' '.join(['python', 'scripts/benchmark.py'] +
                                  (argv if argv is not None else sys.argv[1:]))
+    if args.profile:
+        return profile_main(config, env, machine, out_dir, args.timeout)
     runs = [(phase, batch, mode) for phase in args.phases for batch in args.batch_size
             for mode in MODES if mode in args.modes and phase in MODES[mode][1]]
     LOG.info('%d runs x %d repeats, %d threads each, outputs in %s', len(runs), args.repeats,
              threads, out_dir)
     start = time.perf_counter()
     results = {run: [] for run in runs}
+    peak_runs = []
     for repeat in range(args.repeats):
+        if args.gemm_size:
+            spec = dict(config, mode='peak', phase='-', batch_size=0, output_dir=out_dir,
+                        gemm_size=args.gemm_size)
+            name = 'gemm_peak_r%d' % repeat
+            res = run_child(spec, env, os.path.join(out_dir, 'logs', name + '.log'),
+                            os.path.join(out_dir, 'logs', name + '.json'), args.timeout)
+            peak_runs.append(res)
+            LOG.info('GEMM peak %d^3: %s', args.gemm_size, ', '.join(
+                '%s %s' % (d, '%.1f GFLOP/s' % p['gflops_median'] if p['status'] == 'ok'
+                           else p['status']) for d, p in res.get('peaks', {}).items())
+                     if res['status'] == 'ok' else 'FAILED: %s' % res.get('error'))
         for phase, batch, mode in runs:
             previous = results[(phase, batch, mode)]
             if previous and previous[0]['status'] != 'ok':
@@ -746,10 +977,13 @@ def main(argv=None):
     for (phase, batch, mode), rs in results.items():
         row = aggregate(rs)
         row.update(phase=phase, batch_size=batch, mode=mode,
-                   label=mode_label(mode, args.dtype, row['emulated']))
+                   label=mode_label(mode, args.dtype, row['emulated']) +
+                   (' (fused)' if row.get('fused') and mode.startswith('mxmp') else ''))
         rows.append(row)
     add_ratios(rows)
-    report = {'config': config, 'machine': machine, 'rows': rows,
+    peaks = aggregate_peaks(peak_runs, ('float32', args.dtype)) if peak_runs else {}
+    add_percent_of_peak(rows, peaks, args.dtype)
+    report = {'config': config, 'machine': machine, 'rows': rows, 'peaks': peaks,
               'lp_kernels_available': next((r['lp_kernels_available'] for r in rows
                                             if r.get('lp_kernels_available') is not None), None)}
     if args.loss_steps:

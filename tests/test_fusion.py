@@ -120,6 +120,20 @@ def test_real_kernels_fuse_by_default_within_bfloat16_tolerance(cast_params):
         assert rel(out, ref) < BF16_FUSED_REL
 
 
+@pytest.mark.skipif(not KERNELS, reason='needs oneDNN bfloat16 kernels (avx512_bf16/AMX)')
+def test_deferred_shapes_are_inferred_before_the_fused_graph_casts_its_weight_copies():
+    net = nn.HybridSequential(prefix='deferred_')
+    with net.name_scope():  # no in_channels / in_units: shapes wait for the first batch
+        net.add(nn.Conv2D(8, 3), nn.BatchNorm(), nn.Activation('relu'), nn.Dense(4))
+    net.initialize(mx.init.Xavier())
+    block = mxmp.convert(net, 'bfloat16')
+    block.hybridize(static_alloc=True, static_shape=True)
+    x = data()
+    out = block(x).asnumpy()
+    assert ops(block.mxmp_fused_symbol)['_sg_mkldnn_conv'] == 1
+    assert rel(out, unfused(block, x)) < BF16_FUSED_REL
+
+
 def test_not_hybridized_or_fuse_inference_false_never_fuses():
     x = data()
     block = mxmp.convert(tiny_net(2), policy=fp32_policy(), fuse_inference=True)
