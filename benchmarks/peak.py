@@ -21,7 +21,8 @@ import numpy as np
 
 from .flops import TRAIN_FACTOR
 
-__all__ = ['measure_gemm_peak', 'percent_of_peak', 'peak_dtype_of', 'DEFAULT_SIZE']
+__all__ = ['measure_gemm_peak', 'percent_of_peak', 'peak_dtype_of', 'aggregate_peaks',
+           'add_percent_of_peak', 'limit_markdown', 'DEFAULT_SIZE']
 
 DEFAULT_SIZE = 2048
 
@@ -91,3 +92,74 @@ def percent_of_peak(img_per_s, flop_per_image, phase, peak_gflops):
         return None
     factor = TRAIN_FACTOR if phase == 'train' else 1
     return 100.0 * img_per_s * flop_per_image * factor / (peak_gflops * 1e9)
+
+
+def aggregate_peaks(runs, dtypes):
+    """One peak per dtype from the per-repeat GEMM processes: median of every timed call.
+
+    Args:
+        runs (list of dict): results of the peak processes (``{'status', 'peaks': {dtype:
+            measure_gemm_peak(...)}}``, or a failed one with ``'error'``).
+        dtypes (iterable of str): the dtypes to report.
+
+    Returns:
+        dict: dtype -> ``{'status': 'ok', 'size', 'gflops_median', 'gflops_max', 'calls'}``, or
+        ``{'status': 'unavailable' or 'failed', 'reason'}``.
+    """
+    out = {}
+    for dtype in dtypes:
+        results = [r['peaks'][dtype] for r in runs if r['status'] == 'ok']
+        ok = [p for p in results if p['status'] == 'ok']
+        if ok:
+            calls = np.concatenate([p['gflops'] for p in ok])
+            out[dtype] = {'dtype': dtype, 'status': 'ok', 'size': ok[0]['size'],
+                          'gflops_median': float(np.median(calls)),
+                          'gflops_max': float(calls.max()), 'calls': int(calls.size)}
+        elif results:
+            out[dtype] = {'dtype': dtype, 'status': 'unavailable', 'reason': results[0]['reason']}
+        else:
+            failed = next((r for r in runs if r['status'] != 'ok'), {})
+            out[dtype] = {'dtype': dtype, 'status': 'failed', 'reason': failed.get('error')}
+    return out
+
+
+def add_percent_of_peak(rows, peaks, target_dtype):
+    """Give each benchmark row ``peak_dtype``, ``peak_gflops`` and ``percent_of_peak``.
+
+    Args:
+        rows (list of dict): rows with ``mode``, ``phase``, ``img_per_s_median``,
+            ``flop_per_image``, ``emulated``.
+        peaks (dict): from :func:`aggregate_peaks`.
+        target_dtype (str): the run's target dtype.
+
+    ``percent_of_peak`` is None where the peak is unavailable, the row failed, or the row is
+    emulated (emulation runs float32 kernels: its speed is no dtype's).
+    """
+    for row in rows:
+        row['peak_dtype'] = peak_dtype_of(row['mode'], target_dtype)
+        row['peak_gflops'] = peaks.get(row['peak_dtype'], {}).get('gflops_median')
+        row['percent_of_peak'] = None if row.get('emulated') else percent_of_peak(
+            row.get('img_per_s_median'), row.get('flop_per_image'), row['phase'],
+            row['peak_gflops'])
+    return rows
+
+
+def limit_markdown(peaks, target_dtype, threads):
+    """Markdown lines: the GEMM peak of float32 and the target dtype (from aggregate_peaks)."""
+    lines = ['## The limit: GEMM peak of this machine (%d threads, measured in this run)'
+             % threads, '', '| dtype | GEMM | GFLOP/s median | max | x float32 | status |',
+             '|---|---|---|---|---|---|']
+    base = peaks.get('float32', {}).get('gflops_median')
+    for dtype in ('float32', target_dtype):
+        p = peaks.get(dtype)
+        if p is None:
+            continue
+        if p['status'] == 'ok':
+            lines.append('| %s | %d^3 | %.1f | %.1f | %s | ok (%d calls) |' % (
+                dtype, p['size'], p['gflops_median'], p['gflops_max'],
+                '%.2fx' % (p['gflops_median'] / base) if base else '-', p['calls']))
+        else:
+            lines.append('| %s | - | - | - | - | %s: %s |' % (dtype, p['status'], p['reason']))
+    if not peaks:
+        lines.append('| - | - | - | - | - | not measured (--gemm-size 0) |')
+    return lines + ['']

@@ -8,9 +8,15 @@ aggregate_stats=True)``, and keeps ``mx.profiler.dumps()``: MXNet's aggregate ta
 parses that table and lines the modes up: operator, milliseconds per iteration in each mode, and
 the ratio of the reference mode's time to each other mode's (> 1: faster than the reference).
 """
+import json
+import logging
+import os
 import re
 
-__all__ = ['parse_aggregate', 'per_iteration', 'side_by_side', 'markdown_table', 'BULK_OFF']
+__all__ = ['parse_aggregate', 'per_iteration', 'side_by_side', 'markdown_table', 'run_profile',
+           'BULK_OFF']
+
+LOG = logging.getLogger('benchmark')
 
 #: Environment of a profiled process: every operator timed on its own.
 BULK_OFF = {'MXNET_EXEC_BULK_EXEC_TRAIN': '0', 'MXNET_EXEC_BULK_EXEC_INFERENCE': '0'}
@@ -108,3 +114,74 @@ def markdown_table(rows, labels, reference, limit=None):
         cells += ['-' if r['ratio'][m] is None else '%.2fx' % r['ratio'][m] for m in others]
         out.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(out) + '\n'
+
+
+def run_profile(config, env, machine, out_dir, timeout, run_child, mode_label, modes):
+    """``scripts/benchmark.py --profile``: one profiled training process per mode.
+
+    Args:
+        config (dict): the benchmark configuration (model, batch_size, dtype, warmup, iters...).
+        env (dict): the environment of the processes (bulk execution is turned off on top).
+        machine (dict): machine info (threads, loadavg_start; loadavg_end is set here).
+        out_dir (str): where ``profile.md``, ``profile.json`` and the raw dumps go.
+        timeout (float): seconds per process.
+        run_child (callable): ``run_child(spec, env, log_path, result_path, timeout)`` -> result.
+        mode_label (callable): ``mode_label(mode, dtype, emulated)`` -> str.
+        modes (sequence of str): the modes; the first is the reference of the ratios.
+
+    Returns:
+        int: 0 when at least one mode was profiled, else 1. The table is printed.
+    """
+    env = dict(env, **BULK_OFF)
+    batch = config['batch_size'][0]
+    per_mode, labels, results = {}, {}, {}
+    for mode in modes:
+        spec = dict(config, mode=mode, phase='train', batch_size=batch, output_dir=out_dir,
+                    profile=True)
+        name = 'profile_train_bs%d_%s' % (batch, mode)
+        res = run_child(spec, env, os.path.join(out_dir, 'logs', name + '.log'),
+                        os.path.join(out_dir, 'logs', name + '.json'), timeout)
+        label = mode_label(mode, config['dtype'], res.get('emulated'))
+        results[mode] = {k: v for k, v in res.items() if k != 'profile_text'}
+        if res['status'] != 'ok':
+            LOG.warning('profile %s FAILED: %s', mode, res.get('error'))
+            results[mode]['label'] = label
+            continue
+        with open(os.path.join(out_dir, name + '.txt'), 'w') as f:
+            f.write(res['profile_text'])
+        sections = parse_aggregate(res['profile_text'])
+        per_mode[mode] = per_iteration(sections, res['profile_iters'])
+        labels[mode] = results[mode]['label'] = label
+        LOG.info('profile %s: %.1f ms per iteration', mode, 1000 * res['iter_s'][0])
+    machine['loadavg_end'] = os.getloadavg()
+    lines = ['# mxmp training profile: %s, input %dx%d, batch %d, target dtype %s'
+             % (config['model'], config['input_size'], config['input_size'], batch,
+                config['dtype']), '',
+             '- command: `%s`' % config['command'],
+             '- %s threads; bulk execution off (%s); load average %.1f at start, %.1f at end'
+             % (machine['threads'], ', '.join('%s=%s' % kv for kv in
+                                              BULK_OFF.items()),
+                machine['loadavg_start'][0], machine['loadavg_end'][0]),
+             '- %d warm-up + %d profiled iterations per mode, one fresh process per mode'
+             % (config['warmup'], config['iters'])]
+    for mode, r in results.items():
+        lines.append('- %s: %s' % (r['label'], '%.1f ms per profiled iteration (wall, with '
+                                   'the profiler on)' % (1000 * r['iter_s'][0])
+                                   if r['status'] == 'ok' else 'FAILED: %s' % r.get('error')))
+    rows = []
+    if per_mode:
+        reference = next(m for m in modes if m in per_mode)
+        rows = side_by_side(per_mode, reference)
+        lines += ['', 'Operator time in ms per iteration (sum over the calls of the iteration); '
+                  'ratio columns: the %s time divided by the mode\'s (> 1: faster than %s).'
+                  % (labels[reference], labels[reference]), '',
+                  markdown_table(rows, labels, reference)]
+    text = '\n'.join(lines) + '\n'
+    report = {'config': config, 'machine': machine, 'modes': results, 'rows': rows}
+    with open(os.path.join(out_dir, 'profile.json'), 'w') as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(out_dir, 'profile.md'), 'w') as f:
+        f.write(text)
+    print(text)
+    LOG.info('wrote %s', os.path.join(out_dir, 'profile.md'))
+    return 0 if per_mode else 1

@@ -10,6 +10,9 @@ times, so slow drift of a shared machine hits every mode alike.
 Modes (``--dtype`` is the target dtype, ``bfloat16`` by default):
 
 * ``float32``: the GluonCV model as is, ``gluon.Trainer``.
+* ``float32_fused`` (inference only): the same, ``hybridize(static_alloc=True,
+  static_shape=True, backend='MKLDNN')``: oneDNN's fused graph, the fastest float32 inference a
+  user can have; the float32 reference of the inference rows ("x fused float32").
 * ``contrib_amp``: ``mxnet.contrib.amp``. Training: ``amp.init(target_dtype)`` before the
   network is built, ``amp.init_trainer(trainer)``, ``amp.scale_loss`` inside
   ``autograd.record()``. Inference: ``amp.convert_hybrid_block(net, target_dtype, ctx=ctx)``
@@ -17,7 +20,17 @@ Modes (``--dtype`` is the target dtype, ``bfloat16`` by default):
 * ``contrib_amp_cast_params`` (inference only): the same with ``cast_optional_params=True``.
 * ``mxmp``: ``mxmp.convert(net, target_dtype, cast_params=False)`` + ``mxmp.Trainer``.
 * ``mxmp_cast_params``: the same with ``cast_params=True`` (weights stored in the target dtype,
-  float32 master weights in the Trainer).
+  float32 master weights in the Trainer). mxmp inference is fused by default where the kernels
+  exist (``fuse_inference='auto'``; such rows are labelled "(fused)").
+* ``mxmp_unfused`` (inference only, run only when named in ``--modes``): ``mxmp`` with
+  ``fuse_inference=False``, to measure the fusion lever.
+
+The limit (``benchmarks/peak.py``, ``benchmarks/flops.py``): once per repeat a process measures
+the GEMM peak (``--gemm-size`` cubed, default 2048, float32 and the target dtype, same threads);
+every row gets its forward FLOP per image, counted from the graph's Convolution and
+FullyConnected layers with their inferred shapes, and its percent of the peak of its dtype
+(training counted as 3x forward). ``--profile`` replaces the benchmark with a per-operator
+training profile of float32, contrib.amp and mxmp side by side (``benchmarks/profile.py``).
 
 The mxmp modes *emulate* the target dtype (float32 kernels, low-precision rounding; see
 ``mxmp/graph.py``) when ``mxmp.lp_kernels_available(dtype, ctx)`` is False (``--emulate auto``,
@@ -41,14 +54,16 @@ on one fixed synthetic batch, float32 against mxmp (cast_params False and True),
 initial weights. Reported, not asserted.
 
 Outputs in ``--output-dir`` (default ``runs/benchmark``): ``benchmark.json`` (everything),
-``benchmark.md`` (the tables, also printed), ``benchmark.png`` (bar chart), ``logs/`` (stderr
-of every subprocess).
+``benchmark.md`` (the tables, also printed), ``benchmark.png`` (bar chart, one column per
+phase that ran), ``logs/`` (stderr of every subprocess); with ``--profile``: ``profile.json``,
+``profile.md`` and each mode's raw ``mx.profiler.dumps()`` table.
 
 Examples::
 
     python scripts/benchmark.py --quick
     python scripts/benchmark.py --model resnet50_v1 --batch-size 1 32 --repeats 3
     python scripts/benchmark.py --dtype float16 --ctx gpu
+    python scripts/benchmark.py --profile --batch-size 16 --iters 5
 """
 import argparse
 import contextlib
@@ -514,42 +529,6 @@ def add_ratios(rows):
     return rows
 
 
-def add_percent_of_peak(rows, peaks, dtype):
-    """Each row's percent of the GEMM peak of its dtype (benchmarks.peak.percent_of_peak).
-
-    ``peaks``: dtype -> aggregated peak (:func:`aggregate_peaks`). Sets ``peak_dtype``,
-    ``peak_gflops`` and ``percent_of_peak`` (None where the peak is unavailable, the row failed,
-    or the row is emulated: emulation runs float32 kernels, its speed is not a dtype's).
-    """
-    for row in rows:
-        row['peak_dtype'] = bench_peak.peak_dtype_of(row['mode'], dtype)
-        peak = peaks.get(row['peak_dtype'], {})
-        row['peak_gflops'] = peak.get('gflops_median')
-        row['percent_of_peak'] = None if row.get('emulated') else bench_peak.percent_of_peak(
-            row.get('img_per_s_median'), row.get('flop_per_image'), row['phase'],
-            row['peak_gflops'])
-    return rows
-
-
-def aggregate_peaks(runs, dtypes):
-    """One peak per dtype from the per-repeat GEMM runs: median of every timed call."""
-    out = {}
-    for dtype in dtypes:
-        results = [r['peaks'][dtype] for r in runs if r['status'] == 'ok']
-        ok = [p for p in results if p['status'] == 'ok']
-        if ok:
-            calls = np.concatenate([p['gflops'] for p in ok])
-            out[dtype] = {'dtype': dtype, 'status': 'ok', 'size': ok[0]['size'],
-                          'gflops_median': float(np.median(calls)),
-                          'gflops_max': float(calls.max()), 'calls': int(calls.size)}
-        elif results:
-            out[dtype] = {'dtype': dtype, 'status': 'unavailable', 'reason': results[0]['reason']}
-        else:
-            failed = next((r for r in runs if r['status'] != 'ok'), {})
-            out[dtype] = {'dtype': dtype, 'status': 'failed', 'reason': failed.get('error')}
-    return out
-
-
 def loss_summary(result):
     """Final losses of the loss check and their relative difference to float32."""
     if result['status'] != 'ok':
@@ -616,7 +595,8 @@ def markdown(report):
         lines += ['**Rows marked (emulated) run float32 kernels with %s rounding: they measure '
                   'numerics and the cost of emulation, not %s speed.**' % (cfg['dtype'],
                                                                           cfg['dtype']), '']
-    lines += limit_table(report)
+    lines += bench_peak.limit_markdown(report.get('peaks') or {}, cfg['dtype'],
+                                       report['machine']['threads'])
     head = ('| phase | batch | mode | status | img/s median | min | max | GFLOP/img | '
             '% of peak | x float32 | x fused float32 | x contrib.amp | peak RSS MiB | '
             'RSS x float32 | RSS x contrib.amp | amp_cast / amp_multicast | conversion s |')
@@ -672,28 +652,6 @@ def markdown(report):
         'amp_cast / amp_multicast: cast nodes in the graph that runs. conversion s: amp.init',
         '(contrib.amp training), convert_hybrid_block or mxmp.convert, in seconds.'])]
     return '\n'.join(lines) + '\n'
-
-
-def limit_table(report):
-    """Markdown lines: the GEMM peak of every dtype, measured in this run."""
-    cfg = report['config']
-    lines = ['## The limit: GEMM peak of this machine (%d threads, measured in this run)'
-             % report['machine']['threads'], '',
-             '| dtype | GEMM | GFLOP/s median | max | x float32 | status |',
-             '|---|---|---|---|---|---|']
-    peaks = report.get('peaks') or {}
-    base = peaks.get('float32', {}).get('gflops_median')
-    for dtype in ('float32', cfg['dtype']):
-        p = peaks.get(dtype)
-        if p is None:
-            continue
-        if p['status'] == 'ok':
-            lines.append('| %s | %d^3 | %.1f | %.1f | %s | ok (%d calls) |' % (
-                dtype, p['size'], p['gflops_median'], p['gflops_max'],
-                _fmt(_ratio(p['gflops_median'], base), '%.2fx'), p['calls']))
-        else:
-            lines.append('| %s | - | - | - | - | %s: %s |' % (dtype, p['status'], p['reason']))
-    return lines + ['']
 
 
 def chart_phases(rows):
@@ -846,63 +804,6 @@ def check_args(args):
         args.modes = ['float32'] + list(args.modes)
 
 
-def profile_main(config, env, machine, out_dir, timeout):
-    """--profile: one profiled training process per mode; prints and writes the table."""
-    env = dict(env, **bench_profile.BULK_OFF)
-    batch = config['batch_size'][0]
-    per_mode, labels, results = {}, {}, {}
-    for mode in PROFILE_MODES:
-        spec = dict(config, mode=mode, phase='train', batch_size=batch, output_dir=out_dir,
-                    profile=True)
-        name = 'profile_train_bs%d_%s' % (batch, mode)
-        res = run_child(spec, env, os.path.join(out_dir, 'logs', name + '.log'),
-                        os.path.join(out_dir, 'logs', name + '.json'), timeout)
-        label = mode_label(mode, config['dtype'], res.get('emulated'))
-        results[mode] = {k: v for k, v in res.items() if k != 'profile_text'}
-        if res['status'] != 'ok':
-            LOG.warning('profile %s FAILED: %s', mode, res.get('error'))
-            results[mode]['label'] = label
-            continue
-        with open(os.path.join(out_dir, name + '.txt'), 'w') as f:
-            f.write(res['profile_text'])
-        sections = bench_profile.parse_aggregate(res['profile_text'])
-        per_mode[mode] = bench_profile.per_iteration(sections, res['profile_iters'])
-        labels[mode] = results[mode]['label'] = label
-        LOG.info('profile %s: %.1f ms per iteration', mode, 1000 * res['iter_s'][0])
-    machine['loadavg_end'] = os.getloadavg()
-    lines = ['# mxmp training profile: %s, input %dx%d, batch %d, target dtype %s'
-             % (config['model'], config['input_size'], config['input_size'], batch,
-                config['dtype']), '',
-             '- command: `%s`' % config['command'],
-             '- %s threads; bulk execution off (%s); load average %.1f at start, %.1f at end'
-             % (machine['threads'], ', '.join('%s=%s' % kv for kv in
-                                              bench_profile.BULK_OFF.items()),
-                machine['loadavg_start'][0], machine['loadavg_end'][0]),
-             '- %d warm-up + %d profiled iterations per mode, one fresh process per mode'
-             % (config['warmup'], config['iters'])]
-    for mode, r in results.items():
-        lines.append('- %s: %s' % (r['label'], '%.1f ms per profiled iteration (wall, with '
-                                   'the profiler on)' % (1000 * r['iter_s'][0])
-                                   if r['status'] == 'ok' else 'FAILED: %s' % r.get('error')))
-    rows = []
-    if per_mode:
-        reference = next(m for m in PROFILE_MODES if m in per_mode)
-        rows = bench_profile.side_by_side(per_mode, reference)
-        lines += ['', 'Operator time in ms per iteration (sum over the calls of the iteration); '
-                  'ratio columns: the %s time divided by the mode\'s (> 1: faster than %s).'
-                  % (labels[reference], labels[reference]), '',
-                  bench_profile.markdown_table(rows, labels, reference)]
-    text = '\n'.join(lines) + '\n'
-    report = {'config': config, 'machine': machine, 'modes': results, 'rows': rows}
-    with open(os.path.join(out_dir, 'profile.json'), 'w') as f:
-        json.dump(report, f, indent=1)
-    with open(os.path.join(out_dir, 'profile.md'), 'w') as f:
-        f.write(text)
-    print(text)
-    LOG.info('wrote %s', os.path.join(out_dir, 'profile.md'))
-    return 0 if per_mode else 1
-
-
 def gpu_available():
     """Number of CUDA GPUs MXNet sees (0 without CUDA or without a CUDA build)."""
     try:
@@ -939,7 +840,8 @@ def main(argv=None):
     config['command'] = ' '.join(['python', 'scripts/benchmark.py'] +
                                  (argv if argv is not None else sys.argv[1:]))
     if args.profile:
-        return profile_main(config, env, machine, out_dir, args.timeout)
+        return bench_profile.run_profile(config, env, machine, out_dir, args.timeout,
+                                         run_child, mode_label, PROFILE_MODES)
     runs = [(phase, batch, mode) for phase in args.phases for batch in args.batch_size
             for mode in MODES if mode in args.modes and phase in MODES[mode][1]]
     LOG.info('%d runs x %d repeats, %d threads each, outputs in %s', len(runs), args.repeats,
@@ -981,8 +883,9 @@ def main(argv=None):
                    (' (fused)' if row.get('fused') and mode.startswith('mxmp') else ''))
         rows.append(row)
     add_ratios(rows)
-    peaks = aggregate_peaks(peak_runs, ('float32', args.dtype)) if peak_runs else {}
-    add_percent_of_peak(rows, peaks, args.dtype)
+    peaks = bench_peak.aggregate_peaks(peak_runs, ('float32', args.dtype)) if peak_runs \
+        else {}
+    bench_peak.add_percent_of_peak(rows, peaks, args.dtype)
     report = {'config': config, 'machine': machine, 'rows': rows, 'peaks': peaks,
               'lp_kernels_available': next((r['lp_kernels_available'] for r in rows
                                             if r.get('lp_kernels_available') is not None), None)}

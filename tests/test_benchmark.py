@@ -286,7 +286,7 @@ def test_percent_of_peak_arithmetic_on_fixed_numbers():
 
 
 def test_rows_are_compared_with_the_peak_of_their_own_dtype():
-    bench = load_benchmark()
+    from benchmarks.peak import add_percent_of_peak
     peaks = {'float32': {'status': 'ok', 'gflops_median': 100.0},
              'bfloat16': {'status': 'ok', 'gflops_median': 200.0}}
     rows = [dict(phase='infer', mode='float32_fused', img_per_s_median=10.0,
@@ -297,7 +297,7 @@ def test_rows_are_compared_with_the_peak_of_their_own_dtype():
                  emulated=True),
             dict(phase='infer', mode='contrib_amp', img_per_s_median=None, flop_per_image=5e9,
                  emulated=False)]
-    bench.add_percent_of_peak(rows, peaks, 'bfloat16')
+    add_percent_of_peak(rows, peaks, 'bfloat16')
     assert [r['peak_dtype'] for r in rows] == ['float32', 'bfloat16', 'bfloat16', 'bfloat16']
     assert rows[0]['percent_of_peak'] == pytest.approx(50.0)   # 50 GFLOP/s of 100
     assert rows[1]['percent_of_peak'] == pytest.approx(75.0)   # 150 GFLOP/s of 200
@@ -305,7 +305,7 @@ def test_rows_are_compared_with_the_peak_of_their_own_dtype():
     assert rows[3]['percent_of_peak'] is None  # failed row
     unavailable = {'float32': peaks['float32'],
                    'bfloat16': {'status': 'unavailable', 'reason': 'no bfloat16 kernels'}}
-    bench.add_percent_of_peak(rows, unavailable, 'bfloat16')
+    add_percent_of_peak(rows, unavailable, 'bfloat16')
     assert rows[1]['percent_of_peak'] is None and rows[0]['percent_of_peak'] == 50.0
 
 
