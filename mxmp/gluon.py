@@ -9,6 +9,7 @@ is built, and nothing global changes.
 """
 import json
 import logging
+import os
 import warnings
 
 import mxnet as mx
@@ -73,7 +74,9 @@ class ConvertedBlock(gluon.SymbolBlock):
                 self._mxmp_fused is None or not self.mxmp_fuse_inference:
             return False
         if self.mxmp_fuse_inference == 'auto':
+            # MXNET_SUBGRAPH_BACKEND=NONE turns MXNet's own fusion off: 'auto' follows it.
             return not self.mxmp_policy.emulate and \
+                os.environ.get('MXNET_SUBGRAPH_BACKEND', '').upper() != 'NONE' and \
                 lp_kernels_available(self.mxmp_policy.target_dtype, ctx)
         return True
 
@@ -169,13 +172,15 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
             MXNet's oneDNN fusion (``optimize_for('MKLDNN')``: Convolution + BatchNorm + ReLU
             (+ add) as one kernel), sharing the parameters; training always runs the unfused
             graph. ``'auto'`` (default): fused when the real low-precision kernels run (not
-            emulated and :func:`mxmp.lp_kernels_available`). ``True``: on every CPU, emulated
+            emulated and :func:`mxmp.lp_kernels_available`, and ``MXNET_SUBGRAPH_BACKEND`` is
+            not ``NONE`` when the call runs). ``True``: on every CPU, emulated
             too (emulation's rounding nodes stop the low-precision convolutions from folding
             BatchNorm; float32 parts fuse). ``False``: never. Fusion folds BatchNorm into the
             weights before bfloat16 rounding, so fused outputs differ from unfused ones (and
             from emulation) by bfloat16-sized amounts; only the unfused graph is bit-identical
-            to emulation. If MXNet refuses to fuse a graph, a warning is logged and the unfused
-            graph runs. See :mod:`mxmp.fusion`.
+            to emulation. If MXNet refuses to fuse a graph, or an output of the graph also feeds
+            another node (MXNet's fusion can return a wrong value there), a warning is logged
+            and the unfused graph runs. See :mod:`mxmp.fusion`.
 
     Returns:
         ConvertedBlock: call it with float32 NDArrays (shape as for ``block``); it returns

@@ -260,3 +260,47 @@ def test_cli_convert_fuse_writes_a_graph_plain_mxnet_loads(tmp_path, capsys):
     plain, fused_out = np.load(tmp_path / 'plain.npy'), np.load(tmp_path / 'fused.npy')
     assert rel(fused_out, plain) < BF16_FUSED_REL
     assert rel(fused_out, net(x).asnumpy()) < BF16_FUSED_REL
+
+
+def test_an_output_that_also_feeds_another_node_is_never_fused(caplog):
+    """MXNet's fusion returned sigmoid(FC) for an FC output that is also a graph output."""
+    class TwoHeads(gluon.HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.conv = nn.Conv2D(8, 3, in_channels=3)
+                self.dense = nn.Dense(4, in_units=8 * 14 * 14)
+
+        def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+            logits = self.dense(F.relu(self.conv(x)))
+            return logits, F.sigmoid(logits)
+
+    net = TwoHeads(prefix='heads_')
+    net.initialize(mx.init.Xavier())
+    x = data()
+    ref = [o.asnumpy() for o in net(x)]
+    block = mxmp.convert(net, policy=fp32_policy(), fuse_inference=True)
+    block.hybridize(static_alloc=True, static_shape=True)
+    with caplog.at_level(logging.WARNING, logger='mxmp.fusion'):
+        logits, prob = block(x)
+    assert block.mxmp_fused_symbol is None
+    assert any('also feeds another node' in r.getMessage() for r in caplog.records)
+    np.testing.assert_allclose(logits.asnumpy(), ref[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(prob.asnumpy(), ref[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not KERNELS, reason='needs oneDNN bfloat16 kernels (avx512_bf16/AMX)')
+def test_auto_follows_mxnet_subgraph_backend_none(monkeypatch):
+    x = data()
+    block = mxmp.convert(tiny_net(6), 'bfloat16')
+    block.hybridize(static_alloc=True, static_shape=True)
+    monkeypatch.setenv('MXNET_SUBGRAPH_BACKEND', 'NONE')
+    out = block(x).asnumpy()
+    assert block.mxmp_fused_symbol is None
+    # unfused real kernels: bit-identical to emulation
+    emulated = mxmp.convert(tiny_net(6), 'bfloat16', emulate=True)
+    emulated.hybridize(static_alloc=True, static_shape=True)
+    np.testing.assert_array_equal(out, emulated(x).asnumpy())
+    monkeypatch.delenv('MXNET_SUBGRAPH_BACKEND')
+    block(x)
+    assert block.mxmp_fused_symbol is not None
