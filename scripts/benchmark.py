@@ -858,7 +858,7 @@ def main(argv=None):
                             os.path.join(out_dir, 'logs', name + '.json'), args.timeout)
             peak_runs.append(res)
             LOG.info('GEMM peak %d^3: %s', args.gemm_size, ', '.join(
-                '%s %s' % (d, '%.1f GFLOP/s' % p['gflops_median'] if p['status'] == 'ok'
+                '%s %s' % (d, '%.1f GFLOP/s' % p['gflops_max'] if p['status'] == 'ok'
                            else p['status']) for d, p in res.get('peaks', {}).items())
                      if res['status'] == 'ok' else 'FAILED: %s' % res.get('error'))
         for phase, batch, mode in runs:

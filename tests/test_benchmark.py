@@ -287,8 +287,8 @@ def test_percent_of_peak_arithmetic_on_fixed_numbers():
 
 def test_rows_are_compared_with_the_peak_of_their_own_dtype():
     from benchmarks.peak import add_percent_of_peak
-    peaks = {'float32': {'status': 'ok', 'gflops_median': 100.0},
-             'bfloat16': {'status': 'ok', 'gflops_median': 200.0}}
+    peaks = {'float32': {'status': 'ok', 'gflops_max': 100.0, 'gflops_median': 90.0},
+             'bfloat16': {'status': 'ok', 'gflops_max': 200.0, 'gflops_median': 150.0}}
     rows = [dict(phase='infer', mode='float32_fused', img_per_s_median=10.0,
                  flop_per_image=5e9, emulated=False),
             dict(phase='train', mode='mxmp', img_per_s_median=10.0, flop_per_image=5e9,
@@ -313,7 +313,8 @@ def test_report_has_the_gemm_peaks_and_every_ok_row_a_percent_of_its_peak(small_
     import mxmp
     _, report, stdout = small_run
     peaks = report['peaks']
-    assert peaks['float32']['status'] == 'ok' and peaks['float32']['gflops_median'] > 0
+    assert peaks['float32']['status'] == 'ok'
+    assert peaks['float32']['gflops_max'] >= peaks['float32']['gflops_median'] > 0
     assert peaks['float32']['calls'] == 5 and peaks['float32']['size'] == 256
     if mxmp.lp_kernels_available('bfloat16'):
         assert peaks['bfloat16']['status'] == 'ok' and peaks['bfloat16']['gflops_median'] > 0
@@ -332,7 +333,7 @@ def test_report_has_the_gemm_peaks_and_every_ok_row_a_percent_of_its_peak(small_
         factor = 3 if r['phase'] == 'train' else 1
         assert r['percent_of_peak'] == pytest.approx(
             100 * r['img_per_s_median'] * flop * factor / (r['peak_gflops'] * 1e9))
-        assert r['peak_gflops'] == peaks[r['peak_dtype']]['gflops_median']
+        assert r['peak_gflops'] == peaks[r['peak_dtype']]['gflops_max']  # the fastest call
 
 
 def test_fused_float32_row_is_the_inference_reference_and_mxmp_fuses_where_kernels_exist(
