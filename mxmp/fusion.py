@@ -131,6 +131,7 @@ class FusedInference:
         self.twin = None
         self.refused = None  # the reason, once fusion was refused
         self._key = None
+        self._precast = None  # precast()'s result, computed once
         self._params = list(block.collect_params().values())
         for param in self._params:
             _watch(param)
@@ -164,6 +165,7 @@ class FusedInference:
             logger.warning('%s: not fused (%s); inference runs the unfused graph',
                            self.block.name, self.refused)
             return None
+        self.reset()  # the old fused graph's memory can go before the new one is made
         try:
             twin = self._build(args)
             out = twin(*args)
@@ -181,10 +183,11 @@ class FusedInference:
                            self.block.name, self.refused)
             self.reset()
             return None
-        self.twin, self._key = twin, key
+        self.twin, self._key = twin, self._state()  # after _build: deferred init done
         return out
 
     def _build(self, args):
+        import mxnet as mx
         from mxnet import autograd, gluon
         inputs, sym = self.block._cached_graph
         params = self.block.collect_params()
@@ -194,7 +197,9 @@ class FusedInference:
                 self.block._deferred_infer_shape(*args)
                 for p in self._params:
                     p._finish_deferred_init()
-            sym, names, dtype = self.precast()
+            if self._precast is None:
+                self._precast = self.precast()
+            sym, names, dtype = self._precast
             shared, params = params, gluon.ParameterDict()
             for name, param in shared.items():
                 if name not in names:
@@ -202,7 +207,6 @@ class FusedInference:
                     continue
                 copy = gluon.Parameter(name, shape=param.shape, dtype=dtype, grad_req='null')
                 with autograd.pause():
-                    import mxnet as mx
                     copy._init_impl(mx.nd.amp_cast(param.data(param.list_ctx()[0]), dtype=dtype),
                                     param.list_ctx())
                 params._params[name] = copy
