@@ -4,6 +4,7 @@
 * :mod:`benchmarks.peak` -- the GEMM peak of this machine (float32 and the target dtype) and
   the percent of it a row reaches.
 * :mod:`benchmarks.profile` -- per-operator time from MXNet's profiler, side by side.
+* :mod:`benchmarks.memory` -- peak RSS split into a fixed part and a part per image.
 
 Not part of the installed ``mxmp`` package.
 """

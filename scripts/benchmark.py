@@ -81,6 +81,7 @@ import numpy as np
 # The benchmarks/ package (FLOP counting, GEMM peak, profile tables) sits beside scripts/.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import flops as bench_flops  # noqa: E402
+from benchmarks import memory as bench_memory  # noqa: E402
 from benchmarks import peak as bench_peak  # noqa: E402
 from benchmarks import profile as bench_profile  # noqa: E402
 
@@ -618,6 +619,9 @@ def markdown(report):
             _fmt(r['speedup_vs_contrib_amp'], '%.2fx'),
             _fmt(r['peak_rss_mib'], '%.0f'), _fmt(r['memory_vs_float32'], '%.2fx'),
             _fmt(r['memory_vs_contrib_amp'], '%.2fx'), casts, _fmt(r['conversion_s'], '%.3f')]))
+    lines += [''] + bench_memory.memory_markdown(
+        bench_memory.memory_split(report['rows']),
+        {r['mode']: r['label'] for r in report['rows'] if r['phase'] == 'train'})
     loss = report.get('loss_check')
     if loss:
         lines += ['', '## Training loss on one fixed synthetic batch (batch %d, SGD lr %g, '

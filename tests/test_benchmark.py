@@ -416,3 +416,21 @@ def test_profile_parser_reads_sections_and_refuses_other_text():
     assert per_iteration({'operator': ops}, 2)['_backward_Convolution'] == (9.2305, 21.0)
     with pytest.raises(ValueError, match='aggregate_stats'):
         parse_aggregate('nothing here')
+
+
+def test_memory_split_into_fixed_and_per_image_parts():
+    from benchmarks.memory import memory_markdown, memory_split
+    # ResNet-50 training peak RSS measured at batch 16 and 32 (docs/benchmark.md, "Memory")
+    rows = [dict(mode=m, phase='train', batch_size=b, peak_rss_mib=v, status='ok')
+            for m, b, v in (('float32', 16, 2196.0), ('float32', 32, 3831.0),
+                            ('mxmp', 16, 1467.0), ('mxmp', 32, 2226.0),
+                            ('contrib_amp', 16, 1500.0))]
+    rows.append(dict(mode='mxmp', phase='infer', batch_size=8, peak_rss_mib=900.0, status='ok'))
+    split = memory_split(rows)
+    assert list(split) == ['float32', 'mxmp']  # contrib_amp: one batch size only
+    assert split['float32']['per_image_mib'] == pytest.approx((3831 - 2196) / 16)
+    assert split['float32']['fixed_mib'] == pytest.approx(2196 - 16 * (3831 - 2196) / 16)
+    assert split['mxmp']['per_image_mib'] == pytest.approx(47.4375)
+    text = '\n'.join(memory_markdown(split, {'float32': 'float32', 'mxmp': 'mxmp bfloat16'}))
+    assert '| mxmp bfloat16 | 16, 32 | 1467, 2226 | 47.4 | 708 | 0.46x | +147 |' in text
+    assert memory_split(rows[:1]) == {} and memory_markdown({}, {}) == []
