@@ -28,6 +28,12 @@ BF16_FUSED_REL = 0.03
 FP32_FUSED_REL = 1e-4
 
 
+def real_kernels_only(test):
+    """Mark ``test`` real_kernels and skip it without oneDNN bfloat16 kernels."""
+    return pytest.mark.real_kernels(pytest.mark.skipif(
+        not KERNELS, reason='needs oneDNN bfloat16 kernels (avx512_bf16/AMX)')(test))
+
+
 def tiny_net(seed, prefix=None):
     """conv+BN+ReLU, strided conv+BN+ReLU, pool, dense; BatchNorm statistics not at identity."""
     mx.random.seed(seed)
@@ -104,7 +110,7 @@ def test_emulated_graph_fuses_only_when_asked_and_keeps_emulation_numerics():
     np.testing.assert_array_equal(out, unfused(forced, x))
 
 
-@pytest.mark.skipif(not KERNELS, reason='needs oneDNN bfloat16 kernels (avx512_bf16/AMX)')
+@real_kernels_only
 @pytest.mark.parametrize('cast_params', [False, True])
 def test_real_kernels_fuse_by_default_within_bfloat16_tolerance(cast_params):
     for seed in range(3):
@@ -120,7 +126,7 @@ def test_real_kernels_fuse_by_default_within_bfloat16_tolerance(cast_params):
         assert rel(out, ref) < BF16_FUSED_REL
 
 
-@pytest.mark.skipif(not KERNELS, reason='needs oneDNN bfloat16 kernels (avx512_bf16/AMX)')
+@real_kernels_only
 def test_deferred_shapes_are_inferred_before_the_fused_graph_casts_its_weight_copies():
     net = nn.HybridSequential(prefix='deferred_')
     with net.name_scope():  # no in_channels / in_units: shapes wait for the first batch
@@ -180,8 +186,8 @@ def fresh_fused(block, x):
 
 
 @pytest.mark.parametrize('real', [
-    False, pytest.param(True, marks=pytest.mark.skipif(
-        not KERNELS, reason='needs oneDNN bfloat16 kernels (avx512_bf16/AMX)'))])
+    False, pytest.param(True, marks=[pytest.mark.real_kernels, pytest.mark.skipif(
+        not KERNELS, reason='needs oneDNN bfloat16 kernels (avx512_bf16/AMX)')])])
 def test_fused_graph_is_rebuilt_after_training_steps_and_set_data(real):
     """MXNet's fused FullyConnected keeps its first weights, and a fused conv+BatchNorm does not
     see BatchNorm changes: the twin must be rebuilt, or inference after training is stale.
@@ -289,7 +295,7 @@ def test_an_output_that_also_feeds_another_node_is_never_fused(caplog):
     np.testing.assert_allclose(prob.asnumpy(), ref[1], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.skipif(not KERNELS, reason='needs oneDNN bfloat16 kernels (avx512_bf16/AMX)')
+@real_kernels_only
 def test_auto_follows_mxnet_subgraph_backend_none(monkeypatch):
     x = data()
     block = mxmp.convert(tiny_net(6), 'bfloat16')
