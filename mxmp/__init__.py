@@ -5,6 +5,8 @@ The pieces, one module each:
 * :mod:`mxmp.policy` -- :class:`Policy`: target dtype, op classes (``mxmp/lists``), overrides.
 * :mod:`mxmp.graph` -- the pass: :func:`convert_symbol`, :func:`remove_casts`, :func:`explain`.
 * :mod:`mxmp.gluon` -- :func:`convert`: a Gluon HybridBlock in mixed precision.
+* :mod:`mxmp.fusion` -- oneDNN-fused inference graphs (the converted block's default where the
+  kernels run; ``mxmp convert --fuse``).
 * :mod:`mxmp.device` -- :func:`lp_kernels_available`: does this device have the kernels.
 * :mod:`mxmp.scaler` -- loss scalers (dynamic, static, no-op).
 * :mod:`mxmp.trainer` -- :class:`Trainer`: loss scaling, skipped steps, float32 master weights.
