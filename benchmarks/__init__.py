@@ -5,6 +5,7 @@
   the percent of it a row reaches.
 * :mod:`benchmarks.profile` -- per-operator time from MXNet's profiler, side by side.
 * :mod:`benchmarks.memory` -- peak RSS split into a fixed part and a part per image.
+* :mod:`benchmarks.train_rss` -- peak RSS of a few training steps, one lever at a time.
 
 Not part of the installed ``mxmp`` package.
 """
