@@ -434,3 +434,18 @@ def test_memory_split_into_fixed_and_per_image_parts():
     text = '\n'.join(memory_markdown(split, {'float32': 'float32', 'mxmp': 'mxmp bfloat16'}))
     assert '| mxmp bfloat16 | 16, 32 | 1467, 2226 | 47.4 | 708 | 0.46x | +147 |' in text
     assert memory_split(rows[:1]) == {} and memory_markdown({}, {}) == []
+
+
+def test_train_rss_prints_peak_memory_step_time_and_losses():
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''),
+               OMP_NUM_THREADS='1')
+    proc = subprocess.run([sys.executable, '-m', 'benchmarks.train_rss', '--model', MODEL,
+                           '--classes', str(CLASSES), '--input-size', str(SIZE),
+                           '--batch-size', '2', '--steps', '3', '--fp32-ops', 'BatchNorm'],
+                          cwd=str(REPO), env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith('%s batch 2 cast_params False fp32_ops BatchNorm: peak RSS ' % MODEL)
+    assert 'img/s (median of 1 steps)' in line
+    losses = [float(v) for v in line.split('losses ')[1].split(', ')]
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
