@@ -6,6 +6,8 @@ The pieces, one module each:
 * :mod:`mxmp.graph` -- the pass: :func:`convert_symbol`, :func:`remove_casts`, :func:`explain`.
 * :mod:`mxmp.gluon` -- :func:`convert`: a Gluon HybridBlock in mixed precision.
 * :mod:`mxmp.block_params` -- a converted block's checkpoints, as the float32 network's.
+* :mod:`mxmp.fusion` -- oneDNN-fused inference graphs (the converted block's default where the
+  kernels run; ``mxmp convert --fuse``).
 * :mod:`mxmp.device` -- :func:`lp_kernels_available`: does this device have the kernels.
 * :mod:`mxmp.scaler` -- loss scalers (dynamic, static, no-op).
 * :mod:`mxmp.shared_scale` -- one loss scale shared by several Trainers (PyTorch's habit).

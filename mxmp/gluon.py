@@ -9,15 +9,17 @@ is built, and nothing global changes.
 """
 import json
 import logging
+import os
 import warnings
 
 import mxnet as mx
 import numpy as np
-from mxnet import gluon
+from mxnet import autograd, gluon
 
 from .graph import MARK, convert_symbol, count_casts, remove_casts
 from .device import lp_kernels_available
 from .layout import to_default_layout
+from .fusion import FusedInference, parameters_changed
 from .policy import Policy, normalize_dtype
 
 __all__ = ['convert', 'ConvertedBlock', 'dtype_of']
@@ -40,11 +42,15 @@ class ConvertedBlock(gluon.SymbolBlock):
         mxmp_policy (mxmp.Policy): the policy it was converted with.
         mxmp_cast_params (bool): whether low-precision parameters are stored in the target dtype.
         mxmp_source (gluon.HybridBlock): the block it was converted from.
+        mxmp_fuse_inference ('auto', True or False): when inference calls run the oneDNN-fused
+            graph (see :func:`convert`).
     """
     mxmp_policy = None
     mxmp_cast_params = False
     mxmp_source = None
     _mxmp_cast_in_graph = ()
+    mxmp_fuse_inference = False
+    _mxmp_fused = None
 
     def forward(self, x, *args):  # pylint: disable=arguments-differ
         if isinstance(x, mx.nd.NDArray) and not self.mxmp_policy.emulate and \
@@ -60,7 +66,35 @@ class ConvertedBlock(gluon.SymbolBlock):
             # may have left a weight in oneDNN's blocked layout, where the graph's amp_cast
             # fails for grouped convolutions (mxmp/layout.py).
             to_default_layout(_arrays_on(self._mxmp_cast_in_graph, x.ctx))
+            if autograd.is_recording():
+                parameters_changed()  # a training step follows: fused state goes stale
+            elif self._mxmp_fuses(x.ctx):
+                out = self._mxmp_fused(x, *args)
+                if out is not None:
+                    return out
         return super().forward(x, *args)
+
+    def _mxmp_fuses(self, ctx):
+        """Whether this call runs the fused graph: hybridized inference on a CPU, as chosen."""
+        if not self._active or autograd.is_training() or ctx.device_type != 'cpu' or \
+                self._mxmp_fused is None or not self.mxmp_fuse_inference:
+            return False
+        if self.mxmp_fuse_inference == 'auto':
+            # MXNET_SUBGRAPH_BACKEND=NONE turns MXNet's own fusion off: 'auto' follows it.
+            return not self.mxmp_policy.emulate and \
+                os.environ.get('MXNET_SUBGRAPH_BACKEND', '').upper() != 'NONE' and \
+                lp_kernels_available(self.mxmp_policy.target_dtype, ctx)
+        return True
+
+    def _clear_cached_op(self):
+        super()._clear_cached_op()
+        if self._mxmp_fused is not None:  # hybridize(), cast(): new flags or dtypes
+            self._mxmp_fused.reset()
+
+    @property
+    def mxmp_fused_symbol(self):
+        """The oneDNN-fused inference Symbol, or None until an inference call has run fused."""
+        return None if self._mxmp_fused is None else self._mxmp_fused.symbol
 
     def export(self, path, epoch=0, remove_amp_cast=True):
         """Write ``path-symbol.json`` and ``path-%04d.params`` (as ``HybridBlock.export``).
@@ -75,7 +109,15 @@ class ConvertedBlock(gluon.SymbolBlock):
         Raises:
             RuntimeError: the block has not run forward since ``hybridize()``.
         """
-        super().export(path, epoch, remove_amp_cast=False)
+        saved = self._cached_op_args
+        if not saved and self._active:
+            # Only fused inference calls ran: this block's own CachedOp (whose argument list
+            # export reads) was never built. Its parameters are the same objects.
+            self._cached_op_args = [(False, p) for p in self.collect_params().values()]
+        try:
+            super().export(path, epoch, remove_amp_cast=False)
+        finally:
+            self._cached_op_args = saved
         if not remove_amp_cast:
             return
         remove_casts(self._cached_graph[1]).save('%s-symbol.json' % path)
@@ -151,7 +193,7 @@ def _trace(block, data_names, data_dtypes):
 
 
 def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, policy=None,
-            data_names=('data',), data_dtypes=None):
+            data_names=('data',), data_dtypes=None, fuse_inference='auto'):
     """Return a mixed-precision version of ``block`` that shares its parameters.
 
     Args:
@@ -172,6 +214,20 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
         data_names (tuple of str): names of the block's inputs, in call order; default
             ``('data',)``.
         data_dtypes (dict of str -> dtype): dtypes of the inputs (default float32).
+        fuse_inference ('auto', True or False): inference calls (hybridized block, outside
+            ``autograd.record()`` and ``autograd.train_mode()``, CPU) run a second graph made by
+            MXNet's oneDNN fusion (``optimize_for('MKLDNN')``: Convolution + BatchNorm + ReLU
+            (+ add) as one kernel), sharing the parameters; training always runs the unfused
+            graph. ``'auto'`` (default): fused when the real low-precision kernels run (not
+            emulated and :func:`mxmp.lp_kernels_available`, and ``MXNET_SUBGRAPH_BACKEND`` is
+            not ``NONE`` when the call runs). ``True``: on every CPU, emulated
+            too (emulation's rounding nodes stop the low-precision convolutions from folding
+            BatchNorm; float32 parts fuse). ``False``: never. Fusion folds BatchNorm into the
+            weights before bfloat16 rounding, so fused outputs differ from unfused ones (and
+            from emulation) by bfloat16-sized amounts; only the unfused graph is bit-identical
+            to emulation. If MXNet refuses to fuse a graph, or an output of the graph also feeds
+            another node (MXNet's fusion can return a wrong value there), a warning is logged
+            and the unfused graph runs. See :mod:`mxmp.fusion`.
 
     Returns:
         ConvertedBlock: call it with float32 NDArrays (shape as for ``block``); it returns
@@ -184,8 +240,11 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
 
     Raises:
         TypeError: ``block`` is not a HybridBlock or cannot be traced (the message names the fix).
-        ValueError: unknown dtype; ``block`` is already a converted block.
+        ValueError: unknown dtype; ``block`` is already a converted block; bad ``fuse_inference``.
     """
+    if fuse_inference not in ('auto', True, False):
+        raise ValueError("fuse_inference=%r: use 'auto' (fused where the real low-precision "
+                         "kernels run), True (always on CPU) or False (never)" % (fuse_inference,))
     if getattr(block, 'mxmp_policy', None) is not None:
         raise ValueError(
             'this block was already converted by mxmp (target dtype %s); converting twice would '
@@ -221,6 +280,14 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
     out.mxmp_cast_params = bool(cast_params)
     out.mxmp_source = block
     out._mxmp_cast_in_graph = [p for n, p in params.items() if n in cast_in_graph]
+    out.mxmp_fuse_inference = fuse_inference
+    precast = None
+    if not cast_params and not policy.emulate:
+        def precast():  # the fused graph takes target-dtype weights (see mxmp.fusion)
+            graph = convert_symbol(sym, policy=policy, data_dtypes=data_dtypes, cast_params=True,
+                                   data_names=data_names)
+            return graph, _lp_parameter_names(graph), lp_dtype
+    out._mxmp_fused = FusedInference(out, precast)  # not a Block: no child, no parameter names
     logger.info('converted %s to %s%s: %d casts, %d parameters stored in %s', block.name,
                 policy.target_dtype, ' (emulated)' if policy.emulate else '',
                 count_casts(converted)['amp_cast'], len(lp_names), policy.target_dtype)

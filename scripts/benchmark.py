@@ -10,6 +10,9 @@ times, so slow drift of a shared machine hits every mode alike.
 Modes (``--dtype`` is the target dtype, ``bfloat16`` by default):
 
 * ``float32``: the GluonCV model as is, ``gluon.Trainer``.
+* ``float32_fused`` (inference only): the same, ``hybridize(static_alloc=True,
+  static_shape=True, backend='MKLDNN')``: oneDNN's fused graph, the fastest float32 inference a
+  user can have; the float32 reference of the inference rows ("x fused float32").
 * ``contrib_amp``: ``mxnet.contrib.amp``. Training: ``amp.init(target_dtype)`` before the
   network is built, ``amp.init_trainer(trainer)``, ``amp.scale_loss`` inside
   ``autograd.record()``. Inference: ``amp.convert_hybrid_block(net, target_dtype, ctx=ctx)``
@@ -17,7 +20,17 @@ Modes (``--dtype`` is the target dtype, ``bfloat16`` by default):
 * ``contrib_amp_cast_params`` (inference only): the same with ``cast_optional_params=True``.
 * ``mxmp``: ``mxmp.convert(net, target_dtype, cast_params=False)`` + ``mxmp.Trainer``.
 * ``mxmp_cast_params``: the same with ``cast_params=True`` (weights stored in the target dtype,
-  float32 master weights in the Trainer).
+  float32 master weights in the Trainer). mxmp inference is fused by default where the kernels
+  exist (``fuse_inference='auto'``; such rows are labelled "(fused)").
+* ``mxmp_unfused`` (inference only, run only when named in ``--modes``): ``mxmp`` with
+  ``fuse_inference=False``, to measure the fusion lever.
+
+The limit (``benchmarks/peak.py``, ``benchmarks/flops.py``): once per repeat a process measures
+the GEMM peak (``--gemm-size`` cubed, default 2048, float32 and the target dtype, same threads);
+every row gets its forward FLOP per image, counted from the graph's Convolution and
+FullyConnected layers with their inferred shapes, and its percent of the peak of its dtype
+(training counted as 3x forward). ``--profile`` replaces the benchmark with a per-operator
+training profile of float32, contrib.amp and mxmp side by side (``benchmarks/profile.py``).
 
 The mxmp modes *emulate* the target dtype (float32 kernels, low-precision rounding; see
 ``mxmp/graph.py``) when ``mxmp.lp_kernels_available(dtype, ctx)`` is False (``--emulate auto``,
@@ -41,14 +54,16 @@ on one fixed synthetic batch, float32 against mxmp (cast_params False and True),
 initial weights. Reported, not asserted.
 
 Outputs in ``--output-dir`` (default ``runs/benchmark``): ``benchmark.json`` (everything),
-``benchmark.md`` (the tables, also printed), ``benchmark.png`` (bar chart), ``logs/`` (stderr
-of every subprocess).
+``benchmark.md`` (the tables, also printed), ``benchmark.png`` (bar chart, one column per
+phase that ran), ``logs/`` (stderr of every subprocess); with ``--profile``: ``profile.json``,
+``profile.md`` and each mode's raw ``mx.profiler.dumps()`` table.
 
 Examples::
 
     python scripts/benchmark.py --quick
     python scripts/benchmark.py --model resnet50_v1 --batch-size 1 32 --repeats 3
     python scripts/benchmark.py --dtype float16 --ctx gpu
+    python scripts/benchmark.py --profile --batch-size 16 --iters 5
 """
 import argparse
 import contextlib
@@ -63,17 +78,30 @@ import time
 
 import numpy as np
 
+# The benchmarks/ package (FLOP counting, GEMM peak, profile tables) sits beside scripts/.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import flops as bench_flops  # noqa: E402
+from benchmarks import memory as bench_memory  # noqa: E402
+from benchmarks import peak as bench_peak  # noqa: E402
+from benchmarks import profile as bench_profile  # noqa: E402
+
 LOG = logging.getLogger('benchmark')
 
 MODELS = ('resnet50_v1', 'resnet18_v1', 'mobilenetv2_1.0')
 #: Mode name -> (label, phases it applies to). Order = order of the rows and of the interleaving.
 MODES = {
     'float32': ('float32', ('train', 'infer')),
+    'float32_fused': ('float32, oneDNN-fused', ('infer',)),
     'contrib_amp': ('contrib.amp {dtype}', ('train', 'infer')),
     'contrib_amp_cast_params': ('contrib.amp {dtype}, cast_optional_params', ('infer',)),
     'mxmp': ('mxmp {dtype}', ('train', 'infer')),
     'mxmp_cast_params': ('mxmp {dtype}, cast_params', ('train', 'infer')),
+    'mxmp_unfused': ('mxmp {dtype}, fuse_inference=False', ('infer',)),
 }
+#: Modes run unless --modes says otherwise (mxmp_unfused measures the fusion lever: opt-in).
+DEFAULT_MODES = [m for m in MODES if m != 'mxmp_unfused']
+#: Modes profiled by --profile (training), the first is the reference of the ratios.
+PROFILE_MODES = ('float32', 'contrib_amp', 'mxmp')
 PHASES = ('train', 'infer')
 #: The --quick configuration (explicit flags still win). cifar_resnet20_v1 (0.27 M parameters)
 #: rather than resnet18_v1 (11.7 M): emulated cast_params runs cast every parameter to and from
@@ -139,13 +167,24 @@ class _Child:
         np.random.seed(SEED)
         if spec['mode'] == 'loss_check':
             return self.loss_check()
+        if spec['mode'] == 'peak':
+            return self.gemm_peaks()
         res['lp_kernels_available'] = mxmp.lp_kernels_available(spec['dtype'], self.ctx)
+        res['stage'] = 'flops'
+        res['flop_per_image'] = bench_flops.forward_flops_per_image(
+            self.traced(self.get_model(spec['model'], pretrained=False,
+                                       classes=spec['classes'])),
+            (3, spec['input_size'], spec['input_size']))
         res['stage'] = 'build'
         net, step = getattr(self, 'build_%s' % spec['phase'])()
         res['stage'] = 'warmup'
         for _ in range(spec['warmup']):
             step()
             mx.nd.waitall()
+        if spec['mode'].startswith('mxmp'):
+            res['fused'] = net.mxmp_fused_symbol is not None
+        if spec.get('profile'):
+            return self.profile(step)
         res['stage'] = 'timed'
         batch = spec['batch_size']
         for _ in range(spec['iters']):
@@ -155,6 +194,38 @@ class _Child:
             seconds = time.perf_counter() - start
             res['iter_s'].append(seconds)
             res['img_per_s'].append(batch / seconds)
+        res['stage'] = 'done'
+        res['status'] = 'ok'
+        return res
+
+    # ------------------------------------------------------------------ limit, profile
+    def gemm_peaks(self):
+        """GEMM GFLOP/s in float32 and the target dtype (benchmarks.peak)."""
+        res = self.result
+        res['stage'] = 'gemm'
+        res['peaks'] = {d: bench_peak.measure_gemm_peak(d, self.ctx, size=self.spec['gemm_size'])
+                        for d in ('float32', self.spec['dtype'])}
+        res['stage'] = 'done'
+        res['status'] = 'ok'
+        return res
+
+    def profile(self, step):
+        """``spec['iters']`` iterations under mx.profiler; keeps its aggregate table."""
+        mx, res = self.mx, self.result
+        res['stage'] = 'profile'
+        res['bulk_env'] = {k: os.environ.get(k) for k in bench_profile.BULK_OFF}
+        mx.profiler.set_config(profile_all=True, aggregate_stats=True,
+                               filename=os.path.join(self.spec['output_dir'], 'logs',
+                                                     'profile_%s.json' % self.spec['mode']))
+        mx.profiler.set_state('run')
+        start = time.perf_counter()
+        for _ in range(self.spec['iters']):
+            step()
+        mx.nd.waitall()
+        res['iter_s'] = [(time.perf_counter() - start) / self.spec['iters']]
+        mx.profiler.set_state('stop')
+        res['profile_text'] = mx.profiler.dumps(reset=True)
+        res['profile_iters'] = self.spec['iters']
         res['stage'] = 'done'
         res['status'] = 'ok'
         return res
@@ -181,7 +252,7 @@ class _Child:
             return not self.result['lp_kernels_available']
         return choice == 'yes'
 
-    def convert_mxmp(self, net, cast_params):
+    def convert_mxmp(self, net, cast_params, fuse_inference='auto'):
         """mxmp.convert, timed; cast counts of the graph that runs and of the real graph."""
         mxmp, res = self.mxmp, self.result
         emulate = self.emulate()
@@ -189,7 +260,7 @@ class _Child:
         float32_graph = self.traced(net)
         start = time.perf_counter()
         block = mxmp.convert(net, target_dtype=self.spec['dtype'], cast_params=cast_params,
-                             emulate=emulate)
+                             emulate=emulate, fuse_inference=fuse_inference)
         res['conversion_s'] = time.perf_counter() - start
         res['casts'] = mxmp.count_casts(block.mxmp_symbol)
         if emulate:
@@ -251,9 +322,13 @@ class _Child:
         mode = spec['mode']
         x, _ = self.data(spec['batch_size'])
         net = self.new_net()
-        if mode == 'float32':
+        hybridize = dict(static_alloc=True, static_shape=True)
+        if mode in ('float32', 'float32_fused'):
             res['casts'] = mxmp.count_casts(self.traced(net))
             res['conversion_s'] = 0.0
+            res['fused'] = mode == 'float32_fused'
+            if res['fused']:  # the fastest float32 inference a user can have
+                hybridize['backend'] = 'MKLDNN'
         elif mode in ('contrib_amp', 'contrib_amp_cast_params'):
             from mxnet.contrib import amp
             # convert_hybrid_block needs a hybridized block that ran forward once (float32).
@@ -266,11 +341,12 @@ class _Child:
                 cast_optional_params=mode == 'contrib_amp_cast_params')
             res['conversion_s'] = time.perf_counter() - start
             res['casts'] = mxmp.count_casts(net._cached_graph[1])
-        elif mode in ('mxmp', 'mxmp_cast_params'):
-            net = self.convert_mxmp(net, cast_params=mode == 'mxmp_cast_params')
+        elif mode in ('mxmp', 'mxmp_cast_params', 'mxmp_unfused'):
+            net = self.convert_mxmp(net, cast_params=mode == 'mxmp_cast_params',
+                                    fuse_inference='auto' if mode != 'mxmp_unfused' else False)
         else:
             raise BenchmarkError('mode %r has no inference phase' % mode)
-        net.hybridize(static_alloc=True, static_shape=True)
+        net.hybridize(**hybridize)
 
         def step():
             net(x)
@@ -402,7 +478,8 @@ def aggregate(runs):
                         'peak_rss_mib': r.get('peak_rss_mib'), 'log': r.get('log')}
                        for r in runs]}
     first = runs[0]
-    for key in ('casts', 'casts_real_graph', 'emulated', 'lp_kernels_available', 'versions'):
+    for key in ('casts', 'casts_real_graph', 'emulated', 'lp_kernels_available', 'versions',
+                'flop_per_image', 'fused'):
         row[key] = first.get(key)
     convs = [r['conversion_s'] for r in runs if r.get('conversion_s') is not None]
     row['conversion_s'] = float(np.median(convs)) if convs else None
@@ -431,16 +508,20 @@ def _ratio(a, b):
 
 
 def add_ratios(rows):
-    """Speed and memory ratios against float32 and contrib.amp of the same phase and batch.
+    """Speed and memory ratios against float32, fused float32 and contrib.amp of the same phase
+    and batch.
 
     ``speedup_vs_*`` = median images/s of the row / median images/s of the reference (> 1:
     faster); ``memory_vs_*`` = peak RSS of the row / peak RSS of the reference (< 1: less
-    memory). None when either side failed. The contrib.amp reference is the ``contrib_amp`` row.
+    memory). None when either side failed or did not run. The contrib.amp reference is the
+    ``contrib_amp`` row; ``*_vs_float32_fused`` exists for inference only (the fused float32
+    row is the fastest float32 inference).
     """
     for row in rows:
         peers = {r['mode']: r for r in rows
                  if r['phase'] == row['phase'] and r['batch_size'] == row['batch_size']}
-        for ref, key in (('float32', 'float32'), ('contrib_amp', 'contrib_amp')):
+        for ref, key in (('float32', 'float32'), ('contrib_amp', 'contrib_amp'),
+                         ('float32_fused', 'float32_fused')):
             other = peers.get(ref, {})
             row['speedup_vs_%s' % key] = _ratio(row.get('img_per_s_median'),
                                                 other.get('img_per_s_median'))
@@ -515,21 +596,32 @@ def markdown(report):
         lines += ['**Rows marked (emulated) run float32 kernels with %s rounding: they measure '
                   'numerics and the cost of emulation, not %s speed.**' % (cfg['dtype'],
                                                                           cfg['dtype']), '']
-    head = ('| phase | batch | mode | status | img/s median | min | max | x float32 | '
-            'x contrib.amp | peak RSS MiB | RSS x float32 | RSS x contrib.amp | '
-            'amp_cast / amp_multicast | conversion s |')
+    lines += bench_peak.limit_markdown(report.get('peaks') or {}, cfg['dtype'],
+                                       report['machine']['threads'])
+    head = ('| phase | batch | mode | status | img/s median | min | max | GFLOP/img | '
+            '% of peak | x float32 | x fused float32 | x contrib.amp | peak RSS MiB | '
+            'RSS x float32 | RSS x contrib.amp | amp_cast / amp_multicast | conversion s |')
     lines += [head, '|' + '---|' * (head.count('|') - 1)]
     for r in report['rows']:
         casts = _casts(r['casts'])
         if r.get('casts_real_graph'):
             casts += ' (real graph: %s)' % _casts(r['casts_real_graph'])
-        lines.append('| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |' % (
-            r['phase'], r['batch_size'], r['label'],
+        flop = r.get('flop_per_image')
+        percent = r.get('percent_of_peak')
+        lines.append('| %s |' % ' | '.join([
+            r['phase'], str(r['batch_size']), r['label'],
             'ok' if r['status'] == 'ok' else 'FAILED: %s' % r['error'],
             _fmt(r['img_per_s_median']), _fmt(r['img_per_s_min']), _fmt(r['img_per_s_max']),
-            _fmt(r['speedup_vs_float32'], '%.2fx'), _fmt(r['speedup_vs_contrib_amp'], '%.2fx'),
+            _fmt(flop and flop / 1e9, '%.3f'),
+            '-' if percent is None else '%.0f%% of %s' % (percent, r['peak_dtype']),
+            _fmt(r['speedup_vs_float32'], '%.2fx'),
+            _fmt(r.get('speedup_vs_float32_fused'), '%.2fx'),
+            _fmt(r['speedup_vs_contrib_amp'], '%.2fx'),
             _fmt(r['peak_rss_mib'], '%.0f'), _fmt(r['memory_vs_float32'], '%.2fx'),
-            _fmt(r['memory_vs_contrib_amp'], '%.2fx'), casts, _fmt(r['conversion_s'], '%.3f')))
+            _fmt(r['memory_vs_contrib_amp'], '%.2fx'), casts, _fmt(r['conversion_s'], '%.3f')]))
+    lines += [''] + bench_memory.memory_markdown(
+        bench_memory.memory_split(report['rows']),
+        {r['mode']: r['label'] for r in report['rows'] if r['phase'] == 'train'})
     loss = report.get('loss_check')
     if loss:
         lines += ['', '## Training loss on one fixed synthetic batch (batch %d, SGD lr %g, '
@@ -545,30 +637,49 @@ def markdown(report):
                     mode_label(variant, cfg['dtype'], loss['emulated'] and variant != 'float32'),
                     v['initial'], v['final'], v['final_diff_vs_float32'],
                     100 * v['final_rel_diff_vs_float32']))
-    lines += ['', 'img/s: images per second of one iteration (forward [+ backward + update]); '
-              'median/min/max over all timed iterations of all repeats. x float32 / x '
-              'contrib.amp: ratio of median img/s (> 1 is faster). peak RSS: largest ru_maxrss '
-              'of the run\'s process in MiB (includes MXNet itself, about %s MiB after import); '
-              'RSS x: ratio of peak RSS (< 1 is less memory). amp_cast / amp_multicast: cast '
-              'nodes in the graph that runs. conversion s: amp.init (contrib.amp training), '
-              'convert_hybrid_block or mxmp.convert, in seconds.'
-              % _fmt(min((r['rss_after_import_mib'] for r in report['rows']
-                          if r.get('rss_after_import_mib')), default=None), '%.0f')]
+    rss_import = _fmt(min((r['rss_after_import_mib'] for r in report['rows']
+                           if r.get('rss_after_import_mib')), default=None), '%.0f')
+    lines += ['', ' '.join([
+        'img/s: images per second of one iteration (forward [+ backward + update]);',
+        'median/min/max over all timed iterations of all repeats.',
+        "GFLOP/img: forward FLOP of one image, counted from the graph's Convolution and",
+        'FullyConnected layers with their inferred shapes (2 per multiply-accumulate).',
+        '%% of peak: img/s x GFLOP/img (x %d for training: forward + data and weight'
+        % bench_flops.TRAIN_FACTOR,
+        "gradients) divided by the GEMM peak of the row's dtype measured in this run",
+        "(float32 rows: the float32 peak; low-precision rows: the target dtype's; none for",
+        'emulated rows).',
+        "(fused): inference ran oneDNN's fused graph (mxmp's default where the kernels exist).",
+        'x float32 / x fused float32 / x contrib.amp: ratio of median img/s (> 1 is faster).',
+        "peak RSS: largest ru_maxrss of the run's process in MiB (includes MXNet itself, about",
+        '%s MiB after import); RSS x: ratio of peak RSS (< 1 is less memory).' % rss_import,
+        'amp_cast / amp_multicast: cast nodes in the graph that runs. conversion s: amp.init',
+        '(contrib.amp training), convert_hybrid_block or mxmp.convert, in seconds.'])]
     return '\n'.join(lines) + '\n'
 
 
+def chart_phases(rows):
+    """The phases that have rows, in PHASES order: one column of panels each (none empty)."""
+    return [p for p in PHASES if any(r['phase'] == p for r in rows)]
+
+
 def bar_chart(report, path):
-    """PNG: median images/s (min-max whiskers) and peak RSS (MiB) per phase, batch and mode."""
+    """PNG: median images/s (min-max whiskers) and peak RSS (MiB) per phase, batch and mode.
+
+    One column of two panels per phase that has rows (no empty panels). Returns the panel
+    titles (list of str).
+    """
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     rows, cfg = report['rows'], report['config']
-    modes = [m for m in MODES if any(r['mode'] == m for r in rows)]
     colors = dict(zip(MODES, plt.get_cmap('tab10').colors))
-    fig, axes = plt.subplots(2, len(PHASES), figsize=(6 * len(PHASES), 7.5), squeeze=False)
+    phases = chart_phases(rows)
+    fig, axes = plt.subplots(2, len(phases), figsize=(6 * len(phases), 7.5), squeeze=False)
     batches = cfg['batch_size']
-    width = 0.8 / len(modes)
-    for col, phase in enumerate(PHASES):
+    for col, phase in enumerate(phases):
+        modes = [m for m in MODES if any(r['mode'] == m and r['phase'] == phase for r in rows)]
+        width = 0.8 / len(modes)
         for row_i, (key, ylabel) in enumerate((('img_per_s_median', 'images/s (median)'),
                                                ('peak_rss_mib', 'peak RSS (MiB)'))):
             ax = axes[row_i][col]
@@ -608,6 +719,7 @@ def bar_chart(report, path):
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return [ax.get_title() for ax in axes.flat]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -628,8 +740,9 @@ def parse_args(argv=None):
     p.add_argument('--warmup', type=int, default=3, help='untimed iterations per run (>= 1)')
     p.add_argument('--iters', type=int, default=10, help='timed iterations per run (>= %d)'
                    % MIN_ITERS)
-    p.add_argument('--repeats', type=int, default=2,
-                   help='interleaved repeats of every mode (A B A B ...)')
+    p.add_argument('--repeats', type=int, default=3,
+                   help='interleaved repeats of every mode (A B C A B C ...); one repeat once '
+                        'read 0.63x where three read 1.29x on a shared machine')
     p.add_argument('--dtype', default='bfloat16', choices=('bfloat16', 'float16'),
                    help='target dtype (float16 needs --ctx gpu for real kernels)')
     p.add_argument('--ctx', default='cpu', choices=('cpu', 'gpu'),
@@ -638,8 +751,16 @@ def parse_args(argv=None):
                    help='mxmp modes: emulate the target dtype in float32 kernels; auto = when '
                         'mxmp.lp_kernels_available(dtype, ctx) is False')
     p.add_argument('--phases', nargs='+', default=list(PHASES), choices=PHASES)
-    p.add_argument('--modes', nargs='+', default=list(MODES), choices=list(MODES),
-                   help='modes to run (float32 is always run: it is the reference)')
+    p.add_argument('--modes', nargs='+', default=DEFAULT_MODES, choices=list(MODES),
+                   help='modes to run (float32 is always run: it is the reference; '
+                        'mxmp_unfused, inference without fusion, only when named)')
+    p.add_argument('--gemm-size', type=int, default=bench_peak.DEFAULT_SIZE,
+                   help='M = N = K of the GEMM whose GFLOP/s is the peak (once per repeat, '
+                        'float32 and the target dtype); 0 skips it (no %% of peak)')
+    p.add_argument('--profile', action='store_true',
+                   help='instead of the benchmark: per-operator time of training (mx.profiler, '
+                        'bulk execution off) for %s side by side, at the first --batch-size, '
+                        'over --iters iterations' % ', '.join(PROFILE_MODES))
     p.add_argument('--loss-steps', type=int, default=20,
                    help='SGD steps of the loss check (0: skip it)')
     p.add_argument('--threads', type=int, default=None,
@@ -718,16 +839,32 @@ def main(argv=None):
     machine = machine_info(threads)
     config = {k: getattr(args, k) for k in ('model', 'batch_size', 'input_size', 'classes',
                                             'warmup', 'iters', 'repeats', 'dtype', 'ctx',
-                                            'emulate', 'phases', 'modes', 'loss_steps', 'quick')}
+                                            'emulate', 'phases', 'modes', 'loss_steps', 'quick',
+                                            'gemm_size')}
     config['command'] = ' '.join(['python', 'scripts/benchmark.py'] +
                                  (argv if argv is not None else sys.argv[1:]))
+    if args.profile:
+        return bench_profile.run_profile(config, env, machine, out_dir, args.timeout,
+                                         run_child, mode_label, PROFILE_MODES)
     runs = [(phase, batch, mode) for phase in args.phases for batch in args.batch_size
             for mode in MODES if mode in args.modes and phase in MODES[mode][1]]
     LOG.info('%d runs x %d repeats, %d threads each, outputs in %s', len(runs), args.repeats,
              threads, out_dir)
     start = time.perf_counter()
     results = {run: [] for run in runs}
+    peak_runs = []
     for repeat in range(args.repeats):
+        if args.gemm_size:
+            spec = dict(config, mode='peak', phase='-', batch_size=0, output_dir=out_dir,
+                        gemm_size=args.gemm_size)
+            name = 'gemm_peak_r%d' % repeat
+            res = run_child(spec, env, os.path.join(out_dir, 'logs', name + '.log'),
+                            os.path.join(out_dir, 'logs', name + '.json'), args.timeout)
+            peak_runs.append(res)
+            LOG.info('GEMM peak %d^3: %s', args.gemm_size, ', '.join(
+                '%s %s' % (d, '%.1f GFLOP/s' % p['gflops_max'] if p['status'] == 'ok'
+                           else p['status']) for d, p in res.get('peaks', {}).items())
+                     if res['status'] == 'ok' else 'FAILED: %s' % res.get('error'))
         for phase, batch, mode in runs:
             previous = results[(phase, batch, mode)]
             if previous and previous[0]['status'] != 'ok':
@@ -746,10 +883,14 @@ def main(argv=None):
     for (phase, batch, mode), rs in results.items():
         row = aggregate(rs)
         row.update(phase=phase, batch_size=batch, mode=mode,
-                   label=mode_label(mode, args.dtype, row['emulated']))
+                   label=mode_label(mode, args.dtype, row['emulated']) +
+                   (' (fused)' if row.get('fused') and mode.startswith('mxmp') else ''))
         rows.append(row)
     add_ratios(rows)
-    report = {'config': config, 'machine': machine, 'rows': rows,
+    peaks = bench_peak.aggregate_peaks(peak_runs, ('float32', args.dtype)) if peak_runs \
+        else {}
+    bench_peak.add_percent_of_peak(rows, peaks, args.dtype)
+    report = {'config': config, 'machine': machine, 'rows': rows, 'peaks': peaks,
               'lp_kernels_available': next((r['lp_kernels_available'] for r in rows
                                             if r.get('lp_kernels_available') is not None), None)}
     if args.loss_steps:

@@ -1,8 +1,10 @@
-"""scripts/benchmark.py: every mode reported, failures as rows, cast counts, output files.
+"""scripts/benchmark.py: every mode reported, failures as rows, cast counts, output files, the
+machine's GEMM peak and each row's percent of it, FLOP counting, the --profile table.
 
 One small run of the script (cifar_resnet20_v1 at 32x32, batch 2, 1 warm-up + 5 timed
-iterations, one thread, 2 loss-check steps; about 10 subprocesses) is shared by the tests. No
-timed assertions: only that the numbers exist and agree with mxmp for the same graph.
+iterations, one thread, 2 loss-check steps, a 256^3 GEMM peak; about 11 subprocesses) is shared
+by the tests. No timed assertions: only that the numbers exist and agree with mxmp (and with
+hand-computed FLOP) for the same graph.
 """
 import importlib.util
 import json
@@ -18,8 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / 'scripts' / 'benchmark.py'
 MODEL, CLASSES, SIZE = 'cifar_resnet20_v1', 10, 32
 ALL_MODES = {'train': ['float32', 'contrib_amp', 'mxmp', 'mxmp_cast_params'],
-             'infer': ['float32', 'contrib_amp', 'contrib_amp_cast_params', 'mxmp',
-                       'mxmp_cast_params']}
+             'infer': ['float32', 'float32_fused', 'contrib_amp', 'contrib_amp_cast_params',
+                       'mxmp', 'mxmp_cast_params']}
 
 
 def load_benchmark():
@@ -40,7 +42,8 @@ def small_run(tmp_path_factory):
     out = tmp_path_factory.mktemp('bench')
     proc = run_script('--model', MODEL, '--classes', str(CLASSES), '--input-size', str(SIZE),
                       '--batch-size', '2', '--warmup', '1', '--iters', '5', '--repeats', '1',
-                      '--loss-steps', '2', '--threads', '1', '--output-dir', str(out))
+                      '--loss-steps', '2', '--threads', '1', '--gemm-size', '256',
+                      '--output-dir', str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out / 'benchmark.json') as f:
         report = json.load(f)
@@ -218,3 +221,231 @@ def test_gpu_context_without_a_gpu_exits_cleanly_with_a_message(tmp_path):
     assert proc.returncode == 0
     assert 'sees no CUDA GPU' in proc.stderr and 'nothing measured' in proc.stderr
     assert not (tmp_path / 'benchmark.json').exists()
+
+
+# ------------------------------------------------------------------------------ the limit
+def tiny_flop_net():
+    """conv 3->8 k3 stride 2 pad 1; grouped conv 8->8 k3 groups 4 dilation 2 pad 2; dense 10."""
+    from mxnet.gluon import nn
+    net = nn.HybridSequential(prefix='flop_')
+    with net.name_scope():
+        net.add(nn.Conv2D(8, 3, strides=2, padding=1, in_channels=3),
+                nn.BatchNorm(in_channels=8), nn.Activation('relu'),
+                nn.Conv2D(8, 3, padding=2, dilation=2, groups=4, in_channels=8),
+                nn.Dense(10, in_units=8 * 8 * 8))
+    return net
+
+
+def test_flop_count_matches_hand_computed_values_for_groups_stride_and_dilation():
+    import mxnet as mx
+    from benchmarks.flops import forward_flops_per_image, layer_flops
+    sym = tiny_flop_net()(mx.sym.var('data'))
+    # 16x16 input. conv0: stride 2 -> 8x8x8 outputs, each 3*3*3 = 27 MACs.
+    conv0 = 2 * (8 * 8 * 8) * (3 * 3 * 3)
+    # conv1: dilation 2 with padding 2 keeps 8x8; 4 groups: each output sees 8/4 = 2 input
+    # channels x 3*3 taps = 18 MACs.
+    conv1 = 2 * (8 * 8 * 8) * (2 * 3 * 3)
+    # dense: 512 inputs (flattened 8x8x8) x 10 outputs.
+    dense = 2 * 10 * 512
+    assert (conv0, conv1, dense) == (27648, 18432, 10240)
+    assert forward_flops_per_image(sym, (3, 16, 16)) == conv0 + conv1 + dense
+    layers = layer_flops(sym, {'data': (4, 3, 16, 16)})
+    assert [l['op'] for l in layers] == ['Convolution', 'Convolution', 'FullyConnected']
+    assert [l['flop'] for l in layers] == [4 * conv0, 4 * conv1, 4 * dense]
+    assert layers[1]['weight_shape'] == (8, 2, 3, 3)
+
+
+def test_flop_count_sees_through_casts_of_a_converted_graph():
+    import mxnet as mx
+    import mxmp
+    from benchmarks.flops import forward_flops_per_image
+    sym = tiny_flop_net()(mx.sym.var('data'))
+    converted = mxmp.convert_symbol(sym, 'bfloat16')
+    assert mxmp.count_casts(converted)['amp_cast'] > 0
+    assert forward_flops_per_image(converted, (3, 16, 16)) == \
+        forward_flops_per_image(sym, (3, 16, 16))
+
+
+def test_resnet50_v1_forward_flop_per_image():
+    import mxnet as mx
+    from gluoncv.model_zoo import get_model
+    from benchmarks.flops import forward_flops_per_image
+    # 3.86 G multiply-accumulates: GluonCV's resnet50_v1 is ResNet v1 with the stride in the
+    # first 1x1 convolution of a bottleneck (4.1 G is v1.5, stride in the 3x3).
+    flop = forward_flops_per_image(get_model('resnet50_v1')(mx.sym.var('data')), (3, 224, 224))
+    assert flop == 7715946496
+
+
+def test_percent_of_peak_arithmetic_on_fixed_numbers():
+    from benchmarks.peak import percent_of_peak
+    # 10 img/s x 8 GFLOP x 3 (training) = 240 GFLOP/s: all of a 240 GFLOP/s peak.
+    assert percent_of_peak(10.0, 8e9, 'train', 240.0) == pytest.approx(100.0)
+    assert percent_of_peak(10.0, 8e9, 'infer', 240.0) == pytest.approx(100.0 / 3)
+    assert percent_of_peak(None, 8e9, 'infer', 240.0) is None
+    assert percent_of_peak(10.0, 8e9, 'infer', None) is None
+
+
+def test_rows_are_compared_with_the_peak_of_their_own_dtype():
+    from benchmarks.peak import add_percent_of_peak
+    peaks = {'float32': {'status': 'ok', 'gflops_max': 100.0, 'gflops_median': 90.0},
+             'bfloat16': {'status': 'ok', 'gflops_max': 200.0, 'gflops_median': 150.0}}
+    rows = [dict(phase='infer', mode='float32_fused', img_per_s_median=10.0,
+                 flop_per_image=5e9, emulated=False),
+            dict(phase='train', mode='mxmp', img_per_s_median=10.0, flop_per_image=5e9,
+                 emulated=False),
+            dict(phase='train', mode='mxmp', img_per_s_median=10.0, flop_per_image=5e9,
+                 emulated=True),
+            dict(phase='infer', mode='contrib_amp', img_per_s_median=None, flop_per_image=5e9,
+                 emulated=False)]
+    add_percent_of_peak(rows, peaks, 'bfloat16')
+    assert [r['peak_dtype'] for r in rows] == ['float32', 'bfloat16', 'bfloat16', 'bfloat16']
+    assert rows[0]['percent_of_peak'] == pytest.approx(50.0)   # 50 GFLOP/s of 100
+    assert rows[1]['percent_of_peak'] == pytest.approx(75.0)   # 150 GFLOP/s of 200
+    assert rows[2]['percent_of_peak'] is None  # emulated: float32 kernels, no dtype's speed
+    assert rows[3]['percent_of_peak'] is None  # failed row
+    unavailable = {'float32': peaks['float32'],
+                   'bfloat16': {'status': 'unavailable', 'reason': 'no bfloat16 kernels'}}
+    add_percent_of_peak(rows, unavailable, 'bfloat16')
+    assert rows[1]['percent_of_peak'] is None and rows[0]['percent_of_peak'] == 50.0
+
+
+def test_report_has_the_gemm_peaks_and_every_ok_row_a_percent_of_its_peak(small_run):
+    import mxmp
+    _, report, stdout = small_run
+    peaks = report['peaks']
+    assert peaks['float32']['status'] == 'ok'
+    assert peaks['float32']['gflops_max'] >= peaks['float32']['gflops_median'] > 0
+    assert peaks['float32']['calls'] == 5 and peaks['float32']['size'] == 256
+    if mxmp.lp_kernels_available('bfloat16'):
+        assert peaks['bfloat16']['status'] == 'ok' and peaks['bfloat16']['gflops_median'] > 0
+    else:
+        assert peaks['bfloat16']['status'] == 'unavailable'
+        assert '| bfloat16 | - | - | - | - | unavailable: no bfloat16 kernels' in stdout
+    assert '## The limit: GEMM peak of this machine (1 threads' in stdout
+    flop = rows_by(report)[('train', 'float32')]['flop_per_image']
+    assert flop == 81626368  # cifar_resnet20_v1 at 32x32 (benchmarks.flops)
+    for r in report['rows']:
+        assert r['flop_per_image'] == flop
+        if r['status'] != 'ok' or (r['peak_dtype'] != 'float32' and
+                                   peaks['bfloat16']['status'] != 'ok') or r['emulated']:
+            assert r['percent_of_peak'] is None
+            continue
+        factor = 3 if r['phase'] == 'train' else 1
+        assert r['percent_of_peak'] == pytest.approx(
+            100 * r['img_per_s_median'] * flop * factor / (r['peak_gflops'] * 1e9))
+        assert r['peak_gflops'] == peaks[r['peak_dtype']]['gflops_max']  # the fastest call
+
+
+def test_fused_float32_row_is_the_inference_reference_and_mxmp_fuses_where_kernels_exist(
+        small_run):
+    import mxmp
+    _, report, _ = small_run
+    rows = rows_by(report)
+    fused = rows[('infer', 'float32_fused')]
+    assert fused['status'] == 'ok' and fused['fused'] is True
+    assert fused['label'] == 'float32, oneDNN-fused'
+    assert fused['speedup_vs_float32_fused'] == 1.0
+    assert rows[('infer', 'mxmp')]['speedup_vs_float32_fused'] == pytest.approx(
+        rows[('infer', 'mxmp')]['img_per_s_median'] / fused['img_per_s_median'])
+    assert rows[('train', 'mxmp')].get('speedup_vs_float32_fused') is None  # inference only
+    kernels = mxmp.lp_kernels_available('bfloat16')
+    for mode in ('mxmp', 'mxmp_cast_params'):
+        assert rows[('infer', mode)]['fused'] is kernels  # fuse_inference='auto'
+        assert ('(fused)' in rows[('infer', mode)]['label']) is kernels
+        assert rows[('train', mode)]['fused'] is False  # training never fuses
+
+
+def test_chart_draws_panels_only_for_the_phases_that_ran(small_run, tmp_path):
+    bench = load_benchmark()
+    _, report, _ = small_run
+    both = bench.bar_chart(report, str(tmp_path / 'both.png'))
+    assert len(both) == 4 and sum('training' in t for t in both) == 2
+    infer_only = dict(report, rows=[r for r in report['rows'] if r['phase'] == 'infer'])
+    titles = bench.bar_chart(infer_only, str(tmp_path / 'infer.png'))
+    assert len(titles) == 2 and all(t.startswith('inference') for t in titles)
+
+
+# ------------------------------------------------------------------------------ --profile
+def test_profile_mode_prints_operator_times_side_by_side(tmp_path):
+    bench = load_benchmark()
+    from benchmarks.profile import parse_aggregate
+    proc = run_script('--model', MODEL, '--classes', str(CLASSES), '--input-size', str(SIZE),
+                      '--batch-size', '2', '--warmup', '1', '--iters', '5', '--threads', '1',
+                      '--profile', '--output-dir', str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / 'profile.json') as f:
+        report = json.load(f)
+    modes = report['modes']
+    assert list(modes) == list(bench.PROFILE_MODES)
+    assert modes['float32']['bulk_env'] == {'MXNET_EXEC_BULK_EXEC_TRAIN': '0',
+                                            'MXNET_EXEC_BULK_EXEC_INFERENCE': '0'}
+    ok = [m for m in modes if modes[m]['status'] == 'ok']
+    assert 'float32' in ok and 'mxmp' in ok
+    rows = {r['op']: r for r in report['rows']}
+    # 21 convolutions per iteration in cifar_resnet20_v1, each mode
+    for mode in ok:
+        assert rows['Convolution']['calls'][mode] == 21
+        assert rows['Convolution']['ms'][mode] > 0 and rows['_backward_Convolution']['ms'][mode]
+    conv = rows['Convolution']
+    assert conv['ratio']['mxmp'] == pytest.approx(conv['ms']['float32'] / conv['ms']['mxmp'])
+    assert rows['total']['ms']['float32'] == pytest.approx(sum(
+        r['ms']['float32'] or 0 for op, r in rows.items() if op != 'total'))
+    # The table parsed from MXNet's own dump, kept beside it
+    text = (tmp_path / 'profile_train_bs2_float32.txt').read_text()
+    parsed = parse_aggregate(text)['operator']['Convolution']
+    assert parsed['count'] == 5 * 21
+    assert parsed['total_ms'] / 5 == pytest.approx(conv['ms']['float32'])
+    assert '| Convolution |' in proc.stdout and 'float32 / mxmp bfloat16' in proc.stdout
+
+
+def test_profile_parser_reads_sections_and_refuses_other_text():
+    from benchmarks.profile import parse_aggregate, per_iteration
+    text = ('Profile Statistics:\n\tNote the difference in units for different entries.\n'
+            'operator\n=================\n'
+            'Name                          Total Count        Time (ms)    Min Time (ms)    '
+            'Max Time (ms)    Avg Time (ms)\n'
+            '----                          -----------        ---------    -------------    '
+            '-------------    -------------\n'
+            '_backward_Convolution                  42          18.4610           0.0560     '
+            '      4.1900           0.4395\n'
+            'Convolution                            42          11.3120           0.0280     '
+            '      6.7550           0.2693\n')
+    ops = parse_aggregate(text)['operator']
+    assert ops['Convolution'] == {'count': 42, 'total_ms': 11.312, 'min_ms': 0.028,
+                                  'max_ms': 6.755, 'avg_ms': 0.2693}
+    assert per_iteration({'operator': ops}, 2)['_backward_Convolution'] == (9.2305, 21.0)
+    with pytest.raises(ValueError, match='aggregate_stats'):
+        parse_aggregate('nothing here')
+
+
+def test_memory_split_into_fixed_and_per_image_parts():
+    from benchmarks.memory import memory_markdown, memory_split
+    # ResNet-50 training peak RSS measured at batch 16 and 32 (docs/benchmark.md, "Memory")
+    rows = [dict(mode=m, phase='train', batch_size=b, peak_rss_mib=v, status='ok')
+            for m, b, v in (('float32', 16, 2196.0), ('float32', 32, 3831.0),
+                            ('mxmp', 16, 1467.0), ('mxmp', 32, 2226.0),
+                            ('contrib_amp', 16, 1500.0))]
+    rows.append(dict(mode='mxmp', phase='infer', batch_size=8, peak_rss_mib=900.0, status='ok'))
+    split = memory_split(rows)
+    assert list(split) == ['float32', 'mxmp']  # contrib_amp: one batch size only
+    assert split['float32']['per_image_mib'] == pytest.approx((3831 - 2196) / 16)
+    assert split['float32']['fixed_mib'] == pytest.approx(2196 - 16 * (3831 - 2196) / 16)
+    assert split['mxmp']['per_image_mib'] == pytest.approx(47.4375)
+    text = '\n'.join(memory_markdown(split, {'float32': 'float32', 'mxmp': 'mxmp bfloat16'}))
+    assert '| mxmp bfloat16 | 16, 32 | 1467, 2226 | 47.4 | 708 | 0.46x | +147 |' in text
+    assert memory_split(rows[:1]) == {} and memory_markdown({}, {}) == []
+
+
+def test_train_rss_prints_peak_memory_step_time_and_losses():
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''),
+               OMP_NUM_THREADS='1')
+    proc = subprocess.run([sys.executable, '-m', 'benchmarks.train_rss', '--model', MODEL,
+                           '--classes', str(CLASSES), '--input-size', str(SIZE),
+                           '--batch-size', '2', '--steps', '3', '--fp32-ops', 'BatchNorm'],
+                          cwd=str(REPO), env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith('%s batch 2 cast_params False fp32_ops BatchNorm: peak RSS ' % MODEL)
+    assert 'img/s (median of 1 steps)' in line
+    losses = [float(v) for v in line.split('losses ')[1].split(', ')]
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses)

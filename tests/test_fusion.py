@@ -1,0 +1,312 @@
+"""Fused inference (mxmp.fusion): oneDNN's fused graph for inference calls, the unfused one for
+training; structure and numerics on any machine (fusion exists for float32 too), bfloat16
+numerics where the real kernels run, stale-state protection, refusal, and `mxmp convert --fuse`.
+"""
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+from mxnet.gluon import nn
+
+import mxmp
+from mxmp.cli import main
+
+KERNELS = mxmp.lp_kernels_available('bfloat16')
+EMULATE = not KERNELS
+#: Fused vs unfused bfloat16 outputs of tiny_net, |difference| / max |unfused output|: measured
+#: 0.0043-0.0071 over seeds 0-5 [avx512_bf16] (BatchNorm folded into the weights before
+#: rounding); the bound is 4x the largest.
+BF16_FUSED_REL = 0.03
+#: The same with every op in float32 (rounding order of the folded weights only): 1e-6 scale.
+FP32_FUSED_REL = 1e-4
+
+
+def real_kernels_only(test):
+    """Mark ``test`` real_kernels and skip it without oneDNN bfloat16 kernels."""
+    return pytest.mark.real_kernels(pytest.mark.skipif(
+        not KERNELS, reason='needs oneDNN bfloat16 kernels (avx512_bf16/AMX)')(test))
+
+
+def tiny_net(seed, prefix=None):
+    """conv+BN+ReLU, strided conv+BN+ReLU, pool, dense; BatchNorm statistics not at identity."""
+    mx.random.seed(seed)
+    net = nn.HybridSequential(prefix=prefix or 'tiny%d_' % seed)
+    with net.name_scope():
+        net.add(nn.Conv2D(16, 3, padding=1, in_channels=3), nn.BatchNorm(in_channels=16),
+                nn.Activation('relu'),
+                nn.Conv2D(16, 3, strides=2, padding=1, in_channels=16),
+                nn.BatchNorm(in_channels=16), nn.Activation('relu'),
+                nn.GlobalAvgPool2D(), nn.Dense(10, in_units=16))
+    net.initialize(mx.init.Xavier())
+    for p in net.collect_params('.*running_mean|.*running_var|.*gamma|.*beta').values():
+        p.set_data(mx.nd.random.uniform(0.5, 1.5, shape=p.shape))
+    return net
+
+
+def data(seed=0, batch=4):
+    return mx.nd.array(np.random.RandomState(seed).normal(size=(batch, 3, 16, 16)))
+
+
+def ops(sym):
+    return Counter(n['op'] for n in json.loads(sym.tojson(remove_amp_cast=False))['nodes'])
+
+
+def unfused(block, x):
+    """The same block's output through its unfused graph."""
+    saved = block.mxmp_fuse_inference
+    block.mxmp_fuse_inference = False
+    try:
+        return block(x).asnumpy()
+    finally:
+        block.mxmp_fuse_inference = saved
+
+
+def rel(a, b):
+    return np.abs(a - b).max() / np.abs(b).max()
+
+
+def fp32_policy():
+    """Everything in float32: the graph fuses (and folds BatchNorm) on any CPU."""
+    return mxmp.Policy('bfloat16', emulate=True, fp32_ops=('Convolution', 'FullyConnected'))
+
+
+# ------------------------------------------------------------------------------ structure
+def test_fused_graph_holds_onednn_conv_nodes_and_folds_batchnorm_any_machine():
+    net = tiny_net(0)
+    block = mxmp.convert(net, policy=fp32_policy(), fuse_inference=True)
+    block.hybridize(static_alloc=True, static_shape=True)
+    x = data()
+    assert block.mxmp_fused_symbol is None  # built by the first inference call
+    out = block(x).asnumpy()
+    fused = ops(block.mxmp_fused_symbol)
+    assert fused['_sg_mkldnn_conv'] == 2
+    assert fused['BatchNorm'] == 0 and fused['Activation'] == 0  # folded into the convolutions
+    assert ops(block.mxmp_symbol)['BatchNorm'] == 2  # the training graph keeps them
+    ref = unfused(block, x)
+    assert not np.array_equal(out, ref)  # BatchNorm folded: another rounding order
+    assert rel(out, ref) < FP32_FUSED_REL
+    assert rel(out, net(x).asnumpy()) < FP32_FUSED_REL
+
+
+def test_emulated_graph_fuses_only_when_asked_and_keeps_emulation_numerics():
+    x = data()
+    auto = mxmp.convert(tiny_net(1), 'bfloat16', emulate=True)  # fuse_inference='auto'
+    auto.hybridize(static_alloc=True, static_shape=True)
+    auto(x)
+    assert auto.mxmp_fused_symbol is None  # 'auto' fuses only real low-precision kernels
+    forced = mxmp.convert(tiny_net(1), 'bfloat16', emulate=True, fuse_inference=True)
+    forced.hybridize(static_alloc=True, static_shape=True)
+    out = forced(x).asnumpy()
+    assert ops(forced.mxmp_fused_symbol)['_sg_mkldnn_conv'] == 2
+    # Emulation's rounding nodes sit between convolution and BatchNorm: nothing folds, and the
+    # numbers stay those of emulation.
+    np.testing.assert_array_equal(out, unfused(forced, x))
+
+
+@real_kernels_only
+@pytest.mark.parametrize('cast_params', [False, True])
+def test_real_kernels_fuse_by_default_within_bfloat16_tolerance(cast_params):
+    for seed in range(3):
+        net = tiny_net(seed)
+        x = data(seed)
+        ref = net(x).asnumpy()
+        block = mxmp.convert(net, 'bfloat16', cast_params=cast_params)
+        block.hybridize(static_alloc=True, static_shape=True)
+        out = block(x).asnumpy()
+        fused = ops(block.mxmp_fused_symbol)
+        assert fused['_sg_mkldnn_conv'] == 2 and fused['BatchNorm'] == 0
+        assert rel(out, unfused(block, x)) < BF16_FUSED_REL
+        assert rel(out, ref) < BF16_FUSED_REL
+
+
+@real_kernels_only
+def test_deferred_shapes_are_inferred_before_the_fused_graph_casts_its_weight_copies():
+    net = nn.HybridSequential(prefix='deferred_')
+    with net.name_scope():  # no in_channels / in_units: shapes wait for the first batch
+        net.add(nn.Conv2D(8, 3), nn.BatchNorm(), nn.Activation('relu'), nn.Dense(4))
+    net.initialize(mx.init.Xavier())
+    block = mxmp.convert(net, 'bfloat16')
+    block.hybridize(static_alloc=True, static_shape=True)
+    x = data()
+    out = block(x).asnumpy()
+    assert ops(block.mxmp_fused_symbol)['_sg_mkldnn_conv'] == 1
+    assert rel(out, unfused(block, x)) < BF16_FUSED_REL
+
+
+def test_not_hybridized_or_fuse_inference_false_never_fuses():
+    x = data()
+    block = mxmp.convert(tiny_net(2), policy=fp32_policy(), fuse_inference=True)
+    block(x)
+    assert block.mxmp_fused_symbol is None
+    off = mxmp.convert(tiny_net(2), policy=fp32_policy(), fuse_inference=False)
+    off.hybridize(static_alloc=True, static_shape=True)
+    off(x)
+    assert off.mxmp_fused_symbol is None
+
+
+def test_bad_fuse_inference_value_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="'auto'.*True.*False"):
+        mxmp.convert(tiny_net(0), 'bfloat16', emulate=True, fuse_inference='yes')
+
+
+# ------------------------------------------------------------------------------ training
+def test_training_runs_the_unfused_graph_with_identical_outputs_and_gradients():
+    x, y = data(3), mx.nd.array([1, 2, 3, 4])
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    results = []
+    for fuse in (True, False):
+        block = mxmp.convert(tiny_net(3), policy=fp32_policy(), fuse_inference=fuse)
+        block.hybridize(static_alloc=True, static_shape=True)
+        block(x)  # an inference call first: the fused graph exists (when fuse)
+        with autograd.record():
+            out = block(x)
+            loss_fn(out, y).backward()
+        grads = {k[len('tiny3_'):]: p.grad().asnumpy()
+                 for k, p in block.collect_params().items() if p.grad_req != 'null'}
+        results.append((out.asnumpy(), grads))
+        with autograd.train_mode():  # batch statistics: never the fused (folded) graph
+            np.testing.assert_array_equal(block(x).asnumpy(), out.asnumpy())
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    for k in results[0][1]:
+        np.testing.assert_array_equal(results[0][1][k], results[1][1][k])
+
+
+def fresh_fused(block, x):
+    """The output of a newly built fused graph on the same parameters."""
+    again = mxmp.convert(block.mxmp_source, policy=block.mxmp_policy, fuse_inference=True)
+    again.hybridize(static_alloc=True, static_shape=True)
+    return again(x).asnumpy()
+
+
+@pytest.mark.parametrize('real', [
+    False, pytest.param(True, marks=[pytest.mark.real_kernels, pytest.mark.skipif(
+        not KERNELS, reason='needs oneDNN bfloat16 kernels (avx512_bf16/AMX)')])])
+def test_fused_graph_is_rebuilt_after_training_steps_and_set_data(real):
+    """MXNet's fused FullyConnected keeps its first weights, and a fused conv+BatchNorm does not
+    see BatchNorm changes: the twin must be rebuilt, or inference after training is stale.
+    real: bfloat16 kernels with float32 weights (the fused graph runs bfloat16 copies)."""
+    x, y = data(4), mx.nd.array([1, 2, 3, 4])
+    policy = mxmp.Policy('bfloat16') if real else fp32_policy()
+    block = mxmp.convert(tiny_net(4), policy=policy, fuse_inference=True)
+    block.hybridize(static_alloc=True, static_shape=True)
+    before = block(x).asnumpy()
+    trainer = mxmp.Trainer(block.collect_params(), 'sgd', {'learning_rate': 0.1})
+    for _ in range(2):
+        with autograd.record():
+            gluon.loss.SoftmaxCrossEntropyLoss()(block(x), y).backward()
+        trainer.step(4)
+    after = block(x).asnumpy()
+    assert not np.array_equal(after, before)
+    np.testing.assert_array_equal(after, fresh_fused(block, x))
+    for name, p in block.collect_params().items():
+        if name.endswith(('running_mean', 'dense0_weight')):
+            p.set_data(p.data() + 0.25)
+    changed = block(x).asnumpy()
+    assert not np.array_equal(changed, after)
+    np.testing.assert_array_equal(changed, fresh_fused(block, x))
+    assert rel(changed, unfused(block, x)) < (BF16_FUSED_REL if real else FP32_FUSED_REL)
+
+
+def test_a_graph_without_fusible_patterns_runs_unfused_with_a_log_line(caplog):
+    class Scale(gluon.HybridBlock):
+        def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+            return F.relu(x) * 2
+
+    block = mxmp.convert(Scale(), policy=fp32_policy(), fuse_inference=True)
+    block.hybridize(static_alloc=True, static_shape=True)
+    with caplog.at_level(logging.WARNING, logger='mxmp.fusion'):
+        out = block(data()).asnumpy()
+        block(data())
+    np.testing.assert_array_equal(out, np.maximum(data().asnumpy(), 0) * 2)
+    lines = [r.getMessage() for r in caplog.records if 'fusion refused' in r.getMessage()]
+    assert len(lines) == 1 and 'no fusible pattern' in lines[0]  # logged once
+    assert block.mxmp_fused_symbol is None
+
+
+# ------------------------------------------------------------------------------ mxmp convert --fuse
+def test_cli_convert_fuse_writes_a_graph_plain_mxnet_loads(tmp_path, capsys):
+    net = tiny_net(5, prefix='tiny_')
+    net.hybridize()
+    x = data(5)
+    net(x)
+    net.export(str(tmp_path / 'tiny'))
+    args = ['convert', tmp_path / 'tiny-symbol.json', tmp_path / 'tiny-0000.params',
+            '--dtype', 'bfloat16', '--out']
+    extra = ['--emulate'] if EMULATE else ['--cast-params']
+    assert main([str(a) for a in args + [tmp_path / 'plain'] + extra]) == 0
+    assert main([str(a) for a in args + [tmp_path / 'fused', '--fuse'] + extra]) == 1
+    assert '--shape data=1,3,224,224' in capsys.readouterr().err  # the fix is named
+    assert main([str(a) for a in args + [tmp_path / 'fused', '--fuse', '--shape',
+                                         'data=1,3,16,16'] + extra]) == 0
+    stdout = capsys.readouterr().out
+    assert 'fused for inference' in stdout
+    fused = mx.sym.load(str(tmp_path / 'fused-symbol.json'))
+    assert ops(fused)['_sg_mkldnn_conv'] == 2
+    np.save(tmp_path / 'x.npy', x.asnumpy())
+    # Plain MXNet, no mxmp on the path: both graphs load and run (batch 4; fused with 1).
+    script = ('import sys, numpy as np, mxnet as mx\n'
+              'd = sys.argv[1]\n'
+              'x = mx.nd.array(np.load(d + "/x.npy"))\n'
+              'for name in ("plain", "fused"):\n'
+              '    b = mx.gluon.SymbolBlock.imports(d + "/%s-symbol.json" % name, ["data"],\n'
+              '                                     d + "/%s-0000.params" % name)\n'
+              '    np.save(d + "/%s.npy" % name, b(x).asnumpy())\n'
+              'assert "mxmp" not in sys.modules\n')
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    proc = subprocess.run([sys.executable, '-c', script, str(tmp_path)], env=env, cwd='/',
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plain, fused_out = np.load(tmp_path / 'plain.npy'), np.load(tmp_path / 'fused.npy')
+    assert rel(fused_out, plain) < BF16_FUSED_REL
+    assert rel(fused_out, net(x).asnumpy()) < BF16_FUSED_REL
+
+
+def test_an_output_that_also_feeds_another_node_is_never_fused(caplog):
+    """MXNet's fusion returned sigmoid(FC) for an FC output that is also a graph output."""
+    class TwoHeads(gluon.HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.conv = nn.Conv2D(8, 3, in_channels=3)
+                self.dense = nn.Dense(4, in_units=8 * 14 * 14)
+
+        def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+            logits = self.dense(F.relu(self.conv(x)))
+            return logits, F.sigmoid(logits)
+
+    net = TwoHeads(prefix='heads_')
+    net.initialize(mx.init.Xavier())
+    x = data()
+    ref = [o.asnumpy() for o in net(x)]
+    block = mxmp.convert(net, policy=fp32_policy(), fuse_inference=True)
+    block.hybridize(static_alloc=True, static_shape=True)
+    with caplog.at_level(logging.WARNING, logger='mxmp.fusion'):
+        logits, prob = block(x)
+    assert block.mxmp_fused_symbol is None
+    assert any('also feeds another node' in r.getMessage() for r in caplog.records)
+    np.testing.assert_allclose(logits.asnumpy(), ref[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(prob.asnumpy(), ref[1], rtol=1e-5, atol=1e-6)
+
+
+@real_kernels_only
+def test_auto_follows_mxnet_subgraph_backend_none(monkeypatch):
+    x = data()
+    block = mxmp.convert(tiny_net(6), 'bfloat16')
+    block.hybridize(static_alloc=True, static_shape=True)
+    monkeypatch.setenv('MXNET_SUBGRAPH_BACKEND', 'NONE')
+    out = block(x).asnumpy()
+    assert block.mxmp_fused_symbol is None
+    # unfused real kernels: bit-identical to emulation
+    emulated = mxmp.convert(tiny_net(6), 'bfloat16', emulate=True)
+    emulated.hybridize(static_alloc=True, static_shape=True)
+    np.testing.assert_array_equal(out, emulated(x).asnumpy())
+    monkeypatch.delenv('MXNET_SUBGRAPH_BACKEND')
+    block(x)
+    assert block.mxmp_fused_symbol is not None
