@@ -2,7 +2,7 @@
 
 ``mxnet-cu112==1.9.1`` (the CUDA 11.2 build of MXNet on PyPI) links against the CUDA 11
 runtime libraries by soname (``libcudart.so.11.0``, ``libcublas.so.11``, ``libcudnn.so.8``,
-...; list measured from the wheel, shared/DESIGN.md section 1) but does not ship them.
+...; list read from the wheel's ``libmxnet.so`` with ``readelf -d``) but does not ship them.
 NVIDIA publishes them as pip packages (``nvidia-cuda-runtime-cu11``, ``nvidia-cublas-cu11``,
 ``nvidia-cudnn-cu11``, ...; mxmp's ``cu112`` extra installs them), which put each library in
 ``site-packages/nvidia/<package>/lib/``. The dynamic loader does not search there, so
@@ -52,7 +52,7 @@ CudaLibrary.__doc__ = """One shared library: its ``soname`` (file name), the pip
 that ships it and the ``subdir`` of ``site-packages/nvidia/`` it is installed in (its file is
 ``site-packages/nvidia/<subdir>/lib/<soname>``)."""
 
-#: The libraries mxnet-cu112 1.9.1 needs (shared/DESIGN.md section 1), in load order: every
+#: The libraries mxnet-cu112 1.9.1 needs (its ``libmxnet.so``'s NEEDED entries, ``readelf -d``), in load order: every
 #: library comes after the ones it depends on (cuBLAS needs cuBLASLt; cuSOLVER needs cuBLAS).
 CUDA_LIBRARIES = (
     CudaLibrary('libcudart.so.11.0', 'nvidia-cuda-runtime-cu11', 'cuda_runtime'),

@@ -5,7 +5,7 @@ MXNet's parameter-server kvstore (``dist_sync``, ``dist_device_sync``, ``dist_as
 ps-lite: every process reads its role and the scheduler's address from ``DMLC_*`` environment
 variables (ps-lite ``docs/env.md``; MXNet 1.9.1 ``python/mxnet/kvstore/kvstore_server.py``). This
 launcher sets them itself, because ``mxnet/tools/launch.py --launcher local`` hung on the
-project's machines (shared/DESIGN.md section 1):
+project's machines (2-core AMD EPYC, MXNet 1.9.1 from PyPI):
 
 ==================== ==================================================================
 ``DMLC_ROLE``        ``scheduler``, ``server`` or ``worker``

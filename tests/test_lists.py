@@ -3,7 +3,8 @@
 They pin down that every operator MXNet 1.9.1 registers is classified once per target dtype (or
 excluded by a documented rule), that the lists name real operators, attributes and input
 positions, that the FOLLOW/WIDEST_TYPE ops really keep float16 (and bfloat16) on CPU, and the
-classification facts of shared/DESIGN.md section 4. Operator metadata comes from MXNet's C API
+classification facts the README states (softmax, norms, reductions float32; gemm ops low
+precision; BatchNorm's parameters float32). Operator metadata comes from MXNet's C API
 (MXSymbolGetAtomicSymbolInfo, NNGetOpHandle), the same data ``mx.sym`` builds its docs from.
 """
 import ctypes
@@ -264,7 +265,7 @@ def test_float32_inputs_are_the_inputs_mxnet_infers_float32_for_low_precision_da
 
 
 # ----------------------------------------------------------------------------------------------
-# the classification facts of DESIGN.md section 4
+# the classification facts of the README (which op class each family of ops is in)
 @pytest.mark.parametrize('target', TARGETS)
 def test_convolution_deconvolution_fully_connected_run_in_low_precision(target):
     for op in ('Convolution', 'FullyConnected') + (('Deconvolution',) if target == 'float16'

@@ -65,7 +65,8 @@ LOW_PRECISION = (
 #   norm: normalizations whose statistics need float32. BatchNorm_v1 and _contrib_SyncBatchNorm
 #       infer bfloat16 parameters and have no bfloat16 kernel; LayerNorm, GroupNorm,
 #       InstanceNorm and L2Normalization have no bfloat16 kernel in 1.9.1 either.
-#   softmax: softmax family: exponentials and a sum over the axis (DESIGN section 4).
+#   softmax: softmax family: exponentials and a sum over the axis (Micikevicius et al.; contrib.amp
+#       FP32_FUNCS).
 #   exp-log: exponentials and logarithms: bfloat16 keeps float32's range but only 8 significant
 #       bits.
 #   pow: powers and reciprocals: precision loss with 8 significant bits (square is FOLLOW:

@@ -56,7 +56,7 @@ LOW_PRECISION = (
 #       their kernels read the parameters as float16 (TBlob "Expected: half v.s. given float",
 #       measured); _contrib_BatchNormWithReLU is oneDNN-only and has no float16 kernel;
 #       InstanceNorm and LRN have no float16 CPU kernel.
-#   softmax: softmax family: exponentials and a sum over the axis (DESIGN section 4, contrib.amp
+#   softmax: softmax family: exponentials and a sum over the axis (Micikevicius et al.; contrib.amp
 #       FP32_FUNCS).
 #   exp-log: exponentials and logarithms overflow or lose precision in float16 (Micikevicius et
 #       al. 2018; NVIDIA guide).
