@@ -238,9 +238,17 @@ def cmd_convert(args):
         target = dtype_of(args.dtype)
         arg_params = {k: mx.nd.amp_cast(to_float32(v), dtype=target) if k in lowp
                       else to_float32(v) for k, v in arg_params.items()}
-        aux_params = {k: to_float32(v) for k, v in aux_params.items()}
+        # Variables the graph pins to a dtype (``__dtype__``, e.g. contrib.amp's
+        # cast_optional_params=True) need arrays of that dtype, or plain MXNet cannot bind
+        # (SymbolBlock.imports, Symbol.bind: "Incompatible attr ... expected bfloat16, got
+        # float32").
+        from .amp.convert_policy import cast_to_graph
+        arg_params = cast_to_graph(out, arg_params)
+        aux_params = cast_to_graph(out, {k: to_float32(v) for k, v in aux_params.items()})
+        stored = sum(np.dtype(v.dtype) != np.float32
+                     for v in list(arg_params.values()) + list(aux_params.values()))
         what = '%s%s, %d parameter(s) stored in %s' % (
-            args.dtype, ' (emulated)' if args.emulate else '', len(lowp), args.dtype)
+            args.dtype, ' (emulated)' if args.emulate else '', stored, args.dtype)
     if args.fuse:
         from .fusion import count_fused, fuse_symbol
         shapes = dict(args.shape)

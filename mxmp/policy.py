@@ -124,6 +124,9 @@ class Policy:
             sets it.
         emulate (bool): run the low-precision graph with float32 kernels whose low-precision
             tensors are rounded through the target dtype (see :mod:`mxmp.graph`). Default False.
+            Ops in ``EMULATE_FLOAT32`` of ``mxmp/lists/<target dtype>.py`` (float16:
+            Deconvolution, which MXNet 1.9.1 crashes in training when the emulation's casts
+            compute its weight) then compute in float32 unless named in ``lp_ops``.
 
     Raises:
         ValueError: unknown target dtype; an op name MXNet 1.9.1 does not register; a
@@ -210,6 +213,10 @@ class Policy:
         for attr, values in conditions.get(op, {}).items():
             if attrs.get(attr) in values:
                 return FLOAT32, 'conditional float32: %s %s=%s' % (op, attr, attrs[attr])
+        if self.emulate:
+            reason = _list_module(self.target_dtype)['EMULATE_FLOAT32'].get(op)
+            if reason:
+                return FLOAT32, 'float32 under emulation: ' + reason
         if op in self.follow_ops:
             return FOLLOW, 'follow_ops (user override)'
         for op_class, ops in self.classes.items():

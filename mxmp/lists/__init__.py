@@ -78,7 +78,9 @@ def classes_for(target_dtype):
         ``'LOW_PRECISION'``, ``'FLOAT32'``, ``'LOSS_OUTPUT'``, ``'WIDEST_TYPE'``, ``'FOLLOW'``:
         frozenset of op names. ``'CONDITIONAL_FLOAT32'``: ``{op: {attr: frozenset(values)}}``
         (the op is FLOAT32 when its attr has one of the values). ``'FLOAT32_INPUTS'`` and
-        ``'INDEX_INPUTS'``: ``{op: tuple of input positions}``. A new dict on every call.
+        ``'INDEX_INPUTS'``: ``{op: tuple of input positions}``. ``'EMULATE_FLOAT32'``:
+        ``{op: reason}``, ops that compute in float32 when the graph is emulated (empty when the
+        module has none). A new dict on every call.
 
     Raises
     ------
@@ -95,4 +97,5 @@ def classes_for(target_dtype):
     classes['CONDITIONAL_FLOAT32'] = conditional
     classes['FLOAT32_INPUTS'] = dict(module.FLOAT32_INPUTS)
     classes['INDEX_INPUTS'] = dict(module.INDEX_INPUTS)
+    classes['EMULATE_FLOAT32'] = dict(getattr(module, 'EMULATE_FLOAT32', {}))
     return classes
