@@ -239,15 +239,7 @@ def plot_layer_ranges(report, out_png, dtype=None):
     percentage of activations that overflow or flush to zero, and of gradients that flush to
     zero unscaled and, where the report recommends a loss scale, with it (a symlog axis, so
     0.01% and 100% both show); a note says so when nothing is out of range (bfloat16's usual
-    case).
-
-    Args:
-        report (mxmp.NumericsReport)
-        out_png (str): output path (its directory is created).
-        dtype (str): ``'float16'`` or ``'bfloat16'``; default the report's target dtype.
-
-    Returns:
-        str: ``out_png``.
+    case). Arguments and return value as :func:`plot_gradient_histogram`.
     """
     return save_png(layer_ranges_figure(report, dtype), out_png)
 
