@@ -180,12 +180,12 @@ def number_format(dtype):
     """The :class:`NumberFormat` of ``dtype``.
 
     Args:
-        dtype (str or NumberFormat): ``'float16'``, ``'bfloat16'`` or an alias
-            :func:`mxmp.normalize_dtype` accepts (``'fp16'``, ``numpy.float16``...); a
-            NumberFormat is returned as it is.
+        dtype (str, numpy dtype or NumberFormat): ``'float16'`` or ``'bfloat16'`` (or
+            ``numpy.float16``: what :func:`mxmp.normalize_dtype` accepts); a NumberFormat is
+            returned as it is.
 
     Raises:
-        ValueError: not a low-precision dtype (from :func:`mxmp.normalize_dtype`).
+        ValueError: any other dtype (from :func:`mxmp.normalize_dtype`).
     """
     if isinstance(dtype, NumberFormat):
         return dtype
