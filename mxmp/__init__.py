@@ -17,9 +17,13 @@ The pieces, one module each:
 * :mod:`mxmp.layout` -- arrays oneDNN reordered back to MXNet's default layout before a cast.
 * :mod:`mxmp.alignment` -- :func:`check_alignment`: Tensor Core size rules for float16.
 * :mod:`mxmp.cuda` -- preloads the CUDA 11 libraries of the ``nvidia-*-cu11`` wheels.
-* :mod:`mxmp.diagnose` -- :func:`diagnose`: which layers overflow or underflow, per dtype.
-* :mod:`mxmp.plot` -- :func:`plot_run`: training curves from a metrics JSON-lines file.
-* :mod:`mxmp.numerics_plot` -- the diagnose plots, in float16's or bfloat16's own format.
+* :mod:`mxmp.diagnose` -- :func:`diagnose`: which layers overflow or underflow, per dtype
+  (``capture.py`` runs the network, ``stats.py`` number formats, histograms and verdicts,
+  ``report.py`` :class:`NumericsReport`, ``inputs.py`` a saved model and a RecordIO batch).
+* :mod:`mxmp.plotting` -- PNG plots: :func:`plot_run` (``run_curves.py``, training curves from a
+  metrics JSON-lines file) and the diagnose charts (``report_charts.py``, in float16's or
+  bfloat16's own format). ``mxmp.plot``, ``mxmp.numerics`` and ``mxmp.numerics_plot`` are the
+  old import paths, kept.
 * :mod:`mxmp.amp` -- ``mxnet.contrib.amp``'s names on mxmp, without monkey patching.
 * :mod:`mxmp.conformance` -- :func:`check_kernels`: is each low-precision op correct on this
   machine's kernels (``mxmp check-kernels``); :mod:`mxmp.kernel_report` its report.

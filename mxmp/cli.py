@@ -322,98 +322,24 @@ def cmd_check_alignment(args):
     return 1 if (rows and args.strict) else 0
 
 
-def _strip_loss_heads(sym):
-    """Replace loss-output heads (SoftmaxOutput, ...) by their data input: diagnose computes
-    the loss itself, and the label variable of a Module's symbol is not a network input."""
-    import mxnet as mx
-    from .lists import classes_for
-    loss_ops = set(classes_for('float16')['LOSS_OUTPUT'])
-    js = json.loads(sym.tojson())
-    heads, changed = [], False
-    for nid, idx, version in js['heads']:
-        node = js['nodes'][nid]
-        if node['op'] in loss_ops and node['inputs']:
-            src = node['inputs'][0]
-            heads.append([src[0], src[1], src[2]])
-            changed = True
-        else:
-            heads.append([nid, idx, version])
-    if not changed:
-        return sym
-    internals = sym.get_internals()
-    names = {}
-    for out in internals.list_outputs():
-        base = out.rsplit('_output', 1)[0]
-        names.setdefault(base, []).append(out)
-    outs = []
-    for nid, idx, _ in heads:
-        name = js['nodes'][nid]['name']
-        outs.append(internals[names[name][idx]] if name in names else internals[name])
-    return outs[0] if len(outs) == 1 else mx.sym.Group(outs)
-
-
-def _first_record_shape(rec):
-    import mxnet as mx
-    try:
-        reader = mx.recordio.MXRecordIO(rec, 'r')
-        item = reader.read()
-        reader.close()
-        if item is None:
-            raise CLIError('%s holds no record' % rec)
-        _, img = mx.recordio.unpack_img(item, iscolor=-1)
-    except CLIError:
-        raise
-    except Exception as err:  # MXNetError, cv2 errors on a file that is not RecordIO
-        raise CLIError('%s is not an image RecordIO file (%s)' % (rec, _first_line(err))) \
-            from None
-    if img is None:
-        raise CLIError('%s: the first record is not an encoded image' % rec)
-    return (3, img.shape[0], img.shape[1])
-
-
 def cmd_diagnose(args):
     """mxmp diagnose: the numerics report of a saved model on one batch."""
     import mxnet as mx
     import numpy as np
     from mxnet import gluon
     from .diagnose import diagnose
-    from .graph import remove_casts
+    from .diagnose.inputs import float32_block, read_rec_batch
     if bool(args.rec) == bool(args.synthetic):
         raise CLIError('give either --rec FILE.rec (a batch of real images) or --synthetic')
     sym = load_symbol(args.symbol)
     data_name = args.data_name
     arg_params, aux_params = load_params(args.params, sym, (data_name,))
-    if data_name not in sym.list_arguments():
-        raise CLIError('the symbol has no input named %r; pass --data-name' % data_name)
-    sym = _strip_loss_heads(remove_casts(sym))   # diagnose looks at the float32 graph
-    with _quiet_warnings():
-        net = gluon.SymbolBlock(sym, mx.sym.var(data_name))
     ctx = mx.cpu()
-    params = net.collect_params()
-    for name, param in params.items():
-        value = arg_params.get(name, aux_params.get(name))
-        if value is None:
-            raise CLIError('parameter %s is missing from %s' % (name, args.params))
-        param.shape = value.shape
-        param.initialize(ctx=ctx)
-        if np.dtype(value.dtype) != np.float32:
-            value = mx.nd.amp_cast(value, dtype='float32')
-        param.set_data(value)
-
+    net = float32_block(sym, arg_params, aux_params, data_name, ctx)
     if args.rec:
         _need_file(args.rec, 'RecordIO file')
-        shape = args.data_shape or _first_record_shape(args.rec)
-        try:
-            it = mx.io.ImageRecordIter(
-                path_imgrec=args.rec, data_shape=shape, batch_size=args.batch_size,
-                shuffle=False, round_batch=True, preprocess_threads=1, verbose=False,
-                mean_r=args.mean_rgb[0], mean_g=args.mean_rgb[1], mean_b=args.mean_rgb[2],
-                std_r=args.std_rgb[0], std_g=args.std_rgb[1], std_b=args.std_rgb[2])
-            batch = next(iter(it))
-        except mx.base.MXNetError as err:
-            raise CLIError('cannot read %s: %s' % (args.rec, _first_line(err))) from None
-        data = batch.data[0].as_in_context(ctx)
-        label = batch.label[0].as_in_context(ctx)
+        data, label = read_rec_batch(args.rec, args.batch_size, args.data_shape, args.mean_rgb,
+                                     args.std_rgb, ctx)
         source = '%s (first %d images, %s)' % (args.rec, data.shape[0], 'x'.join(
             str(s) for s in data.shape[1:]))
     else:
@@ -455,20 +381,9 @@ def cmd_diagnose(args):
     return 0
 
 
-class _quiet_warnings:
-    def __enter__(self):
-        import warnings
-        self._ctx = warnings.catch_warnings()
-        self._ctx.__enter__()
-        warnings.simplefilter('ignore')
-
-    def __exit__(self, *exc):
-        return self._ctx.__exit__(*exc)
-
-
 def cmd_plot(args):
     """mxmp plot: training curves of a metrics.jsonl file."""
-    from .plot import plot_run
+    from .plotting import plot_run
     _need_file(args.metrics, 'metrics file')
     path = plot_run(args.metrics, args.out, title=args.title)   # creates --out's directory
     print('wrote %s' % path)

@@ -1,59 +1,21 @@
-"""Per-layer numerics report: what a float32 network's tensors would do in float16 or bfloat16.
+"""Capture: run a float32 network and collect, per layer, the tensors float16/bfloat16 would hold.
 
-:func:`diagnose` runs a few float32 training iterations of a Gluon network and records, for
-every layer that would compute in the target dtype, log2-magnitude histograms of four tensors:
-its activations (output), its weights, its weight gradients and its activation gradients
-(d loss / d output). From them it reports, for float16 and for bfloat16:
-
-* the fraction of values that would **overflow** (|x| > 65504 in float16, > 3.39e38 in
-  bfloat16: they become inf),
-* the fraction that would become **subnormal** (float16: |x| < 2**-14, precision lost) or
-  **flush to zero** (float16: |x| < 2**-24; bfloat16: |x| < 2**-126, because oneDNN's bfloat16
-  kernels run with denormals flushed),
-* the **loss scale** that keeps the gradients in range: the largest power of two ``S`` with
-  ``max|gradient| * S <= max finite`` (capped at ``max_loss_scale``, 2**24 as mxmp's and
-  contrib.amp's dynamic scalers), and the fraction of gradient values it rescues from
-  flushing to zero,
-* the layers it recommends keeping in float32, as node names ready for
-  ``mxmp.Policy(target_dtype, excluded_names=report.excluded_names)``.
-
-The thresholds are those of IEEE 754 binary16 and of bfloat16 (float32's 8-bit exponent with a
-7-bit mantissa); the method and the gradient histogram plot follow Micikevicius et al., "Mixed
-Precision Training", ICLR 2018 (section 3.2 and its activation-gradient histogram figure) and
-NVIDIA's "Training With Mixed Precision" guide ("Choosing A Scaling Factor").
-
-How the tensors are captured (MXNet 1.9.1). Gluon's forward hooks see the outputs of child
-blocks but not their gradients, and they do not exist for a ``SymbolBlock`` loaded from files.
-So the network is traced to a Symbol (``net(mx.sym.var('data'))``, which works for every
-HybridBlock and SymbolBlock) and every reported node ``y`` is rewired through
-``y + probe``, where ``probe`` is a new all-zero input variable: the forward values do not
-change, and the gradient MXNet's executor computes for ``probe`` is exactly d loss / d ``y``,
-the activation gradient. The graph is bound once (``Symbol.simple_bind``) with *copies* of the
-network's parameters: the network itself is never modified. The loss is computed imperatively
-from the executor's output with ``autograd`` (any ``loss_fn(output, label)`` works) and its
-gradient fed to ``executor.backward``. Gradients are those of ``loss.backward()`` on the
-per-sample loss (summed over the batch), as in a training loop before the optimizer's
-``rescale_grad``. Between iterations the copies take one plain SGD step
-(``w -= learning_rate * grad / batch_size``) so that the statistics are not those of one point.
-
-Which nodes are "layers": the nodes that :func:`mxmp.explain` says compute in the target dtype
-(Convolution, FullyConnected, and the follow / widest-type ops between them: BatchNorm, relu,
-add, pooling...). Nodes the pass keeps in float32 (softmax, LayerNorm, losses...) are not
-reported: their tensors never exist in low precision. Their weights are the node's inputs that
-are parameters, except BatchNorm's gamma/beta/moving statistics, which stay float32.
-Fractions are of the finite non-zero values (exact zeros, such as ReLU's, are representable).
+:func:`diagnose` traces the network to a Symbol, rewires every layer's output through
+``y + probe`` (a zero input whose gradient is d loss / d y), binds copies of the parameters and
+runs a few float32 iterations; :mod:`mxmp.diagnose.stats` judges what it collected and
+:class:`mxmp.diagnose.report.NumericsReport` holds the result. The method, in full, is in the
+docstring of :mod:`mxmp.diagnose`.
 """
 import json
 
 import numpy as np
 
-# the report's data classes live in numerics.py; re-exported here for ``mxmp.diagnose.X`` users
-from .numerics import (BFLOAT16, FLOAT16, FORMATS, LayerStats,  # noqa: F401
-                       LossScaleAdvice, NumberFormat, NumericsReport, TensorStats, _advice,
-                       _judge, _merge)
+from .inputs import error_line, output_names
+from .report import NumericsReport
+from .stats import (FORMATS, LayerStats, TensorStats, advise_loss_scale, judge_layer,
+                    merged)
 
-__all__ = ['diagnose', 'NumberFormat', 'TensorStats', 'LayerStats', 'LossScaleAdvice',
-           'NumericsReport', 'FORMATS', 'FLOAT16', 'BFLOAT16']
+__all__ = ['diagnose']
 
 _PROBE = '_mxmp_probe'
 
@@ -68,15 +30,6 @@ def _as_nd(x, ctx):
     return mx.nd.array(np.asarray(x), ctx=ctx, dtype='float32')
 
 
-def _visible_outputs(sym):
-    """node name -> number of visible outputs, from the internals' output names."""
-    counts = {}
-    for out in sym.get_internals().list_outputs():
-        base = out.rsplit('_output', 1)[0]
-        counts[base] = counts.get(base, 0) + 1
-    return counts
-
-
 def _instrument(sym, layer_names):
     """Rewire every visible output of the named nodes through ``+ probe`` (module docstring).
 
@@ -87,7 +40,7 @@ def _instrument(sym, layer_names):
     """
     import mxnet as mx
     js = json.loads(sym.tojson())
-    n_out = _visible_outputs(sym)
+    n_out = {name: len(outs) for name, outs in output_names(sym).items()}
     wanted = set(layer_names)
     nodes, remap, probes, new_id = [], {}, [], {}
 
@@ -120,10 +73,6 @@ def _instrument(sym, layer_names):
 
 def _trace(net, data_names):
     import mxnet as mx
-    from mxnet import gluon
-    if not isinstance(net, gluon.HybridBlock):
-        raise TypeError('diagnose needs a gluon.HybridBlock (or a SymbolBlock loaded with '
-                        'gluon.SymbolBlock.imports), got %s' % type(net).__name__)
     if getattr(net, 'mxmp_policy', None) is not None:
         raise ValueError('diagnose the float32 network, not a block converted by mxmp: pass '
                          'block.mxmp_source')
@@ -135,7 +84,7 @@ def _trace(net, data_names):
 
 def _layer_nodes(sym, policy, data_names):
     """(name, op, weight parameter names) of the nodes that compute in the target dtype."""
-    from .graph import explain
+    from ..graph import explain
     rows = explain(sym, policy=policy, data_names=data_names)
     nodes = json.loads(sym.tojson())['nodes']
     by_name = {n['name']: n for n in nodes}
@@ -180,7 +129,7 @@ def diagnose(net, data, label, loss_fn, target_dtype='float16', steps=3, learnin
             ``Policy(target_dtype)``.
         underflow_tol (float): a layer is flagged when more than this fraction of its
             activations, or of its gradients at the recommended loss scale, flushes to zero.
-            Any overflow of activations or weights flags it (rules: ``_judge``). Default 0.01.
+            Any overflow of activations or weights flags it (rules: :func:`mxmp.diagnose.stats.judge_layer`). Default 0.01.
         max_loss_scale (float): cap of the recommended loss scale; default 2**24 (the cap of
             mxmp's and contrib.amp's dynamic scalers).
         verbose (bool): print :meth:`NumericsReport.table`. Default True.
@@ -195,7 +144,7 @@ def diagnose(net, data, label, loss_fn, target_dtype='float16', steps=3, learnin
     """
     import mxnet as mx
     from mxnet import autograd, gluon
-    from .policy import Policy, normalize_dtype
+    from ..policy import Policy, normalize_dtype
     if not isinstance(net, gluon.HybridBlock):
         raise TypeError('diagnose needs a gluon.HybridBlock (or a SymbolBlock loaded with '
                         'gluon.SymbolBlock.imports), got %s' % type(net).__name__)
@@ -257,13 +206,13 @@ def diagnose(net, data, label, loss_fn, target_dtype='float16', steps=3, learnin
     except mx.base.MXNetError as err:
         raise ValueError('cannot bind the network for data shapes %s: %s'
                          % ({n: x.shape for n, x in zip(data_names, inputs)},
-                            _first_line(err))) from None
+                            error_line(err))) from None
     with autograd.pause():
         for name, arr in list(exe.arg_dict.items()) + list(exe.aux_dict.items()):
             if name in params:
                 value = params[name].list_data()[0]
                 if np.dtype(value.dtype) != np.float32:
-                    from .layout import to_default_layout
+                    from ..layout import to_default_layout
                     to_default_layout(value)   # amp_cast fails on reordered grouped weights
                     value = mx.nd.amp_cast(value, dtype='float32')
                 value.copyto(arr)
@@ -284,9 +233,9 @@ def diagnose(net, data, label, loss_fn, target_dtype='float16', steps=3, learnin
         exe.backward(out_grads=[o.grad for o in outs]
                      + [mx.nd.zeros_like(o) for o in exe.outputs[n_heads:]])
         for (layer, _, var), act in zip(probes, exe.outputs[n_heads:]):
-            acts[layer] = _merge(acts.get(layer), TensorStats.of(act.asnumpy()))
-            agrads[layer] = _merge(agrads.get(layer),
-                                   TensorStats.of(exe.grad_dict[var].asnumpy()))
+            acts[layer] = merged((acts.get(layer), TensorStats.of(act.asnumpy())))
+            agrads[layer] = merged((agrads.get(layer),
+                                    TensorStats.of(exe.grad_dict[var].asnumpy())))
         seen = {}
         for layer, _, names in layers:
             for n in names:
@@ -295,9 +244,9 @@ def diagnose(net, data, label, loss_fn, target_dtype='float16', steps=3, learnin
                                TensorStats.of(exe.grad_dict[n].asnumpy())
                                if exe.grad_dict.get(n) is not None else None)
             for n in names:
-                weights[layer] = _merge(weights.get(layer), seen[n][0])
+                weights[layer] = merged((weights.get(layer), seen[n][0]))
                 if seen[n][1] is not None:
-                    wgrads[layer] = _merge(wgrads.get(layer), seen[n][1])
+                    wgrads[layer] = merged((wgrads.get(layer), seen[n][1]))
         if learning_rate and step + 1 < steps:
             for n, g in exe.grad_dict.items():
                 if g is not None and n in params:
@@ -305,12 +254,12 @@ def diagnose(net, data, label, loss_fn, target_dtype='float16', steps=3, learnin
 
     result = tuple(LayerStats(name, op, names, acts[name], agrads[name], weights.get(name),
                               wgrads.get(name)) for name, op, names in layers)
-    advice = {name: _advice(result, fmt, max_loss_scale) for name, fmt in FORMATS.items()}
+    advice = {name: advise_loss_scale(result, fmt, max_loss_scale) for name, fmt in FORMATS.items()}
     reasons = {}
     for name, fmt in FORMATS.items():
         reasons[name] = {}
         for layer in result:
-            why = _judge(layer, fmt, advice[name].log2_scale, underflow_tol)
+            why = judge_layer(layer, fmt, advice[name].log2_scale, underflow_tol)
             if why:
                 reasons[name][layer.name] = why
     report = NumericsReport(target, steps, batch, tuple(losses), result, advice, reasons,
@@ -318,12 +267,3 @@ def diagnose(net, data, label, loss_fn, target_dtype='float16', steps=3, learnin
     if verbose:
         print(report.table())
     return report
-
-
-def _first_line(err):
-    """The informative line of an MXNetError (its text starts with a C++ traceback)."""
-    lines = [l.strip() for l in str(err).splitlines() if l.strip()]
-    for line in reversed(lines):
-        if not line.startswith(('File ', '[bt]', 'Traceback', 'Stack trace')):
-            return line[len('MXNetError: '):] if line.startswith('MXNetError: ') else line
-    return lines[-1] if lines else type(err).__name__
