@@ -6,9 +6,10 @@ data, models, initial weights, data order and augmentation, optimizer and learni
 At equal seed the two scripts differ only in the training API (Gluon + ``mxmp.Trainer`` there,
 ``Module.fit`` + ``mxmp.Module`` here), so their results can be compared step by step.
 
-* Model: the GluonCV block is built and initialised by ``train_imagenet.build_model`` (same seed,
-  same weights), traced to a Symbol (``net(mx.sym.var('data'))``) and given a ``SoftmaxOutput``
-  head; the block's parameters are handed to ``fit`` as ``arg_params``/``aux_params``.
+* Model: the GluonCV block is built and initialised by ``common.build_model``
+  (examples/common.py, shared with train_imagenet.py: same seed, same weights), traced to a
+  Symbol (``net(mx.sym.var('data'))``) and given a ``SoftmaxOutput`` head; the block's
+  parameters are handed to ``fit`` as ``arg_params``/``aux_params``.
 * Training: ``mxmp.Module(symbol, target_dtype=--dtype, loss_scaler=--loss-scale,
   cast_params=--cast-params, emulate=...)`` driven by ``Module.fit`` with
   ``mx.callback.Speedometer``, ``mx.callback.module_checkpoint`` and a validation metric (top-1
@@ -42,8 +43,8 @@ import time
 import mxnet as mx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train_imagenet as ti  # noqa: E402  (the Gluon script: flags, data, model, records)
-from train_imagenet import ConfigError  # noqa: E402,F401  (re-exported for callers and tests)
+import common  # noqa: E402  (shared with train_imagenet.py: flags, data, model, records)
+from common import ConfigError  # noqa: E402,F401  (re-exported for callers and tests)
 
 LOG = logging.getLogger('train_imagenet_module')
 CHECKPOINT_PREFIX = 'model'
@@ -52,11 +53,11 @@ DATA_NAME, LABEL_NAME = 'data', 'softmax_label'
 
 def parse_args(argv=None):
     """train_imagenet.py's command line (``--kvstore`` included); ConfigError on bad values."""
-    parser = ti.build_parser()
+    parser = common.build_parser()
     parser.description = ('Train a GluonCV classifier as a Symbolic Module (mxmp.Module.fit) in '
                           'float32 or mixed precision.')
     parser.set_defaults(save_dir='runs/train_imagenet_module')
-    return ti.parse_args(argv, parser)
+    return common.parse_args(argv, parser)
 
 
 class EpochIter(mx.io.DataIter):
@@ -130,12 +131,12 @@ def top1_metric():
 def build_symbol_and_params(args):
     """The GluonCV block of train_imagenet.py as ``(symbol, arg_params, aux_params)``.
 
-    The block is built and initialised by ``train_imagenet.build_model`` (so the current random
-    state decides the weights, as in the Gluon script), traced on ``mx.sym.var('data')``, and
+    The block is built and initialised by ``common.build_model`` (so the current random state
+    decides the weights, as in the Gluon script), traced on ``mx.sym.var('data')``, and
     topped with ``SoftmaxOutput`` (label ``softmax_label``). The params are copies of the
     block's, keyed by the block's parameter names (which are the symbol's argument names).
     """
-    net = ti.build_model(args)
+    net = common.build_model(args)
     symbol = mx.sym.SoftmaxOutput(net(mx.sym.var(DATA_NAME)), name='softmax')
     params = net.collect_params()
     args_needed = set(symbol.list_arguments()) - {DATA_NAME, LABEL_NAME}
@@ -246,21 +247,21 @@ class Recorder:
 
     def _finish(self, val_top1):
         epoch, train_time = self.pending
-        self.history.append(ti.end_epoch(
+        self.history.append(common.end_epoch(
             self.metrics, epoch, self.step, self.losses, self.images, train_time,
             self.mod.loss_scale, self.mod.skipped_steps - self.skipped_before, val_top1,
             self.learning_rate()))
         index = {'epoch': epoch, 'step': self.step, 'prefix': CHECKPOINT_PREFIX,
                  'history': self.history}
-        tmp = os.path.join(self.args.save_dir, ti.CHECKPOINT_INDEX + '.tmp')
+        tmp = os.path.join(self.args.save_dir, common.CHECKPOINT_INDEX + '.tmp')
         with open(tmp, 'w') as f:
             json.dump(index, f, indent=1)
-        os.replace(tmp, os.path.join(self.args.save_dir, ti.CHECKPOINT_INDEX))
+        os.replace(tmp, os.path.join(self.args.save_dir, common.CHECKPOINT_INDEX))
 
 
 def make_module(args, emulate, symbol):
     """A fresh mxmp.Module for the flags (float32: target_dtype 'float32', no scaling)."""
-    mxmp = ti.import_mxmp()
+    mxmp = common.import_mxmp()
     mixed = args.dtype != 'float32'
     return mxmp.Module(symbol, (DATA_NAME,), (LABEL_NAME,), target_dtype=args.dtype,
                        loss_scaler=args.loss_scale if mixed else 'none',
@@ -270,11 +271,11 @@ def make_module(args, emulate, symbol):
 
 def load_module(args, emulate):
     """The mxmp.Module of the last checkpoint in --save-dir, and its checkpoint.json index."""
-    mxmp = ti.import_mxmp()
-    path = os.path.join(args.save_dir, ti.CHECKPOINT_INDEX)
+    mxmp = common.import_mxmp()
+    path = os.path.join(args.save_dir, common.CHECKPOINT_INDEX)
     if not os.path.isfile(path):
         raise ConfigError('--resume: no checkpoint in %s (%s missing); run without --resume first'
-                          % (args.save_dir, ti.CHECKPOINT_INDEX))
+                          % (args.save_dir, common.CHECKPOINT_INDEX))
     with open(path) as f:
         index = json.load(f)
     prefix = os.path.join(args.save_dir, index['prefix'])
@@ -301,12 +302,12 @@ def main(argv=None):
     """
     args = parse_args(argv)
     os.makedirs(args.save_dir, exist_ok=True)
-    ti.setup_logging(args.save_dir)
+    common.setup_logging(args.save_dir)
 
-    kvstore = ti.setup_kvstore(args)   # dist_*: this worker's part of the data
-    steps_per_epoch = ti.count_data(args)
-    ti.seed_everything(args.seed)
-    emulate = ti.resolve_emulate(args) if args.dtype != 'float32' else False
+    kvstore = common.setup_kvstore(args)   # dist_*: this worker's part of the data
+    steps_per_epoch = common.count_data(args)
+    common.seed_everything(args.seed)
+    emulate = common.resolve_emulate(args) if args.dtype != 'float32' else False
     symbol, arg_params, aux_params = build_symbol_and_params(args)  # the Gluon script's weights
 
     start_epoch, step, history = 0, 0, []
@@ -317,8 +318,8 @@ def main(argv=None):
         LOG.info('resumed from %s: %d epoch(s) done, step %d', args.save_dir, start_epoch, step)
     else:
         mod = make_module(args, emulate, symbol)
-    ti.truncate_metrics(os.path.join(args.save_dir, 'metrics.jsonl'), step, start_epoch)
-    metrics = ti.JsonLines(os.path.join(args.save_dir, 'metrics.jsonl'))
+    common.truncate_metrics(os.path.join(args.save_dir, 'metrics.jsonl'), step, start_epoch)
+    metrics = common.JsonLines(os.path.join(args.save_dir, 'metrics.jsonl'))
     if metrics.f.tell() == 0:   # a fresh file: say what runs (mxmp plot titles the figure)
         metrics.write(model=args.model, dtype=args.dtype, emulate=bool(emulate),
                       cast_params=bool(getattr(args, 'cast_params', False)),
@@ -329,19 +330,20 @@ def main(argv=None):
     size = args.input_size
 
     def make_train(epoch):
-        ti.seed_everything(args.seed + epoch)
+        common.seed_everything(args.seed + epoch)
         if args.synthetic:
-            it = ti.SyntheticIter(args.batch_size, size, args.num_classes, steps_per_epoch,
+            it = common.SyntheticIter(args.batch_size, size, args.num_classes, steps_per_epoch,
                                   args.seed + epoch)
         else:
-            it = ti.make_rec_iter(args, train=True, epoch=epoch)
+            it = common.make_rec_iter(args, train=True, epoch=epoch)
         recorder.start_epoch()
         return it
 
     def make_val(epoch):
         if args.synthetic:
-            return ti.SyntheticIter(args.batch_size, size, args.num_classes, 2, args.seed + 10**6)
-        return ti.make_rec_iter(args, train=False, epoch=epoch)
+            return common.SyntheticIter(args.batch_size, size, args.num_classes, 2,
+                                        args.seed + 10**6)
+        return common.make_rec_iter(args, train=False, epoch=epoch)
 
     train_iter = EpochIter(make_train, args.batch_size, (3, size, size), steps_per_epoch,
                            first_epoch=start_epoch)
@@ -352,7 +354,7 @@ def main(argv=None):
 
     # Built without the symbol: weight decay on every parameter, as gluon.Trainer does.
     optimizer = mx.optimizer.create(args.optimizer, rescale_grad=1.0 / args.batch_size,
-                                    **ti.optimizer_params(args, steps_per_epoch))
+                                    **common.optimizer_params(args, steps_per_epoch))
     LOG.info('mxmp.Module.fit: model %s, dtype %s%s%s, loss scaler %s, kvstore %s, batch %d, '
              '%d steps/epoch x %d epochs, %d train / %d val images%s', args.model, args.dtype,
              ' (emulated)' if emulate else '', ' cast-params' if args.cast_params else '',
@@ -375,9 +377,9 @@ def main(argv=None):
                 eval_end_callback=recorder.val_end)
     finally:
         metrics.close()
-    return ti.write_summary(args, history, emulate, recorder.step, driver='mxmp.Module.fit',
+    return common.write_summary(args, history, emulate, recorder.step, driver='mxmp.Module.fit',
                             kvstore=args.kvstore, checkpoint_prefix=prefix)
 
 
 if __name__ == '__main__':
-    ti.run_cli(main)
+    common.run_cli(main)

@@ -1,12 +1,12 @@
-"""scripts/benchmark.py: every mode reported, failures as rows, cast counts, output files, the
-machine's GEMM peak and each row's percent of it, FLOP counting, the --profile table.
+"""scripts/benchmark.py and the benchmarks package behind it: every mode reported, failures as
+rows, cast counts, output files, the machine's GEMM peak and each row's percent of it, FLOP
+counting, the --profile table.
 
 One small run of the script (cifar_resnet20_v1 at 32x32, batch 2, 1 warm-up + 5 timed
 iterations, one thread, 2 loss-check steps, a 256^3 GEMM peak; about 11 subprocesses) is shared
 by the tests. No timed assertions: only that the numbers exist and agree with mxmp (and with
 hand-computed FLOP) for the same graph.
 """
-import importlib.util
 import json
 import math
 import os
@@ -22,13 +22,6 @@ MODEL, CLASSES, SIZE = 'cifar_resnet20_v1', 10, 32
 ALL_MODES = {'train': ['float32', 'contrib_amp', 'mxmp', 'mxmp_cast_params'],
              'infer': ['float32', 'float32_fused', 'contrib_amp', 'contrib_amp_cast_params',
                        'mxmp', 'mxmp_cast_params']}
-
-
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location('benchmark_script', SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run_script(*args, timeout=600):
@@ -169,7 +162,7 @@ def test_too_few_timed_iterations_are_refused_with_the_fix():
 
 
 def test_ratios_compare_medians_within_the_same_phase_and_batch():
-    bench = load_benchmark()
+    from benchmarks.stats import add_ratios
     rows = [dict(phase='train', batch_size=8, mode='float32', img_per_s_median=10.0,
                  peak_rss_mib=1000.0),
             dict(phase='train', batch_size=8, mode='contrib_amp', img_per_s_median=20.0,
@@ -180,36 +173,36 @@ def test_ratios_compare_medians_within_the_same_phase_and_batch():
                  peak_rss_mib=None),
             dict(phase='train', batch_size=16, mode='mxmp', img_per_s_median=12.0,
                  peak_rss_mib=300.0)]
-    bench.add_ratios(rows)
+    add_ratios(rows)
     assert rows[2]['speedup_vs_float32'] == 3.0 and rows[2]['speedup_vs_contrib_amp'] == 1.5
     assert rows[2]['memory_vs_float32'] == 0.4 and rows[2]['memory_vs_contrib_amp'] == 0.8
     assert rows[4]['speedup_vs_float32'] is None and rows[4]['speedup_vs_contrib_amp'] is None
 
 
 def test_aggregate_pools_the_iterations_of_every_repeat():
-    bench = load_benchmark()
+    from benchmarks.stats import aggregate
     runs = [{'status': 'ok', 'img_per_s': [1.0, 2.0, 3.0], 'peak_rss_mib': 500.0,
              'rss_after_import_mib': 200.0, 'casts': {'amp_cast': 3, 'amp_multicast': 0},
              'conversion_s': 0.1, 'emulated': False},
             {'status': 'ok', 'img_per_s': [4.0, 5.0], 'peak_rss_mib': 600.0,
              'rss_after_import_mib': 210.0, 'casts': {'amp_cast': 3, 'amp_multicast': 0},
              'conversion_s': 0.3, 'emulated': False}]
-    row = bench.aggregate(runs)
+    row = aggregate(runs)
     assert (row['img_per_s_median'], row['img_per_s_min'], row['img_per_s_max']) == (3.0, 1.0,
                                                                                      5.0)
     assert row['peak_rss_mib'] == 600.0 and row['timed_iterations'] == 5
     assert row['conversion_s'] == pytest.approx(0.2)
-    failed = bench.aggregate([{'status': 'failed', 'error': 'MXNetError: no kernel',
+    failed = aggregate([{'status': 'failed', 'error': 'MXNetError: no kernel',
                                'stage': 'warmup', 'casts': None}])
     assert failed['status'] == 'failed' and failed['error'] == 'MXNetError: no kernel'
     assert failed['img_per_s_median'] is None and failed['failed_stage'] == 'warmup'
 
 
 def test_first_line_drops_mxnet_stack_traces():
-    bench = load_benchmark()
+    from benchmarks.worker import first_line
     err = RuntimeError('\nTraceback (most recent call last):\n  File "x.cc", line 1\n'
                        'could not create a primitive descriptor iterator\n[bt] (0) libmxnet.so')
-    assert bench.first_line(err) == ('RuntimeError: could not create a primitive descriptor '
+    assert first_line(err) == ('RuntimeError: could not create a primitive descriptor '
                                      'iterator')
 
 
@@ -356,18 +349,18 @@ def test_fused_float32_row_is_the_inference_reference_and_mxmp_fuses_where_kerne
 
 
 def test_chart_draws_panels_only_for_the_phases_that_ran(small_run, tmp_path):
-    bench = load_benchmark()
+    from benchmarks.charts import bar_chart
     _, report, _ = small_run
-    both = bench.bar_chart(report, str(tmp_path / 'both.png'))
+    both = bar_chart(report, str(tmp_path / 'both.png'))
     assert len(both) == 4 and sum('training' in t for t in both) == 2
     infer_only = dict(report, rows=[r for r in report['rows'] if r['phase'] == 'infer'])
-    titles = bench.bar_chart(infer_only, str(tmp_path / 'infer.png'))
+    titles = bar_chart(infer_only, str(tmp_path / 'infer.png'))
     assert len(titles) == 2 and all(t.startswith('inference') for t in titles)
 
 
 # ------------------------------------------------------------------------------ --profile
 def test_profile_mode_prints_operator_times_side_by_side(tmp_path):
-    bench = load_benchmark()
+    from benchmarks.modes import PROFILE_MODES
     from benchmarks.profile import parse_aggregate
     proc = run_script('--model', MODEL, '--classes', str(CLASSES), '--input-size', str(SIZE),
                       '--batch-size', '2', '--warmup', '1', '--iters', '5', '--threads', '1',
@@ -376,7 +369,7 @@ def test_profile_mode_prints_operator_times_side_by_side(tmp_path):
     with open(tmp_path / 'profile.json') as f:
         report = json.load(f)
     modes = report['modes']
-    assert list(modes) == list(bench.PROFILE_MODES)
+    assert list(modes) == list(PROFILE_MODES)
     assert modes['float32']['bulk_env'] == {'MXNET_EXEC_BULK_EXEC_TRAIN': '0',
                                             'MXNET_EXEC_BULK_EXEC_INFERENCE': '0'}
     ok = [m for m in modes if modes[m]['status'] == 'ok']

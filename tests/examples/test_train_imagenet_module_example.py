@@ -49,7 +49,7 @@ def top1(mod, batches):
 
 def synthetic_val_top1(module_script, mod, seed=0):
     """Top-1 of a bound Module on the script's synthetic validation batches."""
-    return top1(mod, module_script.ti.SyntheticIter(BATCH, SIZE, CLASSES, 2, seed + 10**6))
+    return top1(mod, module_script.common.SyntheticIter(BATCH, SIZE, CLASSES, 2, seed + 10**6))
 
 
 def bound(mod, batch=BATCH):
@@ -119,7 +119,7 @@ def test_float32_module_follows_the_gluon_script_step_for_step(module_script, tr
 
 def initial_arg_params(module_script, *extra):
     args = module_script.parse_args(synthetic_args('unused', *extra))
-    module_script.ti.seed_everything(args.seed)
+    module_script.common.seed_everything(args.seed)
     _, arg_params, _ = module_script.build_symbol_and_params(args)
     return {k: v.asnumpy() for k, v in arg_params.items()}
 
@@ -160,7 +160,7 @@ def test_resume_continues_like_an_uninterrupted_run(module_script, tmp_path, mon
     args = ['--dtype', 'float16', '--synthetic-batches', '2', '--epochs', '2']
     module_script.main(synthetic_args(whole, *args))
 
-    class DieAfterStep3(module_script.ti.JsonLines):
+    class DieAfterStep3(module_script.common.JsonLines):
         """Kills the run in the middle of epoch 2, after step 3 was logged."""
 
         def write(self, **record):
@@ -170,7 +170,7 @@ def test_resume_continues_like_an_uninterrupted_run(module_script, tmp_path, mon
                 raise Killed('killed after step 3')
 
     with monkeypatch.context() as m:
-        m.setattr(module_script.ti, 'JsonLines', DieAfterStep3)
+        m.setattr(module_script.common, 'JsonLines', DieAfterStep3)
         with pytest.raises(Killed):
             module_script.main(synthetic_args(split, *args))
     summary = module_script.main(synthetic_args(split, *args, '--resume'))
@@ -214,7 +214,7 @@ def test_recordio_epoch_logs_true_losses_and_validates_without_the_padding(
     args = module_script.parse_args(rec + ['--batch-size', '32'])
     args.num_val = 32
     plain = bound(mx.mod.Module.load(str(tmp_path / 'module' / 'model'), 1), batch=32)
-    assert top1(plain, module_script.ti.make_rec_iter(args, train=False, epoch=0)) == \
+    assert top1(plain, module_script.common.make_rec_iter(args, train=False, epoch=0)) == \
         summary['final_val_top1']
     # The logged loss of step 1 is that of the first batch (ImageRecordIter reuses its buffers:
     # labels read after fit fetched the next batch would be the next batch's), as in the Gluon

@@ -1,0 +1,47 @@
+"""The benchmark's modes, phases and fixed settings, and the label of a mode in the tables.
+
+Shared by the parent (:mod:`benchmarks.runner`, the tables, the chart) and the worker process
+(:mod:`benchmarks.worker`). The modes are described in ``scripts/benchmark.py``.
+"""
+
+MODELS = ('resnet50_v1', 'resnet18_v1', 'mobilenetv2_1.0')
+#: Mode name -> (label, phases it applies to). Order = order of the rows and of the interleaving.
+MODES = {
+    'float32': ('float32', ('train', 'infer')),
+    'float32_fused': ('float32, oneDNN-fused', ('infer',)),
+    'contrib_amp': ('contrib.amp {dtype}', ('train', 'infer')),
+    'contrib_amp_cast_params': ('contrib.amp {dtype}, cast_optional_params', ('infer',)),
+    'mxmp': ('mxmp {dtype}', ('train', 'infer')),
+    'mxmp_cast_params': ('mxmp {dtype}, cast_params', ('train', 'infer')),
+    'mxmp_unfused': ('mxmp {dtype}, fuse_inference=False', ('infer',)),
+}
+#: Modes run unless --modes says otherwise (mxmp_unfused measures the fusion lever: opt-in).
+DEFAULT_MODES = [m for m in MODES if m != 'mxmp_unfused']
+#: Modes profiled by --profile (training), the first is the reference of the ratios.
+PROFILE_MODES = ('float32', 'contrib_amp', 'mxmp')
+PHASES = ('train', 'infer')
+#: The --quick configuration (explicit flags still win). cifar_resnet20_v1 (0.27 M parameters)
+#: rather than resnet18_v1 (11.7 M): emulated cast_params runs cast every parameter to and from
+#: bfloat16 several times per step, and MXNet's bfloat16 cast is slow on AVX2 CPUs, so
+#: resnet18_v1 at 64x64 took 587 s here. One thread: on a shared 2-core machine two OpenMP
+#: threads per process were ~9x slower than one (an emulated cifar_resnet20_v1 forward at load
+#: 10: 553 ms vs 61 ms).
+QUICK = dict(model='cifar_resnet20_v1', classes=10, input_size=32, batch_size=[8], warmup=1,
+             iters=5, repeats=1, loss_steps=20, threads=1)
+MIN_ITERS = 5
+SEED = 0
+LEARNING_RATE = 0.01
+MOMENTUM = 0.9
+
+
+class BenchmarkError(Exception):
+    """Bad arguments or an unusable environment; the message names the fix."""
+
+
+
+def mode_label(mode, dtype, emulated):
+    """The row label of ``mode`` (str) for target dtype ``dtype`` (str), with " (emulated)"
+    when ``emulated`` (bool) is true; an unknown mode is its own label."""
+    label = MODES[mode][0].format(dtype=dtype) if mode in MODES else mode
+    return label + (' (emulated)' if emulated else '')
+
