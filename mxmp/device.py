@@ -98,9 +98,19 @@ def _probe(dtype, device_type, device_id):
                 z = nd.FullyConnected(y, fw, num_hidden=4, no_bias=True)
             z.backward()
             # Only the probe's own results: never nd.waitall(), which would raise (and clear)
-            # an error pending from someone else's computation.
-            for a in (z, x.grad, w.grad, fw.grad):
-                a.wait_to_read()
+            # an error pending from someone else's computation. Every one is waited on, also
+            # after the first fails: an error left pending on one of them would be raised by
+            # the user's next nd.waitall() (measured with bulk execution off,
+            # MXNET_EXEC_BULK_EXEC_TRAIN=0, under DNNL_MAX_CPU_ISA=AVX2: a float32 training
+            # step then failed with the probe's "could not create a primitive descriptor").
+            errors = []
+            for a in (y, z, x.grad, w.grad, fw.grad):
+                try:
+                    a.wait_to_read()
+                except mx.base.MXNetError as err:
+                    errors.append(err)
+            if errors:
+                raise errors[0]
     except mx.base.MXNetError as err:
         if device_type == 'gpu' or MISSING_KERNEL_MESSAGE in str(err):
             return False

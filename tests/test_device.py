@@ -50,3 +50,41 @@ def test_an_error_that_is_not_a_missing_kernel_is_raised_and_not_cached(fresh_pr
 def test_float16_on_a_cpu_is_never_available():
     assert mxmp.lp_kernels_available('float16') is False
     assert mxmp.lp_kernels_available('float16', mx.cpu(1)) is False
+
+
+LEAK_CHECK = """
+import mxmp
+assert mxmp.lp_kernels_available('bfloat16') is False   # oneDNN capped to AVX2: the probe fails
+import mxnet as mx
+from mxnet import autograd, gluon
+from gluoncv.model_zoo import get_model
+net = get_model('cifar_resnet20_v1', classes=10)
+net.initialize(mx.init.Xavier())
+net.hybridize(static_alloc=True, static_shape=True)
+loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+x, y = mx.nd.random.uniform(shape=(2, 3, 32, 32)), mx.nd.array([1, 2])
+for _ in range(3):
+    with autograd.record():
+        loss = loss_fn(net(x), y)
+    loss.backward()
+    trainer.step(2)
+mx.nd.waitall()
+print('trained')
+"""
+
+
+def test_a_failed_probe_leaves_no_error_for_the_users_next_waitall():
+    """With bulk execution off, an error left pending on one of the probe's arrays was raised
+    by the user's next ``nd.waitall()``: a float32 training step failed with oneDNN's "could
+    not create a primitive descriptor" (4 of 4 runs before the fix). Run in a fresh process
+    with oneDNN capped to AVX2, so the probe fails on every kind of CPU."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, DNNL_MAX_CPU_ISA='AVX2', MXNET_EXEC_BULK_EXEC_TRAIN='0',
+               MXNET_EXEC_BULK_EXEC_INFERENCE='0', OMP_NUM_THREADS='1')
+    proc = subprocess.run([sys.executable, '-c', LEAK_CHECK], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith('trained')
