@@ -443,11 +443,11 @@ def test_train_rss_prints_peak_memory_step_time_and_losses():
     proc = subprocess.run([sys.executable, '-m', 'benchmarks.train_rss', '--model', MODEL,
                            '--classes', str(CLASSES), '--input-size', str(SIZE),
                            '--batch-size', '2', '--steps', '3', '--fp32-ops', 'BatchNorm',
-                           '--excluded-names', STEM, '--input-channels', '4'],
+                           '--excluded-names', STEM, '--pad-channels', '4'],
                           cwd=str(REPO), env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = proc.stdout.strip().splitlines()[-1]
-    assert line.startswith('%s batch 2 input_channels 4 cast_params False fp32_ops BatchNorm '
+    assert line.startswith('%s batch 2 pad_channels 4 cast_params False fp32_ops BatchNorm '
                            'excluded_names %s: peak RSS ' % (MODEL, STEM))
     assert 'img/s (median of 1 steps)' in line
     losses = [float(v) for v in line.split('losses ')[1].split(', ')]
