@@ -94,13 +94,19 @@ def _padded(net, x, args, get_model):
     """A copy of ``net`` (initialized on the 3-channel images ``x``) whose stem convolution takes
     ``args.pad_channels`` input channels: the weights of ``net``, the stem's with zero columns."""
     import mxnet as mx
+    from mxmp.layout import to_default_layout
     net(mx.nd.array(x[:1]))  # finishes the deferred initialization with 3 channels (one
     # image: the peak RSS stays that of the training steps)
+    mx.nd.waitall()
     weights = {name: prm.data().asnumpy() for name, prm in net.collect_params().items()}
     padded = get_model(args.model, pretrained=False, classes=args.classes, prefix=net.prefix)
     padded.initialize()
     shape = (1, args.pad_channels) + x.shape[2:]
     padded(mx.nd.zeros(shape))  # deferred shapes with the padded channel count
+    # that inference forward left weights in oneDNN's blocked layout, into which set_data would
+    # copy plain values (measured: a resnet50_v1 weight came out scrambled)
+    mx.nd.waitall()  # the forward's in-place reorders are not ordered with set_data otherwise
+    to_default_layout([prm.data() for prm in padded.collect_params().values()])
     stems = 0
     for name, prm in padded.collect_params().items():
         value = weights[name]
