@@ -1,8 +1,13 @@
 """Peak RSS and step time of a few mxmp training steps, to try one lever per process.
 
 ``python -m benchmarks.train_rss --model resnet50_v1 --batch-size 16 [--cast-params]
-[--fp32-ops OP ...]`` converts the GluonCV model with ``mxmp.convert`` (bfloat16; emulated where
-the kernels are missing; ``--fp32-ops``: ops moved to float32 by the policy), runs ``--steps``
+[--fp32-ops OP ...] [--excluded-names NODE ...]`` converts the GluonCV model with ``mxmp.convert``
+(bfloat16; emulated where the kernels are missing; ``--fp32-ops``: ops moved to float32 by the
+policy; ``--excluded-names``: nodes kept in float32, e.g. the stem convolution
+``resnetv10_conv0_fwd``; ``--pad-channels 4``: the same model with an even number of stem input
+channels, its images zero-padded from 3 to 4 channels and its stem weight with a zero column:
+oneDNN has a blocked-layout bfloat16 kernel for the stem then; the peak RSS of such a run also
+holds the unpadded copy the weights come from, about 170 MiB for resnet18_v1), runs ``--steps``
 SGD-with-momentum steps with :class:`mxmp.Trainer` on one random batch, and prints the
 process's peak RSS (``ru_maxrss``, MiB), the median time of the steps after the first two
 (images/s) and the losses. Set environment variables (e.g. ``MXNET_MKLDNN_CACHE_NUM``) on the
@@ -10,6 +15,7 @@ command line to compare one lever at a time. One process, one configuration: for
 variants alternately several times (the benchmark's interleaving is not done here).
 """
 import argparse
+import json
 import resource
 import time
 
@@ -23,8 +29,13 @@ def main(argv=None):
     p.add_argument('--input-size', type=int, default=224)
     p.add_argument('--classes', type=int, default=1000)
     p.add_argument('--steps', type=int, default=3)
+    p.add_argument('--pad-channels', type=int, default=3,
+                   help='zero-pad the 3-channel images and the stem weight to this many input '
+                        'channels (the same function; default 3: no padding)')
     p.add_argument('--cast-params', action='store_true')
     p.add_argument('--fp32-ops', nargs='*', default=(), help='ops the policy keeps in float32')
+    p.add_argument('--excluded-names', nargs='*', default=(),
+                   help='node names the policy keeps in float32 (Policy.excluded_names)')
     args = p.parse_args(argv)
     import mxnet as mx
     from mxnet import autograd, gluon
@@ -35,11 +46,22 @@ def main(argv=None):
     net = get_model(args.model, pretrained=False, classes=args.classes)
     net.initialize(mx.init.Xavier(magnitude=2))
     size = args.input_size
-    x = mx.nd.array(rng.uniform(-1, 1, (args.batch_size, 3, size, size)))
+    x = rng.uniform(-1, 1, (args.batch_size, 3, size, size)).astype('float32')
     y = mx.nd.array(rng.randint(0, args.classes, args.batch_size))
+    if args.pad_channels > 3:
+        net = _padded(net, x, args, get_model)
+        x = np.concatenate([x, np.zeros((args.batch_size, args.pad_channels - 3, size, size),
+                                        'float32')], axis=1)
+    x = mx.nd.array(x)
     policy = mxmp.Policy('bfloat16', emulate=not mxmp.lp_kernels_available('bfloat16'),
-                         fp32_ops=tuple(args.fp32_ops))
+                         fp32_ops=tuple(args.fp32_ops),
+                         excluded_names=tuple(args.excluded_names))
     block = mxmp.convert(net, cast_params=args.cast_params, policy=policy)
+    nodes = {n['name'] for n in json.loads(block.mxmp_symbol.tojson())['nodes']}
+    unknown = sorted(set(args.excluded_names) - nodes)
+    if unknown:  # a misspelt name would silently measure the unchanged graph
+        p.error('--excluded-names: no node named %s in the graph of %s (names look like '
+                'resnetv10_conv0_fwd)' % (', '.join(unknown), args.model))
     trainer = mxmp.Trainer(block.collect_params(), 'sgd',
                            {'learning_rate': 0.01, 'momentum': 0.9})
     block.hybridize(static_alloc=True, static_shape=True)
@@ -56,12 +78,44 @@ def main(argv=None):
         seconds.append(time.perf_counter() - start)
     mx.nd.waitall()
     timed = seconds[2:]
-    print('%s batch %d cast_params %s fp32_ops %s: peak RSS %.0f MiB; %s; losses %s' % (
-        args.model, args.batch_size, args.cast_params, ','.join(args.fp32_ops) or '-',
+    print('%s batch %d%s cast_params %s fp32_ops %s excluded_names %s: peak RSS %.0f MiB; %s; '
+          'losses %s' % (
+        args.model, args.batch_size,
+        '' if args.pad_channels == 3 else ' pad_channels %d' % args.pad_channels,
+        args.cast_params, ','.join(args.fp32_ops) or '-',
+        ','.join(args.excluded_names) or '-',
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         '%.2f img/s (median of %d steps)' % (args.batch_size / np.median(timed), len(timed))
         if timed else 'no timed steps (--steps > 2)', ', '.join('%.4f' % v for v in losses)))
     return 0
+
+
+def _padded(net, x, args, get_model):
+    """A copy of ``net`` (initialized on the 3-channel images ``x``) whose stem convolution takes
+    ``args.pad_channels`` input channels: the weights of ``net``, the stem's with zero columns."""
+    import mxnet as mx
+    from mxmp.layout import to_default_layout
+    net(mx.nd.array(x[:1]))  # finishes the deferred initialization with 3 channels (one
+    # image: the peak RSS stays that of the training steps)
+    mx.nd.waitall()
+    weights = {name: prm.data().asnumpy() for name, prm in net.collect_params().items()}
+    padded = get_model(args.model, pretrained=False, classes=args.classes, prefix=net.prefix)
+    padded.initialize()
+    shape = (1, args.pad_channels) + x.shape[2:]
+    padded(mx.nd.zeros(shape))  # deferred shapes with the padded channel count
+    # that inference forward left weights in oneDNN's blocked layout, into which set_data would
+    # copy plain values (measured: a resnet50_v1 weight came out scrambled)
+    mx.nd.waitall()  # the forward's in-place reorders are not ordered with set_data otherwise
+    to_default_layout([prm.data() for prm in padded.collect_params().values()])
+    stems = 0
+    for name, prm in padded.collect_params().items():
+        value = weights[name]
+        if value.shape != prm.shape:  # the stem: (out, 3, kh, kw) -> (out, pad_channels, kh, kw)
+            extra = np.zeros(value.shape[:1] + (prm.shape[1] - 3,) + value.shape[2:], 'float32')
+            value, stems = np.concatenate([value, extra], axis=1), stems + 1
+        prm.set_data(mx.nd.array(value))
+    assert stems == 1, 'expected one stem weight with 3 input channels, found %d' % stems
+    return padded
 
 
 if __name__ == '__main__':
