@@ -24,19 +24,12 @@ from mxnet import autograd
 
 from .gluon import dtype_of
 from .policy import normalize_dtype
-from .update import dtype_name, save_atomic
+from .dtypes import dtype_name
+from .errors import ParameterFileError
+from .update import save_atomic
 
 __all__ = ['ParameterFileError', 'structural_params', 'save_block_parameters',
            'load_block_parameters']
-
-
-class ParameterFileError(ValueError, AssertionError):
-    """A parameter file does not match the block (a missing or unknown parameter).
-
-    Both a ValueError (mxmp's convention for bad input) and an AssertionError (what
-    ``gluon.Block.load_parameters`` raises for a missing parameter), so code written for
-    either keeps working.
-    """
 
 
 def structural_params(block):

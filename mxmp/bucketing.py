@@ -9,7 +9,8 @@ import json
 
 import mxnet as mx
 
-from .module import Module, _float32_params, _mxnet_reason, read_state
+from .errors import mxnet_error_line
+from .module import Module, _float32_params, read_state
 from .update import write_atomic
 
 __all__ = ['BucketingModule']
@@ -123,7 +124,7 @@ class BucketingModule(mx.mod.BucketingModule):
         except mx.base.MXNetError as err:
             raise ValueError('the checkpoint %s-%04d.params cannot be read: truncated or '
                              'corrupt (%s); load an earlier epoch'
-                             % (prefix, epoch, _mxnet_reason(err))) from None
+                             % (prefix, epoch, mxnet_error_line(err, 200))) from None
         state, state_file, kwargs = read_state(prefix, epoch, kwargs)
         mod = BucketingModule(sym_gen, default_bucket_key, **kwargs)
         default = mod._make_module(default_bucket_key)

@@ -30,16 +30,14 @@ import sys
 # MXNet logs "Subgraph backend MKLDNN is activated." on every bind; keep the output clean.
 os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
 
+from .errors import CLIError, mxnet_error_line
+
 __all__ = ['main', 'build_parser', 'CLIError']
 
 _DTYPE_ALIASES = {'float16': 'float16', 'fp16': 'float16', 'half': 'float16',
                   'bfloat16': 'bfloat16', 'bf16': 'bfloat16'}
 #: mean/std of Fashion-MNIST on the 0-255 scale (as examples/train_imagenet.py).
 _FASHION_MNIST_MEAN, _FASHION_MNIST_STD = (72.94,) * 3, (90.02,) * 3
-
-
-class CLIError(Exception):
-    """A user error: the message is printed as one line and the exit code is 1."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,18 +86,6 @@ def _triple(text):
 # ---------------------------------------------------------------------------------------------
 # loading models
 # ---------------------------------------------------------------------------------------------
-def _first_line(err):
-    """One informative line of an exception (MXNetError texts start with a C++ traceback)."""
-    lines = [l.strip() for l in str(err).splitlines() if l.strip()]
-    for line in reversed(lines):
-        if not line.startswith(('File ', '[bt]', 'Traceback', 'Stack trace', '>>>')):
-            for prefix in ('MXNetError: ', 'Check failed: '):
-                if line.startswith(prefix):
-                    line = line[len(prefix):]
-            return line
-    return type(err).__name__
-
-
 def _need_file(path, what):
     if not os.path.exists(path):
         raise CLIError('%s %s does not exist' % (what, path))
@@ -116,11 +102,11 @@ def load_symbol(path):
             json.load(f)
     except (ValueError, UnicodeDecodeError) as err:
         raise CLIError('%s is not a symbol JSON file (%s); pass the prefix-symbol.json that '
-                       'HybridBlock.export() writes' % (path, _first_line(err))) from None
+                       'HybridBlock.export() writes' % (path, mxnet_error_line(err))) from None
     try:
         return mx.sym.load(path)
     except mx.base.MXNetError as err:
-        raise CLIError('%s is not an MXNet symbol file: %s' % (path, _first_line(err))) from None
+        raise CLIError('%s is not an MXNet symbol file: %s' % (path, mxnet_error_line(err))) from None
 
 
 def load_params(path, sym, data_names):
@@ -139,7 +125,7 @@ def load_params(path, sym, data_names):
     try:
         loaded = mx.nd.load(path)
     except mx.base.MXNetError as err:
-        raise CLIError('%s is not an MXNet .params file: %s' % (path, _first_line(err))) \
+        raise CLIError('%s is not an MXNet .params file: %s' % (path, mxnet_error_line(err))) \
             from None
     if not isinstance(loaded, dict):
         raise CLIError('%s holds a list of arrays without names, not model parameters' % path)
@@ -175,7 +161,7 @@ def load_params(path, sym, data_names):
         sym.infer_shape_partial(**{k: v for k, v in shapes.items() if k in args})
     except mx.base.MXNetError as err:
         print('mxmp: warning: could not check the parameter shapes of %s against the symbol '
-              'without the data shapes (%s); going on' % (path, _first_line(err)),
+              'without the data shapes (%s); going on' % (path, mxnet_error_line(err)),
               file=sys.stderr)
     return arg_params, aux_params
 
@@ -314,7 +300,7 @@ def cmd_check_alignment(args):
     try:
         rows = check_alignment(sym, shapes, multiple=args.multiple)
     except (ValueError, TypeError) as err:
-        raise CLIError(_first_line(err)) from None
+        raise CLIError(mxnet_error_line(err)) from None
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
     else:
@@ -352,7 +338,7 @@ def cmd_diagnose(args):
         out = net(data)
     except mx.base.MXNetError as err:
         raise CLIError('the model cannot run on data of shape %s: %s (set --data-shape)'
-                       % (data.shape, _first_line(err))) from None
+                       % (data.shape, mxnet_error_line(err))) from None
     out = out[0] if isinstance(out, (list, tuple)) else out
     if out.ndim != 2:
         raise CLIError('diagnose needs a classifier (output batch x classes); this model '
@@ -552,11 +538,11 @@ def main(argv=None):
     except CLIError as err:
         msg = str(err)
     except FileNotFoundError as err:
-        msg = 'no such file: %s' % (err.filename or _first_line(err))
+        msg = 'no such file: %s' % (err.filename or mxnet_error_line(err))
     except (ValueError, TypeError, OSError, KeyError) as err:
         if os.environ.get('MXMP_DEBUG'):
             raise
-        msg = _first_line(err)
+        msg = mxnet_error_line(err)
     except KeyboardInterrupt:
         print('mxmp %s: interrupted' % args.command, file=sys.stderr)
         return 130
@@ -564,7 +550,7 @@ def main(argv=None):
         if os.environ.get('MXMP_DEBUG'):
             raise
         print('mxmp %s: error: %s: %s (set MXMP_DEBUG=1 for the traceback)'
-              % (args.command, type(err).__name__, _first_line(err)), file=sys.stderr)
+              % (args.command, type(err).__name__, mxnet_error_line(err)), file=sys.stderr)
         return 3
     print('mxmp %s: error: %s' % (args.command, _clean(msg)), file=sys.stderr)
     return 1

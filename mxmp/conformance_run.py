@@ -14,6 +14,7 @@ import sys
 import numpy as np
 
 from .conformance_cases import CASES
+from .errors import mxnet_error_line
 from .policy import FOLLOW, LOW_PRECISION, WIDEST_TYPE, Policy, normalize_dtype
 
 EPS = {'bfloat16': 2.0 ** -7, 'float16': 2.0 ** -10}
@@ -219,7 +220,7 @@ def _child(job):
                 if mode == 'real' and len(modes) > 1 and MISSING_KERNEL_MESSAGE in str(exc):
                     continue
                 row.update(mode=mode, verdict='error', detail='%s: %s'
-                           % (type(exc).__name__, _first_line(exc)))
+                           % (type(exc).__name__, mxnet_error_line(exc, 200)))
                 break
             fe = max(e[0] for e in errs)
             be = None if errs[0][1] is None else max(e[1] for e in errs)
@@ -293,7 +294,7 @@ def _measure(op, cls, inputs, attrs, case, base, target, mode, seed):
             raise
         # the float32 op itself has no usable gradient here: compare the forward pass only
         note = ('forward only: MXNet registers no gradient for it' if 'non-differentiable'
-                in str(exc) else 'forward only: float32 backward fails: %s' % _first_line(exc))
+                in str(exc) else 'forward only: float32 backward fails: %s' % mxnet_error_line(exc, 200))
         heads = None
         ref_f, ref_g = _run(sym, ref_args, ref_aux, [], None)
     args, aux = arrays(True)
@@ -302,9 +303,3 @@ def _measure(op, cls, inputs, attrs, case, base, target, mode, seed):
     fe = max(_rel_err(g, r) for g, r in zip(got_f, ref_f))
     be = max((_rel_err(g, r) for g, r in zip(got_g, ref_g)), default=None)
     return fe, be, note
-
-
-def _first_line(exc):
-    lines = [ln.strip() for ln in str(exc).splitlines()
-             if ln.strip() and not ln.startswith(('Traceback', '  File', 'Stack trace'))]
-    return (lines[-1] if lines else type(exc).__name__)[:200]

@@ -53,6 +53,7 @@ import numpy as np
 from mxnet import nd
 
 from .device import lp_kernels_available
+from .errors import mxnet_error_line
 from .graph import MARK, convert_symbol, remove_casts
 from .policy import LOSS_OUTPUT, Policy, normalize_dtype
 from .scaler import (DynamicLossScaler, LossScaler, NoOpLossScaler, StaticLossScaler,
@@ -787,7 +788,7 @@ class Module(mx.mod.Module):
         except mx.base.MXNetError as err:
             raise ValueError('the checkpoint %s-symbol.json / %s-%04d.params cannot be read: '
                              'truncated or corrupt (%s); load an earlier epoch'
-                             % (prefix, prefix, epoch, _mxnet_reason(err))) from None
+                             % (prefix, prefix, epoch, mxnet_error_line(err, 200))) from None
         state, state_file, kwargs = read_state(prefix, epoch, kwargs)
         mod = Module(sym, **kwargs)
         mod._arg_params = _float32_params(args)
@@ -842,15 +843,6 @@ def _float32_params(params):
     """Parameters as stored for a Module: low-precision ones widened to float32."""
     return {k: v.astype('float32') if is_low_precision(v.dtype) else v
             for k, v in params.items()}
-
-
-def _mxnet_reason(err):
-    """The informative line of an MXNetError (its text starts with a C++ traceback)."""
-    lines = [l.strip() for l in str(err).splitlines() if l.strip()]
-    for line in lines:
-        if 'Check failed' in line or line.startswith('MXNetError'):
-            return line[:200]
-    return lines[-1][:200] if lines else type(err).__name__
 
 
 def _scaler_from_state(state, fname):

@@ -23,9 +23,10 @@ import functools
 import logging
 from typing import FrozenSet, Optional, Tuple
 
-import numpy as np
 
 from . import lists
+from .dtypes import TARGET_DTYPES, normalize_dtype  # noqa: F401 (normalize_dtype: old path)
+from .errors import AmpListConflict  # noqa: F401 (old import path)
 
 __all__ = ['Policy', 'AmpListConflict', 'normalize_dtype', 'TARGET_DTYPES', 'LOW_PRECISION',
            'FLOAT32', 'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW']
@@ -33,7 +34,6 @@ __all__ = ['Policy', 'AmpListConflict', 'normalize_dtype', 'TARGET_DTYPES', 'LOW
 logger = logging.getLogger(__name__)
 
 #: The target dtypes mxmp converts to.
-TARGET_DTYPES = ('float16', 'bfloat16')
 
 LOW_PRECISION = 'low_precision'
 FLOAT32 = 'float32'
@@ -46,52 +46,6 @@ _CLASS_LISTS = ((LOW_PRECISION, 'LOW_PRECISION'), (FLOAT32, 'FLOAT32'),
 _RULE_NAMES = {LOW_PRECISION: 'low-precision list', FLOAT32: 'float32 list',
                LOSS_OUTPUT: 'loss-output list (float32)', WIDEST_TYPE: 'widest-type list',
                FOLLOW: 'follow list'}
-
-
-class AmpListConflict(ValueError, AssertionError):
-    """An op is put in two op classes at once (e.g. in both ``lp_ops`` and ``fp32_ops``).
-
-    A ``ValueError`` (what mxmp raises for bad arguments) and an ``AssertionError`` (what
-    ``mxnet.contrib.amp`` 1.9.1 raised for the same conflicts, from ``assert`` statements in
-    ``convert_symbol``), so code written for either catches it. The message names the ops
-    and the lists.
-    """
-
-
-def normalize_dtype(dtype, allow_float32=False):
-    """Return the canonical name of a target dtype.
-
-    Args:
-        dtype: ``'float16'``, ``'bfloat16'``, ``numpy.float16``, or MXNet's bfloat16 dtype
-            (``mxnet.contrib.amp.amp.bfloat16``, a numpy structured dtype); ``'float32'`` and
-            ``numpy.float32`` too when ``allow_float32`` is True.
-        allow_float32 (bool): accept float32 (used where "no mixed precision" is a valid answer).
-
-    Returns:
-        str: ``'float16'``, ``'bfloat16'`` (or ``'float32'``).
-
-    Raises:
-        ValueError: for any other dtype; the message names the accepted ones.
-    """
-    accepted = TARGET_DTYPES + (('float32',) if allow_float32 else ())
-    name = None
-    if isinstance(dtype, str):
-        name = dtype.lower()
-    else:
-        try:
-            npd = np.dtype(dtype)
-        except TypeError:
-            npd = None
-        if npd is not None:
-            if npd.names == ('bfloat16',):
-                name = 'bfloat16'
-            else:
-                name = npd.name
-    if name not in accepted:
-        raise ValueError(
-            'unknown target dtype %r: mxmp converts to %s (float16 for NVIDIA GPUs, bfloat16 '
-            'for CPUs with oneDNN)' % (dtype, ' or '.join(repr(a) for a in accepted)))
-    return name
 
 
 @functools.lru_cache(maxsize=None)

@@ -26,6 +26,8 @@ import warnings
 import numpy as np
 from mxnet import autograd, nd
 
+from .dtypes import LOW_PRECISION_DTYPES, dtype_name, is_low_precision  # noqa: F401
+from .errors import LossScaleAtFloorError, NonFiniteForwardWarning
 from .layout import to_default_layout
 
 __all__ = ['LOW_PRECISION_DTYPES', 'dtype_name', 'is_low_precision', 'all_finite',
@@ -33,31 +35,12 @@ __all__ = ['LOW_PRECISION_DTYPES', 'dtype_name', 'is_low_precision', 'all_finite
            'save_atomic', 'LossScaleAtFloorError', 'NonFiniteForwardWarning',
            'nonfinite_names']
 
-#: Dtypes whose weights get float32 master weights.
-LOW_PRECISION_DTYPES = ('float16', 'bfloat16')
 #: ``mx.nd.multi_all_finite`` takes at most 200 arrays per call: its kernel parameter is a
 #: fixed array of 200 pointers (MultiAllFiniteKernelParam::N in
 #: src/operator/contrib/all_finite-inl.h). All arrays of one call must share one dtype, and
 #: bfloat16 is not supported ("Unknown type enum 12").
 MAX_FINITE_ARRAYS = 200
 _FINITE_DTYPES = ('float16', 'float32', 'float64')
-
-
-def dtype_name(dtype):
-    """Canonical name of an MXNet/numpy dtype: ``'bfloat16'`` for contrib.amp's bfloat16.
-
-    Raises:
-        TypeError: ``dtype`` is not a dtype numpy understands.
-    """
-    npd = np.dtype(dtype)
-    if npd.names == ('bfloat16',):
-        return 'bfloat16'
-    return npd.name
-
-
-def is_low_precision(dtype):
-    """bool: whether weights of ``dtype`` need float32 master weights (float16, bfloat16)."""
-    return dtype_name(dtype) in LOW_PRECISION_DTYPES
 
 
 def all_finite(per_device_grads):
@@ -202,40 +185,6 @@ def _float32_copy(value, ctx):
     if isinstance(value, nd.NDArray):
         return value.as_in_context(ctx).astype('float32', copy=True)
     return nd.array(value, ctx=ctx, dtype='float32')
-
-
-class LossScaleAtFloorError(RuntimeError):
-    """The dynamic loss scale sat at its floor for ``max_overflows_at_floor`` overflows in a row.
-
-    Raised by :func:`apply_update` (so by ``mxmp.Trainer.step``/``update`` and
-    ``mxmp.Module.update``) instead of skipping yet another step: at the floor the scale cannot
-    go lower, so the inf/NaN gradients are not an overflow that scaling causes. The message
-    names the parameters whose gradients were inf/NaN on the last step and says whether the
-    forward pass (the loss) was already non-finite.
-
-    Attributes:
-        parameters (list of str): names of the parameters with inf/NaN gradients (any device).
-        forward_nonfinite (bool or None): whether the loss/outputs of the last step were
-            inf/NaN (None: unknown).
-    """
-
-    def __init__(self, message, parameters=(), forward_nonfinite=None):
-        super().__init__(message)
-        self.parameters = list(parameters)
-        self.forward_nonfinite = forward_nonfinite
-
-
-class NonFiniteForwardWarning(RuntimeWarning):
-    """A step was skipped because the forward pass itself gave inf/NaN (the loss or the
-    outputs), not because the loss scale made the gradients overflow.
-
-    Issued by :func:`apply_update` on every such step (Python's warning filters decide how
-    often it is shown; ``warnings.simplefilter('error', NonFiniteForwardWarning)`` turns it
-    into an exception). Lowering the loss scale does not fix it: look at the inputs and
-    labels of the batch, the learning rate, and ops like log/exp/division/sqrt in the model.
-    The weights and optimizer states are untouched by the skipped step; BatchNorm running
-    statistics are updated by the forward/backward pass itself and may hold the NaN.
-    """
 
 
 def nonfinite_names(calls, name_of):

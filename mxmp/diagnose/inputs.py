@@ -13,24 +13,12 @@ Every function raises ``ValueError`` naming the file and the problem for bad inp
 """
 import json
 
+from ..errors import mxnet_error_line
+
 __all__ = ['float32_block', 'strip_loss_heads', 'first_record_shape', 'read_rec_batch',
            'output_names', 'error_line']
 
-
-def error_line(err):
-    """The informative line of an exception; an MXNetError's text starts with a C++ traceback.
-
-    Args:
-        err (BaseException)
-
-    Returns:
-        str: the last line that is not part of a traceback, without ``'MXNetError: '``.
-    """
-    lines = [l.strip() for l in str(err).splitlines() if l.strip()]
-    for line in reversed(lines):
-        if not line.startswith(('File ', '[bt]', 'Traceback', 'Stack trace')):
-            return line[len('MXNetError: '):] if line.startswith('MXNetError: ') else line
-    return lines[-1] if lines else type(err).__name__
+error_line = mxnet_error_line   # the name this module exported before
 
 
 def output_names(sym):

@@ -56,11 +56,11 @@ import logging
 
 import numpy as np
 
-from .casts import (_CAST_OPS, _LOW, _MSHADOW_ENUM, MARK, ROUND_MARK,  # noqa: F401
+from ..casts import (_CAST_OPS, _LOW, _MSHADOW_ENUM, MARK, ROUND_MARK,  # noqa: F401
                     _dtype_name, _dump, _load, _previous_conversion, _strip, cast_origin,
                     cast_origins, converted_dtype, count_casts, pin_variable_dtypes,
                     remove_casts)
-from .policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, Policy, normalize_dtype
+from ..policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, Policy, normalize_dtype
 
 __all__ = ['convert_symbol', 'remove_casts', 'explain', 'format_explain', 'ExplainRow',
            'count_casts', 'converted_dtype', 'cast_origins']

@@ -1,0 +1,108 @@
+"""Dtype names: one spelling for every dtype mxmp handles, and mshadow's dtype enum.
+
+MXNet names bfloat16 by a numpy structured dtype (``mxnet.contrib.amp.amp.bfloat16``, whose
+field is named ``'bfloat16'``); everything in mxmp speaks of dtypes by their canonical string
+name instead (``'float32'``, ``'float16'``, ``'bfloat16'``, ...). This module converts both ways
+and is the only place that knows the enum numbers a graph's ``__dtype__`` attribute uses.
+It imports numpy only (MXNet is imported where an MXNet dtype object is asked for).
+"""
+import numpy as np
+
+__all__ = ['TARGET_DTYPES', 'LOW_PRECISION_DTYPES', 'MSHADOW_ENUM', 'dtype_name',
+           'is_low_precision', 'normalize_dtype', 'mshadow_enum', 'from_mshadow_enum',
+           'itemsize', 'mx_dtype']
+
+#: The target dtypes mxmp converts to: float16 (NVIDIA GPUs) and bfloat16 (CPUs with oneDNN).
+TARGET_DTYPES = ('float16', 'bfloat16')
+#: Dtypes whose weights get float32 master weights.
+LOW_PRECISION_DTYPES = ('float16', 'bfloat16')
+#: mshadow's type enum (``include/mshadow/base.h``, MXNet 1.9.1), the value of a graph
+#: variable's ``__dtype__`` attribute.
+MSHADOW_ENUM = {'float32': '0', 'float64': '1', 'float16': '2', 'uint8': '3', 'int32': '4',
+                'int8': '5', 'int64': '6', 'bool': '7', 'bfloat16': '12'}
+_FROM_ENUM = {v: k for k, v in MSHADOW_ENUM.items()}
+_ITEMSIZE = {'float16': 2, 'bfloat16': 2, 'float32': 4, 'float64': 8}
+
+
+def dtype_name(dtype):
+    """Canonical name of an MXNet/numpy dtype: ``'bfloat16'`` for MXNet's bfloat16.
+
+    Args:
+        dtype: a dtype name, numpy dtype or type, MXNet's bfloat16 dtype, or None.
+
+    Returns:
+        str or None: ``'float32'``, ``'bfloat16'``, ...; None for None.
+
+    Raises:
+        TypeError: ``dtype`` is not a dtype numpy understands.
+    """
+    if dtype is None:
+        return None
+    npd = np.dtype(dtype)
+    if npd.names == ('bfloat16',):
+        return 'bfloat16'
+    return npd.name
+
+
+def is_low_precision(dtype):
+    """bool: whether weights of ``dtype`` need float32 master weights (float16, bfloat16)."""
+    return dtype_name(dtype) in LOW_PRECISION_DTYPES
+
+
+def normalize_dtype(dtype, allow_float32=False):
+    """Return the canonical name of a target dtype.
+
+    Args:
+        dtype: ``'float16'``, ``'bfloat16'``, ``numpy.float16``, or MXNet's bfloat16 dtype
+            (``mxnet.contrib.amp.amp.bfloat16``, a numpy structured dtype); ``'float32'`` and
+            ``numpy.float32`` too when ``allow_float32`` is True.
+        allow_float32 (bool): accept float32 (used where "no mixed precision" is a valid answer).
+
+    Returns:
+        str: ``'float16'``, ``'bfloat16'`` (or ``'float32'``).
+
+    Raises:
+        ValueError: for any other dtype; the message names the accepted ones.
+    """
+    accepted = TARGET_DTYPES + (('float32',) if allow_float32 else ())
+    if isinstance(dtype, str):
+        name = dtype.lower()
+    else:
+        try:
+            name = dtype_name(dtype)
+        except TypeError:
+            name = None
+    if name not in accepted:
+        raise ValueError(
+            'unknown target dtype %r: mxmp converts to %s (float16 for NVIDIA GPUs, bfloat16 '
+            'for CPUs with oneDNN)' % (dtype, ' or '.join(repr(a) for a in accepted)))
+    return name
+
+
+def mshadow_enum(dtype):
+    """str: mshadow's enum value (as a graph's ``__dtype__`` attribute holds it) of ``dtype``.
+
+    Raises:
+        KeyError: a dtype MXNet graphs cannot pin (e.g. complex).
+    """
+    return MSHADOW_ENUM[dtype_name(dtype)]
+
+
+def from_mshadow_enum(value):
+    """str or None: the dtype name of a ``__dtype__`` attribute value (``'12'`` -> bfloat16);
+    None for a value mshadow does not define."""
+    return _FROM_ENUM.get(str(value))
+
+
+def itemsize(dtype):
+    """int: bytes per element of a float dtype (bfloat16: 2); 4 for a dtype not listed."""
+    return _ITEMSIZE.get(dtype_name(dtype), 4)
+
+
+def mx_dtype(name):
+    """The dtype MXNet's ``astype``/``amp_cast``/``nd.zeros`` take for ``name``: MXNet's
+    bfloat16 object for ``'bfloat16'`` (numpy has no bfloat16), the name itself otherwise."""
+    if name == 'bfloat16':
+        from mxnet.contrib.amp.amp import bfloat16
+        return bfloat16
+    return name
