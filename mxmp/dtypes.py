@@ -38,6 +38,8 @@ def dtype_name(dtype):
     """
     if dtype is None:
         return None
+    if isinstance(dtype, str) and dtype.lower() == 'bfloat16':   # numpy has no such name
+        return 'bfloat16'
     npd = np.dtype(dtype)
     if npd.names == ('bfloat16',):
         return 'bfloat16'
