@@ -10,7 +10,7 @@ import contextlib
 import functools
 import os
 
-from .policy import normalize_dtype
+from .dtypes import normalize_dtype
 
 __all__ = ['lp_kernels_available', 'MISSING_KERNEL_MESSAGE']
 

@@ -1,45 +1,19 @@
-"""Kernel conformance suite: does every op the policy runs in low precision compute correctly here?
+"""The conformance suite's parent side: :func:`check_kernels` and ``mxmp check-kernels``.
 
-:func:`check_kernels` takes every op that a :class:`~mxmp.Policy` lets compute in the target
-dtype (classes LOW_PRECISION, FOLLOW and WIDEST_TYPE; aliases share their canonical op's
-kernel and are covered by it), builds a one-op graph at realistic sizes
-(:mod:`mxmp.conformance_cases`), converts it with :func:`mxmp.convert_symbol`, runs it forward
-and backward, and compares with the float32 graph run on the same rounded inputs and the same
-rounded head gradients. Two cases per op and attribute variant:
-
-``lp-input``  the op's float data arrives in the target dtype (from a low-precision producer:
-              the converted graph's data inputs are declared low precision); weights and
-              BatchNorm parameters arrive float32 and the pass casts them.
-``cast``      every input arrives float32 and the pass casts it (``Policy(lp_ops=[op])`` for
-              ops that are not LOW_PRECISION already): how weights arrive.
-
-Each op runs in its own Python subprocess, so a kernel that corrupts memory fails that op
-only: a negative return code is reported as the signal (``crash(SIGABRT)``) with the last lines
-MXNet or glibc wrote to stderr. MXNet 1.9.1's bfloat16 ``transpose`` is such an op.
-
-Modes: ``real`` runs the converted graph as it is: with oneDNN's bfloat16 kernels where the CPU
-has them (avx512_bf16, AMX), with MXNet's generic bfloat16 kernels (elementwise, shape, gather)
-everywhere. ``emulated`` runs the emulated graph (float32 kernels, values rounded through the
-target dtype, see :mod:`mxmp.graph`). By default (``emulate=None``) a case runs ``real`` and,
-when the CPU lacks the oneDNN kernels, falls back to ``emulated`` where the real graph fails
-with oneDNN's "could not create a primitive descriptor". float16 on a CPU is always emulated.
-
-Error measure (per output or gradient, the worst one reported): ``max|y - y32| / max|y32|``
-(``max|y|`` when the reference is all zero). Tolerances come from the dtype's machine epsilon
-``eps`` (bfloat16 2^-7, float16 2^-10): forward ``eps`` (two unit roundoffs: the rounding of
-the output and one of the op's own arithmetic), backward ``2 * eps`` (the head gradient is
-rounded as well). On real avx512_bf16 kernels the ops of issue 11 measured forward <= 0.0032
-and backward <= 0.005 against these 0.0078 and 0.0156.
+It chooses the ops, runs each in a process forked by a zygote (:mod:`.run`) and collects the rows
+into a :class:`~mxmp.policy.kernel_report.KernelReport`; :mod:`mxmp.conformance` describes the
+cases, modes, error measure and tolerances.
 """
 import concurrent.futures
 import json
 import signal
 import threading
 
-from .conformance_cases import CASES, NOT_TESTED, canonical_ops
-from .conformance_run import _CASE_NAMES, _TESTED_CLASSES, EPS, _row, _Zygote, tolerances
-from .kernel_report import KernelReport, machine_info
-from .policy import Policy, normalize_dtype
+from ..policy import Policy, normalize_dtype
+from ..policy.kernel_report import KernelReport, machine_info
+from ..policy.tables import aliases as table_aliases
+from .cases import CASES, NOT_TESTED
+from .run import _CASE_NAMES, _TESTED_CLASSES, EPS, _row, _Zygote, tolerances
 
 __all__ = ['check_kernels', 'EPS', 'tolerances']
 
@@ -49,8 +23,7 @@ __all__ = ['check_kernels', 'EPS', 'tolerances']
 # ---------------------------------------------------------------------------------------------
 def _ops_to_test(policy, ops):
     """[(op, class)] of the canonical ops to run, and {alias: canonical} of the lists."""
-    from . import lists
-    aliases = canonical_ops(lists._MODULES[policy.target_dtype])
+    aliases = table_aliases(policy.target_dtype)
     if ops is None:
         chosen = sorted({aliases.get(o, o) for c in _TESTED_CLASSES for o in policy.ops_in(c)})
     else:
@@ -87,7 +60,7 @@ def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, 
         progress (callable): called with each finished row (a dict), e.g. to print it.
 
     Returns:
-        mxmp.kernel_report.KernelReport: the rows (op, class, variant, case, mode, forward and
+        mxmp.KernelReport: the rows (op, class, variant, case, mode, forward and
         backward error, verdict ``ok``/``wrong``/``crash(SIG...)``/``error``/``not-tested``,
         detail) and the machine (CPU model and flags, MXNet version, real kernels or not, date).
 
@@ -143,7 +116,7 @@ def _signal_name(rc):
 def _run_op(op, cls, policy, emulate, timeout, seeds, execute):
     """All cases of one op, in subprocesses; a crash ends that case, the rest run anew."""
     if op not in CASES:
-        reason = NOT_TESTED.get(op, 'no input spec in mxmp/conformance_cases.py')
+        reason = NOT_TESTED.get(op, 'no input spec in mxmp/conformance/cases.py')
         return [_row(op, cls, '', '', detail=reason)]
     pending = [(v, c) for v, _, _ in CASES[op] for c in _CASE_NAMES]
     rows = []

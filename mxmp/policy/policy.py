@@ -1,7 +1,8 @@
 """The precision policy: which dtype each operator of a graph computes in.
 
 A :class:`Policy` is data (a frozen dataclass): a target dtype, the op classes of
-``mxmp/lists/<target dtype>.py`` and the user's overrides. The graph pass
+``mxmp/policy/ops_shared.py`` + ``ops_<target dtype>.py`` (:mod:`mxmp.policy.tables`) and the
+user's overrides. The graph pass
 (:mod:`mxmp.graph`) asks it one question per node, :meth:`Policy.classify`, and records the
 answer's rule so every decision can be explained, as TensorFlow's auto_mixed_precision pass does.
 
@@ -23,17 +24,16 @@ import functools
 import logging
 from typing import FrozenSet, Optional, Tuple
 
-
-from . import lists
-from .dtypes import TARGET_DTYPES, normalize_dtype  # noqa: F401 (normalize_dtype: old path)
-from .errors import AmpListConflict  # noqa: F401 (old import path)
+from ..dtypes import TARGET_DTYPES, normalize_dtype  # noqa: F401 (normalize_dtype: old path)
+from ..errors import AmpListConflict  # noqa: F401 (old import path)
+from .coverage import excluded_reason
+from .kernel_report import KernelReport, load_kernel_report, machine_info
+from .tables import classes_for
 
 __all__ = ['Policy', 'AmpListConflict', 'normalize_dtype', 'TARGET_DTYPES', 'LOW_PRECISION',
            'FLOAT32', 'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW']
 
-logger = logging.getLogger(__name__)
-
-#: The target dtypes mxmp converts to.
+logger = logging.getLogger(__package__)  # 'mxmp.policy', the name users configure
 
 LOW_PRECISION = 'low_precision'
 FLOAT32 = 'float32'
@@ -69,7 +69,7 @@ class Policy:
             dtype of their inputs (widest of them), no cast of their own. Default: none.
         conditional_fp32 (iterable of (str, str, iterable of str)) or None: ``(op, attribute,
             values)`` rules, a node of ``op`` whose attribute has one of the values computes in
-            float32. None (default): the rules of ``mxmp/lists/<dtype>.py``
+            float32. None (default): the rules of the dtype's table
             (``CONDITIONAL_FLOAT32``); a list replaces them.
         follow_params (bool): contrib.amp's rule for ops in no list: a follow or widest-type
             op runs in the dtype of its non-parameter float inputs, and its parameters (graph
@@ -78,7 +78,7 @@ class Policy:
             sets it.
         emulate (bool): run the low-precision graph with float32 kernels whose low-precision
             tensors are rounded through the target dtype (see :mod:`mxmp.graph`). Default False.
-            Ops in ``EMULATE_FLOAT32`` of ``mxmp/lists/<target dtype>.py`` (float16:
+            Ops in ``EMULATE_FLOAT32`` of ``mxmp/policy/ops_<target dtype>.py`` (float16:
             Deconvolution, which MXNet 1.9.1 crashes in training when the emulation's casts
             compute its weight) then compute in float32 unless named in ``lp_ops``.
 
@@ -110,7 +110,7 @@ class Policy:
         set_('follow_params', bool(self.follow_params))
         known = _registered_ops()
         if self.conditional_fp32 is not None:
-            set_('conditional_fp32', _conditional_rules(self.conditional_fp32))
+            set_('conditional_fp32', conditional_rules(self.conditional_fp32))
         for field in ('lp_ops', 'fp32_ops', 'follow_ops'):
             unknown = sorted(getattr(self, field) - known)
             if unknown:
@@ -138,11 +138,11 @@ class Policy:
 
     def float32_inputs(self, op):
         """Input positions of ``op`` that always stay float32 (BatchNorm's gamma, beta, stats)."""
-        return _list_module(self.target_dtype).get('FLOAT32_INPUTS', {}).get(op, ())
+        return classes_for(self.target_dtype).get('FLOAT32_INPUTS', {}).get(op, ())
 
     def index_inputs(self, op):
         """Input positions of ``op`` that hold indices or lengths: never cast."""
-        return _list_module(self.target_dtype).get('INDEX_INPUTS', {}).get(op, ())
+        return classes_for(self.target_dtype).get('INDEX_INPUTS', {}).get(op, ())
 
     def classify(self, op, attrs=None, name=None):
         """Choose the class of one node.
@@ -168,7 +168,7 @@ class Policy:
             if attrs.get(attr) in values:
                 return FLOAT32, 'conditional float32: %s %s=%s' % (op, attr, attrs[attr])
         if self.emulate:
-            reason = _list_module(self.target_dtype)['EMULATE_FLOAT32'].get(op)
+            reason = classes_for(self.target_dtype)['EMULATE_FLOAT32'].get(op)
             if reason:
                 return FLOAT32, 'float32 under emulation: ' + reason
         if op in self.follow_ops:
@@ -176,7 +176,7 @@ class Policy:
         for op_class, ops in self.classes.items():
             if op in ops:
                 return op_class, _RULE_NAMES[op_class]
-        reason = lists.excluded_reason(op)
+        reason = excluded_reason(op)
         _warn_unlisted(op, reason)
         return FLOAT32, 'in no list: float32' + (' (%s)' % reason if reason else '')
 
@@ -184,7 +184,7 @@ class Policy:
     def conditional_rules(self):
         """dict: op -> {attribute: frozenset of values that make the op compute in float32}."""
         if self.conditional_fp32 is None:
-            return _list_module(self.target_dtype).get('CONDITIONAL_FLOAT32', {})
+            return classes_for(self.target_dtype).get('CONDITIONAL_FLOAT32', {})
         rules = {}
         for op, attr, values in self.conditional_fp32:
             rules.setdefault(op, {})[attr] = values
@@ -196,10 +196,10 @@ class Policy:
 
         Ops with any case ``wrong``, ``crash`` or ``error`` in the report go to ``fp32_ops``;
         ops the lists keep in float32 that the report shows ``ok`` in every case on real
-        kernels go to ``lp_ops`` (see :mod:`mxmp.kernel_report`). Aliases follow their op.
+        kernels go to ``lp_ops`` (see :mod:`mxmp.policy.kernel_report`). Aliases follow their op.
 
         Args:
-            report (str or mxmp.kernel_report.KernelReport): a report file written by
+            report (str or mxmp.KernelReport): a report file written by
                 ``mxmp check-kernels --out FILE`` or :meth:`KernelReport.save`, or the object.
             allow_other_cpu (bool): accept a report measured on another CPU model than this
                 one (default False: evidence about one CPU's kernels says nothing of another's).
@@ -215,7 +215,6 @@ class Policy:
                 CPU model without ``allow_other_cpu=True``; ``target_dtype`` in ``kwargs`` that
                 differs from the report's.
         """
-        from .kernel_report import KernelReport, load_kernel_report, machine_info
         if not isinstance(report, KernelReport):
             source = str(report)
             report = load_kernel_report(report)
@@ -232,7 +231,8 @@ class Policy:
                              'to use it anyway' % (source, report.machine.get('cpu'), here))
         user_lp = frozenset(kwargs.pop('lp_ops', ()))
         user_fp32 = frozenset(kwargs.pop('fp32_ops', ()))
-        lp, fp32 = report.policy_changes(cls(report.target_dtype).classes)
+        classes = cls(report.target_dtype).classes
+        lp, fp32 = report.policy_changes(classes[FLOAT32] | classes[LOSS_OUTPUT])
         known = _registered_ops()
         lp = (lp & known) - user_fp32 | user_lp
         fp32 = (fp32 & known) - user_lp | user_fp32
@@ -243,29 +243,40 @@ class Policy:
         return dataclasses.replace(self, **changes)
 
 
-def _list_module(target_dtype):
-    return lists.classes_for(target_dtype)
+def conditional_rules(entries, what='conditional_fp32', collect=frozenset):
+    """Validate conditional float32 rules, as ``Policy(conditional_fp32=...)`` takes them.
 
+    Args:
+        entries (iterable of (str, str, str or iterable of str)): ``(op, attribute, values)``;
+            a single string value stands for a one-value list.
+        what (str): the argument's name, for the error message (default
+            ``'conditional_fp32'``; ``mxmp.amp.init`` says ``'conditional_fp32_ops'``).
+        collect (callable): what the values become (default frozenset; ``tuple`` keeps order).
 
-def _conditional_rules(entries):
-    """Validate ``Policy(conditional_fp32=...)``: a tuple of (op, attr, frozenset)."""
+    Returns:
+        tuple of ``(op, attribute, collect(values))``, all names as str.
+
+    Raises:
+        ValueError: an entry that is not a 3-item ``(op, attribute, values)``; the message
+            shows the expected form.
+    """
     out = []
     for entry in entries:
         try:
             op, attr, values = entry
         except (TypeError, ValueError):
-            raise ValueError('conditional_fp32 entries are (op name, attribute name, list of '
-                             'values), e.g. ("Activation", "act_type", ["softrelu"]); got %r'
-                             % (entry,)) from None
+            raise ValueError('%s entries are (op name, attribute name, list of values), e.g. '
+                             '("Activation", "act_type", ["softrelu"]); got %r'
+                             % (what, entry)) from None
         if isinstance(values, str):
             values = (values,)
-        out.append((str(op), str(attr), frozenset(str(v) for v in values)))
+        out.append((str(op), str(attr), collect(str(v) for v in values)))
     return tuple(out)
 
 
 @functools.lru_cache(maxsize=None)
 def _effective_classes(target_dtype, lp_ops, fp32_ops, follow_ops=frozenset()):
-    module = _list_module(target_dtype)
+    module = classes_for(target_dtype)
     moved = lp_ops | fp32_ops | follow_ops
     out = {}
     for op_class, list_name in _CLASS_LISTS:
