@@ -1,6 +1,7 @@
 """Old path of the cast helpers: they live in :mod:`mxmp.graph.symbol_json` (graph JSON, marks,
 ``cast_origin``) and :mod:`mxmp.graph.strip` (remove, count, origins of casts) now."""
-from .dtypes import LOW_PRECISION_DTYPES as _LOW, MSHADOW_ENUM, dtype_name as _dtype_name  # noqa: F401
+from .dtypes import MSHADOW_ENUM, LOW_PRECISION_DTYPES as _LOW  # noqa: F401
+from .dtypes import dtype_name as _dtype_name  # noqa: F401
 from .graph.strip import (cast_origins, converted_dtype, count_casts, remove_casts,  # noqa: F401
                           previous_conversion as _previous_conversion, strip as _strip)
 from .graph.symbol_json import (MARK, PINNED, ROUND_MARK, CAST_OPS as _CAST_OPS,  # noqa: F401

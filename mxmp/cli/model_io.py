@@ -38,7 +38,8 @@ def load_symbol(path):
     try:
         return mx.sym.load(path)
     except mx.base.MXNetError as err:
-        raise CLIError('%s is not an MXNet symbol file: %s' % (path, mxnet_error_line(err))) from None
+        raise CLIError('%s is not an MXNet symbol file: %s'
+                       % (path, mxnet_error_line(err))) from None
 
 
 def load_params(path, sym, data_names):

@@ -2,15 +2,17 @@
 
 :func:`convert_symbol` rewrites a float32 Symbol into a mixed-precision one:
 
-1. *Plan* (:mod:`mxmp.graph.plan`): walk the nodes in topological order; :meth:`mxmp.policy.Policy.classify` gives each
-   op a class, and the dtypes of its inputs (already decided) give the dtype it computes in:
-   low-precision ops run in the target dtype, float32 ops in float32, widest-type and follow
-   ops in the widest dtype among their float inputs. Integer tensors (indices, shapes) are never
-   touched: which tensors are floating point comes from MXNet's own type inference
-   (``Symbol.infer_type_partial``, :mod:`mxmp.graph.infer`) on the original graph.
-2. *Rewrite* (here, ``_Builder``): an ``amp_cast`` node goes on every edge whose source dtype differs from what the
-   consumer needs, and only there. Casts are shared: a tensor is cast at most once per dtype,
-   whatever the number of its consumers. Graph outputs are cast back to float32.
+1. *Plan* (:mod:`mxmp.graph.plan`): walk the nodes in topological order;
+   :meth:`mxmp.policy.Policy.classify` gives each op a class, and the dtypes of its inputs
+   (already decided) give the dtype it computes in: low-precision ops run in the target dtype,
+   float32 ops in float32, widest-type and follow ops in the widest dtype among their float
+   inputs. Integer tensors (indices, shapes) are never touched: which tensors are floating point
+   comes from MXNet's own type inference (``Symbol.infer_type_partial``,
+   :mod:`mxmp.graph.infer`) on the original graph.
+2. *Rewrite* (here, ``_Builder``): an ``amp_cast`` node goes on every edge whose source dtype
+   differs from what the consumer needs, and only there. Casts are shared: a tensor is cast at
+   most once per dtype, whatever the number of its consumers. Graph outputs are cast back to
+   float32.
 3. *Check*: MXNet's type inference on the new graph must agree with the plan, node by node;
    a disagreement is an op-list bug and raises instead of producing a graph that fails later.
 
@@ -18,15 +20,16 @@ Every node's decision (op, dtype, the rule that chose it) is available from
 :func:`mxmp.graph.explain.explain`.
 
 Graphs that already hold casts convert. :func:`mxmp.graph.symbol_json.cast_origin` says who
-wrote each one: mxmp's casts (marked) and ``mxnet.contrib.amp``'s (named ``<tensor>_amp_cast_<dtype>`` and
-``<node>_<k>_amp_multicast`` by its pass) only mark precision boundaries, so they are removed
-and the pass plans the float32 graph again with mxmp's lists: converting contrib.amp's output
-gives the same graph as converting the float32 graph. Casts the model's own code wrote
-(GluonCV's ``amp_multicast`` in front of ``box_decode``, ``Cast`` to an index dtype) are part of
-what the model computes: they stay, their inputs arrive uncast, and their outputs have the
-dtypes MXNet gives them (an ``amp_multicast`` with ``cast_narrow=True`` of a bfloat16 and a
-float32 tensor gives two bfloat16 tensors, as it would under contrib.amp). A variable whose
-``__dtype__`` is a low-precision dtype (contrib.amp's ``cast_optional_params=True``) keeps it.
+wrote each one: mxmp's casts (marked) and ``mxnet.contrib.amp``'s (named
+``<tensor>_amp_cast_<dtype>`` and ``<node>_<k>_amp_multicast`` by its pass) only mark precision
+boundaries, so they are removed and the pass plans the float32 graph again with mxmp's lists:
+converting contrib.amp's output gives the same graph as converting the float32 graph. Casts the
+model's own code wrote (GluonCV's ``amp_multicast`` in front of ``box_decode``, ``Cast`` to an
+index dtype) are part of what the model computes: they stay, their inputs arrive uncast, and
+their outputs have the dtypes MXNet gives them (an ``amp_multicast`` with ``cast_narrow=True``
+of a bfloat16 and a float32 tensor gives two bfloat16 tensors, as it would under contrib.amp). A
+variable whose ``__dtype__`` is a low-precision dtype (contrib.amp's
+``cast_optional_params=True``) keeps it.
 
 Nodes are identified by their position in the graph JSON, never by name: a block called twice
 (a shared activation, a weight-tied encoder) gives nodes with equal names, which convert like
