@@ -34,8 +34,9 @@ FullyConnected layers with their inferred shapes, and its percent of the peak of
 training profile of float32, contrib.amp and mxmp side by side (:mod:`benchmarks.profile`).
 
 The mxmp modes *emulate* the target dtype (float32 kernels, low-precision rounding; see
-``mxmp/graph.py``) when ``mxmp.lp_kernels_available(dtype, ctx)`` is False (``--emulate auto``,
-the default). Emulated rows are labelled "(emulated)": they measure numerics and the cost of
+``mxmp/graph/convert.py``) when ``mxmp.lp_kernels_available(dtype, ctx)`` is False
+(``--emulate auto``, the default). Emulated rows are labelled "(emulated)": they measure
+numerics and the cost of
 emulation, not the speed of low-precision kernels. A mode that fails (for example contrib.amp
 bfloat16 on a CPU without AVX-512: "could not create a primitive descriptor iterator") is a row
 with status ``failed`` and the first line of its error; a failed mode is not re-run in later

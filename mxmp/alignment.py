@@ -36,9 +36,10 @@ Only the shapes matter, not the dtype: run the check on the float32 model before
 """
 import collections
 import dataclasses
-import json
 import math
 from typing import Optional, Tuple
+
+from .graph.symbol_json import load
 
 __all__ = ['check_alignment', 'format_alignment', 'Misalignment', 'ALIGNED_OPS']
 
@@ -242,7 +243,7 @@ def check_alignment(net_or_symbol, input_shapes, multiple=8):
         raise ValueError('input_shapes names %s, which the graph does not have; its inputs '
                          'are %s' % (', '.join(unknown_inputs), ', '.join(sym.list_arguments())))
     shapes = _infer_shapes(sym, input_shapes)
-    nodes = json.loads(sym.tojson(remove_amp_cast=False))['nodes']
+    nodes = load(sym)['nodes']
     rows = []
     for node in nodes:
         op = node['op']

@@ -22,9 +22,7 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd
 
-from .gluon import dtype_of
-from .policy import normalize_dtype
-from .dtypes import dtype_name
+from .dtypes import dtype_name, mx_dtype, normalize_dtype
 from .errors import ParameterFileError
 from .update import save_atomic
 
@@ -69,7 +67,7 @@ def _value(param, dtype):
         else:
             value = param._reduce()
         if dtype is not None and dtype_name(value.dtype) != dtype:
-            value = mx.nd.amp_cast(value, dtype=dtype_of(dtype))
+            value = mx.nd.amp_cast(value, dtype=mx_dtype(dtype))
     return value
 
 
@@ -207,7 +205,7 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
         for _, param, value in chosen.values():
             own = dtype_name(param.dtype) if param.dtype is not None else dtype_name(value.dtype)
             if own != dtype_name(value.dtype):
-                cast = mx.nd.amp_cast(value, dtype=dtype_of(own)) if own in (
+                cast = mx.nd.amp_cast(value, dtype=mx_dtype(own)) if own in (
                     'float32', 'float16', 'bfloat16') else value.astype(own)
             else:
                 cast = value

@@ -29,8 +29,9 @@ Weights cast in the graph: when a converted block keeps its weights in float32
 with target-dtype copies of those weights, made when the fused graph is (re)built. They cost
 2 bytes per weight while the fused graph exists.
 """
-import json
 import logging
+
+from .graph.symbol_json import load
 
 __all__ = ['BACKEND', 'fuse_symbol', 'count_fused', 'FusedInference', 'parameters_changed']
 
@@ -52,8 +53,7 @@ def parameters_changed():
 
 def count_fused(sym):
     """Number of fused oneDNN nodes (ops named ``_sg_mkldnn_*``) in ``sym`` (mxnet.sym.Symbol)."""
-    return sum(1 for n in json.loads(sym.tojson(remove_amp_cast=False))['nodes']
-               if n['op'].startswith(FUSED_PREFIX))
+    return sum(1 for n in load(sym)['nodes'] if n['op'].startswith(FUSED_PREFIX))
 
 
 def fuse_symbol(sym, arg_params=None, aux_params=None, shapes=None, ctx=None):
@@ -89,7 +89,7 @@ def unsafe_outputs(sym):
     result (FC and sigmoid fused; found by tests/test_graph_fuzz.py). Graphs with such outputs
     are not fused.
     """
-    nodes = json.loads(sym.tojson(remove_amp_cast=False))
+    nodes = load(sym)
     consumed = {(i[0], i[1]) for n in nodes['nodes'] for i in n.get('inputs', [])}
     return [nodes['nodes'][h[0]]['name'] for h in nodes['heads']
             if (h[0], h[1]) in consumed and nodes['nodes'][h[0]]['op'] != 'null']

@@ -7,32 +7,29 @@ other, the original's initializers and deferred shapes still apply, and ``export
 Unlike ``mxnet.contrib.amp`` nothing is patched: ``amp.init()`` is not needed before the net
 is built, and nothing global changes.
 """
-import json
 import logging
 import os
 import warnings
 
 import mxnet as mx
-import numpy as np
 from mxnet import autograd, gluon
 
-from .graph import MARK, convert_symbol, count_casts, remove_casts
+from .dtypes import mx_dtype, normalize_dtype
+from .graph import convert_symbol, count_casts, remove_casts
+from .graph.params import float32_arrays
+from .graph.symbol_json import CAST_OPS, cast_param_names, load
 from .device import lp_kernels_available
 from .layout import to_default_layout
 from .fusion import FusedInference, parameters_changed
-from .policy import Policy, normalize_dtype
+from .policy import Policy
 
 __all__ = ['convert', 'ConvertedBlock', 'dtype_of']
 
 logger = logging.getLogger(__name__)
 
 
-def dtype_of(name):
-    """The MXNet dtype object for a dtype name (``'bfloat16'`` is a numpy structured dtype)."""
-    if name == 'bfloat16':
-        from mxnet.contrib.amp.amp import bfloat16
-        return bfloat16
-    return name
+#: The MXNet dtype object for a dtype name (the old name of :func:`mxmp.dtypes.mx_dtype`).
+dtype_of = mx_dtype
 
 
 class ConvertedBlock(gluon.SymbolBlock):
@@ -122,10 +119,7 @@ class ConvertedBlock(gluon.SymbolBlock):
             return
         remove_casts(self._cached_graph[1]).save('%s-symbol.json' % path)
         params_file = '%s-%04d.params' % (path, epoch)
-        arrays = mx.nd.load(params_file)
-        arrays = {k: v if np.dtype(v.dtype) == np.float32 else mx.nd.amp_cast(v, dtype='float32')
-                  for k, v in arrays.items()}
-        mx.nd.save(params_file, arrays)
+        mx.nd.save(params_file, float32_arrays(mx.nd.load(params_file)))
 
     def save_parameters(self, filename, deduplicate=False, dtype='float32'):
         """Write the parameters as the original network's checkpoint (each parameter once).
@@ -175,8 +169,8 @@ class ConvertedBlock(gluon.SymbolBlock):
 
 
 def _trace(block, data_names, data_dtypes):
-    inputs = [mx.sym.var(n, dtype=dtype_of(normalize_dtype((data_dtypes or {}).get(n, 'float32'),
-                                                           allow_float32=True)))
+    inputs = [mx.sym.var(n, dtype=mx_dtype(normalize_dtype((data_dtypes or {}).get(n, 'float32'),
+                                                          allow_float32=True)))
               for n in data_names]
     try:
         out = block(*inputs)
@@ -265,8 +259,8 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
     converted = convert_symbol(sym, policy=policy, data_dtypes=data_dtypes,
                                cast_params=cast_params, data_names=data_names)
     params = block.collect_params()
-    lp_names = _lp_parameter_names(converted)
-    lp_dtype = dtype_of(policy.target_dtype)
+    lp_names = cast_param_names(converted)
+    lp_dtype = mx_dtype(policy.target_dtype)
     for name, param in params.items():
         param._mxmp_target_dtype = policy.target_dtype  # read by mxmp.Trainer
         if name in lp_names:
@@ -286,17 +280,12 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
         def precast():  # the fused graph takes target-dtype weights (see mxmp.fusion)
             graph = convert_symbol(sym, policy=policy, data_dtypes=data_dtypes, cast_params=True,
                                    data_names=data_names)
-            return graph, _lp_parameter_names(graph), lp_dtype
+            return graph, cast_param_names(graph), lp_dtype
     out._mxmp_fused = FusedInference(out, precast)  # not a Block: no child, no parameter names
     logger.info('converted %s to %s%s: %d casts, %d parameters stored in %s', block.name,
                 policy.target_dtype, ' (emulated)' if policy.emulate else '',
                 count_casts(converted)['amp_cast'], len(lp_names), policy.target_dtype)
     return out
-
-
-def _lp_parameter_names(sym):
-    return {n['name'] for n in json.loads(sym.tojson(remove_amp_cast=False))['nodes']
-            if n['op'] == 'null' and n.get('attrs', {}).get(MARK, '').startswith('cast_param')}
 
 
 def _arrays_on(params, ctx):
@@ -319,9 +308,9 @@ def _grouped_weights_cast_in_graph(sym):
     :mod:`mxmp.layout`); bringing every cast weight back on every call would put a host sync per
     weight on the training path for nothing (dense weights' blocked layouts cast fine).
     """
-    nodes = json.loads(sym.tojson(remove_amp_cast=False))['nodes']
+    nodes = load(sym)['nodes']
     casts = {nid: {i for i, _, _ in n['inputs'] if nodes[i]['op'] == 'null'}
-             for nid, n in enumerate(nodes) if n['op'] in ('amp_cast', 'amp_multicast')}
+             for nid, n in enumerate(nodes) if n['op'] in CAST_OPS}
     names = set()
     for n in nodes:
         if n['op'] in ('Convolution', 'Deconvolution') and \

@@ -415,7 +415,7 @@ def test_emulated_split_whose_other_outputs_are_unused(dtype):
 def test_type_mismatch_names_the_op_and_its_list_not_a_cast(monkeypatch):
     # Pretend the pass no longer knows that BatchNorm's mean/var outputs stay float32: the check
     # must blame BatchNorm's op list and name BatchNorm, not a cast node the pass wrote.
-    monkeypatch.setattr(mxmp.graph, '_MXNET_FLOAT32_OUTPUTS', {})
+    monkeypatch.setattr(mxmp.graph.plan, '_MXNET_FLOAT32_OUTPUTS', {})
     data = mx.sym.var('data')
     x = mx.sym.Convolution(data, kernel=(1, 1), num_filter=2, name='conv')
     bn = mx.sym.BatchNorm(x, output_mean_var=True, name='bn')

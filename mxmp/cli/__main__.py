@@ -1,0 +1,6 @@
+"""``python -m mxmp.cli``: the ``mxmp`` command."""
+import sys
+
+from . import main
+
+sys.exit(main())

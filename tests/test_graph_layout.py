@@ -1,0 +1,52 @@
+"""The graph package's layout: the one cast_params test, the parameter arrays that go with a
+converted graph, and the old import paths (``python -m mxmp.cli``: tests/test_cli.py)."""
+import mxnet as mx
+import numpy as np
+
+import mxmp
+import mxmp.casts
+import mxmp.cli
+import mxmp.graph
+from mxmp.dtypes import dtype_name
+from mxmp.graph import params, strip, symbol_json
+from test_graph import conv_bn_relu_fc_softmax, nodes_of
+
+
+def test_cast_param_names_are_the_variables_the_pass_stores_in_the_target_dtype():
+    sym = conv_bn_relu_fc_softmax()
+    out = mxmp.convert_symbol(sym, 'bfloat16', cast_params=True)
+    # Convolution and FullyConnected are low-precision ops; BatchNorm's parameters stay float32.
+    assert symbol_json.cast_param_names(out) == {'conv_weight', 'conv_bias', 'fc_weight',
+                                                 'fc_bias'}
+    flagged = {n['name'] for n in nodes_of(out) if symbol_json.is_cast_param(n)}
+    assert flagged == symbol_json.cast_param_names(out)
+    assert symbol_json.cast_param_names(mxmp.convert_symbol(sym, 'bfloat16')) == frozenset()
+    assert symbol_json.cast_param_names(mxmp.remove_casts(out)) == frozenset()
+
+
+def test_arrays_for_graph_cast_the_stored_parameters_only():
+    sym = conv_bn_relu_fc_softmax()
+    out = mxmp.convert_symbol(sym, 'bfloat16', cast_params=True)
+    arrays = {'conv_weight': mx.nd.ones((8, 1, 3, 3)), 'bn_gamma': mx.nd.ones((8,)),
+              'fc_weight': mx.nd.ones((10, 8), dtype='float16')}
+    got = params.arrays_for_graph(out, arrays, 'bfloat16')
+    assert {k: dtype_name(v.dtype) for k, v in got.items()} == {
+        'conv_weight': 'bfloat16', 'bn_gamma': 'float32', 'fc_weight': 'bfloat16'}
+    back = params.float32_arrays(got)
+    assert {dtype_name(v.dtype) for v in back.values()} == {'float32'}
+    assert back['bn_gamma'] is got['bn_gamma']   # float32 arrays are not copied
+    np.testing.assert_array_equal(back['conv_weight'].asnumpy(), np.ones((8, 1, 3, 3)))
+
+
+def test_old_import_paths_give_the_new_objects():
+    assert mxmp.graph.convert_symbol is mxmp.convert_symbol
+    assert mxmp.casts.remove_casts is mxmp.graph.remove_casts is strip.remove_casts
+    assert mxmp.casts.cast_origin is mxmp.graph.cast_origin is symbol_json.cast_origin
+    assert mxmp.casts.MARK == mxmp.graph.MARK == '__mxmp__'
+    assert mxmp.casts._MSHADOW_ENUM == {'float16': '2', 'bfloat16': '12'}
+    assert mxmp.casts._FLOAT_ENUM == {'float32': '0', 'float64': '1', 'float16': '2',
+                                      'bfloat16': '12'}
+    assert mxmp.gluon.dtype_of('float16') == 'float16'
+    for name in ('main', 'build_parser', 'CLIError', 'load_symbol', 'load_params'):
+        assert hasattr(mxmp.cli, name), name
+
