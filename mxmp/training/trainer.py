@@ -48,12 +48,12 @@ from ..dtypes import normalize_dtype
 from ..scaling.scalers import LossScaler, make_loss_scaler
 from .checkpoint import StatesFileMixin
 from .master_weights import MasterWeightsMixin, device_update
-from .step import Step, param_grads
+from .step import Step, StepOwnerMixin, param_grads
 
 __all__ = ['Trainer']
 
 
-class Trainer(KVStoreMixin, StatesFileMixin, MasterWeightsMixin, gluon.Trainer):
+class Trainer(StepOwnerMixin, KVStoreMixin, StatesFileMixin, MasterWeightsMixin, gluon.Trainer):
     """``gluon.Trainer`` with loss scaling, an overflow check and float32 master weights.
 
     Args:
@@ -141,7 +141,7 @@ class Trainer(KVStoreMixin, StatesFileMixin, MasterWeightsMixin, gluon.Trainer):
                           shared=isinstance(loss_scaler, LossScaler))
         self._asked_update_on_kvstore = update_on_kvstore
         self._grad_dtype = _exchange.check_grad_dtype(grad_dtype, kv_type,
-                                                      self._loss_scaler.dynamic)
+                                                      self._step.scaler.dynamic)
         self._exchange = _exchange.GradientExchange(len(self._params))
         self._masters = self._step.masters   # by param index (read by mxmp.block_params)
         if 'dist' in (kv_type or '') and all(p._data is not None for p in self._params):
@@ -149,31 +149,7 @@ class Trainer(KVStoreMixin, StatesFileMixin, MasterWeightsMixin, gluon.Trainer):
             self._prepare()
 
     # ------------------------------------------------------------------ properties
-    @property
-    def _loss_scaler(self):
-        # the current scaler lives in the (possibly shared) group: mxmp.scaling.shared
-        return self._step.scaler
-
-    @_loss_scaler.setter
-    def _loss_scaler(self, scaler):
-        self._step.scaler = scaler
-
-    @property
-    def loss_scaler(self) -> LossScaler:
-        """LossScaler: the current loss scaler (replaced after every step; shared with the
-        other Trainers given the same scaler object, see :mod:`mxmp.scaling.shared`)."""
-        return self._loss_scaler
-
-    @property
-    def loss_scale(self) -> float:
-        """float: the current loss scale ``S`` (1.0 when scaling is disabled)."""
-        return float(self._loss_scaler.scale)
-
-    @property
-    def skipped_steps(self) -> int:
-        """int: number of steps skipped because a gradient was inf/NaN."""
-        return self._step.skipped_steps
-
+    # loss_scaler, loss_scale, skipped_steps: StepOwnerMixin
     @property
     def target_dtype(self) -> str:
         """str: ``'float16'``, ``'bfloat16'`` or ``'float32'`` (see the class docstring)."""
@@ -212,7 +188,7 @@ class Trainer(KVStoreMixin, StatesFileMixin, MasterWeightsMixin, gluon.Trainer):
                 not be differentiated).
             TypeError: an element of ``loss`` is not an NDArray (the message says which).
         """
-        if self._loss_scaler.enabled and not autograd.is_recording():
+        if self._step.scaler.enabled and not autograd.is_recording():
             raise RuntimeError('scale_loss() must run inside autograd.record(): the multiply '
                                'by the loss scale has to be recorded for backward(). Put the '
                                '"with trainer.scale_loss(loss)" block inside the record scope.')
