@@ -1,21 +1,15 @@
 """A Gluon Trainer with loss scaling, an overflow check and float32 master weights.
 
 :class:`Trainer` is ``mxnet.gluon.Trainer`` (MXNet 1.9.1, ``python/mxnet/gluon/trainer.py``)
-plus the three pieces of mixed-precision training described by Micikevicius et al., "Mixed
-Precision Training", ICLR 2018, and NVIDIA's "Training With Mixed Precision" guide:
-
-1. **loss scaling** (:meth:`Trainer.scale_loss`, :mod:`mxmp.scaling.scalers`): the loss is
-   multiplied by the loss scale ``S`` before ``backward``; the optimizer's ``rescale_grad``
-   divides by ``S``;
-2. **overflow check**: with a dynamic scaler every reduced gradient on every device is checked
-   for inf/NaN (``mx.nd.multi_all_finite``) before the update; on overflow the update is
-   skipped entirely and the scale backs off;
-3. **float32 master weights**: for every float16 or bfloat16 Parameter the Trainer keeps a
-   float32 copy per device, the optimizer updates that copy with the float32 gradient, and the
-   low-precision Parameter is rewritten from it (``nd.amp_cast``). This works for bfloat16,
-   where MXNet's own optimizers fail ("Unknown type enum 12"), and for any optimizer.
-
-Typical loop (as with ``mxnet.contrib.amp``)::
+plus the three pieces of mixed-precision training (Micikevicius et al., "Mixed Precision
+Training", ICLR 2018; NVIDIA's "Training With Mixed Precision" guide): loss scaling
+(:mod:`mxmp.scaling.scalers`), the overflow check with skipped steps, and float32 master
+weights, which also work for bfloat16, where MXNet's optimizers fail ("Unknown type enum 12").
+It drives the one training step (:mod:`mxmp.training.step`, shared with :class:`mxmp.Module`
+and :mod:`mxmp.amp`); its kvstore glue is :mod:`mxmp.distributed.kvstore` (gradient exchange
+dtypes: :mod:`mxmp.distributed.exchange`), its states file :mod:`mxmp.training.checkpoint`,
+its master-weight API :mod:`mxmp.training.master_weights`. Typical loop (as with
+``mxnet.contrib.amp``)::
 
     trainer = mxmp.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
     with autograd.record():
@@ -24,17 +18,11 @@ Typical loop (as with ``mxnet.contrib.amp``)::
             scaled.backward()
     trainer.step(batch_size)          # returns False if the step was skipped
 
-The update itself (overflow check, master weights, the skipped or applied step) is
-:mod:`mxmp.training.step`, shared with :class:`mxmp.Module` and :mod:`mxmp.amp`; the kvstore
-glue is :mod:`mxmp.distributed.kvstore`, the states file :mod:`mxmp.training.checkpoint`.
-
 Differences from ``gluon.Trainer``: ``update_on_kvstore`` is always False (the Trainer must see
-the reduced gradients to check them before the update; gluon's default on a kvstore is True, so
-the Trainer logs that it turned it off), and ``step``/``update`` return whether the update was
-applied. With a kvstore the gradients are reduced first (every worker pulls the same sum), so
-the one overflow check that follows reaches the same answer on every worker: all workers skip
-the same steps and keep the same loss scale without exchanging a flag. The gradient exchange
-dtype (``grad_dtype``) is :mod:`mxmp.distributed.exchange`.
+the reduced gradients to check them before the update), and ``step``/``update`` return whether
+the update was applied. With a kvstore the gradients are reduced first, so the one overflow
+check that follows reaches the same answer on every worker: all workers skip the same steps
+and keep the same loss scale without exchanging a flag.
 """
 import contextlib
 
@@ -155,7 +143,6 @@ class Trainer(StepOwnerMixin, KVStoreMixin, StatesFileMixin, MasterWeightsMixin,
         """str: ``'float16'``, ``'bfloat16'`` or ``'float32'`` (see the class docstring)."""
         return self._target_dtype
 
-    # ------------------------------------------------------------------ helpers
     def _prepare(self):
         if not self._kv_initialized:
             self._init_kvstore()
