@@ -54,8 +54,10 @@ from mxnet import nd
 
 from .device import lp_kernels_available
 from .errors import mxnet_error_line
-from .graph import MARK, convert_symbol, remove_casts
-from .policy import LOSS_OUTPUT, Policy, normalize_dtype
+from .graph import convert_symbol, remove_casts
+from .graph.loss_heads import (HEAD_GRADIENT_LOSS_OPS, LOSS_SCALE_NAME,  # noqa: F401
+                               insert_loss_scale, lp_variable_names, scaled_loss_ops)
+from .policy import Policy, normalize_dtype
 from .scaler import (DynamicLossScaler, LossScaler, NoOpLossScaler, StaticLossScaler,
                      make_loss_scaler)
 from .update import (MasterWeights, all_finite, apply_update, device_update,
@@ -64,115 +66,9 @@ from .update import (MasterWeights, all_finite, apply_update, device_update,
 __all__ = ['Module', 'insert_loss_scale', 'LOSS_SCALE_NAME',
            'HEAD_GRADIENT_LOSS_OPS']
 
-#: Name of the input variable (a Module *state*, shape ``(1,)``, float32) holding the scale.
-LOSS_SCALE_NAME = '__mxmp_loss_scale__'
-#: Loss ops that always get the loss-scale node (the issue's list), whatever the policy says.
-_NAMED_LOSS_OPS = frozenset(('SoftmaxOutput', 'LinearRegressionOutput',
-                             'LogisticRegressionOutput', 'MAERegressionOutput', 'MakeLoss'))
-#: Ops of the LOSS_OUTPUT class whose backward multiplies by their output's gradient (MXNet
-#: asks for a head gradient when they are a graph output: "head_gradient is required",
-#: src/executor/graph_executor.cc). They get no node: their gradient is scaled downstream.
-#: tests/test_module.py checks this tuple against MXNet for every LOSS_OUTPUT op.
-HEAD_GRADIENT_LOSS_OPS = ('CTCLoss', '_contrib_CTCLoss', '_contrib_ctc_loss', 'ctc_loss',
-                          'softmax_cross_entropy')
 _STATES_FORMAT = 'mxmp.Module'
-#: mshadow type enums (include/mshadow/base.h) for a variable's ``__dtype__`` attribute.
-_MSHADOW_ENUM = {'float32': '0', 'float64': '1', 'float16': '2', 'uint8': '3', 'int32': '4',
-                 'int8': '5', 'int64': '6'}
 _STATES_VERSION = 1
 _SCALER_CLASSES = {c.__name__: c for c in (NoOpLossScaler, StaticLossScaler, DynamicLossScaler)}
-
-
-# ---------------------------------------------------------------------------------------------
-# The loss-scale node
-# ---------------------------------------------------------------------------------------------
-def _loss_ops(policy):
-    ops = set(_NAMED_LOSS_OPS) | set(Policy('bfloat16').ops_in(LOSS_OUTPUT))
-    if policy is not None:
-        ops |= set(policy.ops_in(LOSS_OUTPUT))
-    return frozenset(ops - set(HEAD_GRADIENT_LOSS_OPS))
-
-
-def insert_loss_scale(sym, loss_ops=None):
-    """Put the loss-scale node in front of the data input of every loss op of ``sym``.
-
-    Args:
-        sym (mx.sym.Symbol): a graph (float32 or converted by mxmp); it must not hold a
-            loss-scale node already.
-        loss_ops (iterable of str or None): op names that get the node; default: the
-            ``LOSS_OUTPUT`` class of mxmp's op lists plus the five classic loss outputs,
-            minus :data:`HEAD_GRADIENT_LOSS_OPS` (see the module docstring).
-
-    Returns:
-        tuple ``(symbol, count)``: the new graph, with one extra input variable
-        :data:`LOSS_SCALE_NAME` (shape ``(1,)``, float32), and the number of nodes inserted
-        (a tensor feeding several loss ops gets one node). The forward outputs of the new graph
-        are bit-identical to those of ``sym`` for finite inputs of the loss ops (module
-        docstring); the gradient into each loss op's data input is multiplied by the value
-        of the variable.
-
-    Raises:
-        ValueError: ``sym`` already holds :data:`LOSS_SCALE_NAME`.
-    """
-    if LOSS_SCALE_NAME in sym.list_arguments():
-        raise ValueError('the graph already holds the loss-scale input %r; pass the float32 '
-                         'graph (mxmp.Module.symbol), not the bound one' % LOSS_SCALE_NAME)
-    loss_ops = _loss_ops(None) if loss_ops is None else frozenset(loss_ops)
-    js = json.loads(sym.tojson(remove_amp_cast=False))
-    names = {n['name'] for n in js['nodes']}
-    nodes, remap, scaled = [], {}, {}
-    scale_var = []
-
-    def add(node):
-        nodes.append(node)
-        return len(nodes) - 1
-
-    def unique(name):
-        base, k = name, 1
-        while name in names:
-            name, k = '%s%d' % (base, k), k + 1
-        names.add(name)
-        return name
-
-    def scale_entry(entry, base):
-        key = (entry[0], entry[1])
-        if key not in scaled:
-            if not scale_var:
-                scale_var.append(add({'op': 'null', 'name': LOSS_SCALE_NAME, 'inputs': [],
-                                      'attrs': {'__shape__': '(1,)', '__dtype__': '0',
-                                                MARK: 'loss_scale'}}))
-            attrs = {MARK: 'loss_scale'}
-            stop = add({'op': 'BlockGrad', 'name': unique(base + '_mxmp_stop'),
-                        'attrs': dict(attrs), 'inputs': [list(entry)]})
-            diff = add({'op': 'elemwise_sub', 'name': unique(base + '_mxmp_zero'),
-                        'attrs': dict(attrs), 'inputs': [list(entry), [stop, 0, 0]]})
-            mul = add({'op': 'broadcast_mul', 'name': unique(base + '_mxmp_scaled'),
-                       'attrs': dict(attrs), 'inputs': [[diff, 0, 0], [scale_var[0], 0, 0]]})
-            scaled[key] = add({'op': 'elemwise_add', 'name': unique(base + '_mxmp_loss_scale'),
-                               'attrs': dict(attrs), 'inputs': [[stop, 0, 0], [mul, 0, 0]]})
-        return [scaled[key], 0, 0]
-
-    for old, node in enumerate(js['nodes']):
-        node = dict(node)
-        inputs = [[remap[src], idx, ver] for src, idx, ver in node.get('inputs', [])]
-        if node['op'] in loss_ops and inputs:
-            src_name = js['nodes'][node['inputs'][0][0]]['name']
-            inputs[0] = scale_entry(inputs[0], src_name)
-        node['inputs'] = inputs
-        remap[old] = add(node)
-    out = dict(js)
-    out['nodes'] = nodes
-    out['heads'] = [[remap[src], idx, ver] for src, idx, ver in js['heads']]
-    out['arg_nodes'] = [i for i, n in enumerate(nodes) if n['op'] == 'null']
-    out.pop('node_row_ptr', None)
-    return mx.sym.load_json(json.dumps(out)), len(scaled)
-
-
-def _lp_variable_names(sym):
-    """Variables that convert_symbol(cast_params=True) stores in the target dtype."""
-    js = json.loads(sym.tojson(remove_amp_cast=False))
-    return frozenset(n['name'] for n in js['nodes'] if n['op'] == 'null' and
-                     n.get('attrs', {}).get(MARK, '').startswith('cast_param'))
 
 
 class _TrainState:
@@ -288,12 +184,12 @@ class Module(mx.mod.Module):
             # convert_symbol pins every parameter's dtype (__dtype__): behind a cast the
             # executors could not infer it.
         self._mp_symbol = mp_symbol
-        self._lp_names = _lp_variable_names(mp_symbol) if self._cast_params else frozenset()
+        self._lp_names = lp_variable_names(mp_symbol) if self._cast_params else frozenset()
         self._state = _TrainState(make_loss_scaler(loss_scaler, target))
         self._scale_nodes = 0
         bound = mp_symbol
         if self._state.scaler.enabled:
-            bound, self._scale_nodes = insert_loss_scale(mp_symbol, _loss_ops(policy))
+            bound, self._scale_nodes = insert_loss_scale(mp_symbol, scaled_loss_ops(policy))
             if self._scale_nodes:
                 state_names = state_names + [LOSS_SCALE_NAME]
         self._written_scale = None
