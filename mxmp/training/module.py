@@ -25,6 +25,7 @@ plain MXNet loads, plus ``prefix-%04d.mxmp.json`` with the loss scaler and skipp
 :meth:`Module.load` restores all of it, and loads plain-MXNet checkpoints too.
 """
 import logging
+from operator import attrgetter
 
 import mxnet as mx
 from mxnet import nd
@@ -253,30 +254,16 @@ class Module(MasterWeightsModule, LossScaleInputModule):
                          state_names=state_names, **module_kwargs)
 
     # ------------------------------------------------------------------ properties
-    @property
-    def symbol(self):
-        """mx.sym.Symbol: the float32 network (no casts, no loss-scale node)."""
-        return self._fp32_symbol
-
-    @property
-    def mxmp_symbol(self):
-        """mx.sym.Symbol: the graph the executors run (casts and loss-scale node)."""
-        return self._symbol
-
-    @property
-    def target_dtype(self):
-        """str: ``'float16'``, ``'bfloat16'`` or ``'float32'``."""
-        return self._target_dtype
-
-    @property
-    def policy(self):
-        """mxmp.Policy or None (float32): the policy of the pass."""
-        return self._policy
-
-    @property
-    def cast_params(self):
-        """bool: whether low-precision weights are stored in the target dtype."""
-        return self._cast_params
+    symbol = property(attrgetter('_fp32_symbol'), doc='mx.sym.Symbol: the float32 network '
+                      '(no casts, no loss-scale node).')
+    mxmp_symbol = property(attrgetter('_symbol'), doc='mx.sym.Symbol: the graph the executors '
+                           'run (casts and loss-scale node).')
+    target_dtype = property(attrgetter('_target_dtype'),
+                            doc="str: ``'float16'``, ``'bfloat16'`` or ``'float32'``.")
+    policy = property(attrgetter('_policy'),
+                      doc='mxmp.Policy or None (float32): the policy of the pass.')
+    cast_params = property(attrgetter('_cast_params'), doc='bool: whether low-precision '
+                           'weights are stored in the target dtype.')
 
     @property
     def loss_scaler(self) -> LossScaler:
