@@ -46,12 +46,13 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 
 from . import exchange as _exchange
-from .policy import normalize_dtype
-from . import shared_scale as _shared_scale
+from .dtypes import LOW_PRECISION_DTYPES as _LOW_PRECISION, dtype_name as _dtype_name
+from .dtypes import normalize_dtype
 from .layout import to_default_layout
-from .scaler import LossScaler, flatten_losses, make_loss_scaler, scale_losses
-from .update import (LOW_PRECISION_DTYPES as _LOW_PRECISION, MasterWeights, all_finite,
-                     apply_update, device_update, dtype_name as _dtype_name, write_atomic)
+from .scaling.scalers import LossScaler, make_loss_scaler
+from .training.checkpoint import write_atomic
+from .training.master_weights import device_update
+from .training.step import Stage, Step, param_grads
 
 __all__ = ['Trainer']
 
@@ -157,17 +158,13 @@ class Trainer(gluon.Trainer):
         if target_dtype is None:
             target_dtype = self._infer_target_dtype()
         self._target_dtype = normalize_dtype(target_dtype, allow_float32=True)
-        self._scale_group = _shared_scale.group_for(
-            make_loss_scaler(loss_scaler, self._target_dtype), self,
-            shared=isinstance(loss_scaler, LossScaler))
+        self._step = Step(make_loss_scaler(loss_scaler, self._target_dtype), self,
+                          shared=isinstance(loss_scaler, LossScaler))
         self._asked_update_on_kvstore = update_on_kvstore
         self._grad_dtype = _exchange.check_grad_dtype(grad_dtype, kv_type,
                                                       self._loss_scaler.dynamic)
         self._exchange = _exchange.GradientExchange(len(self._params))
-        self._skipped_steps = 0
-        self._unscaled = False
-        self._masters = MasterWeights()   # by param index; shared with mxmp.Module
-        self._step_losses = []            # this step's losses, from scale_loss
+        self._masters = self._step.masters   # by param index (read by mxmp.block_params)
         if 'dist' in (kv_type or '') and all(p._data is not None for p in self._params):
             # Broadcast worker 0's values now, so that every worker's first forward uses them.
             self._prepare()
@@ -175,12 +172,12 @@ class Trainer(gluon.Trainer):
     # ------------------------------------------------------------------ properties
     @property
     def _loss_scaler(self):
-        # the current scaler lives in the (possibly shared) group: mxmp.shared_scale
-        return self._scale_group.current
+        # the current scaler lives in the (possibly shared) group: mxmp.scaling.shared
+        return self._step.scaler
 
     @_loss_scaler.setter
     def _loss_scaler(self, scaler):
-        self._scale_group.current = scaler
+        self._step.scaler = scaler
 
     @property
     def loss_scaler(self) -> LossScaler:
@@ -196,7 +193,7 @@ class Trainer(gluon.Trainer):
     @property
     def skipped_steps(self) -> int:
         """int: number of steps skipped because a gradient was inf/NaN."""
-        return self._skipped_steps
+        return self._step.skipped_steps
 
     @property
     def target_dtype(self) -> str:
@@ -418,18 +415,12 @@ class Trainer(gluon.Trainer):
                 not be differentiated).
             TypeError: an element of ``loss`` is not an NDArray (the message says which).
         """
-        scaler = self._loss_scaler
-        if not scaler.enabled:
-            yield loss
-            return
-        if not autograd.is_recording():
+        if self._loss_scaler.enabled and not autograd.is_recording():
             raise RuntimeError('scale_loss() must run inside autograd.record(): the multiply '
                                'by the loss scale has to be recorded for backward(). Put the '
                                '"with trainer.scale_loss(loss)" block inside the record scope.')
-        scale = float(scaler.scale)
-        # kept to tell a NaN in the forward pass from an overflow if the step overflows
-        self._step_losses = flatten_losses(loss)
-        yield scale_losses(loss, scale)
+        # the step keeps the losses to tell a NaN in the forward pass from an overflow
+        yield self._step.scale_loss(loss)
 
     def unscale(self):
         """Divide every gradient by the loss scale, in place (for gradient clipping).
@@ -444,21 +435,7 @@ class Trainer(gluon.Trainer):
         Raises:
             RuntimeError: unscale() was already called since the last step()/update().
         """
-        scaler = self._loss_scaler
-        if not scaler.enabled:
-            return
-        if self._unscaled:
-            raise RuntimeError('unscale() was already called since the last step()/update(): '
-                               'the gradients are already unscaled. Call unscale() at most '
-                               'once per step, between backward() and step().')
-        scale = float(scaler.scale)
-        with autograd.pause():
-            for param in self._params:
-                if param.grad_req == 'null':
-                    continue
-                for grad in param.list_grad():
-                    grad /= scale
-        self._unscaled = True
+        self._step.unscale(param_grads(self._params))
 
     # ------------------------------------------------------------------ stepping
     def step(self, batch_size, ignore_stale_grad=False):
@@ -494,7 +471,7 @@ class Trainer(gluon.Trainer):
         Cost: see the class docstring (one host sync with a dynamic loss scaler).
         """
         self._check_batch_size(batch_size)
-        self._scale_group.check_can_step(self)
+        self._step.check_can_step()
         self._prepare()
         self._allreduce_grads()
         return self._apply_update(batch_size, ignore_stale_grad)
@@ -506,7 +483,7 @@ class Trainer(gluon.Trainer):
         ``gluon.Trainer``. Arguments, return value, errors and costs as :meth:`step`.
         """
         self._check_batch_size(batch_size)
-        self._scale_group.check_can_step(self)
+        self._step.check_can_step()
         self._prepare()
         return self._apply_update(batch_size, ignore_stale_grad)
 
@@ -556,17 +533,9 @@ class Trainer(gluon.Trainer):
             for entries in per_device:
                 for _, _, data, _ in entries:
                     data._fresh_grad = False
-            losses, self._step_losses = self._step_losses, []
-            applied, _ = apply_update(
-                calls, self._optimizer, self._loss_scaler, self._scale / batch_size,
-                unscaled=self._unscaled, name_of=lambda i: self._params[i].name,
-                forward_finite=(lambda: all_finite([losses])) if losses else None)
             # one scale update per iteration of the group (alone: after every step)
-            self._scale_group.stepped(self, applied)
-        if not applied:
-            self._skipped_steps += 1
-        self._unscaled = False
-        return applied
+            return self._step.apply(calls, self._optimizer, self._scale / batch_size,
+                                    name_of=lambda i: self._params[i].name)
 
     # ------------------------------------------------------------------ checkpoints
     def _param_records(self):
@@ -600,7 +569,7 @@ class Trainer(gluon.Trainer):
             'optimizer': self._updaters[0].get_states(dump_optimizer=True),
             'master_weights': masters,
             'loss_scaler': self._loss_scaler.state_dict(),
-            'skipped_steps': self._skipped_steps,
+            'skipped_steps': self._step.skipped_steps,
             'target_dtype': self._target_dtype,
         }, protocol=4)
         blob = _MAGIC + _HEADER.pack(len(payload), hashlib.sha256(payload).digest()) + payload
@@ -720,5 +689,5 @@ class Trainer(gluon.Trainer):
                 self._masters.set_pending(i, masters[i])
         self._ensure_all_masters()
         self._loss_scaler = scaler
-        self._skipped_steps = skipped
-        self._unscaled = False
+        self._step.skipped_steps = skipped
+        self._step.stage = Stage.READY

@@ -45,9 +45,10 @@ import dataclasses
 import logging
 from typing import Optional, Tuple
 
-import numpy as np
+from mxnet import autograd
 
 from ..policy import AmpListConflict
+from ..training.step import Step, param_grads
 from . import lists
 from .lists import (list_conditional_fp32_ops, list_fp32_ops, list_loss_output_functions,
                     list_lp16_fp32_ops, list_lp16_ops, list_widest_type_cast)
@@ -161,13 +162,27 @@ class _TrainerLossScaler:
 
     ``gluon.Trainer._update`` (MXNet 1.9.1, ``python/mxnet/gluon/trainer.py``) reads that
     attribute and skips the update when ``has_overflow(params)`` is True; this is the hook
-    contrib.amp uses, and the only thing mxmp attaches. The scale itself is an immutable
-    :class:`mxmp.scaler.LossScaler`, replaced after every check.
+    contrib.amp uses, and the only thing mxmp attaches. The decision is the training step's
+    (:class:`mxmp.training.step.Step`: its check and its end); the scale itself is an
+    immutable :class:`mxmp.LossScaler`, replaced after every check.
     """
 
     def __init__(self, scaler):
-        self.scaler = scaler
-        self.skipped_steps = 0
+        self._step = Step(scaler)
+
+    @property
+    def scaler(self):
+        """mxmp.LossScaler: the current loss scaler."""
+        return self._step.scaler
+
+    @scaler.setter
+    def scaler(self, value):
+        self._step.scaler = value
+
+    @property
+    def skipped_steps(self):
+        """int: steps skipped because a gradient was inf/NaN."""
+        return self._step.skipped_steps
 
     @property
     def loss_scale(self):
@@ -179,38 +194,16 @@ class _TrainerLossScaler:
 
         Static and disabled scalers never check (as :class:`mxmp.Trainer`).
         """
-        if not self.scaler.dynamic:
-            return False
-        finite = _all_finite(params)
-        self.scaler = self.scaler.adjust(finite)
+        per_device = {}
+        for param in params:
+            for k, grad in enumerate(param_grads([param])):
+                per_device.setdefault(k, []).append(grad)
+        with autograd.pause():
+            finite = self._step.check(list(per_device.values()))
+        self._step.end(finite)
         if not finite:
-            self.skipped_steps += 1
             logger.info('mxmp.amp: overflow, step skipped; loss scale now %g', self.loss_scale)
         return not finite
-
-
-def _all_finite(params):
-    """One ``multi_all_finite`` pass over every gradient of every device (one host sync)."""
-    from mxnet import autograd, nd
-    with autograd.pause():
-        flags = []
-        for param in params:
-            if param.grad_req == 'null' or param._grad is None:
-                continue
-            for g in param.list_grad():
-                if g.stype == 'row_sparse':
-                    g = g.data
-                dt = np.dtype(g.dtype)
-                if dt.names == ('bfloat16',):
-                    g = nd.amp_cast(g, dtype='float32')
-                elif dt.kind != 'f':
-                    continue
-                flags.append(nd.multi_all_finite(g, num_arrays=1).as_in_context(
-                    flags[0].context if flags else g.context))
-        if not flags:
-            return True
-        total = flags[0] if len(flags) == 1 else nd.min(nd.concat(*flags, dim=0))
-        return bool(total.asscalar() > 0)
 
 
 def _is_mxmp_trainer(obj):
@@ -327,7 +320,6 @@ def unscale(optimizer_or_trainer):
         TypeError: not a Trainer.
         RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
     """
-    from mxnet import autograd
     _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
     if _is_mxmp_trainer(trainer):

@@ -1,0 +1,148 @@
+"""float32 master weights of float16/bfloat16 weights, and the per-device optimizer call.
+
+Mixed-precision training updates a float16 or bfloat16 weight through a float32 copy, its
+*master weight* (Micikevicius et al., "Mixed Precision Training", ICLR 2018; NVIDIA, "Training
+With Mixed Precision"): the gradient is cast to float32, the optimizer updates the master, and
+the weight is rewritten from it with ``amp_cast`` (round to nearest even). :class:`MasterWeights`
+keeps the copies; :func:`device_update` arranges one device's optimizer call around them; the
+step (:mod:`mxmp.training.step`) runs it.
+"""
+import collections
+
+import numpy as np
+from mxnet import autograd, nd
+
+from ..dtypes import dtype_name
+from ..layout import to_default_layout
+
+__all__ = ['MasterWeights', 'DeviceUpdate', 'device_update']
+
+
+class MasterWeights:
+    """float32 master copies of low-precision weights, one array per device, by key.
+
+    The key is whatever names a weight for its owner (the Trainer's parameter index, the
+    Module's parameter name). A master is created on first use by :meth:`get`: from a value
+    given to :meth:`set_pending` if there is one (e.g. read from a checkpoint, so no precision
+    is lost), else by casting the low-precision arrays to float32. With ``track=True`` (the
+    Gluon Trainer) a master is created again when the low-precision arrays it mirrors are
+    replaced by other NDArray objects (``param.cast``, ``reset_ctx``); the Module passes
+    ``track=False`` because its executors hand out new NDArray handles for the same memory on
+    every reshape.
+
+    Extra memory: 4 bytes per element per device for every low-precision weight.
+    """
+
+    def __init__(self):
+        self._masters = {}   # key -> list of float32 NDArray, one per device
+        self._sources = {}   # key -> list of the arrays they mirror (track=True) or None
+        self._pending = {}   # key -> float32 numpy array or NDArray, used at creation
+
+    def __contains__(self, key):
+        return key in self._masters
+
+    def get(self, key, arrays, track=True):
+        """The float32 masters of ``arrays`` (the low-precision weight on each device).
+
+        Args:
+            key: hashable name of the weight.
+            arrays (list of NDArray): the low-precision weight, one array per device.
+            track (bool): re-create the masters if ``arrays`` are not the objects they were
+                created from.
+
+        Returns:
+            list of NDArray: float32, one per device, the live arrays the optimizer updates.
+        """
+        masters = self._masters.get(key)
+        if masters is not None and len(masters) == len(arrays):
+            sources = self._sources.get(key)
+            if sources is None or all(a is b for a, b in zip(sources, arrays)):
+                return masters
+        with autograd.pause():
+            pending = self._pending.pop(key, None)
+            if pending is not None:
+                masters = [_float32_copy(pending, a.context) for a in arrays]
+            else:
+                # amp_cast fails on a grouped weight that an inference forward left in
+                # oneDNN's blocked layout (mxmp/layout.py)
+                to_default_layout(arrays)
+                masters = [nd.amp_cast(a, dtype='float32') for a in arrays]
+        self._masters[key] = masters
+        self._sources[key] = list(arrays) if track else None
+        return masters
+
+    def set_pending(self, key, value):
+        """Create the masters of ``key`` from ``value`` (float32) at the next :meth:`get`.
+
+        Any existing masters of ``key`` are dropped. ``value`` is a numpy array or NDArray
+        holding the full-precision weight (a checkpoint's float32 parameter).
+        """
+        self.discard(key)
+        self._pending[key] = value
+
+    def discard(self, key):
+        """Forget the masters (and any pending value) of ``key``."""
+        self._masters.pop(key, None)
+        self._sources.pop(key, None)
+        self._pending.pop(key, None)
+
+    def clear(self):
+        """Forget every master and pending value."""
+        self._masters.clear()
+        self._sources.clear()
+        self._pending.clear()
+
+    def first_device(self, key):
+        """The master of ``key`` on the first device (NDArray), or its pending value, or None."""
+        if key in self._masters:
+            return self._masters[key][0]
+        return self._pending.get(key)
+
+    def to_numpy(self):
+        """dict key -> float32 numpy array: the first device's masters plus pending values.
+
+        With reduced gradients every device holds the same master. Host synchronisation.
+        """
+        out = {k: v[0].asnumpy() for k, v in self._masters.items()}
+        for k, v in self._pending.items():
+            out[k] = v.asnumpy() if isinstance(v, nd.NDArray) else np.asarray(v, np.float32)
+        return out
+
+
+def _float32_copy(value, ctx):
+    if isinstance(value, nd.NDArray):
+        return value.as_in_context(ctx).astype('float32', copy=True)
+    return nd.array(value, ctx=ctx, dtype='float32')
+
+
+DeviceUpdate = collections.namedtuple('DeviceUpdate', ['indices', 'grads', 'weights',
+                                                       'writebacks'])
+DeviceUpdate.__doc__ = """The optimizer call of one device: ``updater(indices, grads, weights)``,
+then ``amp_cast(master, out=weight)`` for every ``(master, weight)`` pair of ``writebacks``."""
+
+
+def device_update(entries):
+    """Arrange one device's updates for the optimizer, routing low-precision weights to masters.
+
+    Args:
+        entries (iterable of tuple): ``(index, weight, grad, master)`` per weight: the
+            optimizer's index for it, the weight and gradient arrays on this device, and its
+            float32 master on this device (None for a float32 weight).
+
+    Returns:
+        DeviceUpdate: for a weight with a master, the optimizer sees the master and the
+        gradient cast to float32 (a temporary array; not copied if already float32), and the
+        weight is rewritten from the master afterwards; other weights are updated in place.
+    """
+    indices, grads, weights, writebacks = [], [], [], []
+    for index, weight, grad, master in entries:
+        indices.append(index)
+        if master is None:
+            grads.append(grad)
+            weights.append(weight)
+        else:
+            grads.append(grad if dtype_name(grad.dtype) == 'float32'
+                         else nd.amp_cast(grad, dtype='float32'))
+            weights.append(master)
+            writebacks.append((master, weight))
+    return DeviceUpdate(indices, grads, weights, writebacks)
