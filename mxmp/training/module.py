@@ -16,8 +16,12 @@ loss scale through ``SoftmaxOutput(grad_scale=...)``):
    weights and optimizer state stay bit-identical) and ``S`` backs off; otherwise the
    optimizer steps with ``rescale_grad = rescale_grad0 / S`` where ``rescale_grad0`` is what
    ``Module.init_optimizer`` sets (``1/batch_size``, times ``num_workers`` for dist_sync);
-3. **float32 master weights** when ``cast_params=True``: as in :class:`mxmp.Trainer`; the
-   shared code is :mod:`mxmp.update`.
+3. **float32 master weights** when ``cast_params=True``: as in :class:`mxmp.Trainer`
+   (:mod:`mxmp.training.module_master_weights`).
+
+The check of 2 and the update and write-back of 3 are mxmp's one training step,
+:class:`mxmp.training.step.Step`, which :class:`mxmp.Trainer` runs too; the Module hands it
+the reduced gradients.
 
 Checkpoints (:mod:`mxmp.training.module_checkpoint`): :meth:`Module.save_checkpoint` writes the
 float32 symbol (no casts, no loss-scale node) and float32 parameters (the master weights) that
@@ -35,11 +39,14 @@ from ..graph import convert_symbol, remove_casts
 from ..graph.loss_heads import (LOSS_SCALE_NAME, insert_loss_scale, lp_variable_names,
                                 scaled_loss_ops)
 from ..policy import Policy, normalize_dtype
-from ..scaler import LossScaler, make_loss_scaler
-from ..update import MasterWeights, all_finite, apply_update, device_update, is_low_precision
+from ..dtypes import is_low_precision
+from ..scaling.overflow import all_finite
+from ..scaling.scalers import LossScaler, make_loss_scaler
 from . import module_checkpoint
+from .master_weights import device_update
 from .module_loss_scale import LossScaleInputModule
 from .module_master_weights import MasterWeightsModule
+from .step import Step
 
 __all__ = ['Module']
 
@@ -149,16 +156,6 @@ def _doc(func):
     return decorate
 
 
-class _TrainState:
-    """What the Modules of one model share (all buckets of a BucketingModule)."""
-
-    def __init__(self, scaler):
-        self.scaler = scaler
-        self.skipped_steps = 0
-        self.masters = MasterWeights()   # parameter name -> float32 per context
-        self.rescale_grad = None         # rescale_grad0: set by init_optimizer
-
-
 class Module(MasterWeightsModule, LossScaleInputModule):
     """``mx.mod.Module`` training in mixed precision with dynamic loss scaling.
 
@@ -171,13 +168,13 @@ class Module(MasterWeightsModule, LossScaleInputModule):
         target_dtype (str): ``'bfloat16'`` (default; CPUs with oneDNN), ``'float16'`` (NVIDIA
             GPUs) or ``'float32'`` (no conversion: plain float32 training, with loss scaling
             if asked). Ignored when ``policy`` is given.
-        loss_scaler: anything :func:`mxmp.scaler.make_loss_scaler` accepts: None/'auto'
+        loss_scaler: anything :func:`mxmp.scaling.scalers.make_loss_scaler` accepts: None/'auto'
             (default: dynamic for float16, none for bfloat16/float32, since bfloat16 has
             float32's exponent range), 'dynamic', 'static', 'none', a number (static scale)
-            or a :class:`mxmp.scaler.LossScaler`.
+            or a :class:`mxmp.LossScaler`.
         cast_params (bool): store the weights of low-precision layers in the target dtype on
             the contexts (no cast per iteration) and keep float32 master weights for them
-            (:mod:`mxmp.update`); default False (float32 weights, one in-graph cast each).
+            (:mod:`mxmp.training.master_weights`); default False (float32 weights, one in-graph cast each).
             ``get_params`` and checkpoints always hold the float32 master weights.
         emulate (bool): float32 kernels with low-precision rounding (``mxmp.graph``), for
             machines without low-precision kernels (``mxmp.lp_kernels_available``); default
@@ -214,6 +211,8 @@ class Module(MasterWeightsModule, LossScaleInputModule):
     BucketingModule: see :class:`mxmp.bucketing.BucketingModule`.
     """
 
+    _rescale_grad = None   # rescale_grad0 (init_optimizer): the factor without the loss scale
+
     def __init__(self, symbol, data_names=('data',), label_names=('softmax_label',), *,
                  target_dtype='bfloat16', loss_scaler=None, cast_params=False, emulate=False,
                  policy=None, state_names=None, logger=logging, context=None, **module_kwargs):
@@ -243,7 +242,7 @@ class Module(MasterWeightsModule, LossScaleInputModule):
             # executors could not infer it.
         self._mp_symbol = mp_symbol
         self._lp_names = lp_variable_names(mp_symbol) if self._cast_params else frozenset()
-        self._state = _TrainState(make_loss_scaler(loss_scaler, target))
+        self._state = Step(make_loss_scaler(loss_scaler, target))   # shared by buckets
         self._scale_nodes = 0
         bound = mp_symbol
         if self._state.scaler.enabled:
@@ -344,7 +343,7 @@ class Module(MasterWeightsModule, LossScaleInputModule):
         if kv and 'dist' in kv.type and '_sync' in kv.type:
             batch_size *= kv.num_workers
         optimizer = _create_optimizer(self, optimizer, optimizer_params, batch_size)
-        self._state.rescale_grad = optimizer.rescale_grad
+        self._rescale_grad = optimizer.rescale_grad
         self._optimizer = optimizer
         self._kvstore = kv
         self._update_on_kvstore = False
@@ -363,6 +362,7 @@ class Module(MasterWeightsModule, LossScaleInputModule):
                              'mxmp.Module (got %s)' % type(shared_module).__name__)
         super().borrow_optimizer(shared_module)
         self._state = shared_module._state
+        self._rescale_grad = shared_module._rescale_grad
 
     def update(self):
         """Reduce the gradients, check them for overflow, and update or skip.
@@ -378,23 +378,21 @@ class Module(MasterWeightsModule, LossScaleInputModule):
             bool: True if the update was applied, False if it was skipped on overflow.
 
         Raises:
-            mxmp.update.LossScaleAtFloorError: the loss scale stayed at its floor for
+            mxmp.errors.LossScaleAtFloorError: the loss scale stayed at its floor for
                 ``max_overflows_at_floor`` consecutive overflows (the message names the
                 parameters whose gradients were inf/NaN); nothing is updated.
 
         Warns:
-            mxmp.update.NonFiniteForwardWarning: the update is skipped and the outputs of
+            mxmp.errors.NonFiniteForwardWarning: the update is skipped and the outputs of
                 the forward pass were themselves inf/NaN (not an overflow from scaling).
         """
         assert self.binded and self.params_initialized and self.optimizer_initialized
         self._params_dirty = True
         group, ndev = self._exec_group, len(self._context)
-        applied, self._state.scaler = apply_update(
-            _reduced_updates(self), self._optimizer, self._state.scaler,
-            self._state.rescale_grad, name_of=lambda idx: group.param_names[idx // ndev],
+        applied = self._state.apply(
+            _reduced_updates(self), self._optimizer, self._rescale_grad,
+            name_of=lambda idx: group.param_names[idx // ndev],
             forward_finite=lambda: all_finite(group.get_outputs(merge_multi_context=False)))
-        if not applied:
-            self._state.skipped_steps += 1
         self._write_loss_scale()
         return applied
 

@@ -11,7 +11,7 @@ for:
 * ``prefix-%04d.mxmp.json``: :func:`mixed_precision_state`, the loss scaler (class,
   configuration, running state), skipped steps, target dtype, ``cast_params``, ``emulate``.
 
-Every file is written atomically (:func:`mxmp.update.write_atomic`). ``mx.model.load_checkpoint``
+Every file is written atomically (:func:`mxmp.training.checkpoint.write_atomic`). ``mx.model.load_checkpoint``
 and ``mx.mod.Module.load`` read the first three; :func:`load_module` reads all four, and plain
 MXNet checkpoints (no JSON file) too. The functions take the Module as first argument; the
 Module's methods of the same names call them.
@@ -24,8 +24,8 @@ from mxnet import nd
 
 from ..dtypes import is_low_precision, normalize_dtype
 from ..errors import mxnet_error_line
-from ..scaler import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
-from ..update import save_atomic, write_atomic
+from ..scaling.scalers import from_state_dict
+from .checkpoint import save_atomic, write_atomic
 
 __all__ = ['STATES_FORMAT', 'STATES_VERSION', 'save_optimizer_states', 'load_optimizer_states',
            'mixed_precision_state', 'write_mixed_precision_state', 'save_checkpoint',
@@ -36,7 +36,6 @@ __all__ = ['STATES_FORMAT', 'STATES_VERSION', 'save_optimizer_states', 'load_opt
 STATES_FORMAT = 'mxmp.Module'
 #: ``version`` field of ``prefix-%04d.mxmp.json``: the one this mxmp writes and reads.
 STATES_VERSION = 1
-_SCALER_CLASSES = {c.__name__: c for c in (NoOpLossScaler, StaticLossScaler, DynamicLossScaler)}
 
 
 def save_optimizer_states(module, fname):
@@ -142,7 +141,7 @@ def restore_state(scaler, state, fname):
     """The loss scaler and skipped steps that a read ``prefix-%04d.mxmp.json`` holds.
 
     Args:
-        scaler (mxmp.scaler.LossScaler): the Module's scaler; the saved state must match its
+        scaler (mxmp.LossScaler): the Module's scaler; the saved state must match its
             class and configuration.
         state (dict): the file's content.
         fname (str): the file's name, for messages.
@@ -206,14 +205,10 @@ def read_state(prefix, epoch, kwargs):
 
 def _scaler_from_state(state, fname):
     """Rebuild the saved loss scaler (class, configuration and running state)."""
-    if not isinstance(state, dict) or state.get('class') not in _SCALER_CLASSES:
-        raise ValueError('%s: unknown loss scaler state %r' % (fname, state))
-    cls = _SCALER_CLASSES[state['class']]
-    fields = {k: state[k] for k in cls._CONFIG_FIELDS + cls._STATE_FIELDS if k in state}
     try:
-        return cls(**fields)
-    except (TypeError, ValueError) as err:
-        raise ValueError('%s: invalid loss scaler state: %s' % (fname, err)) from None
+        return from_state_dict(state)
+    except ValueError as err:
+        raise ValueError('%s: %s' % (fname, err)) from None
 
 
 def float32_params(params):

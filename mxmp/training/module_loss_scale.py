@@ -19,7 +19,7 @@ __all__ = ['LossScaleInputModule']
 class LossScaleInputModule(mx.mod.Module):
     """``mx.mod.Module`` whose last state is the loss-scale input (base of :class:`mxmp.Module`).
 
-    A subclass provides :attr:`loss_scaler` (the current :class:`mxmp.scaler.LossScaler`) and
+    A subclass provides :attr:`loss_scaler` (the current :class:`mxmp.LossScaler`) and
     sets ``_scale_nodes`` (the number of loss-scale nodes of the bound graph; 0: no input)
     before ``mx.mod.Module.__init__``; it calls :meth:`_write_loss_scale` after anything that
     may change the scale or the executors.

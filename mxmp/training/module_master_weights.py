@@ -2,7 +2,7 @@
 
 With ``cast_params`` the executors hold some weights in float16/bfloat16 (no cast per
 iteration); the optimizer updates float32 copies of them, the *master weights*
-(:class:`mxmp.update.MasterWeights`, one array per context), and writes the rounded values
+(:class:`mxmp.training.master_weights.MasterWeights`, one array per context), and writes the rounded values
 back. :class:`MasterWeightsModule` keeps the host-side parameters of ``mx.mod.Module``
 (``get_params``, checkpoints) equal to the master weights, and creates the masters again from
 the float32 values whenever parameters are written (``init_params``, ``set_params``, a bind),
@@ -20,7 +20,7 @@ class MasterWeightsModule(mx.mod.Module):
 
     A subclass sets ``_lp_names`` (frozenset of the parameter names stored in low precision)
     and ``_state`` (an object whose ``masters`` attribute is the
-    :class:`mxmp.update.MasterWeights` by parameter name) before binding.
+    :class:`mxmp.training.master_weights.MasterWeights` by parameter name) before binding.
     """
 
     _lp_names = frozenset()
