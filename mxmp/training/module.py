@@ -32,18 +32,16 @@ import logging
 from operator import attrgetter
 
 import mxnet as mx
-from mxnet import nd
 
 from ..device import lp_kernels_available
 from ..graph import convert_symbol, remove_casts
 from ..graph.loss_heads import (LOSS_SCALE_NAME, insert_loss_scale, lp_variable_names,
                                 scaled_loss_ops)
 from ..policy import Policy, normalize_dtype
-from ..dtypes import is_low_precision
 from ..scaling.overflow import all_finite
 from ..scaling.scalers import LossScaler, make_loss_scaler
 from . import module_checkpoint
-from .master_weights import device_update
+from .module_kvstore import reduced_updates, start_kvstore
 from .module_loss_scale import LossScaleInputModule
 from .module_master_weights import MasterWeightsModule
 from .step import Step
@@ -95,56 +93,6 @@ def _create_optimizer(module, optimizer, optimizer_params, batch_size):
         return optimizer
     raise TypeError('optimizer must be a name or an mx.optimizer.Optimizer, got %s'
                     % type(optimizer).__name__)
-
-
-def _start_kvstore(module, kv):
-    """Give the kvstore the parameters (it only reduces gradients); on a dist kvstore every
-    worker then starts from worker 0's parameters."""
-    module.logger.info('mxmp.Module: update_on_kvstore=False on the %r kvstore: it only '
-                       'reduces the gradients; every worker checks them for overflow and '
-                       'updates its own weights', kv.type)
-    if module._compression_params:
-        kv.set_gradient_compression(module._compression_params)
-    names = module._exec_group.param_names
-    for name in names:
-        kv.init(name, module._arg_params[name])
-    if 'dist' in kv.type:
-        # kv.init stored worker 0's float32 values; MXNet's Module without
-        # update_on_kvstore would keep each worker's own. Start every worker from
-        # worker 0's, and wait for the pulls before any gradient is pushed on the same
-        # keys (the server's value of a key becomes the gradient sum after a round).
-        pulled = {name: module._arg_params[name].copy() for name in names}
-        for name, value in pulled.items():
-            kv.pull(name, out=value)
-        for value in pulled.values():
-            value.wait_to_read()
-        module.set_params(dict(module._arg_params, **pulled), module._aux_params,
-                          force_init=True)
-
-
-def _reduced_updates(module):
-    """Per context, the optimizer call of one step: float32 gradients reduced by the kvstore
-    (if any), low-precision weights routed to their master weights."""
-    group, ndev, kv = module._exec_group, len(module._context), module._kvstore
-    per_ctx = [[] for _ in range(ndev)]
-    for i, (name, weights, grads) in enumerate(zip(group.param_names, group.param_arrays,
-                                                   group.grad_arrays)):
-        if grads[0] is None:
-            continue
-        low = name in module._lp_names and is_low_precision(weights[0].dtype)
-        if low:
-            grads = [nd.amp_cast(g, dtype='float32') for g in grads]
-        if kv:
-            if grads[0].stype == 'default' and weights[0].stype == 'default':
-                kv.pushpull(name, grads, priority=-i)
-            else:
-                kv.push(name, grads, priority=-i)
-                kv.pull(name, out=grads, priority=-i)
-        masters = (module._state.masters.get(name, weights, track=False) if low
-                   else [None] * ndev)
-        for k in range(ndev):
-            per_ctx[k].append((i * ndev + k, weights[k], grads[k], masters[k]))
-    return [(module._updater, device_update(entries)) for entries in per_ctx]
 
 
 def _doc(func):
@@ -348,7 +296,7 @@ class Module(MasterWeightsModule, LossScaleInputModule):
         self._kvstore = kv
         self._update_on_kvstore = False
         if kv:
-            _start_kvstore(self, kv)
+            start_kvstore(self, kv)
         self._updater = mx.optimizer.get_updater(optimizer)
         self.optimizer_initialized = True
         if self._preload_opt_states is not None:
@@ -390,7 +338,7 @@ class Module(MasterWeightsModule, LossScaleInputModule):
         self._params_dirty = True
         group, ndev = self._exec_group, len(self._context)
         applied = self._state.apply(
-            _reduced_updates(self), self._optimizer, self._rescale_grad,
+            reduced_updates(self), self._optimizer, self._rescale_grad,
             name_of=lambda idx: group.param_names[idx // ndev],
             forward_finite=lambda: all_finite(group.get_outputs(merge_multi_context=False)))
         self._write_loss_scale()
