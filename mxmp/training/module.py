@@ -34,10 +34,11 @@ from operator import attrgetter
 import mxnet as mx
 
 from ..device import lp_kernels_available
+from ..dtypes import normalize_dtype
 from ..graph import convert_symbol, remove_casts
 from ..graph.loss_heads import (LOSS_SCALE_NAME, insert_loss_scale, lp_variable_names,
                                 scaled_loss_ops)
-from ..policy import Policy, normalize_dtype
+from ..policy import Policy
 from ..scaling.overflow import all_finite
 from ..scaling.scalers import LossScaler, make_loss_scaler
 from . import module_checkpoint
