@@ -110,7 +110,8 @@ def insert_loss_scale(sym, loss_ops=None):
         if key not in scaled:
             if not scale_var:
                 scale_var.append(add({'op': 'null', 'name': LOSS_SCALE_NAME, 'inputs': [],
-                                      'attrs': {'__shape__': '(1,)', '__dtype__': MSHADOW_ENUM['float32'],
+                                      'attrs': {'__shape__': '(1,)',
+                                                '__dtype__': MSHADOW_ENUM['float32'],
                                                 MARK: 'loss_scale'}}))
             attrs = {MARK: 'loss_scale'}
             stop = add({'op': 'BlockGrad', 'name': unique(base + '_mxmp_stop'),

@@ -123,7 +123,8 @@ class Module(MasterWeightsModule, LossScaleInputModule):
             or a :class:`mxmp.LossScaler`.
         cast_params (bool): store the weights of low-precision layers in the target dtype on
             the contexts (no cast per iteration) and keep float32 master weights for them
-            (:mod:`mxmp.training.master_weights`); default False (float32 weights, one in-graph cast each).
+            (:mod:`mxmp.training.master_weights`); default False (float32 weights, one
+            in-graph cast each).
             ``get_params`` and checkpoints always hold the float32 master weights.
         emulate (bool): float32 kernels with low-precision rounding (``mxmp.graph``), for
             machines without low-precision kernels (``mxmp.lp_kernels_available``); default

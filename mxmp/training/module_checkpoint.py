@@ -11,10 +11,10 @@ for:
 * ``prefix-%04d.mxmp.json``: :func:`mixed_precision_state`, the loss scaler (class,
   configuration, running state), skipped steps, target dtype, ``cast_params``, ``emulate``.
 
-Every file is written atomically (:func:`mxmp.training.checkpoint.write_atomic`). ``mx.model.load_checkpoint``
-and ``mx.mod.Module.load`` read the first three; :func:`load_module` reads all four, and plain
-MXNet checkpoints (no JSON file) too. The functions take the Module as first argument; the
-Module's methods of the same names call them.
+Every file is written atomically (:func:`mxmp.training.checkpoint.write_atomic`).
+``mx.model.load_checkpoint`` and ``mx.mod.Module.load`` read the first three;
+:func:`load_module` reads all four, and plain MXNet checkpoints (no JSON file) too. The
+functions take the Module as first argument; the Module's methods of the same names call them.
 """
 import json
 import os

@@ -2,11 +2,11 @@
 
 With ``cast_params`` the executors hold some weights in float16/bfloat16 (no cast per
 iteration); the optimizer updates float32 copies of them, the *master weights*
-(:class:`mxmp.training.master_weights.MasterWeights`, one array per context), and writes the rounded values
-back. :class:`MasterWeightsModule` keeps the host-side parameters of ``mx.mod.Module``
-(``get_params``, checkpoints) equal to the master weights, and creates the masters again from
-the float32 values whenever parameters are written (``init_params``, ``set_params``, a bind),
-so no precision is lost through the low-precision copies.
+(:class:`mxmp.training.master_weights.MasterWeights`, one array per context), and writes
+the rounded values back. :class:`MasterWeightsModule` keeps the host-side parameters of
+``mx.mod.Module`` (``get_params``, checkpoints) equal to the master weights, and creates the
+masters again from the float32 values whenever parameters are written (``init_params``,
+``set_params``, a bind), so no precision is lost through the low-precision copies.
 """
 import mxnet as mx
 from mxnet import nd
