@@ -2,11 +2,30 @@
 
 :func:`write_atomic` and :func:`save_atomic` write a file so that a crash leaves either the old
 file or the new one, complete; every checkpoint file mxmp writes goes through them.
+
+The states file of :meth:`mxmp.Trainer.save_states` (:class:`StatesFileMixin`) is a header
+(magic, payload length, SHA-256 of the payload) and a pickled payload: optimizer, master
+weights, loss scaler, skipped_steps, target dtype, and a record of every Parameter checked on
+load.
 """
+import hashlib
 import os
+import pickle
+import struct
 import tempfile
 
-__all__ = ['write_atomic', 'save_atomic']
+import numpy as np
+
+from ..dtypes import dtype_name
+from .step import Stage
+
+__all__ = ['write_atomic', 'save_atomic', 'pack_states', 'read_states', 'check_param_records',
+           'StatesFileMixin']
+
+#: Header of the states file written by :meth:`mxmp.Trainer.save_states`.
+_MAGIC = b'MXMP-TRAINER-STATES\x00'
+_FORMAT_VERSION = 1
+_HEADER = struct.Struct('<Q32s')   # payload length, sha256 of the payload
 
 
 def write_atomic(fname, data):
@@ -77,3 +96,176 @@ def save_atomic(fname, save):
             os.close(dfd)
     except OSError:
         pass
+
+
+def pack_states(state):
+    """The bytes of a states file holding ``state`` (dict): header, then the pickled payload."""
+    payload = pickle.dumps(dict({'format': 'mxmp.Trainer', 'version': _FORMAT_VERSION}, **state),
+                           protocol=4)
+    return _MAGIC + _HEADER.pack(len(payload), hashlib.sha256(payload).digest()) + payload
+
+
+def read_states(fname):
+    """The payload of a states file written by :meth:`mxmp.Trainer.save_states`, checked.
+
+    Raises:
+        ValueError: not such a file (bad header), truncated, corrupt (SHA-256 mismatch),
+            undecodable, of another format version, or without an optimizer.
+        OSError: the file cannot be read.
+    """
+    with open(fname, 'rb') as fin:
+        blob = fin.read()
+    if not blob.startswith(_MAGIC):
+        hint = (' (it looks like a pickle, e.g. from gluon.Trainer.save_states)'
+                if blob[:1] == b'\x80' else '')
+        raise ValueError('%s is not an mxmp Trainer states file: bad header%s'
+                         % (fname, hint))
+    head = blob[len(_MAGIC):len(_MAGIC) + _HEADER.size]
+    if len(head) < _HEADER.size:
+        raise ValueError('%s is truncated: the header is incomplete' % fname)
+    length, digest = _HEADER.unpack(head)
+    payload = blob[len(_MAGIC) + _HEADER.size:]
+    if len(payload) != length:
+        raise ValueError('%s is truncated or has trailing data: payload is %d bytes, the '
+                         'header says %d' % (fname, len(payload), length))
+    if hashlib.sha256(payload).digest() != digest:
+        raise ValueError('%s is corrupt: the SHA-256 of its payload does not match the '
+                         'header' % fname)
+    try:
+        state = pickle.loads(payload)
+        opt_states = pickle.loads(state['optimizer'])
+    except Exception as err:  # pylint: disable=broad-except
+        raise ValueError('%s cannot be decoded: %s' % (fname, err)) from None
+    if not isinstance(state, dict) or state.get('format') != 'mxmp.Trainer':
+        raise ValueError('%s is not an mxmp Trainer states file' % fname)
+    if state.get('version') != _FORMAT_VERSION:
+        raise ValueError('%s has format version %r; this mxmp reads version %d'
+                         % (fname, state.get('version'), _FORMAT_VERSION))
+    if not (isinstance(opt_states, tuple) and len(opt_states) == 2):
+        raise ValueError('%s holds no optimizer (was it saved by mxmp.Trainer?)' % fname)
+    return state
+
+
+def check_param_records(fname, saved, mine, check_names):
+    """Raise ValueError naming the first difference between the Parameter records of a states
+    file (``saved``) and of the Trainer (``mine``): count, names (with ``check_names``),
+    shapes, low-precision dtypes, which Parameters have master weights."""
+    if len(saved) != len(mine):
+        raise ValueError('%s holds states for %d Parameters but this Trainer has %d'
+                         % (fname, len(saved), len(mine)))
+    for k, (s, m) in enumerate(zip(saved, mine)):
+        if check_names and s['name'] != m['name']:
+            raise ValueError('%s: Parameter %d is %r in the file but %r here (build the '
+                             'network with the same prefixes, or pass check_names=False)'
+                             % (fname, k, s['name'], m['name']))
+        if list(s['shape']) != m['shape'] and 0 not in m['shape']:
+            raise ValueError('%s: Parameter %d (%s) has shape %s in the file but %s here'
+                             % (fname, k, m['name'], tuple(s['shape']), tuple(m['shape'])))
+        if s['master'] and m['master'] and s['dtype'] != m['dtype']:
+            raise ValueError('%s: Parameter %d (%s) is %s in the file but %s here: the states '
+                             'come from a run with another target dtype; convert the '
+                             'network to %s as in that run, or start the optimizer afresh'
+                             % (fname, k, m['name'], s['dtype'], m['dtype'], s['dtype']))
+        if s['master'] != m['master']:
+            raise ValueError('%s: Parameter %d (%s) is %s in the file but %s here: master '
+                             'weights exist only for float16/bfloat16 Parameters; cast the '
+                             'network as in the run that saved the file'
+                             % (fname, k, m['name'], s['dtype'], m['dtype']))
+
+
+class StatesFileMixin:
+    """:meth:`save_states` and :meth:`load_states` of :class:`mxmp.Trainer` (a mixin)."""
+
+    def _param_records(self):
+        return [{'name': p.name, 'shape': [int(s) for s in p.shape],
+                 'dtype': dtype_name(p.dtype), 'master': self._is_low_precision(p)}
+                for p in self._params]
+
+    def save_states(self, fname):
+        """Save optimizer states, master weights, loss scaler and skipped_steps to ``fname``.
+
+        The file is written atomically: a temporary file in the same directory, flushed and
+        fsynced, then ``os.replace``d over ``fname``; a crash leaves the old file intact.
+        Format: a header (magic, payload length, SHA-256 of the payload) and a pickled payload
+        (MXNet's own ``Trainer.save_states`` pickles too: load only files you trust). Holds the
+        optimizer (with its update counts and learning-rate schedule) and the states of the
+        first device, as ``gluon.Trainer.save_states`` does: with reduced gradients every
+        device holds the same states. Model parameters are not included: save them with
+        ``net.save_parameters`` at the same step.
+
+        Args:
+            fname (str): path of the states file.
+
+        Cost: copies every optimizer state and master weight to host memory (host sync).
+        """
+        self._prepare()
+        self._ensure_all_masters()
+        masters = self._masters.to_numpy()
+        write_atomic(fname, pack_states({
+            'params': self._param_records(),
+            'optimizer': self._updaters[0].get_states(dump_optimizer=True),
+            'master_weights': masters,
+            'loss_scaler': self._loss_scaler.state_dict(),
+            'skipped_steps': self._step.skipped_steps,
+            'target_dtype': self._target_dtype,
+        }))
+
+    def load_states(self, fname, check_names=True):
+        """Load what :meth:`save_states` wrote: all of it, or nothing.
+
+        Everything is read and validated before anything changes: on any error the Trainer is
+        untouched.
+
+        Args:
+            fname (str): path written by :meth:`save_states`.
+            check_names (bool): require the Parameter names to match the file (default True).
+                Gluon names carry per-process counters (``dense0_``, ``dense1_``); pass False to
+                match Parameters by position only (count, shapes and dtypes are still checked).
+
+        Raises:
+            ValueError: the file is not an mxmp states file, is truncated or corrupt (SHA-256
+                mismatch), or does not match this Trainer: another number of Parameters, other
+                names (with ``check_names``), shapes or low-precision dtypes, or another loss
+                scaler class/configuration. The message names the problem.
+            OSError: the file cannot be read.
+        """
+        fname = os.fspath(fname)
+        state = read_states(fname)
+        try:
+            saved_params = state['params']
+            masters = state['master_weights']
+            scaler_state = state['loss_scaler']
+            skipped = int(state['skipped_steps'])
+            opt_blob = state['optimizer']
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError('%s misses a field: %s' % (fname, err)) from None
+        try:
+            check_param_records(fname, saved_params, self._param_records(), check_names)
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError('%s: malformed Parameter records: %r' % (fname, err)) from None
+        records = self._param_records()
+        for i, rec in enumerate(records):
+            if not rec['master']:
+                continue
+            arr = masters.get(i) if isinstance(masters, dict) else None
+            if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or \
+                    (0 not in rec['shape'] and list(arr.shape) != rec['shape']):
+                raise ValueError('%s: the master weight of Parameter %d (%s) is missing or has '
+                                 'the wrong shape/dtype' % (fname, i, rec['name']))
+        scaler = self._loss_scaler.load_state_dict(scaler_state)
+
+        # Validated: apply.
+        self._prepare()
+        for updater in self._updaters:
+            updater.set_states(opt_blob)
+            updater.optimizer = self._updaters[0].optimizer
+        self._optimizer = self._updaters[0].optimizer
+        self._optimizer.param_dict = {i: p for i, p in enumerate(self._params)}
+        self._masters.clear()
+        for i, rec in enumerate(records):
+            if rec['master']:
+                self._masters.set_pending(i, masters[i])
+        self._ensure_all_masters()
+        self._loss_scaler = scaler
+        self._step.skipped_steps = skipped
+        self._step.stage = Stage.READY

@@ -8,14 +8,15 @@ keeps the copies; :func:`device_update` arranges one device's optimizer call aro
 step (:mod:`mxmp.training.step`) runs it.
 """
 import collections
+import weakref
 
 import numpy as np
 from mxnet import autograd, nd
 
-from ..dtypes import dtype_name
+from ..dtypes import LOW_PRECISION_DTYPES, dtype_name
 from ..layout import to_default_layout
 
-__all__ = ['MasterWeights', 'DeviceUpdate', 'device_update']
+__all__ = ['MasterWeights', 'DeviceUpdate', 'device_update', 'MasterWeightsMixin']
 
 
 class MasterWeights:
@@ -146,3 +147,65 @@ def device_update(entries):
             weights.append(master)
             writebacks.append((master, weight))
     return DeviceUpdate(indices, grads, weights, writebacks)
+
+
+class MasterWeightsMixin:
+    """The master-weight API of :class:`mxmp.Trainer` (a mixin): its ``_masters``
+    (:class:`MasterWeights` by Parameter index) seen by Parameter."""
+
+    def _is_low_precision(self, param):
+        return param.grad_req != 'null' and dtype_name(param.dtype) in LOW_PRECISION_DTYPES
+
+    def _ensure_master(self, i, param):
+        """Return the float32 master weights of Parameter ``i`` (one per device)."""
+        # Lets a converted block's save_parameters/load_parameters (mxmp.block_params) write
+        # and set the exact float32 master instead of the stored low-precision rounding.
+        param._mxmp_trainer = weakref.ref(self)
+        return self._masters.get(i, param.list_data())
+
+    def _ensure_all_masters(self):
+        for i, param in enumerate(self._params):
+            if self._is_low_precision(param) and param._data is not None:
+                self._ensure_master(i, param)
+
+    def master_weights(self, param):
+        """Return the float32 master weights of a float16/bfloat16 Parameter.
+
+        Args:
+            param (Parameter or str): a Parameter of this Trainer, or its name.
+
+        Returns:
+            list of NDArray: one float32 array per device (in ``param.list_ctx()`` order), the
+            live arrays the optimizer updates (created from the Parameter if needed).
+
+        Raises:
+            ValueError: the Parameter is not in this Trainer, or has no master weights (its
+                dtype is not float16/bfloat16, or its grad_req is 'null').
+        """
+        i = self._param_index(param)
+        p = self._params[i]
+        if not self._is_low_precision(p):
+            raise ValueError('Parameter %r has no master weights: only float16/bfloat16 '
+                             'Parameters with grad_req != "null" have them (dtype %s, '
+                             'grad_req %r)' % (p.name, dtype_name(p.dtype), p.grad_req))
+        return self._ensure_master(i, p)
+
+    def reset_master_weights(self):
+        """Re-create every master weight from the current low-precision Parameter values.
+
+        Call after changing a float16/bfloat16 Parameter in place (``set_data``,
+        ``load_parameters``) once training has started. Optimizer states are kept.
+        """
+        self._masters.clear()
+        self._ensure_all_masters()
+
+    def _param_index(self, param):
+        if isinstance(param, str):
+            if param not in self._param2idx:
+                raise ValueError('no Parameter named %r in this Trainer' % param)
+            return self._param2idx[param]
+        for i, p in enumerate(self._params):
+            if p is param:
+                return i
+        raise ValueError('Parameter %r is not optimized by this Trainer'
+                         % getattr(param, 'name', param))

@@ -1,0 +1,313 @@
+"""``mxnet.contrib.amp``'s API on top of mxmp (the implementation of :mod:`mxmp.amp`).
+
+::
+
+    from mxnet.contrib import amp        ->      from mxmp import amp
+
+The names and signatures are those of ``mxnet/contrib/amp/amp.py`` in MXNet 1.9.1: ``init``,
+``init_trainer``, ``scale_loss``, ``unscale``, ``convert_symbol``, ``convert_model``,
+``convert_hybrid_block``, ``list_lp16_ops``, ``list_fp32_ops``, ``list_lp16_fp32_ops``,
+``list_widest_type_cast``, ``list_conditional_fp32_ops``, ``list_loss_output_functions``.
+They are built on mxmp's graph pass (:func:`mxmp.convert_symbol`, :func:`mxmp.convert`), its
+:class:`mxmp.Policy`, its loss scalers (:mod:`mxmp.scaling.scalers`) and its training step
+(:mod:`mxmp.training.step`). Nothing is monkey patched: no MXNet function or class is
+replaced, so importing or initialising this module changes nothing global, and it can be used
+beside ``mxnet.contrib.amp`` in the same process.
+
+What differs from contrib.amp, and why (each function's docstring says more):
+
+* ``init()`` cannot patch the operators, so it only *records* the target dtype and the op
+  overrides; they become the defaults of the ``convert_*`` calls that follow. It may be called
+  at any time (also after the network is built) and again to change the defaults.
+* The network must therefore be converted explicitly, also for training: add
+  ``net = amp.convert_hybrid_block(net)`` after building it. The returned block *shares* the
+  Parameters of ``net`` and trains (contrib.amp's convert functions are for inference only).
+* ``convert_hybrid_block`` chooses **emulation** by itself: when the context has no kernels
+  for the target dtype (:func:`mxmp.lp_kernels_available`: bfloat16 on a CPU without
+  AVX-512 oneDNN kernels, float16 on any CPU) the block computes with float32 kernels on
+  values rounded through the target dtype (see :mod:`mxmp.graph`), and logs that it does.
+  ``convert_symbol``/``convert_model`` write the real low-precision graph (for deployment).
+* The op lists are mxmp's (``amp.lists.symbol_fp16`` / ``symbol_bf16`` hold them under
+  contrib.amp's names; every op is in one list). The convert calls treat their list arguments
+  as contrib.amp does: ``target_dtype_ops``, ``fp32_ops`` and ``conditional_fp32_ops``
+  *replace* the default lists, an op left out of every list runs in its data's dtype with its
+  parameters stored in that dtype, and an op in two lists raises :class:`AmpListConflict`
+  (a ValueError and an AssertionError). The lists given to :func:`init` *add to* the
+  defaults. mxmp's native :class:`mxmp.Policy` adds and moves (``lp_ops``/``fp32_ops``).
+* Loss scaling follows mxmp's defaults: dynamic for float16 (start 2**16, x2 after 2000 finite
+  steps, /2 and skip on overflow), none for bfloat16 (float32's exponent range; contrib.amp
+  scales bfloat16 too). The overflow check covers every device, not only the first.
+* The loss-output functions (``SoftmaxOutput``, ...) are not wrapped to scale their gradient:
+  for the Symbolic Module use ``mxmp.Module``.
+* ``convert_bucketing_module`` and ``list_lp16_use_fp32_params`` are not offered.
+"""
+import contextlib
+import dataclasses
+import logging
+from typing import Optional, Tuple
+
+from mxnet import autograd
+
+from ..dtypes import normalize_dtype
+from ..scaling.scalers import make_loss_scaler, scale_losses
+from ..training.step import Step, param_grads
+
+__all__ = ['init', 'init_trainer', 'scale_loss', 'unscale']
+
+logger = logging.getLogger('mxmp.amp')
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """What :func:`init` recorded: defaults of the convert calls."""
+    target_dtype: Optional[str] = None
+    lp_ops: Tuple[str, ...] = ()
+    fp32_ops: Tuple[str, ...] = ()
+    conditional_fp32_ops: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = ()
+
+
+_CONFIG = _Config()
+
+
+def _dtype(target_dtype):
+    if target_dtype is None:
+        target_dtype = _CONFIG.target_dtype or 'float16'
+    return normalize_dtype(target_dtype)
+
+
+def _names(value, what):
+    if value is None:
+        return ()
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise ValueError('%s must be a list of operator names, got %r' % (what, value))
+    return tuple(value)
+
+
+def _conditional(value):
+    if value is None:
+        return ()
+    out = []
+    for entry in value:
+        try:
+            op, attr, values = entry
+        except (TypeError, ValueError):
+            raise ValueError('conditional_fp32_ops entries are (op name, attribute name, list of '
+                             'values), e.g. ("Activation", "act_type", ["softrelu"]); got %r'
+                             % (entry,)) from None
+        if isinstance(values, str):
+            values = (values,)
+        out.append((str(op), str(attr), tuple(str(v) for v in values)))
+    return tuple(out)
+
+
+def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops=None,
+         fp32_ops=None):
+    """Record the target dtype and op overrides used by the following ``convert_*`` calls.
+
+    Same signature as ``mxnet.contrib.amp.init``. Unlike it, nothing is patched: the
+    operators of ``mx.nd``/``mx.sym`` are untouched, so this does not need to run before the
+    network is built, can run again (the last call wins) and never affects code that does not
+    use ``mxmp.amp``. Convert the network with :func:`convert_hybrid_block` (training or
+    inference) or :func:`convert_symbol` / :func:`convert_model`; their ``target_dtype``
+    defaults to the one recorded here.
+
+    Args:
+        target_dtype: ``'float16'`` or ``'bfloat16'`` (or ``numpy.float16`` /
+            ``mxnet.contrib.amp.amp.bfloat16``).
+        target_precision_ops (list of str): ops to run in the target dtype, added to mxmp's
+            low-precision list (``Policy(lp_ops=...)``).
+        conditional_fp32_ops (list of (str, str, list of str)): ``(op, attribute, values)``:
+            nodes of that op whose attribute has one of the values stay float32.
+        fp32_ops (list of str): ops to keep in float32 (``Policy(fp32_ops=...)``).
+
+    Raises:
+        ValueError: unknown dtype or malformed lists (contrib.amp asserts instead).
+    """
+    global _CONFIG  # pylint: disable=global-statement
+    _CONFIG = _Config(_dtype(target_dtype), _names(target_precision_ops, 'target_precision_ops'),
+                      _names(fp32_ops, 'fp32_ops'), _conditional(conditional_fp32_ops))
+    logger.info('mxmp.amp: target dtype %s recorded for the convert calls (nothing patched)',
+                _CONFIG.target_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss scaling with a gluon.Trainer
+# ---------------------------------------------------------------------------------------------
+class _TrainerLossScaler:
+    """The object :func:`init_trainer` puts in ``trainer._amp_loss_scaler``.
+
+    ``gluon.Trainer._update`` (MXNet 1.9.1, ``python/mxnet/gluon/trainer.py``) reads that
+    attribute and skips the update when ``has_overflow(params)`` is True; this is the hook
+    contrib.amp uses, and the only thing mxmp attaches. The decision is the training step's
+    (:class:`mxmp.training.step.Step`: its check and its end); the scale itself is an
+    immutable :class:`mxmp.LossScaler`, replaced after every check.
+    """
+
+    def __init__(self, scaler):
+        self._step = Step(scaler)
+
+    @property
+    def scaler(self):
+        """mxmp.LossScaler: the current loss scaler."""
+        return self._step.scaler
+
+    @scaler.setter
+    def scaler(self, value):
+        self._step.scaler = value
+
+    @property
+    def skipped_steps(self):
+        """int: steps skipped because a gradient was inf/NaN."""
+        return self._step.skipped_steps
+
+    @property
+    def loss_scale(self):
+        """float: the current loss scale (1.0 when scaling is off)."""
+        return float(self.scaler.scale) if self.scaler.enabled else 1.0
+
+    def has_overflow(self, params):
+        """True (skip the step) if a gradient on any device is inf/NaN; adjusts the scale.
+
+        Static and disabled scalers never check (as :class:`mxmp.Trainer`).
+        """
+        per_device = {}
+        for param in params:
+            for k, grad in enumerate(param_grads([param])):
+                per_device.setdefault(k, []).append(grad)
+        with autograd.pause():
+            finite = self._step.check(list(per_device.values()))
+        self._step.end(finite)
+        if not finite:
+            logger.info('mxmp.amp: overflow, step skipped; loss scale now %g', self.loss_scale)
+        return not finite
+
+
+def _is_mxmp_trainer(obj):
+    from ..training.trainer import Trainer
+    return isinstance(obj, Trainer)
+
+
+def _check_trainer(optimizer_or_trainer):
+    from mxnet import gluon, optimizer
+    if isinstance(optimizer_or_trainer, gluon.Trainer):
+        return
+    if isinstance(optimizer_or_trainer, optimizer.Optimizer):
+        raise TypeError('mxmp.amp works with a gluon.Trainer (or mxmp.Trainer), not a bare '
+                        'Optimizer (as contrib.amp); for the Symbolic Module use mxmp.Module')
+    raise TypeError('optimizer_or_trainer must be a gluon.Trainer or mxmp.Trainer, got %s'
+                    % type(optimizer_or_trainer).__name__)
+
+
+def init_trainer(optimizer_or_trainer):
+    """Set up loss scaling on a Trainer.
+
+    Same signature as ``mxnet.contrib.amp.init_trainer``.
+
+    * ``mxmp.Trainer``: nothing to do; it scales, checks and skips by itself (its
+      ``loss_scaler`` argument chooses the scaling). Recommended: it also keeps float32 master
+      weights, which a Trainer over bfloat16 Parameters needs (``cast_optional_params=True``).
+    * ``gluon.Trainer``: a loss scaler is attached as ``trainer._amp_loss_scaler``, the
+      attribute that ``gluon.Trainer`` itself checks before every update (MXNet 1.9.1
+      ``gluon/trainer.py``, ``_update``): a step whose gradients hold inf/NaN on any device is
+      skipped and the scale backs off. No method is replaced. Scaling is dynamic for float16
+      and off for bfloat16 (the dtype recorded by :func:`init`, else the ``_mxmp_target_dtype``
+      mark that :func:`convert_hybrid_block` leaves on the Parameters, else float16).
+      If the Trainer left ``update_on_kvstore`` to MXNet, it is set to False (the update must
+      come after the check, as in mxmp.Trainer); an explicit ``update_on_kvstore=True`` is an
+      error. The optimizer must support the Parameters' dtype (MXNet's optimizers fail on
+      bfloat16 weights: use mxmp.Trainer with ``cast_optional_params=True``).
+
+    Raises:
+        TypeError: not a Trainer (a bare Optimizer is refused, as in contrib.amp).
+        ValueError: the Trainer updates on the kvstore.
+    """
+    _check_trainer(optimizer_or_trainer)
+    trainer = optimizer_or_trainer
+    if _is_mxmp_trainer(trainer):
+        return
+    config = getattr(trainer, '_kvstore_params', {})
+    if config.get('update_on_kvstore') or (trainer._kv_initialized and
+                                           trainer._update_on_kvstore):
+        raise ValueError('mxmp.amp cannot skip overflowing steps of a Trainer that updates on '
+                         'the kvstore: create it with update_on_kvstore=False')
+    if 'update_on_kvstore' in config and config['update_on_kvstore'] is None:
+        config['update_on_kvstore'] = False
+    dtype = _CONFIG.target_dtype
+    if dtype is None:
+        marks = {getattr(p, '_mxmp_target_dtype', None) for p in trainer._params}
+        dtype = 'float16' if 'float16' in marks else ('bfloat16' if 'bfloat16' in marks
+                                                       else 'float16')
+    trainer._amp_loss_scaler = _TrainerLossScaler(make_loss_scaler(None, dtype))
+    trainer._amp_original_scale = trainer._scale
+
+
+@contextlib.contextmanager
+def scale_loss(loss, optimizer_or_trainer):
+    """Context manager yielding the loss times the loss scale (``autograd.backward`` it).
+
+    Same signature and use as ``mxnet.contrib.amp.scale_loss``::
+
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+            with amp.scale_loss(loss, trainer) as scaled_loss:
+                autograd.backward(scaled_loss)
+        trainer.step(batch_size)
+
+    With a ``gluon.Trainer`` the Trainer's gradient rescale is set to divide by the scale
+    (``trainer._scale``, as contrib.amp does), so ``step`` applies unscaled gradients. With an
+    ``mxmp.Trainer`` this is ``trainer.scale_loss(loss)``.
+
+    Args:
+        loss (NDArray, or lists/tuples of NDArrays nested to any depth)
+        optimizer_or_trainer: a Trainer passed to :func:`init_trainer`.
+
+    Raises:
+        RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
+    """
+    _check_trainer(optimizer_or_trainer)
+    trainer = optimizer_or_trainer
+    if _is_mxmp_trainer(trainer):
+        with trainer.scale_loss(loss) as scaled:
+            yield scaled
+        return
+    scaler = getattr(trainer, '_amp_loss_scaler', None)
+    if not isinstance(scaler, _TrainerLossScaler):
+        raise RuntimeError('the loss scaler is not set up: call mxmp.amp.init_trainer(trainer) '
+                           'after creating the Trainer')
+    scale = scaler.loss_scale
+    trainer._scale = trainer._amp_original_scale / scale
+    if not scaler.scaler.enabled:
+        yield loss
+    else:
+        yield scale_losses(loss, scale)   # NDArray or nested lists/tuples of them
+
+
+def unscale(optimizer_or_trainer):
+    """Divide the gradients by the loss scale in place (before clipping them).
+
+    Same signature as ``mxnet.contrib.amp.unscale``. Call between ``backward`` and ``step``;
+    that step then applies the gradients as they are (``trainer._scale`` is restored to its
+    value before :func:`scale_loss`; contrib.amp sets it to 1). inf/NaN stay and the step's
+    overflow check still sees them. With an ``mxmp.Trainer`` this is ``trainer.unscale()``.
+
+    Raises:
+        TypeError: not a Trainer.
+        RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
+    """
+    _check_trainer(optimizer_or_trainer)
+    trainer = optimizer_or_trainer
+    if _is_mxmp_trainer(trainer):
+        trainer.unscale()
+        return
+    scaler = getattr(trainer, '_amp_loss_scaler', None)
+    if not isinstance(scaler, _TrainerLossScaler):
+        raise RuntimeError('the loss scaler is not set up: call mxmp.amp.init_trainer(trainer) '
+                           'after creating the Trainer')
+    factor = trainer._scale / trainer._amp_original_scale   # 1 / loss scale
+    if factor != 1.0:
+        with autograd.pause():
+            for param in trainer._params:
+                if param.grad_req != 'null' and param._grad is not None:
+                    for g in param.list_grad():
+                        g *= factor
+    trainer._scale = trainer._amp_original_scale
