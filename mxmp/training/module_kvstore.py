@@ -9,6 +9,7 @@ On a dist kvstore every worker starts from worker 0's weights.
 """
 from mxnet import nd
 
+from ..distributed.broadcast import broadcast_from_root
 from ..dtypes import is_low_precision
 from .master_weights import device_update
 
@@ -28,17 +29,12 @@ def start_kvstore(module, kv):
     for name in names:
         kv.init(name, module._arg_params[name])
     if 'dist' in kv.type:
-        # kv.init stored worker 0's float32 values; MXNet's Module without
-        # update_on_kvstore would keep each worker's own. Start every worker from
-        # worker 0's, and wait for the pulls before any gradient is pushed on the same
-        # keys (the server's value of a key becomes the gradient sum after a round).
-        pulled = {name: module._arg_params[name].copy() for name in names}
-        for name, value in pulled.items():
-            kv.pull(name, out=value)
-        for value in pulled.values():
-            value.wait_to_read()
-        module.set_params(dict(module._arg_params, **pulled), module._aux_params,
-                          force_init=True)
+        # kv.init stored worker 0's float32 values; MXNet's Module without update_on_kvstore
+        # would keep each worker's own. Every worker starts from worker 0's (the one root-rank
+        # broadcast, which waits for each pull before any gradient is pushed on its key).
+        broadcast_from_root([(name, [module._arg_params[name]]) for name in names],
+                            lambda name, wire: kv.pull(name, out=wire))
+        module.set_params(module._arg_params, module._aux_params, force_init=True)
 
 
 def reduced_updates(module):
