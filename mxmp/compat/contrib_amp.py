@@ -133,32 +133,19 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
 # ---------------------------------------------------------------------------------------------
 # Loss scaling with a gluon.Trainer
 # ---------------------------------------------------------------------------------------------
-class _TrainerLossScaler:
+class _TrainerLossScaler(Step):
     """The object :func:`init_trainer` puts in ``trainer._amp_loss_scaler``.
 
     ``gluon.Trainer._update`` (MXNet 1.9.1, ``python/mxnet/gluon/trainer.py``) reads that
     attribute and skips the update when ``has_overflow(params)`` is True; this is the hook
-    contrib.amp uses, and the only thing mxmp attaches. The decision is the training step's
-    (:class:`mxmp.training.step.Step`: its check and its end); the scale itself is an
-    immutable :class:`mxmp.LossScaler`, replaced after every check.
+    contrib.amp uses, and the only thing mxmp attaches. It is the training step
+    (:class:`mxmp.training.step.Step`: ``scaler``, ``skipped_steps``, its check and its end)
+    with gluon running the optimizer; the scale itself is an immutable
+    :class:`mxmp.LossScaler`, replaced after every check.
+
+    Args:
+        scaler (mxmp.LossScaler): the starting loss scaler.
     """
-
-    def __init__(self, scaler):
-        self._step = Step(scaler)
-
-    @property
-    def scaler(self):
-        """mxmp.LossScaler: the current loss scaler."""
-        return self._step.scaler
-
-    @scaler.setter
-    def scaler(self, value):
-        self._step.scaler = value
-
-    @property
-    def skipped_steps(self):
-        """int: steps skipped because a gradient was inf/NaN."""
-        return self._step.skipped_steps
 
     @property
     def loss_scale(self):
@@ -175,8 +162,8 @@ class _TrainerLossScaler:
             for k, grad in enumerate(param_grads([param])):
                 per_device.setdefault(k, []).append(grad)
         with autograd.pause():
-            finite = self._step.check(list(per_device.values()))
-        self._step.end(finite)
+            finite = self.check(list(per_device.values()))
+        self.end(finite)
         if not finite:
             logger.info('mxmp.amp: overflow, step skipped; loss scale now %g', self.loss_scale)
         return not finite

@@ -122,7 +122,7 @@ class DistributedTrainer(Trainer):
         super().__init__(params, optimizer, optimizer_params, kvstore=None,
                          loss_scaler=loss_scaler, target_dtype=target_dtype)
         if grad_dtype is not None:
-            name = _exchange.check_grad_dtype(grad_dtype, None, self._loss_scaler.dynamic)
+            name = _exchange.check_grad_dtype(grad_dtype, None, self._step.scaler.dynamic)
             if name == 'bfloat16':
                 raise ValueError("grad_dtype='bfloat16' is not possible with Horovod: its MXNet "
                                  "binding reduces float16/float32/float64 only ('GetDType: "

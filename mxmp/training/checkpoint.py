@@ -205,7 +205,7 @@ class StatesFileMixin:
             'params': self._param_records(),
             'optimizer': self._updaters[0].get_states(dump_optimizer=True),
             'master_weights': masters,
-            'loss_scaler': self._loss_scaler.state_dict(),
+            'loss_scaler': self._step.scaler.state_dict(),
             'skipped_steps': self._step.skipped_steps,
             'target_dtype': self._target_dtype,
         }))
@@ -252,7 +252,7 @@ class StatesFileMixin:
                     (0 not in rec['shape'] and list(arr.shape) != rec['shape']):
                 raise ValueError('%s: the master weight of Parameter %d (%s) is missing or has '
                                  'the wrong shape/dtype' % (fname, i, rec['name']))
-        scaler = self._loss_scaler.load_state_dict(scaler_state)
+        scaler = self._step.scaler.load_state_dict(scaler_state)
 
         # Validated: apply.
         self._prepare()
@@ -266,6 +266,6 @@ class StatesFileMixin:
             if rec['master']:
                 self._masters.set_pending(i, masters[i])
         self._ensure_all_masters()
-        self._loss_scaler = scaler
+        self._step.scaler = scaler
         self._step.skipped_steps = skipped
         self._step.stage = Stage.READY

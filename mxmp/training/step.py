@@ -34,7 +34,7 @@ from ..scaling.overflow import all_finite, nonfinite_names
 from ..scaling.shared import group_for
 from .master_weights import MasterWeights
 
-__all__ = ['Stage', 'Step', 'apply_update', 'param_grads']
+__all__ = ['Stage', 'Step', 'StepOwnerMixin', 'apply_update', 'param_grads']
 
 
 class Stage(enum.Enum):
@@ -237,6 +237,27 @@ class Step:
                     nd.amp_cast(master, dtype=weight.dtype, out=weight)
         self.end(True)
         return True
+
+
+class StepOwnerMixin:
+    """``loss_scaler``, ``loss_scale`` and ``skipped_steps`` of a wrapper whose :class:`Step` is
+    ``self._step`` (:class:`mxmp.Trainer`; :class:`mxmp.Module` may use it too)."""
+
+    @property
+    def loss_scaler(self):
+        """mxmp.LossScaler: the current loss scaler (a new value after every step; shared with
+        the other owners given the same scaler object, see :mod:`mxmp.scaling.shared`)."""
+        return self._step.scaler
+
+    @property
+    def loss_scale(self) -> float:
+        """float: the current loss scale ``S`` (1.0 when scaling is disabled)."""
+        return float(self._step.scaler.scale)
+
+    @property
+    def skipped_steps(self) -> int:
+        """int: number of steps skipped because a gradient was inf/NaN."""
+        return self._step.skipped_steps
 
 
 def apply_update(calls, optimizer, scaler, rescale_grad, unscaled=False, name_of=None,

@@ -1,21 +1,15 @@
 """A Gluon Trainer with loss scaling, an overflow check and float32 master weights.
 
 :class:`Trainer` is ``mxnet.gluon.Trainer`` (MXNet 1.9.1, ``python/mxnet/gluon/trainer.py``)
-plus the three pieces of mixed-precision training described by Micikevicius et al., "Mixed
-Precision Training", ICLR 2018, and NVIDIA's "Training With Mixed Precision" guide:
-
-1. **loss scaling** (:meth:`Trainer.scale_loss`, :mod:`mxmp.scaling.scalers`): the loss is
-   multiplied by the loss scale ``S`` before ``backward``; the optimizer's ``rescale_grad``
-   divides by ``S``;
-2. **overflow check**: with a dynamic scaler every reduced gradient on every device is checked
-   for inf/NaN (``mx.nd.multi_all_finite``) before the update; on overflow the update is
-   skipped entirely and the scale backs off;
-3. **float32 master weights**: for every float16 or bfloat16 Parameter the Trainer keeps a
-   float32 copy per device, the optimizer updates that copy with the float32 gradient, and the
-   low-precision Parameter is rewritten from it (``nd.amp_cast``). This works for bfloat16,
-   where MXNet's own optimizers fail ("Unknown type enum 12"), and for any optimizer.
-
-Typical loop (as with ``mxnet.contrib.amp``)::
+plus the three pieces of mixed-precision training (Micikevicius et al., "Mixed Precision
+Training", ICLR 2018; NVIDIA's "Training With Mixed Precision" guide): loss scaling
+(:mod:`mxmp.scaling.scalers`), the overflow check with skipped steps, and float32 master
+weights, which also work for bfloat16, where MXNet's optimizers fail ("Unknown type enum 12").
+It drives the one training step (:mod:`mxmp.training.step`, shared with :class:`mxmp.Module`
+and :mod:`mxmp.amp`); its kvstore glue is :mod:`mxmp.distributed.kvstore` (gradient exchange
+dtypes: :mod:`mxmp.distributed.exchange`), its states file :mod:`mxmp.training.checkpoint`,
+its master-weight API :mod:`mxmp.training.master_weights`. Typical loop (as with
+``mxnet.contrib.amp``)::
 
     trainer = mxmp.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
     with autograd.record():
@@ -24,17 +18,11 @@ Typical loop (as with ``mxnet.contrib.amp``)::
             scaled.backward()
     trainer.step(batch_size)          # returns False if the step was skipped
 
-The update itself (overflow check, master weights, the skipped or applied step) is
-:mod:`mxmp.training.step`, shared with :class:`mxmp.Module` and :mod:`mxmp.amp`; the kvstore
-glue is :mod:`mxmp.distributed.kvstore`, the states file :mod:`mxmp.training.checkpoint`.
-
 Differences from ``gluon.Trainer``: ``update_on_kvstore`` is always False (the Trainer must see
-the reduced gradients to check them before the update; gluon's default on a kvstore is True, so
-the Trainer logs that it turned it off), and ``step``/``update`` return whether the update was
-applied. With a kvstore the gradients are reduced first (every worker pulls the same sum), so
-the one overflow check that follows reaches the same answer on every worker: all workers skip
-the same steps and keep the same loss scale without exchanging a flag. The gradient exchange
-dtype (``grad_dtype``) is :mod:`mxmp.distributed.exchange`.
+the reduced gradients to check them before the update), and ``step``/``update`` return whether
+the update was applied. With a kvstore the gradients are reduced first, so the one overflow
+check that follows reaches the same answer on every worker: all workers skip the same steps
+and keep the same loss scale without exchanging a flag.
 """
 import contextlib
 
@@ -48,12 +36,12 @@ from ..dtypes import normalize_dtype
 from ..scaling.scalers import LossScaler, make_loss_scaler
 from .checkpoint import StatesFileMixin
 from .master_weights import MasterWeightsMixin, device_update
-from .step import Step, param_grads
+from .step import Step, StepOwnerMixin, param_grads
 
 __all__ = ['Trainer']
 
 
-class Trainer(KVStoreMixin, StatesFileMixin, MasterWeightsMixin, gluon.Trainer):
+class Trainer(StepOwnerMixin, KVStoreMixin, StatesFileMixin, MasterWeightsMixin, gluon.Trainer):
     """``gluon.Trainer`` with loss scaling, an overflow check and float32 master weights.
 
     Args:
@@ -141,7 +129,7 @@ class Trainer(KVStoreMixin, StatesFileMixin, MasterWeightsMixin, gluon.Trainer):
                           shared=isinstance(loss_scaler, LossScaler))
         self._asked_update_on_kvstore = update_on_kvstore
         self._grad_dtype = _exchange.check_grad_dtype(grad_dtype, kv_type,
-                                                      self._loss_scaler.dynamic)
+                                                      self._step.scaler.dynamic)
         self._exchange = _exchange.GradientExchange(len(self._params))
         self._masters = self._step.masters   # by param index (read by mxmp.block_params)
         if 'dist' in (kv_type or '') and all(p._data is not None for p in self._params):
@@ -149,37 +137,12 @@ class Trainer(KVStoreMixin, StatesFileMixin, MasterWeightsMixin, gluon.Trainer):
             self._prepare()
 
     # ------------------------------------------------------------------ properties
-    @property
-    def _loss_scaler(self):
-        # the current scaler lives in the (possibly shared) group: mxmp.scaling.shared
-        return self._step.scaler
-
-    @_loss_scaler.setter
-    def _loss_scaler(self, scaler):
-        self._step.scaler = scaler
-
-    @property
-    def loss_scaler(self) -> LossScaler:
-        """LossScaler: the current loss scaler (replaced after every step; shared with the
-        other Trainers given the same scaler object, see :mod:`mxmp.scaling.shared`)."""
-        return self._loss_scaler
-
-    @property
-    def loss_scale(self) -> float:
-        """float: the current loss scale ``S`` (1.0 when scaling is disabled)."""
-        return float(self._loss_scaler.scale)
-
-    @property
-    def skipped_steps(self) -> int:
-        """int: number of steps skipped because a gradient was inf/NaN."""
-        return self._step.skipped_steps
-
+    # loss_scaler, loss_scale, skipped_steps: StepOwnerMixin
     @property
     def target_dtype(self) -> str:
         """str: ``'float16'``, ``'bfloat16'`` or ``'float32'`` (see the class docstring)."""
         return self._target_dtype
 
-    # ------------------------------------------------------------------ helpers
     def _prepare(self):
         if not self._kv_initialized:
             self._init_kvstore()
@@ -212,7 +175,7 @@ class Trainer(KVStoreMixin, StatesFileMixin, MasterWeightsMixin, gluon.Trainer):
                 not be differentiated).
             TypeError: an element of ``loss`` is not an NDArray (the message says which).
         """
-        if self._loss_scaler.enabled and not autograd.is_recording():
+        if self._step.scaler.enabled and not autograd.is_recording():
             raise RuntimeError('scale_loss() must run inside autograd.record(): the multiply '
                                'by the loss scale has to be recorded for backward(). Put the '
                                '"with trainer.scale_loss(loss)" block inside the record scope.')
