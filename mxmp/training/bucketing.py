@@ -52,7 +52,7 @@ class BucketingModule(mx.mod.BucketingModule):
         super()._reset_bind()
         module = self._make_module(self._default_bucket_key)
         if old is not None:
-            module._state, module._rescale_grad = old._state, old._rescale_grad
+            module._step, module._rescale_grad = old._step, old._rescale_grad
         self._buckets[self._default_bucket_key] = module
 
     def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,

@@ -40,12 +40,12 @@ from ..graph.loss_heads import (LOSS_SCALE_NAME, insert_loss_scale, lp_variable_
                                 scaled_loss_ops)
 from ..policy import Policy
 from ..scaling.overflow import all_finite
-from ..scaling.scalers import LossScaler, make_loss_scaler
+from ..scaling.scalers import make_loss_scaler
 from . import module_checkpoint
 from .module_kvstore import reduced_updates, start_kvstore
 from .module_loss_scale import LossScaleInputModule
 from .module_master_weights import MasterWeightsModule
-from .step import Step
+from .step import Step, StepOwnerMixin
 
 __all__ = ['Module']
 
@@ -105,7 +105,7 @@ def _doc(func):
     return decorate
 
 
-class Module(MasterWeightsModule, LossScaleInputModule):
+class Module(StepOwnerMixin, MasterWeightsModule, LossScaleInputModule):
     """``mx.mod.Module`` training in mixed precision with dynamic loss scaling.
 
     Args:
@@ -192,10 +192,10 @@ class Module(MasterWeightsModule, LossScaleInputModule):
             # executors could not infer it.
         self._mp_symbol = mp_symbol
         self._lp_names = lp_variable_names(mp_symbol) if self._cast_params else frozenset()
-        self._state = Step(make_loss_scaler(loss_scaler, target))   # shared by buckets
+        self._step = Step(make_loss_scaler(loss_scaler, target))   # shared by buckets
         self._scale_nodes = 0
         bound = mp_symbol
-        if self._state.scaler.enabled:
+        if self._step.scaler.enabled:
             bound, self._scale_nodes = insert_loss_scale(mp_symbol, scaled_loss_ops(policy))
             if self._scale_nodes:
                 state_names = state_names + [LOSS_SCALE_NAME]
@@ -213,21 +213,6 @@ class Module(MasterWeightsModule, LossScaleInputModule):
                       doc='mxmp.Policy or None (float32): the policy of the pass.')
     cast_params = property(attrgetter('_cast_params'), doc='bool: whether low-precision '
                            'weights are stored in the target dtype.')
-
-    @property
-    def loss_scaler(self) -> LossScaler:
-        """LossScaler: the current loss scaler (a new value after every update)."""
-        return self._state.scaler
-
-    @property
-    def loss_scale(self) -> float:
-        """float: the current loss scale ``S`` (1.0 when scaling is disabled)."""
-        return float(self._state.scaler.scale)
-
-    @property
-    def skipped_steps(self) -> int:
-        """int: number of updates skipped because a gradient was inf/NaN."""
-        return self._state.skipped_steps
 
     # ------------------------------------------------------------------ Module API
     def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
@@ -250,7 +235,7 @@ class Module(MasterWeightsModule, LossScaleInputModule):
         super().bind(data_shapes, label_shapes, for_training, inputs_need_grad, force_rebind,
                      shared_module, grad_req)
         if shared_module is not None:
-            self._state = shared_module._state
+            self._step = shared_module._step
         else:
             self._params_bound(fresh)
         self._write_loss_scale(force=True)
@@ -311,7 +296,7 @@ class Module(MasterWeightsModule, LossScaleInputModule):
             raise ValueError('an mxmp.Module can borrow the optimizer only from another '
                              'mxmp.Module (got %s)' % type(shared_module).__name__)
         super().borrow_optimizer(shared_module)
-        self._state = shared_module._state
+        self._step = shared_module._step
         self._rescale_grad = shared_module._rescale_grad
 
     def update(self):
@@ -339,7 +324,7 @@ class Module(MasterWeightsModule, LossScaleInputModule):
         assert self.binded and self.params_initialized and self.optimizer_initialized
         self._params_dirty = True
         group, ndev = self._exec_group, len(self._context)
-        applied = self._state.apply(
+        applied = self._step.apply(
             reduced_updates(self), self._optimizer, self._rescale_grad,
             name_of=lambda idx: group.param_names[idx // ndev],
             forward_finite=lambda: all_finite(group.get_outputs(merge_multi_context=False)))
@@ -371,8 +356,8 @@ class Module(MasterWeightsModule, LossScaleInputModule):
         return module_checkpoint.checkpoint_callback(self, prefix, period, save_optimizer_states)
 
     def _restore_state(self, state, fname):
-        self._state.scaler, self._state.skipped_steps = module_checkpoint.restore_state(
-            self._state.scaler, state, fname)
+        self._step.scaler, self._step.skipped_steps = module_checkpoint.restore_state(
+            self._step.scaler, state, fname)
         self._write_loss_scale(force=True)
 
     @staticmethod

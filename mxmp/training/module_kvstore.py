@@ -61,7 +61,7 @@ def reduced_updates(module):
             else:
                 kv.push(name, grads, priority=-i)
                 kv.pull(name, out=grads, priority=-i)
-        masters = (module._state.masters.get(name, weights, track=False) if low
+        masters = (module._step.masters.get(name, weights, track=False) if low
                    else [None] * ndev)
         for k in range(ndev):
             per_ctx[k].append((i * ndev + k, weights[k], grads[k], masters[k]))

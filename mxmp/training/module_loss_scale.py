@@ -29,11 +29,6 @@ class LossScaleInputModule(mx.mod.Module):
     _written_scale = None   # (arrays written, value) of the last write
 
     @property
-    def loss_scaler(self):
-        """LossScaler: the current loss scaler (the subclass's)."""
-        raise NotImplementedError
-
-    @property
     def loss_scale_nodes(self) -> int:
         """int: number of loss-scale nodes in the bound graph (0 when scaling is disabled)."""
         return self._scale_nodes

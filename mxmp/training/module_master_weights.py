@@ -19,7 +19,7 @@ class MasterWeightsModule(mx.mod.Module):
     :class:`mxmp.Module`).
 
     A subclass sets ``_lp_names`` (frozenset of the parameter names stored in low precision)
-    and ``_state`` (an object whose ``masters`` attribute is the
+    and ``_step`` (a :class:`mxmp.training.step.Step`, whose ``masters`` attribute is the
     :class:`mxmp.training.master_weights.MasterWeights` by parameter name) before binding.
     """
 
@@ -44,7 +44,7 @@ class MasterWeightsModule(mx.mod.Module):
                              % (name, sorted(self._lp_names)))
         if not (self.binded and self.params_initialized):
             raise ValueError('bind and initialize the Module before asking for master weights')
-        return self._state.masters.get(name, self._device_arrays(name), track=False)
+        return self._step.masters.get(name, self._device_arrays(name), track=False)
 
     def _device_arrays(self, name):
         group = self._exec_group
@@ -54,7 +54,7 @@ class MasterWeightsModule(mx.mod.Module):
         """The device parameters were just written from ``values``: new master weights."""
         if not self._lp_names or values is None:
             return
-        masters = self._state.masters
+        masters = self._step.masters
         for name in self._lp_names:
             if name in values and name in self._exec_group.param_names:
                 masters.set_pending(name, values[name])
@@ -99,6 +99,6 @@ class MasterWeightsModule(mx.mod.Module):
         nd.waitall()
         super()._sync_params_from_devices()
         for name in self._lp_names:
-            master = self._state.masters.first_device(name)
+            master = self._step.masters.first_device(name)
             if isinstance(master, nd.NDArray):
                 master.copyto(self._arg_params[name])
