@@ -59,8 +59,8 @@ def trainer_status(trainer):
 
 
 def save_file_atomic(path, save):
-    """``save(tmp)`` then fsync and rename over ``path``: ``mxmp.update.save_atomic``."""
-    import_mxmp().update.save_atomic(path, save)
+    """``save(tmp)``, fsync, rename over ``path``: ``mxmp.training.checkpoint.save_atomic``."""
+    import_mxmp().training.checkpoint.save_atomic(path, save)
 
 
 def error_reason(err):

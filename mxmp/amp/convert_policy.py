@@ -6,7 +6,6 @@ hold only ops some list can take, and an op in no list runs in its data's dtype.
 turns those arguments into a Policy for mxmp's pass (``follow_ops``, ``conditional_fp32``,
 ``follow_params``), and casts parameter arrays to the dtypes a converted graph declares.
 """
-import json
 
 import numpy as np
 
@@ -38,7 +37,7 @@ def policy_for(dtype, lp_ops, fp32_ops, conditional, excluded_names=(), emulate=
     Raises:
         AmpListConflict: see :func:`check_lists`.
     """
-    from ..lists import classes_for
+    from ..policy.tables import classes_for
     from ..policy import Policy
     from .lists import contrib_lists
     classes = classes_for(dtype)
@@ -108,18 +107,16 @@ def cast_to_graph(sym, params):
         params (dict of str -> NDArray): arrays named as the graph's variables.
     """
     import mxnet as mx
-    from ..casts import _FLOAT_ENUM
-    from ..gluon import dtype_of
+    from ..dtypes import from_mshadow_enum, mx_dtype
+    from ..graph.symbol_json import FLOAT_DTYPES, load
     from ..layout import to_default_layout
-    enum = {v: k for k, v in _FLOAT_ENUM.items()}
-    wanted = {n['name']: enum.get(n.get('attrs', {}).get('__dtype__'))
-              for n in json.loads(sym.tojson(remove_amp_cast=False))['nodes']
-              if n['op'] == 'null'}
+    wanted = {n['name']: from_mshadow_enum(n.get('attrs', {}).get('__dtype__'))
+              for n in load(sym)['nodes'] if n['op'] == 'null'}
     out = {}
     for name, value in params.items():
         dtype = wanted.get(name)
-        if dtype is not None and np.dtype(value.dtype) != np.dtype(dtype_of(dtype)):
+        if dtype in FLOAT_DTYPES and np.dtype(value.dtype) != np.dtype(mx_dtype(dtype)):
             to_default_layout([value])   # amp_cast fails on weights oneDNN reordered in place
-            value = mx.nd.amp_cast(value, dtype=dtype_of(dtype))
+            value = mx.nd.amp_cast(value, dtype=mx_dtype(dtype))
         out[name] = value
     return out

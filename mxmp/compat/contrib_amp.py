@@ -49,6 +49,7 @@ from typing import Optional, Tuple
 from mxnet import autograd
 
 from ..dtypes import normalize_dtype
+from ..policy.policy import conditional_rules
 from ..scaling.scalers import make_loss_scaler, scale_losses
 from ..training.step import Step, param_grads
 
@@ -84,20 +85,8 @@ def _names(value, what):
 
 
 def _conditional(value):
-    if value is None:
-        return ()
-    out = []
-    for entry in value:
-        try:
-            op, attr, values = entry
-        except (TypeError, ValueError):
-            raise ValueError('conditional_fp32_ops entries are (op name, attribute name, list of '
-                             'values), e.g. ("Activation", "act_type", ["softrelu"]); got %r'
-                             % (entry,)) from None
-        if isinstance(values, str):
-            values = (values,)
-        out.append((str(op), str(attr), tuple(str(v) for v in values)))
-    return tuple(out)
+    """contrib.amp's ``conditional_fp32_ops`` as the policy's rules, in the given order."""
+    return () if value is None else conditional_rules(value, 'conditional_fp32_ops', tuple)
 
 
 def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops=None,

@@ -39,7 +39,7 @@ def output_names(sym):
 
 def strip_loss_heads(sym):
     """Replace loss-output heads (``SoftmaxOutput``, ``LinearRegressionOutput``...: the
-    LOSS_OUTPUT class of ``mxmp/lists``) by their data input.
+    LOSS_OUTPUT class of ``mxmp/policy``) by their data input.
 
     :func:`mxmp.diagnose` computes the loss itself, and the label variable of a Module's symbol
     is not a network input.
@@ -52,7 +52,7 @@ def strip_loss_heads(sym):
         if there are several).
     """
     import mxnet as mx
-    from ..lists import classes_for
+    from ..policy.tables import classes_for
     loss_ops = set(classes_for('float16')['LOSS_OUTPUT'])
     js = json.loads(sym.tojson())
     heads, changed = [], False

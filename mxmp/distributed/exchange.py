@@ -107,8 +107,7 @@ def wire_dtype(dtype, kv_type):
 
 def itemsize(dtype):
     """int: bytes per element of a dtype name (``'bfloat16'``: 2; other non-float dtypes: 4)."""
-    # mxmp.dtypes.itemsize takes dtype objects; numpy does not know the name 'bfloat16'
-    return _dtypes.itemsize(mx_dtype(dtype))
+    return _dtypes.itemsize(dtype)
 
 
 def bytes_per_step(params, dtype_of):
