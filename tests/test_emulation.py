@@ -201,7 +201,7 @@ def test_bfloat16_keeps_float32_range_but_only_8_significant_bits():
     normal = np.abs(values) >= 2.0 ** -126
     np.testing.assert_array_equal(got[normal], bf16(values)[normal])
     # float32 subnormals: the emulation's arithmetic rounding keeps them tiny instead of
-    # flushing them to zero as the cast does (mxmp/graph.py, _round_bfloat16).
+    # flushing them to zero as the cast does (mxmp/graph/convert.py, _round_bfloat16).
     assert np.all(np.abs(got[~normal]) < 2.0 ** -126)
     assert np.all(np.isfinite(got[:5])) and got[3] > 0                # float16 would give inf/0
     assert got[5] == 1.0 and got[6] == 1.0 + 2 ** -6 and got[7] == 1.0 + 2 ** -7  # ties even
@@ -219,7 +219,7 @@ def test_emulated_gradients_are_rounded_for_float16_and_exact_for_bfloat16(dtype
     r = ROUND[dtype]
     x, w = r(arrays['data']).astype(np.float64), r(arrays['fc_weight']).astype(np.float64)
     if dtype == 'bfloat16':
-        # bfloat16 emulation rounds forward values only (mxmp/graph.py, _round_bfloat16): the
+        # bfloat16 emulation rounds forward values only (mxmp/graph/convert.py, _round_bfloat16): the
         # gradients are the float32 gradients of the rounded forward computation.
         g = head.astype(np.float64)
         np.testing.assert_allclose(grads['fc_weight'], g.T @ x, rtol=1e-5, atol=1e-6)

@@ -1,7 +1,9 @@
 """Training with mixed precision: the one training step and the wrappers that drive it.
 
 The modules, one job each: ``step`` (overflow check, skip or step, master-weight write-back,
-loss-scale update; the call order as an explicit stage), ``master_weights``, ``trainer``
-(:class:`mxmp.Trainer`), ``module`` (:class:`mxmp.Module`), ``bucketing``, ``checkpoint``
-(states files, atomic writes). The public names are re-exported by :mod:`mxmp`.
+loss-scale update; the call order as an explicit stage), ``master_weights``, ``checkpoint``
+(states files, atomic writes), ``trainer`` (:class:`mxmp.Trainer`), ``module``
+(:class:`mxmp.Module`) with its parts ``module_checkpoint``, ``module_kvstore``,
+``module_loss_scale`` and ``module_master_weights``, and ``bucketing``
+(:class:`mxmp.BucketingModule`). The public names are re-exported by :mod:`mxmp`.
 """
