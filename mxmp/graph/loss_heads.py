@@ -31,7 +31,7 @@ import json
 
 import mxnet as mx
 
-from ..casts import MARK
+from .symbol_json import MARK, cast_param_names, load
 from ..dtypes import MSHADOW_ENUM
 from ..policy import LOSS_OUTPUT, Policy
 
@@ -89,7 +89,7 @@ def insert_loss_scale(sym, loss_ops=None):
         raise ValueError('the graph already holds the loss-scale input %r; pass the float32 '
                          'graph (mxmp.Module.symbol), not the bound one' % LOSS_SCALE_NAME)
     loss_ops = scaled_loss_ops(None) if loss_ops is None else frozenset(loss_ops)
-    js = json.loads(sym.tojson(remove_amp_cast=False))
+    js = load(sym)
     names = {n['name'] for n in js['nodes']}
     nodes, remap, scaled = [], {}, {}
     scale_var = []
@@ -144,6 +144,4 @@ def lp_variable_names(sym):
     """frozenset of str: the variables that ``convert_symbol(cast_params=True)`` stores in the
     target dtype (marked ``cast_param...`` by the pass); the Module keeps float32 master
     weights for them."""
-    js = json.loads(sym.tojson(remove_amp_cast=False))
-    return frozenset(n['name'] for n in js['nodes'] if n['op'] == 'null' and
-                     n.get('attrs', {}).get(MARK, '').startswith('cast_param'))
+    return cast_param_names(sym)
