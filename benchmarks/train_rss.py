@@ -46,7 +46,7 @@ def main(argv=None):
     from mxnet import autograd, gluon
     from gluoncv.model_zoo import get_model
     import mxmp
-    from mxmp.graph.stem import STEM_MARK
+    from mxmp.graph.stem import padded_convolutions
     mx.random.seed(0)
     rng = np.random.RandomState(0)
     net = get_model(args.model, pretrained=False, classes=args.classes)
@@ -89,8 +89,7 @@ def main(argv=None):
           'peak RSS %.0f MiB; %s; losses %s' % (
         args.model, args.batch_size,
         '' if args.pad_channels == 3 else ' pad_channels %d' % args.pad_channels,
-        ','.join(sorted({n['attrs'][STEM_MARK] for n in json.loads(block.mxmp_symbol.tojson())[
-            'nodes'] if STEM_MARK in n.get('attrs', {})})) or '-',
+        ','.join(padded_convolutions(block.mxmp_symbol)) or '-',
         args.cast_params, ','.join(args.fp32_ops) or '-',
         ','.join(args.excluded_names) or '-',
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,

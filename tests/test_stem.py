@@ -15,7 +15,7 @@ import pytest
 from mxnet import autograd, gluon
 
 import mxmp
-from mxmp.graph.stem import STEM_MARK, pad_stem, stem_convolutions
+from mxmp.graph.stem import STEM_MARK, pad_stem, padded_convolutions, stem_convolutions
 
 SHAPE = (4, 3, 10, 10)
 
@@ -74,8 +74,15 @@ def test_padded_graph_structure():
         ['net_conv0_fwd_stem_data', 'net_conv0_fwd_stem_weight']
     assert padded.list_arguments() == sym.list_arguments()
     assert padded.list_auxiliary_states() == sym.list_auxiliary_states()
+    # the weight variable gets its full shape (Gluon traced it as (8, 0, 3, 3)), nothing else
+    changed = [(n['name'], {k: v for k, v in n.get('attrs', {}).items()
+                            if b.get('attrs', {}).get(k) != v})
+               for n, b in zip([n for n in after if STEM_MARK not in n.get('attrs', {})], before)
+               if n.get('attrs') != b.get('attrs')]
+    assert changed == [('net_conv0_weight', {'__shape__': '(8, 3, 3, 3)'})]
+    # so the padded graph binds with the data shape alone, as mx.mod.Module binds it
     weight = dict(zip(sym.list_arguments(), sym.infer_shape(data=SHAPE)[0]))
-    args, outs, _ = padded.infer_shape(**dict(weight, data=SHAPE))
+    args, outs, _ = padded.infer_shape(data=SHAPE)
     assert dict(zip(padded.list_arguments(), args)) == weight  # (8, 3, 3, 3) stays
     assert outs == [(SHAPE[0], 5)]
 
@@ -117,8 +124,7 @@ def _converted(pad, **kwargs):
 
 
 def _stems_of(block):
-    return sorted({n['attrs'][STEM_MARK] for n in _nodes(block.mxmp_symbol)
-                   if STEM_MARK in n.get('attrs', {})})
+    return padded_convolutions(block.mxmp_symbol)
 
 
 def _train_call(block, x):
@@ -185,7 +191,12 @@ import sys, numpy as np, mxnet as mx
 block = mx.gluon.SymbolBlock.imports(sys.argv[1] + '-symbol.json', ['data'],
                                      sys.argv[1] + '-0000.params')
 x = mx.nd.array(np.load(sys.argv[2]))
-np.save(sys.argv[3], block(x).asnumpy())
+sym, args, aux = mx.model.load_checkpoint(sys.argv[1], 0)
+mod = mx.mod.Module(sym, label_names=None)
+mod.bind(data_shapes=[('data', x.shape)], for_training=False)
+mod.set_params(args, aux)
+mod.forward(mx.io.DataBatch([x]), is_train=False)
+np.save(sys.argv[3], np.stack([block(x).asnumpy(), mod.get_outputs()[0].asnumpy()]))
 '''
 
 
@@ -204,5 +215,7 @@ def test_exported_padded_block_loads_in_plain_mxnet(tmp_path):
                     str(tmp_path / 'x.npy'), str(tmp_path / 'y.npy')], check=True,
                    cwd=str(tmp_path),
                    env={k: v for k, v in os.environ.items() if k != 'PYTHONPATH'})
-    exported = np.load(str(tmp_path / 'y.npy'))
-    np.testing.assert_allclose(exported, net(mx.nd.array(x)).asnumpy(), rtol=1e-5, atol=1e-5)
+    imported, bound = np.load(str(tmp_path / 'y.npy'))  # SymbolBlock.imports, Module
+    ref = net(mx.nd.array(x)).asnumpy()
+    np.testing.assert_allclose(imported, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(bound, ref, rtol=1e-5, atol=1e-5)

@@ -17,7 +17,8 @@ after mxmp's casts), so in a converted bfloat16 graph they run in bfloat16.
 """
 from ..casts import MARK, ROUND_MARK, _dump, _load
 
-__all__ = ['STEM_MARK', 'pad_stem', 'stem_convolutions', 'pad_converted_stem']
+__all__ = ['STEM_MARK', 'pad_stem', 'stem_convolutions', 'padded_convolutions',
+           'pad_converted_stem']
 
 #: Attribute key of the nodes :func:`pad_stem` adds (value: the padded convolution's name).
 STEM_MARK = '__mxmp_stem__'
@@ -78,8 +79,10 @@ def pad_stem(sym, input_shapes):
     Six nodes are added per padded convolution ``conv``, each with attribute
     :data:`STEM_MARK` = ``conv``: ``conv_stem_data_slice`` (``slice_axis``),
     ``conv_stem_data_zeros`` (``zeros_like``), ``conv_stem_data`` (``Concat``, ``dim=1``), and
-    the same three named ``conv_stem_weight*`` for the weight. Nothing else changes: no new
-    variable, so the parameters (and their shapes) are those of ``sym``.
+    the same three named ``conv_stem_weight*`` for the weight. The weight must be a variable
+    (through mxmp's casts) whose shape MXNet infers from ``input_shapes``; its shape is written
+    into it (``__shape__``), as the padded graph no longer lets MXNet infer it. Nothing else
+    changes: no new variable, so the parameters (and their shapes) are those of ``sym``.
 
     Args:
         sym (mxnet.symbol.Symbol): any graph (float32 or converted by mxmp).
@@ -96,6 +99,19 @@ def pad_stem(sym, input_shapes):
     stems = {nid for nid, _, _, _ in _stems(nodes, input_shapes)}
     if not stems:
         return sym
+    # The padded graph hides the weight's channel count behind the Concat (MXNet cannot infer
+    # it back through slice_axis): write the weight's shape into its variable (``__shape__``,
+    # as Gluon does), so that the graph binds with the data shapes alone (mx.mod.Module).
+    names = sym.list_arguments()
+    known = sym.infer_shape_partial(**{k: v for k, v in input_shapes.items() if k in names})[0]
+    known = dict(zip(names, known))
+    for nid in sorted(stems):
+        weight = _source(nodes, nodes[nid]['inputs'][1])
+        shape = known.get(weight['name']) if weight['op'] == 'null' else None
+        if not shape or 0 in shape:
+            stems.discard(nid)  # no variable of known shape: leave this convolution alone
+            continue
+        weight['attrs'] = dict(weight.get('attrs', {}), __shape__=str(tuple(shape)))
     new_nodes, new_id = [], {}
 
     def remap(entry):
@@ -125,22 +141,27 @@ def pad_stem(sym, input_shapes):
     return _dump(js)
 
 
+def padded_convolutions(sym):
+    """Names of the convolutions :func:`pad_stem` padded in ``sym`` (sorted; empty if none)."""
+    return sorted({n['attrs'][STEM_MARK] for n in _load(sym)['nodes']
+                   if STEM_MARK in n.get('attrs', {})})
+
+
 def pad_converted_stem(block, args):
     """At a converted block's first call, pad its stem if its ``pad_stem`` option asks for it.
 
     The channel count is known only then (a Gluon block's data shape is not known when it is
     converted). ``pad_stem='auto'`` pads where it was measured faster: bfloat16 run by the
     real kernels (not emulated, :func:`mxmp.lp_kernels_available` on the call's context);
-    ``True`` pads always; ``False`` never. The deferred parameter shapes are inferred from the
-    unpadded graph first and deferred parameters initialized (the padded graph hides the weight's
-    channel count behind the Concat, so MXNet could not infer it).
+    ``True`` pads always; ``False`` never. Deferred parameter shapes are then inferred by MXNet
+    from the padded graph (the weight's ``__shape__``).
 
     Args:
         block (mxmp.gluon.ConvertedBlock): the block; its ``_cached_graph`` is replaced.
         args (tuple of NDArray): the call's inputs, in ``data_names`` order.
 
     Returns:
-        list of str: the names of the padded convolutions (empty: the graph is unchanged).
+        list of str: :func:`padded_convolutions` of the block's graph.
     """
     from ..device import lp_kernels_available
     option, policy = block._mxmp_pad_stem, block.mxmp_policy
@@ -149,12 +170,8 @@ def pad_converted_stem(block, args):
             lp_kernels_available('bfloat16', args[0].context)
     syms, out = block._cached_graph
     shapes = {s.name: a.shape for s, a in zip(syms, args) if hasattr(a, 'shape')}
-    stems = stem_convolutions(out, shapes) if option else []
-    if stems:
-        block.infer_shape(*args)
-        for param in block.collect_params().values():
-            if param._deferred_init:  # as the first forward would (MXNet's own hook)
-                param._finish_deferred_init()
-        block._cached_graph = syms, pad_stem(out, shapes)
+    padded = pad_stem(out, shapes) if option else out
+    if padded is not out:
+        block._cached_graph = syms, padded
         block._clear_cached_op()
-    return [name for name, _, _ in stems]
+    return padded_convolutions(padded)
