@@ -85,16 +85,17 @@ def main(argv=None):
         seconds.append(time.perf_counter() - start)
     mx.nd.waitall()
     timed = seconds[2:]
-    print('%s batch %d%s pad_stem %s cast_params %s fp32_ops %s excluded_names %s: '
-          'peak RSS %.0f MiB; %s; losses %s' % (
+    print('%s batch %d%s cast_params %s fp32_ops %s excluded_names %s: peak RSS %.0f MiB; %s; '
+          'stem padded in the graph: %s; losses %s' % (
         args.model, args.batch_size,
         '' if args.pad_channels == 3 else ' pad_channels %d' % args.pad_channels,
-        ','.join(padded_convolutions(block.mxmp_symbol)) or '-',
         args.cast_params, ','.join(args.fp32_ops) or '-',
         ','.join(args.excluded_names) or '-',
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         '%.2f img/s (median of %d steps)' % (args.batch_size / np.median(timed), len(timed))
-        if timed else 'no timed steps (--steps > 2)', ', '.join('%.4f' % v for v in losses)))
+        if timed else 'no timed steps (--steps > 2)',
+        ','.join(padded_convolutions(block.mxmp_symbol)) or '-',
+        ', '.join('%.4f' % v for v in losses)))
     return 0
 
 
