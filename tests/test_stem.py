@@ -99,6 +99,10 @@ def test_only_odd_nchw_input_stems_are_padded():
     assert stem_convolutions(grouped, {'data': SHAPE}) == []
     inner = mx.sym.Convolution(mx.sym.relu(data), kernel=(3, 3), num_filter=8, name='i')
     assert stem_convolutions(inner, {'data': SHAPE}) == []
+    computed = mx.sym.Convolution(data, mx.sym.var('w') * 2, kernel=(3, 3), num_filter=8,
+                                  no_bias=True, name='w2')  # a weight that is no variable
+    assert stem_convolutions(computed, {'data': SHAPE}) == [('w2', 'data', 3)]
+    assert pad_stem(computed, {'data': SHAPE}) is computed
     with pytest.raises(TypeError, match='Symbol'):
         pad_stem(net, {'data': SHAPE})
 

@@ -13,7 +13,10 @@ weight ``Concat(weight, zeros_like(slice_axis(weight, 1, 0, 1)))`` (a zero colum
 is plain MXNet (``Concat``, ``slice_axis``, ``zeros_like``). The gradient of the weight's real
 columns is the same sum as before (the zero channel adds zero terms); the zero column's gradient
 is dropped by ``Concat``'s backward. The added nodes take the dtype of what they pad (they go
-after mxmp's casts), so in a converted bfloat16 graph they run in bfloat16.
+after mxmp's casts), so in a converted bfloat16 graph they run in bfloat16. The weight variable
+gets its full shape (``__shape__``): MXNet cannot infer it back through the ``Concat``, and
+``mx.mod.Module`` binds a graph with the data shapes alone. :func:`mxmp.convert` applies it at a
+converted block's first call (``pad_stem``, :func:`pad_converted_stem`).
 """
 from ..casts import MARK, ROUND_MARK, _dump, _load
 
@@ -112,6 +115,8 @@ def pad_stem(sym, input_shapes):
             stems.discard(nid)  # no variable of known shape: leave this convolution alone
             continue
         weight['attrs'] = dict(weight.get('attrs', {}), __shape__=str(tuple(shape)))
+    if not stems:
+        return sym
     new_nodes, new_id = [], {}
 
     def remap(entry):
