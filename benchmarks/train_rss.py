@@ -7,7 +7,9 @@ policy; ``--excluded-names``: nodes kept in float32, e.g. the stem convolution
 ``resnetv10_conv0_fwd``; ``--pad-channels 4``: the same model with an even number of stem input
 channels, its images zero-padded from 3 to 4 channels and its stem weight with a zero column:
 oneDNN has a blocked-layout bfloat16 kernel for the stem then; the peak RSS of such a run also
-holds the unpadded copy the weights come from, about 170 MiB for resnet18_v1), runs ``--steps``
+holds the unpadded copy the weights come from, about 170 MiB for resnet18_v1; ``--pad-stem``:
+``mxmp.convert``'s ``pad_stem``, the same padding inside the converted graph, ``off`` for the
+unpadded graph; the line names the padded convolutions), runs ``--steps``
 SGD-with-momentum steps with :class:`mxmp.Trainer` on one random batch, and prints the
 process's peak RSS (``ru_maxrss``, MiB), the median time of the steps after the first two
 (images/s) and the losses. Set environment variables (e.g. ``MXNET_MKLDNN_CACHE_NUM``) on the
@@ -32,6 +34,9 @@ def main(argv=None):
     p.add_argument('--pad-channels', type=int, default=3,
                    help='zero-pad the 3-channel images and the stem weight to this many input '
                         'channels (the same function; default 3: no padding)')
+    p.add_argument('--pad-stem', choices=('auto', 'on', 'off'), default='auto',
+                   help="mxmp.convert's pad_stem: the stem zero-padded to an even channel count "
+                        "in the graph ('auto', default: for bfloat16 with the real kernels)")
     p.add_argument('--cast-params', action='store_true')
     p.add_argument('--fp32-ops', nargs='*', default=(), help='ops the policy keeps in float32')
     p.add_argument('--excluded-names', nargs='*', default=(),
@@ -41,6 +46,7 @@ def main(argv=None):
     from mxnet import autograd, gluon
     from gluoncv.model_zoo import get_model
     import mxmp
+    from mxmp.graph.stem import padded_convolutions
     mx.random.seed(0)
     rng = np.random.RandomState(0)
     net = get_model(args.model, pretrained=False, classes=args.classes)
@@ -56,7 +62,8 @@ def main(argv=None):
     policy = mxmp.Policy('bfloat16', emulate=not mxmp.lp_kernels_available('bfloat16'),
                          fp32_ops=tuple(args.fp32_ops),
                          excluded_names=tuple(args.excluded_names))
-    block = mxmp.convert(net, cast_params=args.cast_params, policy=policy)
+    block = mxmp.convert(net, cast_params=args.cast_params, policy=policy,
+                         pad_stem={'on': True, 'off': False}.get(args.pad_stem, 'auto'))
     nodes = {n['name'] for n in json.loads(block.mxmp_symbol.tojson())['nodes']}
     unknown = sorted(set(args.excluded_names) - nodes)
     if unknown:  # a misspelt name would silently measure the unchanged graph
@@ -79,14 +86,16 @@ def main(argv=None):
     mx.nd.waitall()
     timed = seconds[2:]
     print('%s batch %d%s cast_params %s fp32_ops %s excluded_names %s: peak RSS %.0f MiB; %s; '
-          'losses %s' % (
+          'stem padded in the graph: %s; losses %s' % (
         args.model, args.batch_size,
         '' if args.pad_channels == 3 else ' pad_channels %d' % args.pad_channels,
         args.cast_params, ','.join(args.fp32_ops) or '-',
         ','.join(args.excluded_names) or '-',
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         '%.2f img/s (median of %d steps)' % (args.batch_size / np.median(timed), len(timed))
-        if timed else 'no timed steps (--steps > 2)', ', '.join('%.4f' % v for v in losses)))
+        if timed else 'no timed steps (--steps > 2)',
+        ','.join(padded_convolutions(block.mxmp_symbol)) or '-',
+        ', '.join('%.4f' % v for v in losses)))
     return 0
 
 

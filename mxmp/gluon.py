@@ -22,6 +22,7 @@ from .device import lp_kernels_available
 from .layout import to_default_layout
 from .fusion import FusedInference, parameters_changed
 from .policy import Policy
+from .graph.stem import pad_converted_stem
 
 __all__ = ['convert', 'ConvertedBlock', 'dtype_of']
 
@@ -48,6 +49,7 @@ class ConvertedBlock(gluon.SymbolBlock):
     _mxmp_grouped_cast_weights = ()
     mxmp_fuse_inference = False
     _mxmp_fused = None
+    _mxmp_pad_stem = False  # pad_stem option, until the first call (mxmp.graph.stem)
 
     def forward(self, x, *args):  # pylint: disable=arguments-differ
         if isinstance(x, mx.nd.NDArray) and not self.mxmp_policy.emulate and \
@@ -58,6 +60,9 @@ class ConvertedBlock(gluon.SymbolBlock):
                 'GEMM). Convert with mxmp.convert(block, %r, emulate=True) to run the same '
                 'numerics with float32 kernels.' % (x.ctx, self.mxmp_policy.target_dtype,
                                                     self.mxmp_policy.target_dtype))
+        if isinstance(x, mx.nd.NDArray) and self._mxmp_pad_stem is not False:
+            pad_converted_stem(self, (x,) + args)  # pad_stem: needs the first call's shapes
+            self._mxmp_pad_stem = False
         if isinstance(x, mx.nd.NDArray):
             # A float32 inference forward of the source block (which shares these Parameters)
             # may have left a weight in oneDNN's blocked layout, where the graph's amp_cast
@@ -187,7 +192,7 @@ def _trace(block, data_names, data_dtypes):
 
 
 def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, policy=None,
-            data_names=('data',), data_dtypes=None, fuse_inference='auto'):
+            data_names=('data',), data_dtypes=None, fuse_inference='auto', pad_stem='auto'):
     """Return a mixed-precision version of ``block`` that shares its parameters.
 
     Args:
@@ -222,6 +227,14 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
             to emulation. If MXNet refuses to fuse a graph, or an output of the graph also feeds
             another node (MXNet's fusion can return a wrong value there), a warning is logged
             and the unfused graph runs. See :mod:`mxmp.fusion`.
+        pad_stem ('auto', True or False): at the first call, feed a Convolution whose data is
+            an input with an odd channel count (the 3-channel stem of an image network, NCHW)
+            one zero channel more, its weight a zero column (``Concat`` in the graph: the same
+            function, the ``Parameter`` keeps its shape, checkpoints and exports load as
+            before). oneDNN then runs its blocked bfloat16 kernels on the stem and its
+            BatchNorm (measured faster: docs/benchmark.md). ``'auto'`` (default): for
+            bfloat16 where the real kernels run (not emulated); ``True``: always; ``False``:
+            never. See :mod:`mxmp.graph.stem`.
 
     Returns:
         ConvertedBlock: call it with float32 NDArrays (shape as for ``block``); it returns
@@ -234,11 +247,15 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
 
     Raises:
         TypeError: ``block`` is not a HybridBlock or cannot be traced (the message names the fix).
-        ValueError: unknown dtype; ``block`` is already a converted block; bad ``fuse_inference``.
+        ValueError: unknown dtype; ``block`` is already a converted block; bad
+            ``fuse_inference`` or ``pad_stem``.
     """
     if fuse_inference not in ('auto', True, False):
         raise ValueError("fuse_inference=%r: use 'auto' (fused where the real low-precision "
                          "kernels run), True (always on CPU) or False (never)" % (fuse_inference,))
+    if pad_stem not in ('auto', True, False):
+        raise ValueError("pad_stem=%r: use 'auto' (for bfloat16 where the real kernels run), "
+                         "True (always) or False (never)" % (pad_stem,))
     if getattr(block, 'mxmp_policy', None) is not None:
         raise ValueError(
             'this block was already converted by mxmp (target dtype %s); converting twice would '
@@ -275,6 +292,7 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
     out.mxmp_source = block
     out._mxmp_grouped_cast_weights = [p for n, p in params.items() if n in grouped_cast]
     out.mxmp_fuse_inference = fuse_inference
+    out._mxmp_pad_stem = pad_stem
     precast = None
     if not cast_params and not policy.emulate:
         def precast():  # the fused graph takes target-dtype weights (see mxmp.fusion)

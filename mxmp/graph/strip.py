@@ -7,8 +7,8 @@ graph holds (who wrote each: :func:`mxmp.graph.symbol_json.cast_origin`). The pa
 graph again.
 """
 from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum
-from .symbol_json import (CAST_OPS, MARK, PINNED, ROUND_MARK, cast_origin, cast_param_original,
-                          dump, is_cast_param, load)
+from .symbol_json import (CAST_OPS, MARK, PINNED, ROUND_MARK, STEM_MARK, STEM_SHAPE,
+                          cast_origin, cast_param_original, dump, is_cast_param, load)
 
 __all__ = ['remove_casts', 'converted_dtype', 'count_casts', 'cast_origins', 'strip',
            'previous_conversion']
@@ -27,8 +27,8 @@ def _without_dtype(node, attrs, original=''):
 
 def strip(js, unpin=False):
     """Remove the mixed-precision casts (mxmp's and contrib.amp's, see
-    :func:`~mxmp.graph.symbol_json.cast_origin`), mxmp's bfloat16 rounding nodes and mxmp's
-    parameter dtypes (pure, on graph JSON; returns a new dict). Model casts stay. ``unpin``: in
+    :func:`~mxmp.graph.symbol_json.cast_origin`), mxmp's bfloat16 rounding nodes, mxmp's stem
+    padding (:mod:`mxmp.graph.stem`) and mxmp's parameter dtypes (pure, on graph JSON; returns a new dict). Model casts stay. ``unpin``: in
     a graph that holds contrib.amp casts, variables that contrib.amp stored in a low-precision
     dtype (``cast_optional_params=True``) become float32 too."""
     nodes = js['nodes']
@@ -36,7 +36,12 @@ def strip(js, unpin=False):
     resolve = {}  # (old nid, out idx) -> (old nid, out idx) of a kept node
     keep = []
     for nid, node in enumerate(nodes):
-        if cast_origin(node) in ('mxmp', 'contrib.amp'):
+        if node['op'] != 'null' and STEM_MARK in node.get('attrs', {}):
+            # the stem padding (mxmp.graph.stem): its Concat stands for the unpadded tensor
+            if node['op'] == 'Concat':
+                src, idx, _ = node['inputs'][0]
+                resolve[(nid, 0)] = resolve.get((src, idx), (src, idx))
+        elif cast_origin(node) in ('mxmp', 'contrib.amp'):
             # A rounding node stands for its first input (the chain leads back to the tensor).
             for k, (src, idx, _) in enumerate(node['inputs']):
                 if node['op'] == 'amp_multicast' or k == 0:
@@ -54,6 +59,14 @@ def strip(js, unpin=False):
         node = dict(nodes[old])
         node['inputs'] = [remap(e) for e in node['inputs']]
         attrs = node.get('attrs')
+        if attrs and attrs.get(STEM_MARK, '').startswith(STEM_SHAPE):
+            original = attrs[STEM_MARK][len(STEM_SHAPE):]
+            attrs = {k: v for k, v in attrs.items() if k not in (STEM_MARK, '__shape__')}
+            if original:
+                attrs['__shape__'] = original
+            node['attrs'] = attrs
+            if not attrs:
+                node.pop('attrs')
         if node['op'] == 'null' and attrs and attrs.get(MARK) == PINNED:
             _without_dtype(node, attrs)
         elif attrs and is_cast_param(node):

@@ -26,6 +26,13 @@ ROUND_MARK = '__mxmp_round__'
 PINNED = 'pinned'
 #: MARK value (a prefix) of a variable stored in the target dtype by ``cast_params=True``.
 _CAST_PARAM = 'cast_param'
+#: Attribute key of the nodes :func:`mxmp.graph.stem.pad_stem` adds (value: the padded
+#: convolution's name), and of a weight variable whose ``__shape__`` it wrote (value
+#: ``'shape:'`` + the ``__shape__`` it had before, empty if none).
+STEM_MARK = '__mxmp_stem__'
+#: STEM_MARK value prefix of a variable whose ``__shape__`` :func:`mxmp.graph.stem.pad_stem`
+#: wrote.
+STEM_SHAPE = 'shape:'
 #: MXNet's mixed-precision cast operators.
 CAST_OPS = ('amp_cast', 'amp_multicast')
 #: The float dtypes a variable can be pinned to.
