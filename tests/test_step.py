@@ -1,4 +1,4 @@
-"""The one training step (mxmp.training.step) and the pieces laid out around it (issue 13)."""
+"""The one training step (mxmp.training.step) and the pieces laid out around it ."""
 import pathlib
 import re
 

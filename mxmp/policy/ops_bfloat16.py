@@ -37,8 +37,8 @@ Where the facts come from:
   gather_nd in no-kernel, each with its measured figures. The same run with
   DNNL_MAX_CPU_ISA=AVX2 (generic kernels, oneDNN ops emulated) caught the same ops: these
   faults reproduce on AVX2 CPUs too (Deconvolution with cast inputs crashes there before oneDNN
-  reports its missing kernel). docs/conformance.md has both tables. The ops issue 11 measured
-  correct on the same CPU at the same sizes (forward <= 0.0032, backward <= 0.005) agree:
+  reports its missing kernel). docs/conformance.md has both tables. The ops `mxmp check-kernels`
+  measured correct on the same CPU at the same sizes (forward <= 0.0032, backward <= 0.005) agree:
   SwapAxis, Reshape, Flatten, expand_dims, SliceChannel, slice, slice_axis, Concat, stack,
   add_n, elemwise_add/mul, broadcast_add, _mul_scalar, _plus_scalar (FLOAT32 nevertheless, see
   absorb), _div_scalar, relu, Activation (relu/sigmoid/tanh), sigmoid, tanh, LeakyReLU (leaky,
@@ -66,9 +66,9 @@ Where the facts come from:
 #       corruption (out)", "corrupted double-linked list", "corrupted size vs. prev_size" (or hang
 #       in the corrupted allocator) when the data arrives in bfloat16, and give relative errors of
 #       1.3-1.6 when the pass casts float32 data (a transformer block that splits heads with
-#       transpose gave 0.53 against float32, issue 11). Deconvolution (kernel 2x2, stride 2, 16
+#       transpose gave 0.53 against float32). Deconvolution (kernel 2x2, stride 2, 16
 #       filters on (4, 32, 16, 16)) forward then backward dies with SIGSEGV ("Segmentation fault:
-#       11") or hangs, in both cases, in every run; issue 11 also saw "vector::reserve"; called
+#       11") or hangs, in both cases, in every run; one run also died with "vector::reserve"; called
 #       directly on bfloat16 arrays it ran, in a converted graph it does not. The fault is not
 #       bfloat16's: a float32 Deconvolution whose weight is computed by another node (`w * 1.0`, or
 #       `amp_cast(w, dtype='float32')`, which is what the pass inserts) segfaults in training too, 3
