@@ -28,9 +28,8 @@ Error measure (per output or gradient, the worst one reported): ``max|y - y32| /
 (``max|y|`` when the reference is all zero). Tolerances come from the dtype's machine epsilon
 ``eps`` (bfloat16 2^-7, float16 2^-10): forward ``eps`` (two unit roundoffs: the rounding of
 the output and one of the op's own arithmetic), backward ``2 * eps`` (the head gradient is
-rounded as well). On real avx512_bf16 kernels (AMD EPYC Zen 4, ``mxmp check-kernels``) the correct ops measured
-forward <= 0.0032
-and backward <= 0.005 against these 0.0078 and 0.0156.
+rounded as well). On real avx512_bf16 kernels (AMD EPYC Zen 4, ``mxmp check-kernels``) the
+correct ops measured forward <= 0.0032 and backward <= 0.005 against these 0.0078 and 0.0156.
 
 Modules: :mod:`.check` (:func:`check_kernels`, the command), :mod:`.cases` (the one-op graphs),
 :mod:`.run` (the zygote and the forked child that measures); the report they write,
