@@ -22,7 +22,7 @@ from .device import lp_kernels_available
 from .layout import to_default_layout
 from .fusion import FusedInference, parameters_changed
 from .policy import Policy
-from .graph.stem import pad_converted_stem
+from .graph.stem import check_option as check_pad_stem, pad_converted_stem
 
 __all__ = ['convert', 'ConvertedBlock', 'dtype_of']
 
@@ -253,9 +253,7 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
     if fuse_inference not in ('auto', True, False):
         raise ValueError("fuse_inference=%r: use 'auto' (fused where the real low-precision "
                          "kernels run), True (always on CPU) or False (never)" % (fuse_inference,))
-    if pad_stem not in ('auto', True, False):
-        raise ValueError("pad_stem=%r: use 'auto' (for bfloat16 where the real kernels run), "
-                         "True (always) or False (never)" % (pad_stem,))
+    check_pad_stem(pad_stem)
     if getattr(block, 'mxmp_policy', None) is not None:
         raise ValueError(
             'this block was already converted by mxmp (target dtype %s); converting twice would '

@@ -239,3 +239,38 @@ def test_remove_casts_gives_back_the_unpadded_float32_graph_exactly():
         again = mxmp.convert_symbol(padded, 'bfloat16', cast_params=cast_params)
         assert padded_convolutions(again) == [] and again.tojson() == converted.tojson()
 
+
+
+def _module(sym, pad, emulate=True):
+    label = mx.sym.var('softmax_label')
+    mod = mxmp.Module(mx.sym.SoftmaxOutput(sym, label, name='softmax'), target_dtype='bfloat16',
+                      emulate=emulate, pad_stem=pad)
+    mod.bind(data_shapes=[('data', SHAPE)], label_shapes=[('softmax_label', (SHAPE[0],))])
+    return mod
+
+
+@pytest.mark.parametrize('pad', [True, 'auto', False])
+def test_module_pads_at_bind_as_convert_does(pad):
+    net = _net()
+    sym = net(mx.sym.var('data'))
+    args = {k: v.data() for k, v in net.collect_params().items()
+            if not k.endswith(('running_mean', 'running_var'))}
+    aux = {k: v.data() for k, v in net.collect_params().items()
+           if k.endswith(('running_mean', 'running_var'))}
+    emulate = not mxmp.lp_kernels_available('bfloat16')
+    outs = {}
+    for option in (pad, False):
+        mod = _module(sym, option, emulate)
+        mod.set_params(args, aux)
+        x = mx.nd.array(np.random.RandomState(0).uniform(-1, 1, SHAPE))
+        mod.forward(mx.io.DataBatch([x], [mx.nd.zeros((SHAPE[0],))]), is_train=False)
+        outs[option] = mod.get_outputs()[0].asnumpy()
+        wanted = option is True or (option == 'auto' and not emulate)
+        assert padded_convolutions(mod.mxmp_symbol) == (['net_conv0_fwd'] if wanted else [])
+        assert padded_convolutions(mxmp.remove_casts(mod.mxmp_symbol)) == []
+    # the same function: float32 kernels (emulation) agree to float32 rounding; real bfloat16
+    # kernels run another stem kernel, bfloat16 rounding apart (probabilities, |p| <= 1)
+    np.testing.assert_allclose(outs[pad], outs[False], rtol=0,
+                               atol=1e-6 if emulate else 2 ** -7)
+    with pytest.raises(ValueError, match='pad_stem'):
+        mxmp.Module(sym, pad_stem='yes')

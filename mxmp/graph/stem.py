@@ -22,7 +22,7 @@ from .symbol_json import MARK, ROUND_MARK, STEM_MARK, STEM_SHAPE
 from .symbol_json import dump as _dump, load as _load
 
 __all__ = ['STEM_MARK', 'pad_stem', 'stem_convolutions', 'padded_convolutions',
-           'pad_converted_stem']
+           'check_option', 'wants_padding', 'pad_converted_stem']
 
 
 
@@ -154,6 +154,30 @@ def padded_convolutions(sym):
                    if n['op'] != 'null' and STEM_MARK in n.get('attrs', {})})
 
 
+def check_option(option):
+    """Return ``option`` if it is a valid ``pad_stem`` value ('auto', True, False).
+
+    Raises:
+        ValueError: any other value; the message lists the valid ones.
+    """
+    if option not in ('auto', True, False):
+        raise ValueError("pad_stem=%r: use 'auto' (for bfloat16 where the real kernels run), "
+                         "True (always) or False (never)" % (option,))
+    return option
+
+
+def wants_padding(option, policy, ctx):
+    """bool: whether ``pad_stem=option`` pads a graph converted with ``policy`` that runs on
+    ``ctx`` (mx.Context). ``'auto'``: bfloat16 run by the real kernels (not emulated,
+    :func:`mxmp.lp_kernels_available`), where it was measured faster; ``True``: always (a graph
+    without a policy too); ``False``: never."""
+    if option == 'auto':
+        from ..device import lp_kernels_available
+        return policy is not None and policy.target_dtype == 'bfloat16' and \
+            not policy.emulate and lp_kernels_available('bfloat16', ctx)
+    return bool(option)
+
+
 def pad_converted_stem(block, args):
     """At a converted block's first call, pad its stem if its ``pad_stem`` option asks for it.
 
@@ -170,14 +194,10 @@ def pad_converted_stem(block, args):
     Returns:
         list of str: :func:`padded_convolutions` of the block's graph.
     """
-    from ..device import lp_kernels_available
-    option, policy = block._mxmp_pad_stem, block.mxmp_policy
-    if option == 'auto':
-        option = policy.target_dtype == 'bfloat16' and not policy.emulate and \
-            lp_kernels_available('bfloat16', args[0].context)
     syms, out = block._cached_graph
     shapes = {s.name: a.shape for s, a in zip(syms, args) if hasattr(a, 'shape')}
-    padded = pad_stem(out, shapes) if option else out
+    padded = pad_stem(out, shapes) if wants_padding(block._mxmp_pad_stem, block.mxmp_policy,
+                                                    args[0].context) else out
     if padded is not out:
         block._cached_graph = syms, padded
         block._clear_cached_op()

@@ -36,6 +36,7 @@ import mxnet as mx
 from ..device import lp_kernels_available
 from ..dtypes import normalize_dtype
 from ..graph import convert_symbol, remove_casts
+from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.loss_heads import (LOSS_SCALE_NAME, insert_loss_scale, lp_variable_names,
                                 scaled_loss_ops)
 from ..policy import Policy
@@ -131,12 +132,17 @@ class Module(StepOwnerMixin, MasterWeightsModule, LossScaleInputModule):
             False.
         policy (mxmp.Policy or None): op classes and overrides; default
             ``Policy(target_dtype, emulate=emulate)``.
+        pad_stem ('auto', True or False): at :meth:`bind`, when the data shapes are known,
+            feed a Convolution whose data is an input with an odd channel count (an image
+            network's 3-channel stem) a zero channel more and its weight a zero column, in the
+            graph (the same function and parameters; :mod:`mxmp.graph.stem`). Default
+            ``'auto'``: for bfloat16 where the real kernels run, as :func:`mxmp.convert`.
         state_names, logger, context, work_load_list, fixed_param_names, group2ctxs,
             compression_params: as for ``mx.mod.Module`` (keyword-only here).
 
     Raises:
-        ValueError: unknown ``target_dtype`` or ``loss_scaler``; a symbol that already holds
-            the loss-scale input.
+        ValueError: unknown ``target_dtype``, ``loss_scaler`` or ``pad_stem``; a symbol that
+            already holds the loss-scale input.
         RuntimeError: a context has no kernels for the target dtype and ``emulate`` is False
             (the message names the fix).
 
@@ -165,7 +171,8 @@ class Module(StepOwnerMixin, MasterWeightsModule, LossScaleInputModule):
 
     def __init__(self, symbol, data_names=('data',), label_names=('softmax_label',), *,
                  target_dtype='bfloat16', loss_scaler=None, cast_params=False, emulate=False,
-                 policy=None, state_names=None, logger=logging, context=None, **module_kwargs):
+                 policy=None, pad_stem='auto', state_names=None, logger=logging, context=None,
+                 **module_kwargs):
         if not isinstance(symbol, mx.sym.Symbol):
             raise TypeError('mxmp.Module needs an mx.sym.Symbol, got %s; for a Gluon block use '
                             'mxmp.convert(block) and mxmp.Trainer' % type(symbol).__name__)
@@ -173,6 +180,7 @@ class Module(StepOwnerMixin, MasterWeightsModule, LossScaleInputModule):
             raise ValueError('the symbol already holds the loss-scale input %r: pass the '
                              'float32 graph (module.symbol), not module.mxmp_symbol'
                              % LOSS_SCALE_NAME)
+        self._pad_stem = check_pad_stem(pad_stem)
         context = mx.cpu() if context is None else context
         target, policy = _resolve_policy(target_dtype, policy, emulate, context)
         self._target_dtype = target
@@ -232,6 +240,9 @@ class Module(StepOwnerMixin, MasterWeightsModule, LossScaleInputModule):
             raise ValueError('an mxmp.Module can share memory only with another mxmp.Module '
                              '(got %s)' % type(shared_module).__name__)
         fresh = self._arg_params is None
+        ctx = self._context[0] if isinstance(self._context, (list, tuple)) else self._context
+        if wants_padding(self._pad_stem, self._policy, ctx):
+            self._symbol = pad_stem(self._symbol, {d[0]: tuple(d[1]) for d in data_shapes})
         super().bind(data_shapes, label_shapes, for_training, inputs_need_grad, force_rebind,
                      shared_module, grad_req)
         if shared_module is not None:

@@ -215,10 +215,13 @@ def test_real_fashion_mnist_float32_and_emulated_bfloat16_reach_similar_accuracy
     assert fp32['final_val_top1'] > 0.70
     assert bf16['final_val_top1'] > 0.70
     # Same seed, same batches: the difference is the precision plus the chaotic divergence of
-    # two trajectories. Measured on all 10,000 test images, seeds 1/2/3: float32 74.12/74.95/
-    # 74.50, bfloat16 75.80/76.04 (gaps +1.7, +1.1 points). 5 points is about 3 standard
-    # deviations of that noise; a broken bfloat16 path fails the 70% floor above.
-    assert abs(bf16['final_val_top1'] - fp32['final_val_top1']) < 0.05
+    # two trajectories. Measured with exactly these flags on real bfloat16 kernels, seeds 1-5:
+    # float32 76.22/74.74/74.98/74.30/74.68; bfloat16 with the stem padded (pad_stem='auto',
+    # the default) 71.18/77.18/74.60/73.76/75.38, without it 73.08/76.66/76.36/75.88/73.88:
+    # gaps -5.0/+2.4/-0.4/-0.5/+0.7 and -3.1/+1.9/+1.4/+1.6/-0.8 points (standard deviation
+    # 2.4 over the ten; seed 1 is this test's). 7.5 points is about 3 standard deviations of
+    # that noise; a broken bfloat16 path fails the 70% floor above.
+    assert abs(bf16['final_val_top1'] - fp32['final_val_top1']) < 0.075
     assert bf16['dtype'] == 'bfloat16' and bf16['skipped_steps'] == 0
 
 
