@@ -52,7 +52,8 @@ from .conformance import check_kernels  # noqa: E402
 from .policy.kernel_report import KernelReport, load_kernel_report  # noqa: E402
 from . import amp  # noqa: E402
 # the old import paths, so that ``mxmp.update.save_atomic`` after ``import mxmp`` still works
-from . import (bucketing, casts, exchange, kernel_report, lists, module, plot,  # noqa: E402,F401
+from . import (bucketing, casts, conformance_cases, conformance_run, exchange,  # noqa: E402,F401
+               kernel_report, lists, module, plot,
                scaler, shared_scale, trainer, update)
 
 __version__ = '0.1.0'

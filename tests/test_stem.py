@@ -274,3 +274,14 @@ def test_module_pads_at_bind_as_convert_does(pad):
                                atol=1e-6 if emulate else 2 ** -7)
     with pytest.raises(ValueError, match='pad_stem'):
         mxmp.Module(sym, pad_stem='yes')
+
+
+def test_remove_casts_is_exact_when_one_weight_feeds_two_stems():
+    a, b, w = mx.sym.var('a'), mx.sym.var('b'), mx.sym.var('w')
+    g = mx.sym.Group([mx.sym.Convolution(a, w, kernel=(3, 3), num_filter=8, no_bias=True,
+                                         name='ca'),
+                      mx.sym.Convolution(b, w, kernel=(3, 3), num_filter=8, no_bias=True,
+                                         name='cb')])
+    padded = pad_stem(g, {'a': SHAPE, 'b': SHAPE})
+    assert padded_convolutions(padded) == ['ca', 'cb']
+    assert mxmp.remove_casts(padded).tojson() == g.tojson()

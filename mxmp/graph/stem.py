@@ -114,9 +114,10 @@ def pad_stem(sym, input_shapes):
             stems.discard(nid)  # no variable of known shape: leave this convolution alone
             continue
         attrs = weight.get('attrs', {})
-        # marked with the shape it had, so that remove_casts restores it
-        weight['attrs'] = dict(attrs, __shape__=str(tuple(shape)),
-                               **{STEM_MARK: STEM_SHAPE + attrs.get('__shape__', '')})
+        # marked with the shape it had, so that remove_casts restores it (once: a weight shared
+        # by two stems keeps its first mark)
+        mark = attrs.get(STEM_MARK, STEM_SHAPE + attrs.get('__shape__', ''))
+        weight['attrs'] = dict(attrs, __shape__=str(tuple(shape)), **{STEM_MARK: mark})
     if not stems:
         return sym
     new_nodes, new_id = [], {}
