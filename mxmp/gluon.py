@@ -234,7 +234,8 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
             before). oneDNN then runs its blocked bfloat16 kernels on the stem and its
             BatchNorm (measured faster: docs/benchmark.md). ``'auto'`` (default): for
             bfloat16 where the real kernels run (not emulated); ``True``: always; ``False``:
-            never. See :mod:`mxmp.graph.stem`.
+            never. Fused inference calls of a ``cast_params=False`` block run their own graph,
+            built from the unpadded one. See :mod:`mxmp.graph.stem`.
 
     Returns:
         ConvertedBlock: call it with float32 NDArrays (shape as for ``block``); it returns
