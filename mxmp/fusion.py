@@ -119,10 +119,10 @@ class FusedInference:
 
     Args:
         block (mxnet.gluon.SymbolBlock): the block (its ``_cached_graph`` and ``_flags``).
-        precast (callable): ``precast()`` returns ``(symbol, names, dtype)``: a graph that
-            takes the weights ``names`` (set of str) as ``dtype`` arrays instead of casting
-            them, run with copies of the weights cast to ``dtype``. Default None: the block's
-            own graph and parameters.
+        precast (callable): ``precast(args)`` (the first call's input NDArrays) returns
+            ``(symbol, names, dtype)``: a graph that takes the weights ``names`` (set of str) as
+            ``dtype`` arrays instead of casting them, run with copies of the weights cast to
+            ``dtype``. Default None: the block's own graph and parameters.
     """
 
     def __init__(self, block, precast=None):
@@ -198,7 +198,7 @@ class FusedInference:
                 for p in self._params:
                     p._finish_deferred_init()
             if self._precast is None:
-                self._precast = self.precast()
+                self._precast = self.precast(args)
             sym, names, dtype = self._precast
             shared, params = params, gluon.ParameterDict()
             for name, param in shared.items():

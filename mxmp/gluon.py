@@ -22,7 +22,8 @@ from .device import lp_kernels_available
 from .layout import to_default_layout
 from .fusion import FusedInference, parameters_changed
 from .policy import Policy
-from .graph.stem import check_option as check_pad_stem, pad_converted_stem
+from .graph.stem import (check_option as check_pad_stem, pad_converted_stem,
+                         pad_stem as pad_stem_of, padded_convolutions)
 
 __all__ = ['convert', 'ConvertedBlock', 'dtype_of']
 
@@ -234,8 +235,8 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
             before). oneDNN then runs its blocked bfloat16 kernels on the stem and its
             BatchNorm (measured faster: docs/benchmark.md). ``'auto'`` (default): for
             bfloat16 where the real kernels run (not emulated); ``True``: always; ``False``:
-            never. Fused inference calls of a ``cast_params=False`` block run their own graph,
-            built from the unpadded one. See :mod:`mxmp.graph.stem`.
+            never. The fused inference graph (``fuse_inference``) is padded the same way. See
+            :mod:`mxmp.graph.stem`.
 
     Returns:
         ConvertedBlock: call it with float32 NDArrays (shape as for ``block``); it returns
@@ -294,9 +295,12 @@ def convert(block, target_dtype='bfloat16', cast_params=False, emulate=False, po
     out._mxmp_pad_stem = pad_stem
     precast = None
     if not cast_params and not policy.emulate:
-        def precast():  # the fused graph takes target-dtype weights (see mxmp.fusion)
+        def precast(args):  # the fused graph takes target-dtype weights (see mxmp.fusion)
             graph = convert_symbol(sym, policy=policy, data_dtypes=data_dtypes, cast_params=True,
                                    data_names=data_names)
+            if padded_convolutions(out._cached_graph[1]):  # pad_stem padded the block's graph
+                graph = pad_stem_of(graph, {s.name: a.shape for s, a in
+                                            zip(out._cached_graph[0], args)})
             return graph, cast_param_names(graph), lp_dtype
     out._mxmp_fused = FusedInference(out, precast)  # not a Block: no child, no parameter names
     logger.info('converted %s to %s%s: %d casts, %d parameters stored in %s', block.name,

@@ -186,9 +186,12 @@ def test_auto_pads_with_real_bfloat16_kernels_within_bfloat16_tolerance(cast_par
     # allows one bfloat16 rounding flip (2**-8 relative) on other oneDNN kernels.
     np.testing.assert_allclose(out, ref_out, rtol=1e-2, atol=1e-2)
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-2, atol=1e-2)
-    # inference: fused by default here (cast_params=True fuses the padded graph)
+    # inference: fused by default here, from the padded graph also when the fused graph is
+    # its own (cast_params=False: target-dtype weight copies, mxmp.fusion)
     np.testing.assert_allclose(block(x).asnumpy(), plain(x).asnumpy(), rtol=1e-2, atol=1e-2)
     assert block.mxmp_fused_symbol is not None
+    assert padded_convolutions(block.mxmp_fused_symbol) == ['net_conv0_fwd']
+    assert padded_convolutions(plain.mxmp_fused_symbol) == []
 
 
 _LOAD_PLAIN = r'''
