@@ -240,8 +240,7 @@ class Module(StepOwnerMixin, MasterWeightsModule, LossScaleInputModule):
             raise ValueError('an mxmp.Module can share memory only with another mxmp.Module '
                              '(got %s)' % type(shared_module).__name__)
         fresh = self._arg_params is None
-        ctx = self._context[0] if isinstance(self._context, (list, tuple)) else self._context
-        if wants_padding(self._pad_stem, self._policy, ctx):
+        if wants_padding(self._pad_stem, self._policy, self._context[0]):
             self._symbol = pad_stem(self._symbol, {d[0]: tuple(d[1]) for d in data_shapes})
         super().bind(data_shapes, label_shapes, for_training, inputs_need_grad, force_rebind,
                      shared_module, grad_req)
