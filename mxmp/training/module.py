@@ -46,6 +46,7 @@ from . import module_checkpoint
 from .module_kvstore import reduced_updates, start_kvstore
 from .module_loss_scale import LossScaleInputModule
 from .module_master_weights import MasterWeightsModule
+from .updater import Updater
 from .step import Step, StepOwnerMixin
 
 __all__ = ['Module']
@@ -294,7 +295,7 @@ class Module(StepOwnerMixin, MasterWeightsModule, LossScaleInputModule):
         self._update_on_kvstore = False
         if kv:
             start_kvstore(self, kv)
-        self._updater = mx.optimizer.get_updater(optimizer)
+        self._updater = Updater(optimizer)  # SGD on a CPU: single-array kernels (updater.py)
         self.optimizer_initialized = True
         if self._preload_opt_states is not None:
             self.load_optimizer_states(self._preload_opt_states)

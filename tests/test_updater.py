@@ -1,0 +1,144 @@
+"""mxmp's updater: SGD on a CPU updates one array per kernel call, with the same numbers as
+MXNet's aggregated update, and leaves every other optimizer to MXNet's Updater."""
+import numpy as np
+import mxnet as mx
+import pytest
+from mxnet import autograd, gluon
+
+import mxmp
+from mxmp.training.updater import Updater, runs_single_array
+
+SHAPES = [(8, 3, 3, 3), (8,), (16, 8, 1, 1), (10, 64), (10,)]
+
+
+def _arrays(seed):
+    rng = np.random.RandomState(seed)
+    return [mx.nd.array(rng.randn(*s)) for s in SHAPES]
+
+
+def _run(updater_cls, opt_factory, steps=3):
+    """Weights and states after ``steps`` updates of all SHAPES in one updater call each."""
+    opt = opt_factory()
+    updater = updater_cls(opt)
+    weights = _arrays(0)
+    for step in range(steps):
+        grads = _arrays(step + 1)
+        updater(list(range(len(weights))), grads, weights)
+    states = []
+    for i in range(len(weights)):
+        st = updater.states[i]
+        states += [s for s in (st if isinstance(st, (list, tuple)) else [st]) if s is not None]
+    return [w.asnumpy() for w in weights] + [s.asnumpy() for s in states], opt
+
+
+def _count_calls(monkeypatch, module, name):
+    calls = []
+    original = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(name)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+SGD_CASES = {
+    'momentum': lambda: mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=1 / 16.),
+    'momentum_wd_clip': lambda: mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3,
+                                                 clip_gradient=0.5, rescale_grad=0.25),
+    'scheduler_and_mults': lambda: _with_mults(mx.optimizer.SGD(
+        learning_rate=0.1, momentum=0.5,
+        lr_scheduler=mx.lr_scheduler.FactorScheduler(step=1, factor=0.5))),
+}
+
+
+def _with_mults(opt):
+    opt.set_lr_mult({0: 0.1, 3: 2.0})
+    opt.set_wd_mult({1: 0.0})
+    opt.wd = 1e-3
+    return opt
+
+
+@pytest.mark.parametrize('case', sorted(SGD_CASES))
+def test_sgd_single_array_update_is_bit_identical_to_the_aggregated_update(case):
+    ours, opt_ours = _run(Updater, SGD_CASES[case])
+    ref, opt_ref = _run(mx.optimizer.Updater, SGD_CASES[case])
+    assert len(ours) == len(ref)
+    for a, b in zip(ours, ref):
+        assert a.dtype == np.float32
+        np.testing.assert_array_equal(a, b)
+    assert opt_ours.num_update == opt_ref.num_update == 3
+
+
+def test_sgd_on_cpu_runs_the_single_array_kernels_not_the_aggregated_ones(monkeypatch):
+    import mxnet.optimizer.optimizer as optmod
+    multi = _count_calls(monkeypatch, optmod, 'multi_sgd_mom_update')
+    single = _count_calls(monkeypatch, mx.nd, 'sgd_mom_update')
+    _run(Updater, SGD_CASES['momentum'], steps=1)
+    assert multi == [] and len(single) == len(SHAPES)
+    del single[:]
+    _run(mx.optimizer.Updater, SGD_CASES['momentum'], steps=1)
+    # MXNet's Updater: 5 weights in calls of MXNET_OPTIMIZER_AGGREGATION_SIZE (default 4)
+    assert len(multi) >= 2 and single == []
+
+
+@pytest.mark.parametrize('factory', [
+    lambda: mx.optimizer.Adam(learning_rate=0.01),
+    lambda: mx.optimizer.NAG(learning_rate=0.1, momentum=0.9),
+    lambda: mx.optimizer.create('ccsgd', learning_rate=0.1, momentum=0.9),
+    lambda: mx.optimizer.SGD(learning_rate=0.05, wd=1e-4),
+], ids=['adam', 'nag', 'ccsgd_subclass', 'sgd_without_momentum'])
+def test_other_optimizers_go_to_mxnets_updater_unchanged(factory):
+    ours, _ = _run(Updater, factory)
+    ref, _ = _run(mx.optimizer.Updater, factory)
+    for a, b in zip(ours, ref):
+        np.testing.assert_array_equal(a, b)
+    assert not runs_single_array(factory(), _arrays(0), _arrays(1))
+
+
+def test_float16_weights_and_sparse_gradients_are_left_to_mxnet():
+    sgd = mx.optimizer.SGD(momentum=0.9)
+    w = mx.nd.ones((4, 4))
+    assert runs_single_array(sgd, [w], [w])
+    assert not runs_single_array(sgd, [w.astype('float16')], [w.astype('float16')])
+    assert not runs_single_array(mx.optimizer.SGD(momentum=0.0), [w], [w])
+    assert not runs_single_array(sgd, [w], [w.tostype('row_sparse')])
+
+
+def _train(trainer_cls, seed=0, steps=3):
+    mx.random.seed(seed)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(16, activation='relu'), gluon.nn.Dense(4))
+    net.initialize(mx.init.Xavier(), ctx=mx.cpu())
+    net.hybridize()
+    trainer = trainer_cls(net.collect_params(), 'sgd',
+                          {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-4})
+    rng = np.random.RandomState(seed)
+    x = mx.nd.array(rng.randn(8, 10))
+    y = mx.nd.array(rng.randint(0, 4, 8))
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for _ in range(steps):
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(8)
+    return trainer, [p.data().asnumpy() for p in net.collect_params().values()]
+
+
+def test_mxmp_trainer_uses_the_updater_and_matches_gluon_trainer_bit_for_bit():
+    trainer, ours = _train(lambda *a: mxmp.Trainer(*a, target_dtype='float32'))
+    assert all(type(u) is Updater for u in trainer._updaters)
+    _, ref = _train(gluon.Trainer)
+    for a, b in zip(ours, ref):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_mxmp_module_uses_the_updater():
+    data = mx.sym.var('data')
+    out = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(data, num_hidden=4, name='fc'),
+                               name='softmax')
+    mod = mxmp.Module(out, target_dtype='float32', context=mx.cpu())
+    mod.bind(data_shapes=[('data', (8, 10))], label_shapes=[('softmax_label', (8,))])
+    mod.init_params()
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'momentum': 0.9})
+    assert type(mod._updater) is Updater
