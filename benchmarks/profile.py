@@ -14,12 +14,41 @@ import os
 import re
 
 __all__ = ['parse_aggregate', 'per_iteration', 'side_by_side', 'markdown_table', 'run_profile',
-           'BULK_OFF']
+           'gemm_layer_split', 'BULK_OFF', 'GEMM_LAYER_OPS']
 
 LOG = logging.getLogger('benchmark')
 
 #: Environment of a profiled process: every operator timed on its own.
 BULK_OFF = {'MXNET_EXEC_BULK_EXEC_TRAIN': '0', 'MXNET_EXEC_BULK_EXEC_INFERENCE': '0'}
+
+#: The operators whose FLOP the benchmark counts (benchmarks.flops), forward and backward.
+GEMM_LAYER_OPS = ('Convolution', '_backward_Convolution', 'FullyConnected',
+                  '_backward_FullyConnected')
+
+
+def gemm_layer_split(per_iter, flop_per_image, batch_size, train_factor):
+    """How a profiled training iteration divides between the counted layers and the rest.
+
+    Args:
+        per_iter (dict): operator -> (ms per iteration, calls), from :func:`per_iteration`.
+        flop_per_image (float): forward FLOP of one image (benchmarks.flops).
+        batch_size (int): images per iteration.
+        train_factor (int): training FLOP / forward FLOP (benchmarks.flops.TRAIN_FACTOR).
+
+    Returns:
+        dict: ``gemm_ms`` (time of :data:`GEMM_LAYER_OPS`), ``other_ms`` (every other
+        operator), ``gemm_gflops`` (the iteration's FLOP over ``gemm_ms``: the speed of the
+        convolutions and fully-connected layers themselves, in GFLOP/s) and
+        ``all_gflops`` (the same FLOP over all operator time), or None when no counted
+        operator ran or the FLOP is unknown.
+    """
+    gemm = sum(per_iter[op][0] for op in GEMM_LAYER_OPS if op in per_iter)
+    total = sum(ms for ms, _ in per_iter.values())
+    if not gemm or not flop_per_image:
+        return None
+    flop = float(flop_per_image) * batch_size * train_factor
+    return {'gemm_ms': gemm, 'other_ms': total - gemm, 'gemm_gflops': flop / gemm / 1e6,
+            'all_gflops': flop / total / 1e6}
 
 _ROW = re.compile(r'^(?P<name>\S.*?)\s+(?P<count>\d+)\s+(?P<total>-?[\d.]+)\s+(?P<min>-?[\d.]+)'
                   r'\s+(?P<max>-?[\d.]+)\s+(?P<avg>-?[\d.]+)\s*$')
@@ -164,10 +193,22 @@ def run_profile(config, env, machine, out_dir, timeout, run_child, mode_label, m
                 machine['loadavg_start'][0], machine['loadavg_end'][0]),
              '- %d warm-up + %d profiled iterations per mode, one fresh process per mode'
              % (config['warmup'], config['iters'])]
+    from .flops import TRAIN_FACTOR
     for mode, r in results.items():
         lines.append('- %s: %s' % (r['label'], '%.1f ms per profiled iteration (wall, with '
                                    'the profiler on)' % (1000 * r['iter_s'][0])
                                    if r['status'] == 'ok' else 'FAILED: %s' % r.get('error')))
+        split = gemm_layer_split(per_mode[mode], r.get('flop_per_image'), batch,
+                                 TRAIN_FACTOR) if mode in per_mode else None
+        if split:
+            r['gemm_layer_split'] = split
+            lines.append('  - convolutions and fully-connected layers (forward and backward): '
+                         '%.1f ms, %.1f GFLOP/s; every other operator: %.1f ms (%.0f%% of the '
+                         'operator time); all operators: %.1f GFLOP/s (training FLOP = %d x '
+                         'forward)' % (split['gemm_ms'], split['gemm_gflops'], split['other_ms'],
+                                       100 * split['other_ms'] /
+                                       (split['gemm_ms'] + split['other_ms']),
+                                       split['all_gflops'], TRAIN_FACTOR))
     rows = []
     if per_mode:
         reference = next(m for m in modes if m in per_mode)

@@ -362,7 +362,8 @@ def test_chart_draws_panels_only_for_the_phases_that_ran(small_run, tmp_path):
 # ------------------------------------------------------------------------------ --profile
 def test_profile_mode_prints_operator_times_side_by_side(tmp_path):
     from benchmarks.modes import PROFILE_MODES
-    from benchmarks.profile import parse_aggregate
+    from benchmarks.flops import TRAIN_FACTOR
+    from benchmarks.profile import GEMM_LAYER_OPS, parse_aggregate
     proc = run_script('--model', MODEL, '--classes', str(CLASSES), '--input-size', str(SIZE),
                       '--batch-size', '2', '--warmup', '1', '--iters', '5', '--threads', '1',
                       '--profile', '--output-dir', str(tmp_path))
@@ -390,6 +391,27 @@ def test_profile_mode_prints_operator_times_side_by_side(tmp_path):
     assert parsed['count'] == 5 * 21
     assert parsed['total_ms'] / 5 == pytest.approx(conv['ms']['float32'])
     assert '| Convolution |' in proc.stdout and 'float32 / mxmp bfloat16' in proc.stdout
+    # the split between the counted layers and the rest, from the same rows and the graph's FLOP
+    split = modes['mxmp']['gemm_layer_split']
+    gemm = sum(rows[op]['ms']['mxmp'] or 0 for op in GEMM_LAYER_OPS if op in rows)
+    assert split['gemm_ms'] == pytest.approx(gemm)
+    assert split['gemm_ms'] + split['other_ms'] == pytest.approx(rows['total']['ms']['mxmp'])
+    flop = modes['mxmp']['flop_per_image'] * 2 * TRAIN_FACTOR
+    assert split['gemm_gflops'] == pytest.approx(flop / gemm / 1e6)
+    assert 'convolutions and fully-connected layers' in proc.stdout
+
+
+def test_gemm_layer_split_divides_the_operator_time():
+    from benchmarks.profile import gemm_layer_split
+    per_iter = {'Convolution': (600.0, 53), '_backward_Convolution': (1250.0, 53),
+                'FullyConnected': (1.0, 1), '_backward_FullyConnected': (3.0, 1),
+                'BatchNorm': (50.0, 53), 'sgd_mom_update': (36.0, 193)}
+    split = gemm_layer_split(per_iter, 7.716e9, 16, 3)
+    assert split['gemm_ms'] == 1854.0 and split['other_ms'] == 86.0
+    assert split['gemm_gflops'] == pytest.approx(7.716e9 * 48 / 1.854 / 1e9)
+    assert split['all_gflops'] == pytest.approx(7.716e9 * 48 / 1.940 / 1e9)
+    assert gemm_layer_split({'BatchNorm': (1.0, 1)}, 7.7e9, 16, 3) is None
+    assert gemm_layer_split(per_iter, None, 16, 3) is None
 
 
 def test_profile_parser_reads_sections_and_refuses_other_text():
