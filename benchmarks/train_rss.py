@@ -38,6 +38,10 @@ def main(argv=None):
                    help="mxmp.convert's pad_stem: the stem zero-padded to an even channel count "
                         "in the graph ('auto', default: for bfloat16 with the real kernels)")
     p.add_argument('--cast-params', action='store_true')
+    p.add_argument('--mark-phases', action='store_true',
+                   help='print a line "== step N forward|backward|update" (flushed) after each '
+                        'phase of each step, waiting for it first: separates the phases in a '
+                        'DNNL_VERBOSE=1 log (benchmarks.dnnl_verbose); slows the steps')
     p.add_argument('--fp32-ops', nargs='*', default=(), help='ops the policy keeps in float32')
     p.add_argument('--excluded-names', nargs='*', default=(),
                    help='node names the policy keeps in float32 (Policy.excluded_names)')
@@ -74,13 +78,21 @@ def main(argv=None):
     block.hybridize(static_alloc=True, static_shape=True)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     losses, seconds = [], []
-    for _ in range(args.steps):
+    def mark(step, phase):
+        if args.mark_phases:
+            mx.nd.waitall()
+            print('== step %d %s' % (step, phase), flush=True)
+
+    for step in range(args.steps):
         start = time.perf_counter()
         with autograd.record():
             loss = loss_fn(block(x), y)
+            mark(step, 'forward')
             with trainer.scale_loss(loss) as scaled:
                 scaled.backward()
+        mark(step, 'backward')
         trainer.step(args.batch_size)
+        mark(step, 'update')
         losses.append(float(loss.mean().asscalar()))  # synchronises: the step is done
         seconds.append(time.perf_counter() - start)
     mx.nd.waitall()

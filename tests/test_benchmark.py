@@ -469,6 +469,38 @@ def test_train_rss_prints_peak_memory_step_time_and_losses():
     assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
 
 
+def test_dnnl_verbose_log_is_summed_per_step_phase_and_primitive(tmp_path):
+    """A DNNL_VERBOSE=1 log of train_rss --mark-phases, summed by benchmarks.dnnl_verbose: the
+    phases of every step, convolutions in the backward pass, and the exact sums of a made-up log."""
+    from benchmarks.dnnl_verbose import summarize
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''),
+               OMP_NUM_THREADS='1', DNNL_VERBOSE='1', MXNET_EXEC_BULK_EXEC_TRAIN='0')
+    proc = subprocess.run([sys.executable, '-m', 'benchmarks.train_rss', '--model', MODEL,
+                           '--classes', str(CLASSES), '--input-size', str(SIZE),
+                           '--batch-size', '2', '--steps', '2', '--mark-phases'],
+                          cwd=str(REPO), env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    phases = summarize(proc.stdout.splitlines())
+    assert sorted(phases) == [(s, ph) for s in (0, 1) for ph in ('backward', 'forward', 'update')]
+    backward = phases[(1, 'backward')]
+    conv = {k: v for k, v in backward.items() if k[0] == 'convolution'}
+    assert conv and all(k[3] == '' for k in conv)  # one row per kernel and direction
+    assert {k[2] for k in conv} >= {'backward_weights'}
+    assert sum(calls for calls, _ in conv.values()) >= 21  # cifar_resnet20_v1's 21 convs
+    made_up = ['dnnl_verbose,exec,cpu,reorder,jit:uni,undef,src_f32::blocked:abcd:f0 '
+               'dst_bf16::blocked:abcd:f0,,,2x8x4x4,0.5',
+               'dnnl_verbose,exec,cpu,reorder,jit:uni,undef,src_f32::blocked:abcd:f0 '
+               'dst_bf16::blocked:abcd:f0,,,2x8x4x4,0.25',
+               'onednn_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32::blocked:'
+               'abcd:f0,,alg:convolution_direct,mb2_ic8oc8_ih4oh4kh3sh1dh0ph1,2.0',
+               'dnnl_verbose,create:cache_miss,cpu,reorder,jit:uni,undef,x,,,2x8,9.0',
+               '== step 0 forward']
+    (got,) = summarize(made_up).values()
+    assert got == {('reorder', 'jit:uni', 'undef',
+                    'src_f32::blocked:abcd:f0 dst_bf16::blocked:abcd:f0'): [2, 0.75],
+                   ('convolution', 'jit:avx2', 'forward_training', ''): [1, 2.0]}
+
+
 def test_train_rss_refuses_an_excluded_name_that_is_not_in_the_graph():
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''),
                OMP_NUM_THREADS='1')
