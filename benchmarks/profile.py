@@ -52,6 +52,9 @@ def gemm_layer_split(per_iter, flop_per_image, batch_size, train_factor):
 
 _ROW = re.compile(r'^(?P<name>\S.*?)\s+(?P<count>\d+)\s+(?P<total>-?[\d.]+)\s+(?P<min>-?[\d.]+)'
                   r'\s+(?P<max>-?[\d.]+)\s+(?P<avg>-?[\d.]+)\s*$')
+# 'Device Storage' rows: count, min, max, avg use (kB), no total
+_STORAGE_ROW = re.compile(r'^(?P<name>\S.*?)\s+(?P<count>\d+)\s+(?P<min>-?[\d.]+)'
+                          r'\s+(?P<max>-?[\d.]+)\s+(?P<avg>-?[\d.]+)\s*$')
 
 
 def parse_aggregate(text):
@@ -63,7 +66,8 @@ def parse_aggregate(text):
     Returns:
         dict: section name (``'operator'``, ``'MXNET_C_API'``, ``'Device Storage'``, ...) ->
         {row name -> {'count': int, 'total_ms', 'min_ms', 'max_ms', 'avg_ms': float}}.
-        For 'Device Storage' the numbers are kB (the table's own unit), under the same keys.
+        For 'Device Storage' (count, min, max and average use; no total) the numbers are kB
+        (the table's own unit), under the same keys, with ``total_ms`` None.
 
     Raises:
         ValueError: no section found (not a profiler dump, or aggregate_stats was off).
@@ -76,10 +80,11 @@ def parse_aggregate(text):
             continue
         if current is None or set(line.strip()) <= {'=', '-', ' '} or line.startswith('Name'):
             continue
-        m = _ROW.match(line.strip())
+        m = _ROW.match(line.strip()) or _STORAGE_ROW.match(line.strip())
         if m:
             current[m.group('name')] = {
-                'count': int(m.group('count')), 'total_ms': float(m.group('total')),
+                'count': int(m.group('count')),
+                'total_ms': float(m.group('total')) if 'total' in m.groupdict() else None,
                 'min_ms': float(m.group('min')), 'max_ms': float(m.group('max')),
                 'avg_ms': float(m.group('avg'))}
     if not sections:

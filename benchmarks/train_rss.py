@@ -12,7 +12,11 @@ holds the unpadded copy the weights come from, about 170 MiB for resnet18_v1; ``
 unpadded graph; the line names the padded convolutions), runs ``--steps``
 SGD-with-momentum steps with :class:`mxmp.Trainer` on one random batch, and prints the
 process's peak RSS (``ru_maxrss``, MiB), the median time of the steps after the first two
-(images/s) and the losses. Set environment variables (e.g. ``MXNET_MKLDNN_CACHE_NUM``) on the
+(images/s) and the losses. ``--float32``: the same steps on the float32 model with
+``gluon.Trainer`` (the reference); ``--allocated``: also the peak of MXNet's own allocations
+(``mx.profiler`` with ``profile_memory=True``), which is not the RSS: the RSS holds the libraries
+(about 211 MiB after import) and oneDNN's own buffers, and leaves out allocated pages never
+touched. Set environment variables (e.g. ``MXNET_MKLDNN_CACHE_NUM``) on the
 command line to compare one lever at a time. One process, one configuration: for speed, run the
 variants alternately several times (the benchmark's interleaving is not done here).
 """
@@ -38,6 +42,14 @@ def main(argv=None):
                    help="mxmp.convert's pad_stem: the stem zero-padded to an even channel count "
                         "in the graph ('auto', default: for bfloat16 with the real kernels)")
     p.add_argument('--cast-params', action='store_true')
+    p.add_argument('--float32', action='store_true',
+                   help='the float32 model with gluon.Trainer, no mxmp (the reference of a '
+                        'memory ratio); the conversion options are then ignored')
+    p.add_argument('--allocated', action='store_true',
+                   help="also print the peak of MXNet's own allocations (mx.profiler with "
+                        "profile_memory=True, its 'Device Storage' row, from before the model "
+                        "is built): unlike the peak RSS, it counts memory MXNet allocated and "
+                        "never touched, and not the libraries or oneDNN's own buffers")
     p.add_argument('--mark-phases', action='store_true',
                    help='print a line "== step N forward|backward|update" (flushed) after each '
                         'phase of each step, waiting for it first: separates the phases in a '
@@ -51,6 +63,11 @@ def main(argv=None):
     from gluoncv.model_zoo import get_model
     import mxmp
     from mxmp.graph.stem import padded_convolutions
+    if args.allocated:
+        mx.profiler.set_config(profile_memory=True, aggregate_stats=True, profile_all=False,
+                               profile_symbolic=False, profile_imperative=False,
+                               profile_api=False)
+        mx.profiler.set_state('run')
     mx.random.seed(0)
     rng = np.random.RandomState(0)
     net = get_model(args.model, pretrained=False, classes=args.classes)
@@ -63,6 +80,63 @@ def main(argv=None):
         x = np.concatenate([x, np.zeros((args.batch_size, args.pad_channels - 3, size, size),
                                         'float32')], axis=1)
     x = mx.nd.array(x)
+    if args.float32:
+        block = net
+        trainer = gluon.Trainer(block.collect_params(), 'sgd',
+                                {'learning_rate': 0.01, 'momentum': 0.9})
+    else:
+        block, trainer = _converted(net, args, p, mxmp)
+    block.hybridize(static_alloc=True, static_shape=True)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    losses, seconds = [], []
+
+    def mark(step, phase):
+        if args.mark_phases:
+            mx.nd.waitall()
+            print('== step %d %s' % (step, phase), flush=True)
+
+    for step in range(args.steps):
+        start = time.perf_counter()
+        with autograd.record():
+            loss = loss_fn(block(x), y)
+            mark(step, 'forward')
+            if args.float32:
+                loss.backward()
+            else:
+                with trainer.scale_loss(loss) as scaled:
+                    scaled.backward()
+        mark(step, 'backward')
+        trainer.step(args.batch_size)
+        mark(step, 'update')
+        losses.append(float(loss.mean().asscalar()))  # synchronises: the step is done
+        seconds.append(time.perf_counter() - start)
+    mx.nd.waitall()
+    timed = seconds[2:]
+    allocated = ''
+    if args.allocated:
+        from benchmarks.profile import parse_aggregate
+        mx.profiler.set_state('stop')
+        row = parse_aggregate(mx.profiler.dumps())['Device Storage']['Memory: cpu/0']
+        allocated = "; MXNet's allocations peak %.0f MiB" % (row['max_ms'] / 1024.0)  # kB
+    if args.float32:
+        head = '%s batch %d float32 (no mxmp)' % (args.model, args.batch_size)
+    else:
+        head = '%s batch %d%s cast_params %s fp32_ops %s excluded_names %s' % (
+            args.model, args.batch_size,
+            '' if args.pad_channels == 3 else ' pad_channels %d' % args.pad_channels,
+            args.cast_params, ','.join(args.fp32_ops) or '-',
+            ','.join(args.excluded_names) or '-')
+    print('%s: peak RSS %.0f MiB%s; %s; stem padded in the graph: %s; losses %s' % (
+        head, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, allocated,
+        '%.2f img/s (median of %d steps)' % (args.batch_size / np.median(timed), len(timed))
+        if timed else 'no timed steps (--steps > 2)',
+        '-' if args.float32 else ','.join(padded_convolutions(block.mxmp_symbol)) or '-',
+        ', '.join('%.4f' % v for v in losses)))
+    return 0
+
+
+def _converted(net, args, p, mxmp):
+    """``mxmp.convert`` of ``net`` with the command line's options, and its mxmp.Trainer."""
     policy = mxmp.Policy('bfloat16', emulate=not mxmp.lp_kernels_available('bfloat16'),
                          fp32_ops=tuple(args.fp32_ops),
                          excluded_names=tuple(args.excluded_names))
@@ -75,40 +149,7 @@ def main(argv=None):
                 'resnetv10_conv0_fwd)' % (', '.join(unknown), args.model))
     trainer = mxmp.Trainer(block.collect_params(), 'sgd',
                            {'learning_rate': 0.01, 'momentum': 0.9})
-    block.hybridize(static_alloc=True, static_shape=True)
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    losses, seconds = [], []
-    def mark(step, phase):
-        if args.mark_phases:
-            mx.nd.waitall()
-            print('== step %d %s' % (step, phase), flush=True)
-
-    for step in range(args.steps):
-        start = time.perf_counter()
-        with autograd.record():
-            loss = loss_fn(block(x), y)
-            mark(step, 'forward')
-            with trainer.scale_loss(loss) as scaled:
-                scaled.backward()
-        mark(step, 'backward')
-        trainer.step(args.batch_size)
-        mark(step, 'update')
-        losses.append(float(loss.mean().asscalar()))  # synchronises: the step is done
-        seconds.append(time.perf_counter() - start)
-    mx.nd.waitall()
-    timed = seconds[2:]
-    print('%s batch %d%s cast_params %s fp32_ops %s excluded_names %s: peak RSS %.0f MiB; %s; '
-          'stem padded in the graph: %s; losses %s' % (
-        args.model, args.batch_size,
-        '' if args.pad_channels == 3 else ' pad_channels %d' % args.pad_channels,
-        args.cast_params, ','.join(args.fp32_ops) or '-',
-        ','.join(args.excluded_names) or '-',
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-        '%.2f img/s (median of %d steps)' % (args.batch_size / np.median(timed), len(timed))
-        if timed else 'no timed steps (--steps > 2)',
-        ','.join(padded_convolutions(block.mxmp_symbol)) or '-',
-        ', '.join('%.4f' % v for v in losses)))
-    return 0
+    return block, trainer
 
 
 def _padded(net, x, args, get_model):

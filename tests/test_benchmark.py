@@ -432,6 +432,13 @@ def test_profile_parser_reads_sections_and_refuses_other_text():
     assert per_iteration({'operator': ops}, 2)['_backward_Convolution'] == (9.2305, 21.0)
     with pytest.raises(ValueError, match='aggregate_stats'):
         parse_aggregate('nothing here')
+    storage = ('Device Storage\n=================\nName                          Total Count    '
+               'Min Use  (kB)    Max Use  (kB)    Avg Use  (kB)\n----                          '
+               '-----------    -------------    -------------    -------------\n'
+               'Memory: cpu/0                           2          40.0000          80.0000     '
+               '     20.0000\n')
+    assert parse_aggregate(storage)['Device Storage']['Memory: cpu/0'] == {
+        'count': 2, 'total_ms': None, 'min_ms': 40.0, 'max_ms': 80.0, 'avg_ms': 20.0}
 
 
 def test_memory_split_into_fixed_and_per_image_parts():
@@ -499,6 +506,32 @@ def test_dnnl_verbose_log_is_summed_per_step_phase_and_primitive(tmp_path):
     assert got == {('reorder', 'jit:uni', 'undef',
                     'src_f32::blocked:abcd:f0 dst_bf16::blocked:abcd:f0'): [2, 0.75],
                    ('convolution', 'jit:avx2', 'forward_training', ''): [1, 2.0]}
+
+
+def test_train_rss_float32_reference_and_allocation_peak():
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''),
+               OMP_NUM_THREADS='1')
+    lines = {}
+    for variant in ([], ['--float32']):
+        proc = subprocess.run([sys.executable, '-m', 'benchmarks.train_rss', '--model', MODEL,
+                               '--classes', str(CLASSES), '--input-size', str(SIZE),
+                               '--batch-size', '8', '--steps', '3', '--allocated'] + variant,
+                              cwd=str(REPO), env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        lines[bool(variant)] = proc.stdout.strip().splitlines()[-1]
+    assert lines[True].startswith('%s batch 8 float32 (no mxmp): peak RSS ' % MODEL)
+    assert lines[False].startswith('%s batch 8 cast_params False' % MODEL)
+    allocated = {k: float(v.split("MXNet's allocations peak ")[1].split(' MiB')[0])
+                 for k, v in lines.items()}
+    # the weights, gradients, momenta and activations of a training step: more than nothing,
+    # less than the process
+    for k, line in lines.items():
+        rss = float(line.split('peak RSS ')[1].split(' MiB')[0])
+        assert 0 < allocated[k] < rss
+    losses = {k: [float(v) for v in line.split('losses ')[1].split(', ')]
+              for k, line in lines.items()}
+    assert losses[True][0] == pytest.approx(losses[False][0], rel=0.05)  # the same model
 
 
 def test_train_rss_refuses_an_excluded_name_that_is_not_in_the_graph():
