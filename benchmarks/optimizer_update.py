@@ -1,18 +1,23 @@
-"""Time of one SGD momentum update of a model's weights: MXNet's aggregated kernel against the
-single-array one that :class:`mxmp.training.updater.Updater` runs on a CPU.
+"""Time of one SGD momentum update of a model's weights, in the ways MXNet's kernels allow.
 
 ``python -m benchmarks.optimizer_update [--model resnet50_v1] [--repeats 5]`` prints, for the
-float32 weights of the model (random values), the median milliseconds of ``sgd_mom_update``
-called once per weight and of ``multi_sgd_mom_update`` with 1 and with 4 weights per call
-(4 = MXNET_OPTIMIZER_AGGREGATION_SIZE's default, what ``mx.optimizer.SGD`` uses), and whether
-the two kernels give bit-identical weights and momenta. Threads: OMP_NUM_THREADS.
+float32 weights of the model (random values), the median milliseconds of
+``multi_sgd_mom_update`` with 4 weights per call (MXNET_OPTIMIZER_AGGREGATION_SIZE's default,
+what ``mx.optimizer.SGD`` does), with 1 weight per call (what
+:class:`mxmp.training.updater.Updater` does on a CPU), and of ``sgd_mom_update`` once per
+weight, and for each whether its weights and momenta are bit-identical to the first's. The
+learning rate and weight decay are values MXNet's scalar float parser (``sgd_mom_update``'s
+``lr=``, ``wd=``) rounds one ulp away from float32, to show that difference. Threads:
+OMP_NUM_THREADS.
 """
 import argparse
 import time
 
 import numpy as np
 
-SETTINGS = {'lr': 0.01, 'momentum': 0.9, 'wd': 1e-4, 'rescale_grad': 1 / 16.}
+# lr and wd: values the scalar parser rounds 1 ulp off (0.01 and 1e-4 it parses exactly)
+SETTINGS = {'lr': 2.2655846366566674e-05, 'momentum': 0.9, 'wd': 3.2772236137436455e-05,
+            'rescale_grad': 1 / 16.}
 
 
 def main(argv=None):
@@ -66,17 +71,35 @@ def main(argv=None):
 
     print('%s: %d weights, %.1f M values, float32' % (
         args.model, len(shapes), sum(int(np.prod(s)) for s in shapes) / 1e6))
-    results = {}
-    for name, fn in [('sgd_mom_update, one weight per call', single),
+    reference = None
+    for name, fn in [('multi_sgd_mom_update, 4 weights per call', multi(4)),
                      ('multi_sgd_mom_update, 1 weight per call', multi(1)),
-                     ('multi_sgd_mom_update, 4 weights per call', multi(4))]:
+                     ('sgd_mom_update, one weight per call', single)]:
         ms, weights, moms = timed(fn)
-        results[name] = [a.asnumpy() for a in weights + moms]
-        print('%-42s %8.1f ms' % (name, ms))
-    first, *rest = results.values()
-    same = all(np.array_equal(a, b) for other in rest for a, b in zip(first, other))
-    print('weights and momenta bit-identical across the variants: %s' % same)
+        values = [a.asnumpy() for a in weights + moms]
+        reference = values if reference is None else reference
+        same = all(np.array_equal(a, b) for a, b in zip(values, reference))
+        print('%-42s %8.1f ms   bit-identical to the first: %s' % (name, ms, same))
+    rng = np.random.RandomState(0)
+    rates = [float(10 ** rng.uniform(-6, 0)) for _ in range(2000)]
+    off = sum(_lr_as_read(mx, lr) != np.float32(lr) for lr in rates)
+    print("sgd_mom_update's lr= read off np.float32(lr): %d of %d random learning rates in "
+          "[1e-6, 1] (multi_sgd_mom_update's lrs=: %d)" % (
+              off, len(rates), sum(_lr_as_read(mx, lr, multi=True) != np.float32(lr)
+                                   for lr in rates)))
     return 0
+
+
+def _lr_as_read(mx, lr, multi=False):
+    """The learning rate a kernel used: one update of a zero weight and momentum with gradient 1
+    and momentum 0.5 leaves momentum = -lr exactly."""
+    w, m, g = mx.nd.zeros((1,)), mx.nd.zeros((1,)), mx.nd.ones((1,))
+    if multi:
+        mx.nd.multi_sgd_mom_update(w, g, m, out=[w], num_weights=1, lrs=(lr,), wds=(0.,),
+                                   momentum=0.5)
+    else:
+        mx.nd.sgd_mom_update(w, g, m, out=w, lr=lr, wd=0., momentum=0.5)
+    return -m.asnumpy()[0]
 
 
 if __name__ == '__main__':

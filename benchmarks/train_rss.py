@@ -21,8 +21,11 @@ command line to compare one lever at a time. One process, one configuration: for
 variants alternately several times (the benchmark's interleaving is not done here).
 """
 import argparse
+import atexit
 import json
+import os
 import resource
+import tempfile
 import time
 
 import numpy as np
@@ -64,9 +67,12 @@ def main(argv=None):
     import mxmp
     from mxmp.graph.stem import padded_convolutions
     if args.allocated:
+        # MXNet also writes a trace file: into a temporary one, removed at exit
+        trace = os.path.join(tempfile.gettempdir(), 'train_rss_profile_%d.json' % os.getpid())
+        atexit.register(lambda: os.path.exists(trace) and os.remove(trace))
         mx.profiler.set_config(profile_memory=True, aggregate_stats=True, profile_all=False,
                                profile_symbolic=False, profile_imperative=False,
-                               profile_api=False)
+                               profile_api=False, filename=trace)
         mx.profiler.set_state('run')
     mx.random.seed(0)
     rng = np.random.RandomState(0)

@@ -508,18 +508,21 @@ def test_dnnl_verbose_log_is_summed_per_step_phase_and_primitive(tmp_path):
                    ('convolution', 'jit:avx2', 'forward_training', ''): [1, 2.0]}
 
 
-def test_train_rss_float32_reference_and_allocation_peak():
+def test_train_rss_float32_reference_and_allocation_peak(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''),
                OMP_NUM_THREADS='1')
+    before = set(os.listdir(REPO))
     lines = {}
     for variant in ([], ['--float32']):
         proc = subprocess.run([sys.executable, '-m', 'benchmarks.train_rss', '--model', MODEL,
                                '--classes', str(CLASSES), '--input-size', str(SIZE),
                                '--batch-size', '8', '--steps', '3', '--allocated'] + variant,
-                              cwd=str(REPO), env=env, capture_output=True, text=True,
+                              cwd=str(tmp_path), env=env, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         lines[bool(variant)] = proc.stdout.strip().splitlines()[-1]
+    # the profiler's trace file is written to a temporary file and removed, nowhere else
+    assert os.listdir(tmp_path) == [] and set(os.listdir(REPO)) == before
     assert lines[True].startswith('%s batch 8 float32 (no mxmp): peak RSS ' % MODEL)
     assert lines[False].startswith('%s batch 8 cast_params False' % MODEL)
     allocated = {k: float(v.split("MXNet's allocations peak ")[1].split(' MiB')[0])
