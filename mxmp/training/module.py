@@ -295,7 +295,7 @@ class Module(StepOwnerMixin, MasterWeightsModule, LossScaleInputModule):
         self._update_on_kvstore = False
         if kv:
             start_kvstore(self, kv)
-        self._updater = Updater(optimizer)  # SGD on a CPU: single-array kernels (updater.py)
+        self._updater = Updater(optimizer)  # SGD on a CPU: one weight per kernel call (updater.py)
         self.optimizer_initialized = True
         if self._preload_opt_states is not None:
             self.load_optimizer_states(self._preload_opt_states)

@@ -146,7 +146,7 @@ class Trainer(StepOwnerMixin, KVStoreMixin, StatesFileMixin, MasterWeightsMixin,
 
     def _init_optimizer(self, optimizer, optimizer_params):
         super()._init_optimizer(optimizer, optimizer_params)
-        # SGD on a CPU: single-array kernels, several times faster (mxmp/training/updater.py)
+        # SGD on a CPU: one weight per kernel call, same numbers, faster (training/updater.py)
         self._updaters = [Updater(self._optimizer) for _ in self._contexts]
 
     def _prepare(self):
