@@ -5,6 +5,6 @@ loss-scale update; the call order as an explicit stage), ``master_weights``, ``c
 (states files, atomic writes), ``trainer`` (:class:`mxmp.Trainer`), ``module``
 (:class:`mxmp.Module`) with its parts ``module_checkpoint``, ``module_kvstore``,
 ``module_loss_scale`` and ``module_master_weights``, ``updater`` (the optimizer's updater: SGD on
-a CPU one array per kernel call), and ``bucketing``
+a CPU one weight per kernel call), and ``bucketing``
 (:class:`mxmp.BucketingModule`). The public names are re-exported by :mod:`mxmp`.
 """
