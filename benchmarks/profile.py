@@ -13,6 +13,8 @@ import logging
 import os
 import re
 
+from .flops import TRAIN_FACTOR
+
 __all__ = ['parse_aggregate', 'per_iteration', 'side_by_side', 'markdown_table', 'run_profile',
            'gemm_layer_split', 'BULK_OFF', 'GEMM_LAYER_OPS']
 
@@ -198,7 +200,6 @@ def run_profile(config, env, machine, out_dir, timeout, run_child, mode_label, m
                 machine['loadavg_start'][0], machine['loadavg_end'][0]),
              '- %d warm-up + %d profiled iterations per mode, one fresh process per mode'
              % (config['warmup'], config['iters'])]
-    from .flops import TRAIN_FACTOR
     for mode, r in results.items():
         lines.append('- %s: %s' % (r['label'], '%.1f ms per profiled iteration (wall, with '
                                    'the profiler on)' % (1000 * r['iter_s'][0])
