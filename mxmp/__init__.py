@@ -38,7 +38,7 @@ from .errors import (AmpListConflict, CudaLibrariesNotFound, LossScaleAtFloorErr
 from .policy import Policy  # noqa: E402
 from .graph import convert_symbol, remove_casts, explain, format_explain, count_casts  # noqa: E402
 from .device import lp_kernels_available  # noqa: E402
-from .gluon import convert, ConvertedBlock  # noqa: E402
+from .gluon import convert, converted_graph  # noqa: E402
 from .scaling.scalers import (LossScaler, DynamicLossScaler, StaticLossScaler,  # noqa: E402
                               NoOpLossScaler, make_loss_scaler)
 from .training.trainer import Trainer  # noqa: E402
@@ -60,7 +60,7 @@ __version__ = '0.1.0'
 
 __all__ = ['Policy', 'AmpListConflict', 'normalize_dtype', 'convert_symbol', 'remove_casts',
            'explain', 'format_explain', 'count_casts', 'lp_kernels_available', 'convert',
-           'ConvertedBlock', 'LossScaler', 'DynamicLossScaler', 'StaticLossScaler',
+           'converted_graph', 'LossScaler', 'DynamicLossScaler', 'StaticLossScaler',
            'NoOpLossScaler', 'make_loss_scaler', 'LossScaleAtFloorError',
            'NonFiniteForwardWarning', 'Trainer', 'Module', 'BucketingModule', 'check_alignment',
            'format_alignment', 'Misalignment', 'preload_cuda_libraries', 'missing_cuda_libraries',

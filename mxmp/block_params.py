@@ -1,8 +1,7 @@
-"""Parameter files of a converted block: one float32 copy per parameter, the original's names.
+"""Parameter files of a converted network: one float32 copy per parameter, the usual names.
 
-:meth:`mxmp.ConvertedBlock.save_parameters` and :meth:`~mxmp.ConvertedBlock.load_parameters`
-use these functions. A converted block shares its ``Parameter`` objects with the block it was
-converted from (``mxmp_source``), so its checkpoint is the *original network's* checkpoint:
+``save_parameters`` and ``load_parameters`` of a network converted by :func:`mxmp.convert`
+use these functions (:mod:`mxmp.gluon`), so its checkpoint is the float32 network's checkpoint:
 
 * the keys are the structural names ``net.save_parameters`` writes for the original network
   (``features.0.weight``, ``0.bias``: ``Block._collect_params_with_prefix`` in MXNet 1.9.1's
@@ -34,14 +33,13 @@ def structural_params(block):
     """``{structural name: Parameter}`` of the original network of ``block``.
 
     Args:
-        block (gluon.Block): a converted block (its ``mxmp_source`` is used) or any block.
+        block (gluon.Block): any block (a converted one is the user's own block).
 
     Returns:
         dict str -> Parameter: the names ``block.save_parameters`` writes in plain Gluon; a
         Parameter shared by several children appears under each of its names.
     """
-    source = getattr(block, 'mxmp_source', None)
-    return (source if source is not None else block)._collect_params_with_prefix()
+    return block._collect_params_with_prefix()
 
 
 def _master_first_device(param):
@@ -126,8 +124,6 @@ def _lookup(block):
         """(Parameter or None, rank): rank 0 for a structural name, 1 for a full name."""
         if key in structural:
             return structural[key], 0
-        if key.startswith('mxmp_source.') and key[len('mxmp_source.'):] in structural:
-            return structural[key[len('mxmp_source.'):]], 0   # files of mxmp <= 0.1.0
         for tag in ('arg:', 'aux:'):                           # HybridBlock.export files
             if key.startswith(tag):
                 key = key[len(tag):]

@@ -190,6 +190,8 @@ class FusedInference:
         import mxnet as mx
         from mxnet import autograd, gluon
         inputs, sym = self.block._cached_graph
+        # typed inputs: the SymbolBlock infers its Parameters' dtypes from them
+        inputs = [mx.sym.var(s.name, dtype=a.dtype) for s, a in zip(inputs, args)]
         params = self.block.collect_params()
         if self.precast is not None:
             if any(p._deferred_init for p in self._params):

@@ -9,7 +9,7 @@ implementation is :mod:`mxmp.compat.contrib_amp` (``init`` and the loss scaling 
 on :mod:`mxmp.training.step`) and :mod:`mxmp.amp.convert` (the convert calls); its docstring
 says what differs from contrib.amp and why. This module re-exports them.
 """
-from ..compat.contrib_amp import (_TrainerLossScaler, init, init_trainer,  # noqa: F401
+from ..compat.contrib_amp import (_TrainerLossScaler, disable, init, init_trainer,  # noqa: F401
                                   scale_loss, unscale)
 from ..policy import AmpListConflict
 from . import lists
@@ -17,7 +17,7 @@ from .convert import _policy, convert_hybrid_block, convert_model, convert_symbo
 from .lists import (list_conditional_fp32_ops, list_fp32_ops, list_loss_output_functions,
                     list_lp16_fp32_ops, list_lp16_ops, list_widest_type_cast)
 
-__all__ = ['AmpListConflict', 'lists', 'init', 'init_trainer', 'scale_loss', 'unscale',
+__all__ = ['AmpListConflict', 'lists', 'init', 'disable', 'init_trainer', 'scale_loss', 'unscale',
            'convert_symbol', 'convert_model', 'convert_hybrid_block', 'list_lp16_ops',
            'list_fp32_ops', 'list_lp16_fp32_ops', 'list_widest_type_cast',
            'list_conditional_fp32_ops', 'list_loss_output_functions']

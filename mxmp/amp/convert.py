@@ -2,6 +2,7 @@
 ``convert_model``, ``convert_hybrid_block``) on mxmp's graph pass, with the defaults recorded by
 :func:`mxmp.amp.init` (:mod:`mxmp.compat.contrib_amp`)."""
 import logging
+import warnings
 
 from ..compat import contrib_amp as _amp
 from ..compat.contrib_amp import _conditional, _dtype, _names
@@ -103,59 +104,59 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
 def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
                          cast_optional_params=False):
-    """Return a mixed-precision version of a HybridBlock, for training or inference.
+    """Return a mixed-precision copy of a HybridBlock's graph that shares its Parameters.
 
     Same signature as ``mxnet.contrib.amp.convert_hybrid_block`` except the defaults of
     ``target_dtype`` (:func:`init`'s dtype, else ``'float16'``) and ``ctx`` (None: where the
-    parameters are; contrib.amp defaults to ``gpu(0)``). Built on :func:`mxmp.convert`:
+    parameters are; contrib.amp defaults to ``gpu(0)``). As in contrib.amp the result is a new
+    ``gluon.SymbolBlock`` and ``block`` keeps computing in float32; unlike it, the result
+    *shares* the block's Parameters (no copy) and trains. To make the network itself compute
+    in mixed precision (its methods, training outputs and every graph it builds), use
+    :func:`init` or :func:`mxmp.convert` instead.
 
-    * the block need not be hybridized or run first; its input names are taken from its
-      cached graph if it has one, else ``('data',)``;
-    * the result *shares* the block's Parameters (no copy), and trains: use it in the
-      training loop with :func:`init_trainer` / :func:`scale_loss`;
-    * **emulation** is chosen here: if ``ctx`` has no kernels for the target dtype
-      (``mxmp.lp_kernels_available(target_dtype, ctx)`` is False: bfloat16 on a CPU without
-      oneDNN's AVX-512 bfloat16 kernels, float16 on any CPU) the block runs float32 kernels on
-      values rounded through the target dtype, the same numerics (logged at INFO). The
-      result's ``mxmp_policy.emulate`` tells which one you got.
+    * the block need not be hybridized or run first; its input names are those of its cached
+      graph if it has one, else ``('data',)``;
+    * where ``ctx`` has no kernels for the target dtype (``mxmp.lp_kernels_available``) the
+      result emulates its numerics with float32 kernels (warned once).
 
     Args:
-        block (gluon.HybridBlock): the float32 block, initialized or not.
-        ctx (mx.Context): context to check the kernels on and to move the (shared) parameters
-            to if given; default: the parameters' context (or cpu).
-        cast_optional_params (bool): store low-precision weights in the target dtype
-            (``mxmp.convert(cast_params=True)``): train with ``mxmp.Trainer`` then, which
+        block (gluon.HybridBlock): the float32 block (a SymbolBlock too), initialized or not.
+        ctx (mx.Context): context to move the (shared) parameters to, if given.
+        cast_optional_params (bool): store low-precision weights in the target dtype now
+            (shared: ``block`` sees them in that dtype too); train with ``mxmp.Trainer``, which
             keeps float32 master weights.
         Others as :func:`convert_symbol`.
 
     Returns:
-        mxmp.ConvertedBlock (a gluon.SymbolBlock): float32 outputs.
+        gluon.SymbolBlock: converted as by :func:`mxmp.convert`; float32 outputs.
 
     Raises:
-        TypeError: not a HybridBlock.
-        ValueError: as :func:`convert_symbol`; a block already converted.
+        TypeError: not a HybridBlock, or a block that cannot be traced.
+        ValueError: as :func:`convert_symbol`.
     """
     import mxnet as mx
     from mxnet import gluon
-    from ..device import lp_kernels_available
     from ..gluon import convert
     if not isinstance(block, gluon.HybridBlock):
         raise TypeError('block must be a gluon.HybridBlock, got %s' % type(block).__name__)
-    cached = getattr(block, '_cached_graph', None)
-    data_names = tuple(s.name for s in cached[0]) if cached else ('data',)
     if ctx is not None:
         block.collect_params().reset_ctx(ctx)
+    cached = getattr(block, '_cached_graph', None)
+    if isinstance(block, gluon.SymbolBlock):
+        inputs, sym = cached
     else:
-        ctxs = [c for p in block.collect_params().values() if p._ctx_list
-                for c in p._ctx_list]
-        ctx = ctxs[0] if ctxs else mx.cpu()
-    dtype = _dtype(target_dtype)
-    emulate = not lp_kernels_available(dtype, ctx)
-    if emulate:
-        logger.info('mxmp.amp: %s has no %s kernels; the block emulates %s numerics with '
-                    'float32 kernels', ctx, dtype, dtype)
-    policy = _policy(dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
-                     excluded_sym_names, emulate=emulate)
-    return convert(block, policy=policy, cast_params=bool(cast_optional_params),
-                   emulate=emulate, data_names=data_names)
-
+        inputs = list(cached[0]) if cached else [mx.sym.var('data')]
+        try:
+            sym = block(*inputs)
+        except Exception as err:  # any failure of hybrid_forward on Symbols
+            raise TypeError('could not trace %s into a Symbol (%s: %s): its hybrid_forward '
+                            'must use only F.* operators' % (block.name, type(err).__name__,
+                                                             err)) from err
+        if isinstance(sym, (list, tuple)):
+            sym = mx.sym.Group(list(sym))
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', UserWarning)   # SymbolBlock cannot type its inputs yet
+        copy = gluon.SymbolBlock(sym, list(inputs), params=block.collect_params())
+    policy = _policy(_dtype(target_dtype), target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                     excluded_sym_names)
+    return convert(copy, policy=policy, cast_params=bool(cast_optional_params))

@@ -10,23 +10,23 @@ The names and signatures are those of ``mxnet/contrib/amp/amp.py`` in MXNet 1.9.
 ``list_widest_type_cast``, ``list_conditional_fp32_ops``, ``list_loss_output_functions``.
 They are built on mxmp's graph pass (:func:`mxmp.convert_symbol`, :func:`mxmp.convert`), its
 :class:`mxmp.Policy`, its loss scalers (:mod:`mxmp.scaling.scalers`) and its training step
-(:mod:`mxmp.training.step`). Nothing is monkey patched: no MXNet function or class is
-replaced, so importing or initialising this module changes nothing global, and it can be used
-beside ``mxnet.contrib.amp`` in the same process.
+(:mod:`mxmp.training.step`).
 
 What differs from contrib.amp, and why (each function's docstring says more):
 
-* ``init()`` cannot patch the operators, so it only *records* the target dtype and the op
-  overrides; they become the defaults of the ``convert_*`` calls that follow. It may be called
-  at any time (also after the network is built) and again to change the defaults.
-* The network must therefore be converted explicitly, also for training: add
-  ``net = amp.convert_hybrid_block(net)`` after building it. The returned block *shares* the
-  Parameters of ``net`` and trains (contrib.amp's convert functions are for inference only).
-* ``convert_hybrid_block`` chooses **emulation** by itself: when the context has no kernels
-  for the target dtype (:func:`mxmp.lp_kernels_available`: bfloat16 on a CPU without
-  AVX-512 oneDNN kernels, float16 on any CPU) the block computes with float32 kernels on
-  values rounded through the target dtype (see :mod:`mxmp.graph`), and logs that it does.
-  ``convert_symbol``/``convert_model`` write the real low-precision graph (for deployment).
+* ``init()`` is a **process-wide switch**, as contrib.amp's is: every Gluon HybridBlock whose
+  graph is built afterwards (hybridized, then called) computes in mixed precision through
+  mxmp's pass, in training and in inference, with no convert call. It does not patch MXNet's
+  operators (contrib.amp replaces ``mx.sym.*``/``mx.nd.*`` functions, which breaks
+  ``mx.sym.arange``, ``mx.sym.random.*`` and imperative code that mixes the outputs of patched
+  layers with float32 tensors, such as GluonCV YOLO3's target generator): it hooks where Gluon
+  builds a block's graph (:mod:`mxmp.gluon`). Imperative calls of blocks that are not
+  hybridized run in float32, and mxmp warns once with the fix (``net.hybridize()``).
+  It may run before or after the network is built; :func:`disable` turns it off.
+  ``mxmp.convert(net)`` is the per-network alternative.
+* Where the context has no kernels for the target dtype (bfloat16 on a CPU without AVX-512
+  oneDNN kernels, float16 on any CPU) the networks **emulate** its numerics with float32
+  kernels, and say so once in a warning.
 * The op lists are mxmp's (``amp.lists.symbol_fp16`` / ``symbol_bf16`` hold them under
   contrib.amp's names; every op is in one list). The convert calls treat their list arguments
   as contrib.amp does: ``target_dtype_ops``, ``fp32_ops`` and ``conditional_fp32_ops``
@@ -53,7 +53,7 @@ from ..policy.policy import conditional_rules
 from ..scaling.scalers import make_loss_scaler, scale_losses
 from ..training.step import Step, param_grads
 
-__all__ = ['init', 'init_trainer', 'scale_loss', 'unscale']
+__all__ = ['init', 'disable', 'init_trainer', 'scale_loss', 'unscale']
 
 logger = logging.getLogger('mxmp.amp')
 
@@ -91,14 +91,21 @@ def _conditional(value):
 
 def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops=None,
          fp32_ops=None):
-    """Record the target dtype and op overrides used by the following ``convert_*`` calls.
+    """Switch mixed precision on for every Gluon network built or hybridized afterwards.
 
-    Same signature as ``mxnet.contrib.amp.init``. Unlike it, nothing is patched: the
-    operators of ``mx.nd``/``mx.sym`` are untouched, so this does not need to run before the
-    network is built, can run again (the last call wins) and never affects code that does not
-    use ``mxmp.amp``. Convert the network with :func:`convert_hybrid_block` (training or
-    inference) or :func:`convert_symbol` / :func:`convert_model`; their ``target_dtype``
-    defaults to the one recorded here.
+    Same signature as ``mxnet.contrib.amp.init``, and like it a process-wide switch: every
+    HybridBlock (not SymbolBlocks) whose graph MXNet builds from now on -- at its first
+    hybridized call and after every cache clear (``hybridize()``, ``set_nms()``...) -- runs
+    mxmp's pass with this dtype and these op lists, in training and inference; outputs are
+    float32. Then train as with contrib.amp: :func:`init_trainer`, :func:`scale_loss`,
+    ``trainer.step``. Unlike contrib.amp no operator function is replaced, so ``mx.sym.*``
+    and imperative ``mx.nd`` code keep working, and it may run before or after the network is
+    built; a graph already built keeps its precision until its cache is cleared. A block that
+    is not hybridized runs imperatively in float32 (warned once: hybridize it). Calling
+    ``init`` again replaces the settings; :func:`disable` turns the switch off. The settings
+    are also the defaults of the ``convert_*`` calls. Where the context has no kernels for
+    the target dtype the networks emulate its numerics (warned once). Networks converted
+    with :func:`mxmp.convert` keep their own settings.
 
     Args:
         target_dtype: ``'float16'`` or ``'bfloat16'`` (or ``numpy.float16`` /
@@ -113,10 +120,26 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
         ValueError: unknown dtype or malformed lists (contrib.amp asserts instead).
     """
     global _CONFIG  # pylint: disable=global-statement
-    _CONFIG = _Config(_dtype(target_dtype), _names(target_precision_ops, 'target_precision_ops'),
-                      _names(fp32_ops, 'fp32_ops'), _conditional(conditional_fp32_ops))
-    logger.info('mxmp.amp: target dtype %s recorded for the convert calls (nothing patched)',
-                _CONFIG.target_dtype)
+    from ..gluon import Conversion, set_global
+    from ..amp.convert import _policy
+    config = _Config(_dtype(target_dtype), _names(target_precision_ops, 'target_precision_ops'),
+                     _names(fp32_ops, 'fp32_ops'), _conditional(conditional_fp32_ops))
+    _CONFIG = config
+    set_global(Conversion(_policy(config.target_dtype, None, None, None, None)))
+    logger.info('mxmp.amp: mixed precision (%s) on for Gluon graphs built from now on',
+                config.target_dtype)
+
+
+def disable():
+    """Turn :func:`init`'s switch off: graphs built afterwards are float32 (mxmp only).
+
+    Graphs already built keep their precision until their cache is cleared (``hybridize()``).
+    The convert calls' defaults go back to contrib.amp's (float16, default lists).
+    """
+    global _CONFIG  # pylint: disable=global-statement
+    from ..gluon import set_global
+    _CONFIG = _Config()
+    set_global(None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,8 +209,8 @@ def init_trainer(optimizer_or_trainer):
       attribute that ``gluon.Trainer`` itself checks before every update (MXNet 1.9.1
       ``gluon/trainer.py``, ``_update``): a step whose gradients hold inf/NaN on any device is
       skipped and the scale backs off. No method is replaced. Scaling is dynamic for float16
-      and off for bfloat16 (the dtype recorded by :func:`init`, else the ``_mxmp_target_dtype``
-      mark that :func:`convert_hybrid_block` leaves on the Parameters, else float16).
+      and off for bfloat16 (the dtype recorded by :func:`init`, else the target dtype
+      of the network :func:`convert_hybrid_block` converted, else float16).
       If the Trainer left ``update_on_kvstore`` to MXNet, it is set to False (the update must
       come after the check, as in mxmp.Trainer); an explicit ``update_on_kvstore=True`` is an
       error. The optimizer must support the Parameters' dtype (MXNet's optimizers fail on
@@ -210,7 +233,8 @@ def init_trainer(optimizer_or_trainer):
         config['update_on_kvstore'] = False
     dtype = _CONFIG.target_dtype
     if dtype is None:
-        marks = {getattr(p, '_mxmp_target_dtype', None) for p in trainer._params}
+        from ..gluon import target_dtype_of
+        marks = {target_dtype_of(p) for p in trainer._params}
         dtype = 'float16' if 'float16' in marks else ('bfloat16' if 'bfloat16' in marks
                                                        else 'float16')
     trainer._amp_loss_scaler = _TrainerLossScaler(make_loss_scaler(None, dtype))

@@ -72,8 +72,7 @@ class Trainer(StepOwnerMixin, KVStoreMixin, StatesFileMixin, MasterWeightsMixin,
         target_dtype (keyword-only, str or None): ``'float16'``, ``'bfloat16'`` or
             ``'float32'``; decides the default loss scaler. None: ``'float16'`` if any
             Parameter has dtype float16, else ``'bfloat16'`` if any has dtype bfloat16, else the
-            ``_mxmp_target_dtype`` attribute that ``mxmp.convert`` sets on the Parameters of a
-            converted block (float16 first), else ``'float32'``.
+            target dtype of the network ``mxmp.convert`` or ``mxmp.amp.init`` converted (float16 first), else ``'float32'``.
         grad_dtype (keyword-only, None or str): the *exchange dtype* of the gradients on the
             kvstore (:mod:`mxmp.distributed.exchange`): ``'float32'``, ``'float16'`` (needs a
             dynamic loss scaler: half the bytes, float16 rounding of each worker's gradient and
@@ -300,8 +299,8 @@ class Trainer(StepOwnerMixin, KVStoreMixin, StatesFileMixin, MasterWeightsMixin,
 
 def infer_target_dtype(params):
     """The target dtype a Trainer over ``params`` (list of Parameter) defaults to: float16 if a
-    Parameter is float16, else bfloat16 if one is, else the ``_mxmp_target_dtype`` mark of
-    ``mxmp.convert`` (float16 first), else float32."""
+    Parameter is float16, else bfloat16 if one is, else the target dtype of the network
+    converted by ``mxmp.convert`` or ``mxmp.amp.init`` (float16 first), else float32."""
     names = set()
     for param in params:
         try:
@@ -311,7 +310,8 @@ def infer_target_dtype(params):
     for name in _LOW_PRECISION:
         if name in names:
             return name
-    marks = {getattr(p, '_mxmp_target_dtype', None) for p in params}
+    from ..gluon import target_dtype_of
+    marks = {target_dtype_of(p) for p in params}
     for name in _LOW_PRECISION:
         if name in marks:
             return name
