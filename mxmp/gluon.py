@@ -129,7 +129,8 @@ def convert(block, target_dtype=None, cast_params=False, emulate='auto', policy=
         cast_params (bool): store the weights of low-precision layers (Convolution,
             FullyConnected, ...) in the target dtype, cast when the first graph is built
             (rounded to nearest even). Train with :class:`mxmp.Trainer`: it keeps float32 master
-            weights, made from the float32 values the Parameters held before the cast.
+            weights, made from the float32 values the Parameters held before the cast (kept
+            until the first training step, or dropped at the first inference call).
             BatchNorm's gamma, beta and running statistics stay float32. Default False: weights
             stay float32 with one in-graph cast each.
         emulate ('auto', True or False): run low-precision numerics with float32 kernels
@@ -255,8 +256,9 @@ def _call_cached_op(self, *args):
     from mxnet.gluon.block import _flatten, _regroup
     flat = [a for a in _flatten(args, 'input')[0] if a is not None]
     ctx = flat[0].context
-    built.before_call(ctx)
-    if autograd.is_recording():
+    recording = autograd.is_recording()
+    built.before_call(ctx, recording)
+    if recording:
         parameters_changed()  # a training step follows: fused state goes stale
     elif not self._backend and built.fuses(ctx):
         out = built.fused(*flat)

@@ -21,7 +21,7 @@ import mxnet as mx
 from mxnet import autograd
 
 from .device import lp_kernels_available
-from .dtypes import from_mshadow_enum, mx_dtype
+from .dtypes import dtype_name, from_mshadow_enum, mx_dtype
 from .fusion import FusedInference
 from .graph import convert_symbol, count_casts
 from .graph.stem import pad_stem as pad_stem_of, padded_convolutions, wants_padding
@@ -132,12 +132,14 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
     lp_names = cast_param_names(converted)
     lp_dtype = mx_dtype(policy.target_dtype)
     for name in lp_names:
-        if name in params and params[name].dtype != lp_dtype:
+        if name in params and dtype_name(params[name].dtype) != policy.target_dtype:
             _cast_parameter(params[name], lp_dtype)
     logger.info('mxmp: %s graph in %s%s: %d casts, %d parameters stored in %s', block.name,
                 policy.target_dtype, ' (emulated)' if policy.emulate else '',
                 count_casts(converted)['amp_cast'], len(lp_names), policy.target_dtype)
-    return BuiltGraph(block, conversion, policy, sym, converted, names, dtypes)
+    built = BuiltGraph(block, conversion, policy, sym, converted, names, dtypes)
+    built.unrounded = [params[n] for n in lp_names if n in params]
+    return built
 
 
 class BuiltGraph:
@@ -162,6 +164,7 @@ class BuiltGraph:
         grouped = _grouped_weights_cast_in_graph(symbol)
         self._grouped = [p for n, p in params.items() if n in grouped]
         self.fused = None
+        self.unrounded = []   # Parameters whose float32 values _UNROUNDED may still hold
         if conversion.fuse_inference is not False:
             precast = None
             if not conversion.cast_params and not policy.emulate:
@@ -189,8 +192,14 @@ class BuiltGraph:
                 lp_kernels_available(self.policy.target_dtype, ctx)
         return bool(option)
 
-    def before_call(self, ctx):
-        """Work before each call on ``ctx``: grouped weights back to the default layout."""
+    def before_call(self, ctx, recording):
+        """Work before each call on ``ctx``: grouped weights back to the default layout; at the
+        first call outside ``autograd.record()`` (inference before any training step), the
+        float32 values kept for master weights are dropped (inference needs no masters)."""
+        if not recording and self.unrounded:
+            for param in self.unrounded:
+                _UNROUNDED.pop(param, None)
+            self.unrounded = []
         # A float32 inference forward (of this block before conversion, or of another block
         # sharing these Parameters) may have left a weight in oneDNN's blocked layout, where
         # the graph's amp_cast fails for grouped convolutions (mxmp/layout.py).
@@ -226,11 +235,23 @@ def _grouped_weights_cast_in_graph(sym):
 def unrounded_values(param):
     """The float32 arrays ``param`` held before ``cast_params`` rounded it, or None.
 
-    Taken once (the entry is dropped): :class:`mxmp.Trainer` makes the master weights from
+    Kept from the conversion until a Trainer takes them or the network's first inference call
+    (outside ``autograd.record()``) drops them. Taken once (the entry is dropped): :class:`mxmp.Trainer` makes the master weights from
     them, so training starts from the exact float32 weights (a pretrained or fine-tuned model
-    keeps them), not from their bfloat16/float16 rounding.
+    keeps them), not from their bfloat16/float16 rounding. None as well when the Parameter's
+    value changed since (``set_data``, ``load_parameters``): its rounding no longer matches
+    them (one comparison per device, once).
     """
-    return _UNROUNDED.pop(param, None)
+    arrays = _UNROUNDED.pop(param, None)
+    if arrays is None or param._data is None or len(arrays) != len(param._data):
+        return None
+    with autograd.pause():
+        for f32, current in zip(arrays, param._data):
+            rounded = mx.nd.amp_cast(f32, dtype=current.dtype)
+            if (mx.nd.amp_cast(rounded, dtype='float32') !=
+                    mx.nd.amp_cast(current, dtype='float32')).sum().asscalar() != 0:
+                return None
+    return arrays
 
 
 def _cast_parameter(param, dtype):
@@ -251,7 +272,7 @@ def _cast_parameter(param, dtype):
     param._dtype = dtype
     with autograd.pause():
         to_default_layout(param._data)  # amp_cast fails on grouped weights oneDNN reordered
-        if param._data[0].dtype == mx_dtype('float32'):
+        if dtype_name(param._data[0].dtype) == 'float32':
             _UNROUNDED[param] = list(param._data)
         param._data = [mx.nd.amp_cast(d, dtype=dtype) for d in param._data]
         if param._grad is None:

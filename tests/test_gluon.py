@@ -1,11 +1,12 @@
-"""mxmp.convert on Gluon blocks: shared parameters, training, hybridize, export, bad input."""
+"""mxmp.convert on Gluon blocks: the user's own block in mixed precision, in every training mode,
+input structure and cache clear; training, export, checkpoints, master weights, bad input."""
 import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import autograd, gluon, nd
-from mxnet.contrib.amp.amp import bfloat16
 
 import mxmp
+from mxmp.gluon import converted_graph
 
 EMULATE = not mxmp.lp_kernels_available('bfloat16')
 
@@ -28,29 +29,43 @@ def is_bf16(arr):
     return np.dtype(arr.dtype).names == ('bfloat16',)
 
 
-def test_converted_resnet_shares_parameters_with_the_original():
+def ops_in_dtype(sym, op, data_shapes):
+    """dtype names of the outputs of every ``op`` node of ``sym``, by type inference."""
+    internals = sym.get_internals()
+    names = [n for n in internals.list_outputs()
+             if any(node['name'] + '_output' == n for node in _nodes(sym) if node['op'] == op)]
+    out = []
+    for name in names:
+        node = internals[name]
+        _, types, _ = node.infer_type(**{k: np.float32 for k in data_shapes
+                                         if k in node.list_arguments()})
+        out.append(mxmp.dtypes.dtype_name(types[0]))
+    return out
+
+
+def _nodes(sym):
+    import json
+    return json.loads(sym.tojson(remove_amp_cast=False))['nodes']
+
+
+def test_convert_returns_the_users_own_block_with_its_parameters():
     net = small_resnet()
-    conv = mxmp.convert(net, 'bfloat16', emulate=EMULATE)
-    mine, theirs = net.collect_params(), conv.collect_params()
-    assert set(theirs.keys()) == set(mine.keys())
-    assert all(theirs[k] is mine[k] for k in mine.keys())
-    x, _ = batch()
-    before = net(x).asnumpy()
-    name = [k for k in mine.keys() if k.endswith('dense0_bias')][0]
-    mine[name].set_data(mine[name].data() + 1)  # an update through one ...
-    np.testing.assert_allclose(net(x).asnumpy(), before + 1, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(conv(x).asnumpy(), before + 1, rtol=0.05, atol=0.05)  # ... seen
+    params = dict(net.collect_params().items())
+    assert mxmp.convert(net, 'bfloat16') is net
+    assert dict(net.collect_params().items()) == params
+    assert net._active  # hybridized by convert
 
 
 def test_converted_resnet_output_is_float32_and_close_to_float32():
-    net = small_resnet()
     x, _ = batch()
-    ref = net(x).asnumpy()
-    out = mxmp.convert(net, 'bfloat16', emulate=EMULATE)(x)
+    ref = small_resnet()(x).asnumpy()
+    net = mxmp.convert(small_resnet(), 'bfloat16')
+    out = net(x)
     assert out.dtype == np.float32
     got = out.asnumpy()
     np.testing.assert_allclose(got, ref, rtol=0.1, atol=0.05 * np.abs(ref).max())
     assert not np.array_equal(got, ref)
+    assert set(ops_in_dtype(converted_graph(net), 'Convolution', ['data'])) == {'bfloat16'}
 
 
 @pytest.mark.parametrize('cast_params', [False, True])
@@ -60,8 +75,7 @@ def test_converted_resnet_trains_like_float32(cast_params):
     for mode in ('float32', 'bfloat16'):
         net = small_resnet(seed=3)
         if mode == 'bfloat16':
-            net = mxmp.convert(net, 'bfloat16', cast_params=cast_params, emulate=EMULATE)
-            net.hybridize()
+            net = mxmp.convert(net, 'bfloat16', cast_params=cast_params)
         trainer = mxmp.Trainer(net.collect_params(), 'sgd',
                                {'learning_rate': 0.05, 'momentum': 0.9})
         loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -77,78 +91,65 @@ def test_converted_resnet_trains_like_float32(cast_params):
     np.testing.assert_allclose(losses['bfloat16'], losses['float32'], rtol=0.15, atol=0.05)
 
 
-def test_cast_params_stores_conv_and_dense_weights_in_bfloat16_but_not_batchnorm():
-    net = small_resnet()
-    net(batch()[0])  # finish deferred initialization
-    conv = mxmp.convert(net, 'bfloat16', cast_params=True, emulate=EMULATE)
-    params = net.collect_params()
-    for name, p in params.items():
-        if 'batchnorm' in name:
-            assert p.dtype == np.float32 and p.data().dtype == np.float32, name
-        elif name.endswith('weight') or name.endswith('bias'):
-            assert is_bf16(p.data()), name
-    assert conv.mxmp_cast_params
+# --- every graph Gluon builds goes through the pass ----------------------------------------------
+class TrainsWithTargets(gluon.HybridBlock):
+    """Like GluonCV's detectors: other outputs under autograd.record(), targets as inputs."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.conv = gluon.nn.Conv2D(8, 3, in_channels=3)
+            self.fc = gluon.nn.Dense(4)
+        self.top = 2
+
+    def hybrid_forward(self, F, x, target=None):
+        scores = self.fc(self.conv(x))
+        if autograd.is_training():
+            return F.mean(F.square(scores - target), axis=1), scores
+        return F.topk(scores, k=self.top, ret_typ='value')
+
+    def set_top(self, k):
+        """A model method that changes the graph, as GluonCV's set_nms does."""
+        self._clear_cached_op()
+        self.top = k
 
 
-def test_cast_params_before_initialize_initializes_in_bfloat16():
-    net = gluon.nn.Dense(4)
-    conv = mxmp.convert(net, 'bfloat16', cast_params=True, emulate=True)
-    conv.initialize(mx.init.Xavier())
-    out = conv(nd.ones((2, 3)))
-    assert is_bf16(net.weight.data()) and net.weight.shape == (4, 3)
-    assert out.dtype == np.float32
+def test_training_and_inference_graphs_both_run_in_bfloat16_with_their_own_outputs():
+    net = TrainsWithTargets()
+    net.initialize()
+    mxmp.convert(net, 'bfloat16')
+    x, target = nd.ones((2, 3, 8, 8)), nd.zeros((2, 4))
+    with autograd.record():
+        loss, scores = net(x, target)
+    loss.backward()
+    assert loss.shape == (2,) and scores.shape == (2, 4) and loss.dtype == np.float32
+    assert ops_in_dtype(converted_graph(net), 'Convolution', ['data0', 'data1']) == ['bfloat16']
+    net.hybridize()          # the scripts clear the cache before validation
+    out = net(x)
+    assert out.shape == (2, 2) and out.dtype == np.float32
+    assert ops_in_dtype(converted_graph(net), 'Convolution', ['data']) == ['bfloat16']
+    net.set_top(3)           # a model method that clears the cache
+    assert net(x).shape == (2, 3)
+    assert ops_in_dtype(converted_graph(net), 'FullyConnected', ['data']) == ['bfloat16']
+
+
+def test_a_converted_block_that_is_not_hybridized_raises_with_the_fix():
+    net = mxmp.convert(small_resnet(), 'bfloat16')
+    net.hybridize(active=False)
+    with pytest.raises(RuntimeError, match=r'not hybridized.*hybridize\(\)'):
+        net(batch()[0])
 
 
 def test_convert_before_initialize_and_before_shapes_are_known():
     net = gluon.nn.HybridSequential()
     with net.name_scope():
         net.add(gluon.nn.Dense(16, activation='relu'), gluon.nn.Dense(4))
-    conv = mxmp.convert(net, 'bfloat16', emulate=EMULATE)
-    conv.initialize(mx.init.Xavier())  # deferred: shapes come from the first batch
+    mxmp.convert(net, 'bfloat16')
+    net.initialize(mx.init.Xavier())  # deferred: shapes come from the first batch
     x = nd.ones((2, 7))
-    out = conv(x)
+    out = net(x)
     assert out.shape == (2, 4) and out.dtype == np.float32
     assert net[0].weight.shape == (16, 7)
-    np.testing.assert_allclose(out.asnumpy(), net(x).asnumpy(), rtol=0.05, atol=0.02)
-
-
-def test_convert_a_hybridized_block_and_hybridize_the_result():
-    net = small_resnet()
-    net.hybridize()
-    x, _ = batch()
-    ref = net(x).asnumpy()
-    conv = mxmp.convert(net, 'bfloat16', emulate=EMULATE)
-    conv.hybridize(static_alloc=True, static_shape=True)
-    for _ in range(2):
-        np.testing.assert_allclose(conv(x).asnumpy(), ref, rtol=0.1,
-                                   atol=0.05 * np.abs(ref).max())
-
-
-@pytest.mark.parametrize('cast_params', [False, True])
-def test_export_writes_a_float32_model_that_plain_mxnet_loads(tmp_path, cast_params):
-    net = small_resnet()
-    net(batch()[0])
-    conv = mxmp.convert(net, 'bfloat16', emulate=EMULATE, cast_params=cast_params)
-    x, _ = batch()
-    conv.hybridize()
-    conv(x)
-    prefix = str(tmp_path / 'model')
-    conv.export(prefix)
-    loaded = gluon.SymbolBlock.imports(prefix + '-symbol.json', ['data'],
-                                       prefix + '-0000.params')
-    sym = mx.sym.load(prefix + '-symbol.json')
-    assert mxmp.count_casts(sym)['amp_cast'] == 0
-    assert all(np.dtype(p.data().dtype) == np.float32 for p in loaded.collect_params().values())
-    # The exported float32 model computes what the original (shared, possibly rounded)
-    # parameters compute in float32.
-    reference = mxmp.remove_casts(conv.mxmp_symbol)
-    args = {k: nd.amp_cast(p.data(), dtype='float32') for k, p in net.collect_params().items()}
-    args['data'] = x
-    exe = reference.bind(mx.cpu(), {k: v for k, v in args.items()
-                                   if k in reference.list_arguments()},
-                         aux_states={k: args[k] for k in reference.list_auxiliary_states()})
-    np.testing.assert_allclose(loaded(x).asnumpy(), exe.forward()[0].asnumpy(), rtol=1e-4,
-                               atol=1e-5)
 
 
 def test_block_with_two_inputs():
@@ -161,14 +162,117 @@ def test_block_with_two_inputs():
         def hybrid_forward(self, F, a, b):
             return F.broadcast_add(self.fc(a), F.sum(b, axis=1, keepdims=True))
 
+    a, b = nd.ones((2, 4)), nd.ones((2, 5))
     net = TwoInputs()
     net.initialize()
-    conv = mxmp.convert(net, 'bfloat16', emulate=EMULATE, data_names=('a', 'b'))
-    a, b = nd.ones((2, 4)), nd.ones((2, 5))
-    np.testing.assert_allclose(conv(a, b).asnumpy(), net(a, b).asnumpy(), rtol=0.02, atol=0.02)
+    ref = net(a, b).asnumpy()
+    mxmp.convert(net, 'bfloat16')
+    np.testing.assert_allclose(net(a, b).asnumpy(), ref, rtol=0.02, atol=0.02)
 
 
-# --- bad input --------------------------------------------------------------------------------
+# --- cast_params: storage and master weights ---------------------------------------------------
+def test_cast_params_stores_conv_and_dense_weights_in_bfloat16_but_not_batchnorm():
+    net = small_resnet()
+    net(batch()[0])  # finish deferred initialization
+    mxmp.convert(net, 'bfloat16', cast_params=True)
+    net(batch()[0])  # the graph is built, and the weights cast, at the first call
+    for name, p in net.collect_params().items():
+        if 'batchnorm' in name:
+            assert p.dtype == np.float32 and p.data().dtype == np.float32, name
+        elif name.endswith('weight') or name.endswith('bias'):
+            assert is_bf16(p.data()), name
+
+
+def test_cast_params_before_initialize_initializes_in_float32_then_rounds():
+    net = gluon.nn.Dense(4)
+    mxmp.convert(net, 'bfloat16', cast_params=True)
+    net.initialize(mx.init.Xavier())
+    out = net(nd.ones((2, 3)))
+    assert is_bf16(net.weight.data()) and net.weight.shape == (4, 3)
+    assert out.dtype == np.float32
+
+
+def test_bfloat16_parameter_values_are_rounded_to_nearest():
+    net = gluon.nn.Dense(4, in_units=3)
+    net.initialize()
+    w = net.weight.data().asnumpy()
+    mxmp.convert(net, 'bfloat16', cast_params=True)
+    with autograd.record():
+        net(nd.ones((2, 3)))
+    got = nd.amp_cast(net.weight.data(), dtype='float32').asnumpy()
+    assert is_bf16(net.weight.data())
+    # round to nearest: error at most half a bfloat16 ulp (2**-8 relative)
+    assert np.all(np.abs(got - w) <= np.abs(w) * 2.0 ** -8 + 1e-30)
+    assert not np.array_equal(got, w)
+
+
+def test_master_weights_start_from_the_float32_values_not_their_rounding():
+    net = gluon.nn.Dense(4, in_units=3)
+    net.initialize(mx.init.Normal(1.0))
+    w = net.weight.data().asnumpy()
+    mxmp.convert(net, 'bfloat16', cast_params=True)
+    trainer = mxmp.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.0})
+    with autograd.record():
+        loss = net(nd.ones((2, 3))).sum()
+    loss.backward()
+    trainer.step(2)
+    np.testing.assert_array_equal(trainer.master_weights(net.weight)[0].asnumpy(), w)
+
+
+def test_master_weights_follow_a_value_set_after_conversion():
+    net = gluon.nn.Dense(4, in_units=3)
+    net.initialize()
+    mxmp.convert(net, 'bfloat16', cast_params=True)
+    with autograd.record():
+        net(nd.ones((2, 3)))            # casts the weight to bfloat16
+    net.weight.set_data(nd.ones((4, 3)))  # then the user sets another value
+    trainer = mxmp.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.0})
+    np.testing.assert_array_equal(trainer.master_weights(net.weight)[0].asnumpy(),
+                                  np.ones((4, 3), np.float32))
+
+
+# --- files ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize('cast_params', [False, True])
+def test_export_writes_a_float32_model_that_plain_mxnet_loads(tmp_path, cast_params):
+    net = small_resnet()
+    x, _ = batch()
+    mxmp.convert(net, 'bfloat16', cast_params=cast_params)
+    net(x)
+    prefix = str(tmp_path / 'model')
+    net.export(prefix)
+    loaded = gluon.SymbolBlock.imports(prefix + '-symbol.json', ['data'],
+                                       prefix + '-0000.params')
+    sym = mx.sym.load(prefix + '-symbol.json')
+    assert mxmp.count_casts(sym)['amp_cast'] == 0
+    assert all(np.dtype(p.data().dtype) == np.float32 for p in loaded.collect_params().values())
+    # The exported float32 model computes what the (possibly rounded) parameters compute in
+    # float32.
+    reference = mxmp.remove_casts(converted_graph(net))
+    args = {k: nd.amp_cast(p.data(), dtype='float32') for k, p in net.collect_params().items()}
+    args['data'] = x
+    exe = reference.bind(mx.cpu(), {k: v for k, v in args.items()
+                                   if k in reference.list_arguments()},
+                         aux_states={k: args[k] for k in reference.list_auxiliary_states()})
+    np.testing.assert_allclose(loaded(x).asnumpy(), exe.forward()[0].asnumpy(), rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_save_parameters_writes_the_float32_networks_names_and_values(tmp_path):
+    net = small_resnet()
+    x, _ = batch()
+    mxmp.convert(net, 'bfloat16', cast_params=True)
+    net(x)
+    net.save_parameters(str(tmp_path / 'p.params'))
+    plain = small_resnet(seed=5)
+    plain.load_parameters(str(tmp_path / 'p.params'))   # plain MXNet, float32
+    for (k, a), (k2, b) in zip(sorted(net._collect_params_with_prefix().items()),
+                               sorted(plain._collect_params_with_prefix().items())):
+        assert k == k2 and b.data().dtype == np.float32
+        np.testing.assert_array_equal(nd.amp_cast(a.data(), dtype='float32').asnumpy(),
+                                      b.data().asnumpy())
+
+
+# --- bad input ---------------------------------------------------------------------------------
 def test_plain_block_is_rejected_with_the_fix():
     class NotHybrid(gluon.Block):
         def forward(self, x):
@@ -178,19 +282,16 @@ def test_plain_block_is_rejected_with_the_fix():
         mxmp.convert(NotHybrid(), 'bfloat16')
 
 
-def test_untraceable_hybrid_block_is_rejected_with_the_fix():
-    class UsesNumpy(gluon.HybridBlock):
-        def hybrid_forward(self, F, x):
-            return x * float(x.asnumpy().sum())
-
-    with pytest.raises(TypeError, match='could not trace.*only F'):
-        mxmp.convert(UsesNumpy(), 'bfloat16')
+def test_converting_again_with_the_same_settings_changes_nothing_other_settings_raise():
+    net = small_resnet()
+    assert mxmp.convert(net, 'bfloat16') is mxmp.convert(net, 'bfloat16')
+    with pytest.raises(ValueError, match='already converted'):
+        mxmp.convert(net, 'float16')
 
 
-def test_converting_a_converted_block_raises():
-    conv = mxmp.convert(small_resnet(), 'bfloat16', emulate=True)
-    with pytest.raises(ValueError, match='already converted.*mxmp_source'):
-        mxmp.convert(conv, 'bfloat16')
+def test_contradicting_target_dtype_and_policy_raise():
+    with pytest.raises(ValueError, match='contradicts policy'):
+        mxmp.convert(small_resnet(), 'float16', policy=mxmp.Policy('bfloat16'))
 
 
 def test_unknown_dtype_is_rejected():
@@ -198,42 +299,27 @@ def test_unknown_dtype_is_rejected():
         mxmp.convert(small_resnet(), 'float8')
 
 
-@pytest.mark.skipif(not EMULATE, reason='this CPU has bfloat16 kernels')
-def test_missing_bfloat16_kernels_give_a_clear_error_before_running():
-    conv = mxmp.convert(small_resnet(), 'bfloat16')
+def test_emulate_false_without_kernels_gives_a_clear_error_before_running():
+    net = mxmp.convert(small_resnet(), 'float16', emulate=False)  # no CPU has float16 kernels
+    with pytest.raises(RuntimeError, match='no float16 kernels.*emulate'):
+        net(batch()[0])
+
+
+def test_emulate_auto_emulates_float16_on_cpu_and_says_so(caplog):
     x, _ = batch()
-    with pytest.raises(RuntimeError, match='no bfloat16 kernels.*emulate=True'):
-        conv(x)
-
-
-def test_float16_on_cpu_is_reported_as_unavailable():
-    assert mxmp.lp_kernels_available('float16', mx.cpu()) is False
-    conv = mxmp.convert(small_resnet(), 'float16')
-    with pytest.raises(RuntimeError, match='no float16 kernels'):
-        conv(batch()[0])
-
-
-def test_emulated_float16_runs_on_cpu():
-    net = small_resnet()
-    x, _ = batch()
-    out = mxmp.convert(net, 'float16', emulate=True)(x)
-    ref = net(x).asnumpy()
+    ref = small_resnet()(x).asnumpy()
+    net = mxmp.convert(small_resnet(), 'float16')
+    with caplog.at_level('WARNING', logger='mxmp.gluon'):
+        out = net(x)
     np.testing.assert_allclose(out.asnumpy(), ref, rtol=0.02, atol=0.01 * np.abs(ref).max())
+    assert mxmp.gluon.converted_graph(net) is not None
+    assert any('emulates float16' in r.getMessage() for r in caplog.records) or \
+        ('float16', 'cpu(0)') in mxmp.gluon_graph._EMULATION_SAID
 
 
-def test_parameters_are_marked_with_the_target_dtype_for_the_trainer():
+def test_parameters_know_their_target_dtype_for_the_trainer():
     net = small_resnet()
-    mxmp.convert(net, 'float16', emulate=True)
-    assert {p._mxmp_target_dtype for p in net.collect_params().values()} == {'float16'}
-
-
-def test_bfloat16_parameter_values_are_rounded_to_nearest():
-    net = gluon.nn.Dense(4, in_units=3)
-    net.initialize()
-    w = net.weight.data().asnumpy()
-    mxmp.convert(net, 'bfloat16', cast_params=True, emulate=True)
-    got = nd.amp_cast(net.weight.data(), dtype='float32').asnumpy()
-    assert is_bf16(net.weight.data())
-    # round to nearest: error at most half a bfloat16 ulp (2**-8 relative)
-    assert np.all(np.abs(got - w) <= np.abs(w) * 2.0 ** -8 + 1e-30)
-    assert bfloat16 is not None
+    mxmp.convert(net, 'float16')
+    assert {mxmp.gluon.target_dtype_of(p) for p in net.collect_params().values()} == {'float16'}
+    trainer = mxmp.Trainer(net.collect_params(), 'sgd')
+    assert trainer.loss_scaler.enabled  # float16: dynamic loss scaling by default

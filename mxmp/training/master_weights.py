@@ -161,6 +161,13 @@ class MasterWeightsMixin:
         # Lets a converted block's save_parameters/load_parameters (mxmp.block_params) write
         # and set the exact float32 master instead of the stored low-precision rounding.
         param._mxmp_trainer = weakref.ref(self)
+        if i not in self._masters and self._masters.first_device(i) is None:
+            # cast_params rounded this Parameter when its network was converted: start from
+            # the float32 values it held before, not from their rounding
+            from ..gluon_graph import unrounded_values
+            unrounded = unrounded_values(param)
+            if unrounded is not None:
+                self._masters.set_pending(i, unrounded[0])
         return self._masters.get(i, param.list_data())
 
     def _ensure_all_masters(self):
