@@ -278,7 +278,7 @@ def _forward(self, x, *args):
     conversion = _GLOBAL[0]
     depth = getattr(_LOCAL, 'depth', 0)
     if conversion is not None and depth == 0 and type(self) not in _WARNED and \
-            self.collect_params():
+            list(self.collect_params().keys()):   # blocks without weights (losses): silent
         _WARNED.add(type(self))
         warnings.warn(
             '%s (%s) runs imperatively, in float32: mxmp.amp.init applies to the graphs of '

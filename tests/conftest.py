@@ -28,3 +28,11 @@ def pytest_collection_modifyitems(config, items):
         return
     for item in marked:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def amp_switch_off():
+    """mxmp.amp.init is process-wide: no test leaves it on for the next one."""
+    yield
+    import mxmp
+    mxmp.amp.disable()

@@ -1,4 +1,5 @@
-"""mxmp.amp: contrib.amp's API on mxmp (same names and signatures, no monkey patching)."""
+"""mxmp.amp: contrib.amp's API on mxmp (same names and signatures; init is a process-wide switch
+that hooks Gluon's graph building, not MXNet's operators)."""
 import inspect
 import json
 
@@ -20,9 +21,9 @@ NAMES = ['init', 'init_trainer', 'scale_loss', 'unscale', 'convert_symbol', 'con
 
 @pytest.fixture(autouse=True)
 def fresh_amp():
-    amp.init('float16')          # reset the recorded defaults between tests
+    amp.disable()                # the switch and the recorded defaults, off between tests
     yield
-    amp.init('float16')
+    amp.disable()
 
 
 def problem(n=64, seed=0):
@@ -47,19 +48,23 @@ def test_names_and_parameters_match_contrib_amp(name):
     assert ours == theirs
 
 
-def test_contrib_style_training_loop_trains_in_bfloat16():
-    """The contrib.amp Gluon recipe with only mxmp.amp names (plus the one convert line)."""
+def graph_policy(net):
+    return mxmp.gluon._BUILT[net].policy
+
+
+def test_contrib_style_training_loop_trains_in_bfloat16_with_no_convert_call():
+    """contrib.amp's documented Gluon recipe (init, init_trainer, scale_loss), mxmp.amp names."""
     x, y = problem()
+    reference = mlp()(x).asnumpy()
     amp.init(target_dtype='bfloat16')
     net = mlp()
-    reference = net(x).asnumpy()
-    net = amp.convert_hybrid_block(net)        # no patching: the net is converted explicitly
-    # emulation is chosen from the hardware: on for CPUs without oneDNN bfloat16 kernels
-    assert net.mxmp_policy.target_dtype == 'bfloat16'
-    assert net.mxmp_policy.emulate == (not mxmp.lp_kernels_available('bfloat16'))
-    # bfloat16 casts, or (emulated) mxmp's bfloat16 rounding nodes
-    assert mxmp.graph.converted_dtype(net.mxmp_symbol) == 'bfloat16'
+    net.hybridize()
     out = net(x).asnumpy()
+    # emulation is chosen from the hardware: on for CPUs without oneDNN bfloat16 kernels
+    assert graph_policy(net).target_dtype == 'bfloat16'
+    assert graph_policy(net).emulate == (not mxmp.lp_kernels_available('bfloat16'))
+    # bfloat16 casts, or (emulated) mxmp's bfloat16 rounding nodes
+    assert mxmp.graph.converted_dtype(mxmp.converted_graph(net)) == 'bfloat16'
     assert out.dtype == np.float32
     assert not np.array_equal(out, reference)                  # bfloat16 numerics ...
     np.testing.assert_allclose(out, reference, rtol=0.05, atol=0.05)   # ... close to float32
@@ -105,7 +110,8 @@ def test_float16_gluon_trainer_skips_an_overflowing_step_and_halves_the_scale():
     x, y = problem(seed=2)
     amp.init('float16')
     net = amp.convert_hybrid_block(mlp(2))
-    assert net.mxmp_policy.emulate                     # float16 has no CPU kernels
+    net(x)
+    assert graph_policy(net).emulate                     # float16 has no CPU kernels
     trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
     amp.init_trainer(trainer)
     scaler = trainer._amp_loss_scaler
@@ -166,7 +172,7 @@ def test_unscale_gives_the_float32_gradients():
         np.testing.assert_allclose(g, r, rtol=0.05, atol=1e-3)   # float16-emulated gradients
 
 
-def test_init_patches_nothing_and_sets_the_convert_default():
+def test_init_patches_no_operator_and_sets_the_convert_default():
     before = (mx.nd.FullyConnected, mx.sym.FullyConnected, mx.nd.SoftmaxOutput,
               gluon.Trainer._update)
     amp.init('bfloat16', target_precision_ops=['dot'], fp32_ops=['tanh'])
@@ -434,3 +440,97 @@ def test_an_op_in_no_list_runs_in_its_data_dtype_with_its_parameters():
                                                          None, None).replace(
                                                              follow_params=False))
     assert cast_dtypes_into(native, 'fc') == ['float32']
+
+
+# --- init is a process-wide switch ---------------------------------------------------------------
+def conv_net(seed=0):
+    mx.random.seed(seed)
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(8, 3, in_channels=3), nn.BatchNorm(), nn.Activation('relu'),
+            nn.Dense(4))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def test_init_before_the_network_is_built_trains_it_in_bfloat16_not_float32():
+    x = mx.nd.array(np.random.RandomState(0).uniform(-1, 1, (4, 3, 8, 8)))
+    y = mx.nd.array([0, 1, 2, 3])
+    first = {}
+    for mode in ('float32', 'bfloat16'):
+        if mode == 'bfloat16':
+            amp.init(target_dtype='bfloat16')
+        net = conv_net()
+        net.hybridize()
+        trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+        if mode == 'bfloat16':
+            amp.init_trainer(trainer)
+        with autograd.record():
+            loss = gluon.loss.SoftmaxCrossEntropyLoss()(net(x), y)
+            if mode == 'bfloat16':
+                with amp.scale_loss(loss, trainer) as scaled:
+                    autograd.backward(scaled)
+            else:
+                loss.backward()
+        trainer.step(4)
+        first[mode] = loss.asnumpy()
+    graph = json.loads(mxmp.converted_graph(net).tojson(remove_amp_cast=False))
+    casts = [n for n in graph['nodes'] if n['op'] == 'amp_cast'
+             and n['attrs']['dtype'] == 'bfloat16']
+    assert casts                                   # the executed graph casts to bfloat16
+    assert not np.array_equal(first['bfloat16'], first['float32'])
+    np.testing.assert_allclose(first['bfloat16'], first['float32'], rtol=0.05, atol=0.02)
+
+
+def test_init_after_hybridize_applies_at_the_next_cache_clear():
+    net = conv_net()
+    net.hybridize()
+    x = mx.nd.ones((2, 3, 8, 8))
+    net(x)
+    amp.init('bfloat16')
+    with pytest.raises(RuntimeError, match='no mixed-precision graph'):
+        mxmp.converted_graph(net)                  # the float32 graph was built before init
+    net.hybridize()
+    net(x)
+    assert mxmp.graph.converted_dtype(mxmp.converted_graph(net)) == 'bfloat16'
+
+
+def test_init_leaves_symbol_functions_and_imperative_code_working():
+    """What contrib.amp's init breaks in GluonCV's scripts (MXNet 1.9.1, bfloat16 on CPU)."""
+    amp.init('bfloat16')
+    assert mx.sym.arange(0, 4).eval()[0].asnumpy().tolist() == [0, 1, 2, 3]
+    assert mx.sym.random.uniform(shape=(2,)).eval()[0].shape == (2,)
+    conv = nn.Conv2D(4, 1, in_channels=3)
+    conv.initialize()
+    with pytest.warns(UserWarning, match='runs imperatively, in float32.*hybridize'):
+        feat = conv(mx.nd.ones((1, 3, 2, 2)))      # YOLO3's target generator runs imperatively
+    assert mx.nd.concat(feat.reshape((1, -1)), mx.nd.ones((1, 3)), dim=1).shape == (1, 19)
+
+
+def test_the_imperative_warning_is_given_once_per_block_type(recwarn):
+    amp.init('bfloat16')
+    conv = nn.Conv2D(4, 1, in_channels=3)
+    conv.initialize()
+    for _ in range(3):
+        conv(mx.nd.ones((1, 3, 2, 2)))
+    relevant = [w for w in recwarn.list if 'runs imperatively' in str(w.message)]
+    assert len(relevant) <= 1   # 0 if an earlier test of this process warned for Conv2D
+
+
+def test_disable_turns_the_switch_off_for_graphs_built_afterwards():
+    amp.init('bfloat16')
+    amp.disable()
+    net = conv_net()
+    net.hybridize()
+    net(mx.nd.ones((2, 3, 8, 8)))
+    with pytest.raises(RuntimeError, match='no mixed-precision graph'):
+        mxmp.converted_graph(net)
+
+
+def test_convert_hybrid_block_leaves_the_original_in_float32():
+    net = mlp()
+    x, _ = problem()
+    ref = net(x).asnumpy()
+    converted = amp.convert_hybrid_block(net, target_dtype='bfloat16')
+    assert converted is not net and isinstance(converted, gluon.SymbolBlock)
+    np.testing.assert_array_equal(net(x).asnumpy(), ref)
+    assert not np.array_equal(converted(x).asnumpy(), ref)
