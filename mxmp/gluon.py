@@ -15,7 +15,9 @@ To put every graph MXNet builds through mxmp's pass, :func:`install` replaces th
 * ``forward``: a converted block that is not hybridized raises with the fix; under
   :func:`mxmp.amp.init` an imperative call warns once that it runs in float32;
 * ``export``, ``save_parameters``, ``load_parameters``: files plain MXNet loads (float32
-  parameters, casts and emulation nodes removed; master weights written).
+  parameters, casts and emulation nodes removed; master weights written;
+  :func:`mxmp.block_params.save_block_parameters` says more, and its ``dtype`` argument is
+  ``save_parameters``'s third one on a converted block).
 
 Blocks that are neither converted nor covered by the switch run MXNet's code unchanged (one
 dictionary look-up per call). :func:`uninstall` puts MXNet's methods back and forgets every
@@ -304,11 +306,11 @@ def _export(self, path, epoch=0, remove_amp_cast=True):
     return None
 
 
-def _save_parameters(self, filename, deduplicate=False):
+def _save_parameters(self, filename, deduplicate=False, dtype='float32'):
     if self not in _CONVERTED:
         return _ORIGINAL['save_parameters'](self, filename, deduplicate)
     from .block_params import save_block_parameters
-    return save_block_parameters(self, filename, deduplicate=deduplicate)
+    return save_block_parameters(self, filename, deduplicate=deduplicate, dtype=dtype)
 
 
 def _load_parameters(self, filename, ctx=None, allow_missing=False, ignore_extra=False,

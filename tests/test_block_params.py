@@ -58,7 +58,6 @@ def test_saved_file_is_the_float32_networks_file(tmp_path, dtype, emulate, cast_
     conv.save_parameters(path)
     saved = nd.load(path)
     assert sorted(saved) == sorted(nd.load(f32_path))          # same keys, each once
-    assert not any(k.startswith('mxmp_source') for k in saved)
     assert all(v.dtype == np.float32 for v in saved.values())
     assert os.path.getsize(path) == os.path.getsize(f32_path)
     for key, value in saved.items():
@@ -172,23 +171,16 @@ def test_ctx_and_deferred_initialization(tmp_path):
     conv.load_parameters(f32_path, ctx=mx.cpu(0))
     w = conv.collect_params()[net[0].weight.name]
     assert w.list_ctx() == [mx.cpu(0)]
-    assert mxmp.update.dtype_name(w.dtype) == 'bfloat16'
     np.testing.assert_allclose(conv(data()).asnumpy(), f32_out,
                                atol=0.05 * np.abs(f32_out).max())
+    assert mxmp.update.dtype_name(w.dtype) == 'bfloat16'   # cast when the graph was built
 
 
-def test_old_mxmp_files_and_export_files_load(tmp_path):
-    f32_path, f32_out = float32_file(tmp_path)
-    loaded = nd.load(f32_path)
+def test_export_files_load(tmp_path):
+    f32_path, _ = float32_file(tmp_path)
     net = small_net(seed=4)
     conv = mxmp.convert(net, 'bfloat16', emulate=EMULATE_BF16)
-    # mxmp 0.1.0 wrote every parameter under its full name and again under mxmp_source.*
-    old = {'mxmp_source.' + k: v for k, v in loaded.items()}
-    old.update({p.name: nd.zeros(p.shape) for p in net.collect_params().values()})
-    nd.save(str(tmp_path / 'old.params'), old)
-    conv.load_parameters(str(tmp_path / 'old.params'))
-    np.testing.assert_allclose(conv(data()).asnumpy(), f32_out,
-                               atol=0.05 * np.abs(f32_out).max())
+    conv.load_parameters(f32_path)
     conv.hybridize()
     conv(data())
     before = conv(data()).asnumpy()

@@ -59,13 +59,14 @@ def ops(sym):
 
 
 def unfused(block, x):
-    """The same block's output through its unfused graph."""
-    saved = block.mxmp_fuse_inference
-    block.mxmp_fuse_inference = False
-    try:
+    """The same block's output through its unfused graph (a call under autograd.record() in
+    predict mode: the inference graph, never fused)."""
+    with autograd.record(train_mode=False):
         return block(x).asnumpy()
-    finally:
-        block.mxmp_fuse_inference = saved
+
+
+def fused_symbol(block):
+    return mxmp.gluon.fused_graph(block)
 
 
 def rel(a, b):
@@ -80,19 +81,20 @@ def fp32_policy():
 # ------------------------------------------------------------------------------ structure
 def test_fused_graph_holds_onednn_conv_nodes_and_folds_batchnorm_any_machine():
     net = tiny_net(0)
+    x = data()
+    ref32 = net(x).asnumpy()
     block = mxmp.convert(net, policy=fp32_policy(), fuse_inference=True)
     block.hybridize(static_alloc=True, static_shape=True)
-    x = data()
-    assert block.mxmp_fused_symbol is None  # built by the first inference call
+    assert fused_symbol(block) is None  # built by the first inference call
     out = block(x).asnumpy()
-    fused = ops(block.mxmp_fused_symbol)
+    fused = ops(fused_symbol(block))
     assert fused['_sg_mkldnn_conv'] == 2
     assert fused['BatchNorm'] == 0 and fused['Activation'] == 0  # folded into the convolutions
-    assert ops(block.mxmp_symbol)['BatchNorm'] == 2  # the training graph keeps them
+    assert ops(mxmp.converted_graph(block))['BatchNorm'] == 2  # the training graph keeps them
     ref = unfused(block, x)
     assert not np.array_equal(out, ref)  # BatchNorm folded: another rounding order
     assert rel(out, ref) < FP32_FUSED_REL
-    assert rel(out, net(x).asnumpy()) < FP32_FUSED_REL
+    assert rel(out, ref32) < FP32_FUSED_REL
 
 
 def test_emulated_graph_fuses_only_when_asked_and_keeps_emulation_numerics():
@@ -100,11 +102,11 @@ def test_emulated_graph_fuses_only_when_asked_and_keeps_emulation_numerics():
     auto = mxmp.convert(tiny_net(1), 'bfloat16', emulate=True)  # fuse_inference='auto'
     auto.hybridize(static_alloc=True, static_shape=True)
     auto(x)
-    assert auto.mxmp_fused_symbol is None  # 'auto' fuses only real low-precision kernels
+    assert fused_symbol(auto) is None  # 'auto' fuses only real low-precision kernels
     forced = mxmp.convert(tiny_net(1), 'bfloat16', emulate=True, fuse_inference=True)
     forced.hybridize(static_alloc=True, static_shape=True)
     out = forced(x).asnumpy()
-    assert ops(forced.mxmp_fused_symbol)['_sg_mkldnn_conv'] == 2
+    assert ops(fused_symbol(forced))['_sg_mkldnn_conv'] == 2
     # Emulation's rounding nodes sit between convolution and BatchNorm: nothing folds, and the
     # numbers stay those of emulation.
     np.testing.assert_array_equal(out, unfused(forced, x))
@@ -120,7 +122,7 @@ def test_real_kernels_fuse_by_default_within_bfloat16_tolerance(cast_params):
         block = mxmp.convert(net, 'bfloat16', cast_params=cast_params)
         block.hybridize(static_alloc=True, static_shape=True)
         out = block(x).asnumpy()
-        fused = ops(block.mxmp_fused_symbol)
+        fused = ops(fused_symbol(block))
         assert fused['_sg_mkldnn_conv'] == 2 and fused['BatchNorm'] == 0
         assert rel(out, unfused(block, x)) < BF16_FUSED_REL
         assert rel(out, ref) < BF16_FUSED_REL
@@ -136,19 +138,16 @@ def test_deferred_shapes_are_inferred_before_the_fused_graph_casts_its_weight_co
     block.hybridize(static_alloc=True, static_shape=True)
     x = data()
     out = block(x).asnumpy()
-    assert ops(block.mxmp_fused_symbol)['_sg_mkldnn_conv'] == 1
+    assert ops(fused_symbol(block))['_sg_mkldnn_conv'] == 1
     assert rel(out, unfused(block, x)) < BF16_FUSED_REL
 
 
-def test_not_hybridized_or_fuse_inference_false_never_fuses():
+def test_fuse_inference_false_never_fuses():
     x = data()
-    block = mxmp.convert(tiny_net(2), policy=fp32_policy(), fuse_inference=True)
-    block(x)
-    assert block.mxmp_fused_symbol is None
     off = mxmp.convert(tiny_net(2), policy=fp32_policy(), fuse_inference=False)
     off.hybridize(static_alloc=True, static_shape=True)
     off(x)
-    assert off.mxmp_fused_symbol is None
+    assert fused_symbol(off) is None
 
 
 def test_bad_fuse_inference_value_is_refused_with_the_choices():
@@ -179,10 +178,10 @@ def test_training_runs_the_unfused_graph_with_identical_outputs_and_gradients():
 
 
 def fresh_fused(block, x):
-    """The output of a newly built fused graph on the same parameters."""
-    again = mxmp.convert(block.mxmp_source, policy=block.mxmp_policy, fuse_inference=True)
-    again.hybridize(static_alloc=True, static_shape=True)
-    return again(x).asnumpy()
+    """The output of a newly built fused graph on the same parameters (a cache clear builds
+    the graphs anew)."""
+    block.hybridize(static_alloc=True, static_shape=True)
+    return block(x).asnumpy()
 
 
 @pytest.mark.parametrize('real', [
@@ -227,7 +226,7 @@ def test_a_graph_without_fusible_patterns_runs_unfused_with_a_log_line(caplog):
     np.testing.assert_array_equal(out, np.maximum(data().asnumpy(), 0) * 2)
     lines = [r.getMessage() for r in caplog.records if 'fusion refused' in r.getMessage()]
     assert len(lines) == 1 and 'no fusible pattern' in lines[0]  # logged once
-    assert block.mxmp_fused_symbol is None
+    assert fused_symbol(block) is None
 
 
 # ------------------------------------------------------------------------------ mxmp convert --fuse
@@ -289,7 +288,7 @@ def test_an_output_that_also_feeds_another_node_is_never_fused(caplog):
     block.hybridize(static_alloc=True, static_shape=True)
     with caplog.at_level(logging.WARNING, logger='mxmp.fusion'):
         logits, prob = block(x)
-    assert block.mxmp_fused_symbol is None
+    assert fused_symbol(block) is None
     assert any('also feeds another node' in r.getMessage() for r in caplog.records)
     np.testing.assert_allclose(logits.asnumpy(), ref[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(prob.asnumpy(), ref[1], rtol=1e-5, atol=1e-6)
@@ -302,11 +301,11 @@ def test_auto_follows_mxnet_subgraph_backend_none(monkeypatch):
     block.hybridize(static_alloc=True, static_shape=True)
     monkeypatch.setenv('MXNET_SUBGRAPH_BACKEND', 'NONE')
     out = block(x).asnumpy()
-    assert block.mxmp_fused_symbol is None
+    assert fused_symbol(block) is None
     # unfused real kernels: bit-identical to emulation
     emulated = mxmp.convert(tiny_net(6), 'bfloat16', emulate=True)
     emulated.hybridize(static_alloc=True, static_shape=True)
     np.testing.assert_array_equal(out, emulated(x).asnumpy())
     monkeypatch.delenv('MXNET_SUBGRAPH_BACKEND')
     block(x)
-    assert block.mxmp_fused_symbol is not None
+    assert fused_symbol(block) is not None

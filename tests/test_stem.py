@@ -129,7 +129,10 @@ def _converted(pad, **kwargs):
 
 
 def _stems_of(block):
-    return padded_convolutions(block.mxmp_symbol)
+    try:
+        return padded_convolutions(mxmp.converted_graph(block))
+    except RuntimeError:   # no graph built yet
+        return []
 
 
 def _train_call(block, x):
@@ -189,9 +192,9 @@ def test_auto_pads_with_real_bfloat16_kernels_within_bfloat16_tolerance(cast_par
     # inference: fused by default here, from the padded graph also when the fused graph is
     # its own (cast_params=False: target-dtype weight copies, mxmp.fusion)
     np.testing.assert_allclose(block(x).asnumpy(), plain(x).asnumpy(), rtol=1e-2, atol=1e-2)
-    assert block.mxmp_fused_symbol is not None
-    assert padded_convolutions(block.mxmp_fused_symbol) == ['net_conv0_fwd']
-    assert padded_convolutions(plain.mxmp_fused_symbol) == []
+    assert mxmp.gluon.fused_graph(block) is not None
+    assert padded_convolutions(mxmp.gluon.fused_graph(block)) == ['net_conv0_fwd']
+    assert padded_convolutions(mxmp.gluon.fused_graph(plain)) == []
 
 
 _LOAD_PLAIN = r'''
@@ -209,9 +212,10 @@ np.save(sys.argv[3], np.stack([block(x).asnumpy(), mod.get_outputs()[0].asnumpy(
 
 
 def test_exported_padded_block_loads_in_plain_mxnet(tmp_path):
-    net, block = _converted(True, emulate=True)
-    block.hybridize()
     x = np.random.RandomState(0).uniform(-1, 1, SHAPE).astype('float32')
+    net = _net()
+    ref = net(mx.nd.array(x)).asnumpy()   # the float32 network, before conversion
+    block = mxmp.convert(net, 'bfloat16', pad_stem=True, emulate=True)
     block(mx.nd.array(x))
     assert _stems_of(block) == ['net_conv0_fwd']
     block.export(str(tmp_path / 'm'))
@@ -224,7 +228,6 @@ def test_exported_padded_block_loads_in_plain_mxnet(tmp_path):
                    cwd=str(tmp_path),
                    env={k: v for k, v in os.environ.items() if k != 'PYTHONPATH'})
     imported, bound = np.load(str(tmp_path / 'y.npy'))  # SymbolBlock.imports, Module
-    ref = net(mx.nd.array(x)).asnumpy()
     np.testing.assert_allclose(imported, ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(bound, ref, rtol=1e-5, atol=1e-5)
 
