@@ -136,7 +136,8 @@ def main(argv=None):
         head, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, allocated,
         '%.2f img/s (median of %d steps)' % (args.batch_size / np.median(timed), len(timed))
         if timed else 'no timed steps (--steps > 2)',
-        '-' if args.float32 else ','.join(padded_convolutions(block.mxmp_symbol)) or '-',
+        '-' if args.float32 else ','.join(padded_convolutions(mxmp.converted_graph(block)))
+        or '-',
         ', '.join('%.4f' % v for v in losses)))
     return 0
 
@@ -146,9 +147,10 @@ def _converted(net, args, p, mxmp):
     policy = mxmp.Policy('bfloat16', emulate=not mxmp.lp_kernels_available('bfloat16'),
                          fp32_ops=tuple(args.fp32_ops),
                          excluded_names=tuple(args.excluded_names))
+    import mxnet as mx
+    nodes = {n['name'] for n in json.loads(net(mx.sym.var('data')).tojson())['nodes']}
     block = mxmp.convert(net, cast_params=args.cast_params, policy=policy,
                          pad_stem={'on': True, 'off': False}.get(args.pad_stem, 'auto'))
-    nodes = {n['name'] for n in json.loads(block.mxmp_symbol.tojson())['nodes']}
     unknown = sorted(set(args.excluded_names) - nodes)
     if unknown:  # a misspelt name would silently measure the unchanged graph
         p.error('--excluded-names: no node named %s in the graph of %s (names look like '

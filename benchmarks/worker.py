@@ -81,7 +81,7 @@ class _Child:
             step()
             mx.nd.waitall()
         if spec['mode'].startswith('mxmp'):
-            res['fused'] = net.mxmp_fused_symbol is not None
+            res['fused'] = self.mxmp.gluon.fused_graph(net) is not None
         if spec.get('profile'):
             return self.profile(step)
         res['stage'] = 'timed'
@@ -161,7 +161,10 @@ class _Child:
         block = mxmp.convert(net, target_dtype=self.spec['dtype'], cast_params=cast_params,
                              emulate=emulate, fuse_inference=fuse_inference)
         res['conversion_s'] = time.perf_counter() - start
-        res['casts'] = mxmp.count_casts(block.mxmp_symbol)
+        # the pass on the traced graph: what the block's first call builds (stem padding adds
+        # no cast)
+        res['casts'] = mxmp.count_casts(mxmp.convert_symbol(
+            float32_graph, self.spec['dtype'], cast_params=cast_params, emulate=emulate))
         if emulate:
             res['casts_real_graph'] = mxmp.count_casts(mxmp.convert_symbol(
                 float32_graph, self.spec['dtype'], cast_params=cast_params, emulate=False))

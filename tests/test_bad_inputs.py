@@ -77,10 +77,10 @@ def test_op_in_no_list_runs_in_float32_and_is_logged(caplog, monkeypatch):
     assert 'Pooling is in no mxmp op list' in caplog.text
 
 
-def test_model_converted_twice_is_refused_naming_the_original():
+def test_model_converted_again_with_other_settings_is_refused_naming_the_fix():
     conv = mxmp.convert(small_resnet(), 'bfloat16', emulate=True)
-    with pytest.raises(ValueError, match='already converted.*mxmp_source'):
-        mxmp.convert(conv, 'bfloat16')
+    with pytest.raises(ValueError, match='already converted.*Build the network anew'):
+        mxmp.convert(conv, 'float16')
 
 
 # ------------------------------------------------------------------ NaN loss

@@ -92,7 +92,7 @@ class TestFloat16OnGpu:
         out = converted(x)
         assert out.dtype == np.float32
         np.testing.assert_allclose(out.asnumpy(), expected, rtol=2e-2, atol=2e-2)
-        assert mxmp.count_casts(converted.mxmp_symbol)['amp_cast'] > 0
+        assert mxmp.count_casts(mxmp.converted_graph(converted))['amp_cast'] > 0
 
     def test_emulation_on_cpu_predicts_the_real_float16_graph(self):
         net = conv_net()

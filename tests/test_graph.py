@@ -382,7 +382,8 @@ def test_emulated_lstm_whose_state_outputs_nobody_reads_converts_and_runs():
     x = nd.array(np.random.RandomState(0).uniform(-1, 1, (3, 2, 4)))   # (time, batch, in)
     ref = net(x).asnumpy()
     converted = mxmp.convert(net, 'float16', emulate=True)
-    nodes = nodes_of(converted.mxmp_symbol)
+    converted(x)
+    nodes = nodes_of(mxmp.converted_graph(converted))
     rnn = [i for i, n in enumerate(nodes) if n['op'] == 'RNN']
     assert len(rnn) == 1
     # Only the sequence output (0) is read, so only it is rounded; the state outputs 1 and 2
@@ -474,8 +475,8 @@ def test_block_used_twice_converts_explains_and_matches_float32():
     assert sorted(n['name'] for n in nodes_of(real) if n['name'].startswith('net_relu0_fwd_')) \
         == ['net_relu0_fwd_amp_cast_float32', 'net_relu0_fwd_amp_cast_float321']
     converted = mxmp.convert(net, 'bfloat16', emulate=True)
-    out = converted.mxmp_symbol
     got = converted(x).asnumpy()
+    out = mxmp.converted_graph(converted)
     assert got.dtype == np.float32 and not np.array_equal(got, ref)
     # outputs up to 0.87: max abs error 0.0014-0.0044 measured over seeds 0-4
     np.testing.assert_allclose(got, ref, rtol=0.05, atol=0.02)
@@ -492,8 +493,9 @@ def test_weight_tied_encoder_casts_its_weights_once():
     rng = np.random.RandomState(0)
     a, b = (nd.array(rng.uniform(-1, 1, (3, 4))) for _ in range(2))
     ref = net(a, b).asnumpy()
-    converted = mxmp.convert(net, 'bfloat16', emulate=True, data_names=('a', 'b'))
-    out = converted.mxmp_symbol
+    converted = mxmp.convert(net, 'bfloat16', emulate=True)
+    converted(a, b)
+    out = mxmp.converted_graph(converted)
     assert repeated_names(out) == ['siam_dense0_fwd', 'siam_dense0_tanh_fwd']
     assert casts(mxmp.convert_symbol(out, 'bfloat16')).count(
         ('bfloat16', 'siam_dense0_weight')) == 1

@@ -179,8 +179,9 @@ def test_contrib_amp_hybrid_block_converts():
     ref = net(x).asnumpy()
     theirs = contrib_amp.convert_hybrid_block(net, target_dtype='bfloat16', ctx=mx.cpu())
     ours = mxmp.convert(theirs, 'bfloat16', emulate=True)
-    assert all(who != 'contrib.amp' for _, _, who in mxmp.graph.cast_origins(ours.mxmp_symbol))
     got = ours(x).asnumpy()
+    assert all(who != 'contrib.amp'
+               for _, _, who in mxmp.graph.cast_origins(mxmp.converted_graph(ours)))
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, ref, rtol=0.05, atol=0.02)
 
@@ -248,12 +249,12 @@ def test_detector_casts_are_the_models_own(detector):
 
 def test_detector_converts_with_mxmp_convert_and_keeps_its_casts(detector):
     net, size = detector['net'], detector['size']
-    converted = mxmp.convert(net, 'bfloat16', emulate=True)
-    origins = mxmp.graph.cast_origins(converted.mxmp_symbol)
-    assert [c for c in origins if c[2] == 'model'] == detector['model_casts']
     x = nd.array(np.random.RandomState(0).uniform(0, 1, (1, 3, size, size)))
-    got = converted(x)
     ref = net(x)
+    converted = mxmp.convert(net, 'bfloat16', emulate=True)
+    got = converted(x)
+    origins = mxmp.graph.cast_origins(mxmp.converted_graph(converted))
+    assert [c for c in origins if c[2] == 'model'] == detector['model_casts']
     # Outputs (class ids, scores, boxes after NMS): float32 and shaped as float32's. Their values
     # are not compared: with random weights these deep nets amplify any rounding (measured on
     # SSD with the class probabilities before NMS: max abs differences 0.03-0.09 over 4 inputs

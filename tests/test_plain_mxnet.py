@@ -1,7 +1,7 @@
 """Every graph mxmp writes binds and runs in plain MXNet, without mxmp and without being told the
 parameters' dtypes: ``mx.mod.Module``, ``mx.model.load_checkpoint`` + ``simple_bind`` and
 ``gluon.SymbolBlock.imports``. Covers mxmp.convert_symbol, mxmp.amp.convert_symbol /
-convert_model / convert_hybrid_block, ``mxmp convert`` and ``ConvertedBlock.export``.
+convert_model / convert_hybrid_block, ``mxmp convert`` and ``export`` of a converted network.
 
 Behind an ``amp_cast`` MXNet cannot infer a weight's dtype; before the writers pinned it
 (``__dtype__``), Module.bind failed with "InferType pass cannot decide dtypes ... fc_weight: -1".
