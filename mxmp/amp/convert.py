@@ -4,31 +4,11 @@
 import logging
 import warnings
 
-from ..compat import contrib_amp as _amp
-from ..compat.contrib_amp import _conditional, _dtype, _names
+from ..compat.contrib_amp import _dtype, _policy  # noqa: F401  (mxmp.amp re-exports _policy)
 
 __all__ = ['convert_symbol', 'convert_model', 'convert_hybrid_block']
 
 logger = logging.getLogger('mxmp.amp')
-
-
-def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names,
-            emulate=False):
-    """The mxmp Policy of a convert call (:func:`mxmp.amp.convert_policy.policy_for`)."""
-    from .convert_policy import policy_for
-    if excluded_sym_names is not None and (isinstance(excluded_sym_names, str) or
-                                           not isinstance(excluded_sym_names, (list, tuple,
-                                                                               set))):
-        raise ValueError('excluded_sym_names must be a list of node names, got %r'
-                         % (excluded_sym_names,))
-    return policy_for(
-        _dtype(target_dtype),
-        None if target_dtype_ops is None else _names(target_dtype_ops, 'target_dtype_ops'),
-        None if fp32_ops is None else _names(fp32_ops, 'fp32_ops'),
-        None if conditional_fp32_ops is None else _conditional(conditional_fp32_ops),
-        excluded_names=set(excluded_sym_names or ()), emulate=emulate,
-        init_lp=_amp._CONFIG.lp_ops, init_fp32=_amp._CONFIG.fp32_ops,
-        init_conditional=_amp._CONFIG.conditional_fp32_ops)
 
 
 def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,

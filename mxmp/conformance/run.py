@@ -189,7 +189,7 @@ def _run(sym, arrays, aux, grad_names, head_grads):
 
 def _round(values, target):
     import mxnet as mx
-    from ..gluon import dtype_of
+    from ..dtypes import mx_dtype as dtype_of
     return mx.nd.amp_cast(mx.nd.amp_cast(mx.nd.array(values), dtype=dtype_of(target)),
                           dtype='float32').asnumpy()
 
@@ -241,7 +241,7 @@ def _measure(op, cls, inputs, attrs, case, base, target, mode, seed):
     """Forward and backward relative errors of one case (see the module docstring)."""
     import mxnet as mx
     from ..graph import convert_symbol
-    from ..gluon import dtype_of
+    from ..dtypes import mx_dtype as dtype_of
     rng = np.random.RandomState(seed)
     names = ['in%d' % i for i in range(len(inputs))]
     sym = _op_fn(op)(*[mx.sym.var(n) for n in names], name='op', **attrs)
