@@ -24,14 +24,15 @@ LOG = logging.getLogger('benchmark')
 BULK_OFF = {'MXNET_EXEC_BULK_EXEC_TRAIN': '0', 'MXNET_EXEC_BULK_EXEC_INFERENCE': '0'}
 
 #: The operators whose FLOP the benchmark counts (benchmarks.flops), forward and backward, and
-#: oneDNN's fused fully-connected layer (inference of a fused graph).
+#: their oneDNN-fused forms (inference of a fused graph).
 GEMM_LAYER_OPS = ('Convolution', '_backward_Convolution', 'FullyConnected',
                   '_backward_FullyConnected', '_sg_mkldnn_fully_connected',
                   'batch_dot', '_backward_batch_dot',
                   '_contrib_interleaved_matmul_selfatt_qk',
                   '_backward_interleaved_matmul_selfatt_qk',
                   '_contrib_interleaved_matmul_selfatt_valatt',
-                  '_backward_interleaved_matmul_selfatt_valatt')
+                  '_backward_interleaved_matmul_selfatt_valatt',
+                  '_sg_mkldnn_selfatt_qk', '_sg_mkldnn_selfatt_valatt')
 
 
 def gemm_layer_split(per_iter, flop_per_image, batch_size, train_factor):
