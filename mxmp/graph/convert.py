@@ -234,8 +234,10 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
         policy (mxmp.Policy): op classes and overrides; default ``Policy(target_dtype)``.
         data_dtypes (dict of str -> dtype): dtypes of the graph's data inputs (default float32);
             a data input given in the target dtype needs no cast.
-        cast_params (bool): store the parameters whose every consumer is a low-precision op in
-            the target dtype (their variables get the dtype; the caller must cast the arrays).
+        cast_params (bool): store the parameters whose every consumer takes them in the
+            target dtype (a low-precision op, or the model's own ``amp_cast`` to the target
+            dtype; :mod:`mxmp.graph.plan`) in that dtype (their variables get the dtype; the
+            caller must cast the arrays).
             Default False: parameters stay float32 with a shared in-graph cast.
         emulate (bool): float32 kernels with low-precision rounding (module docstring).
             Default: the policy's (False).

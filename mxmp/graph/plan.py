@@ -8,6 +8,16 @@ floating point comes from MXNet's own type inference (:mod:`mxmp.graph.infer`) o
 graph. :func:`prepare` turns the arguments of :func:`mxmp.convert_symbol`/:func:`mxmp.explain`
 into the float32 graph JSON and the input dtypes the plan starts from; :func:`plan` makes one
 :class:`Decision` per node.
+
+Storage rules (``cast_params=True``): a parameter (a variable not in ``data_names``, float32 in
+the graph) is stored in the target dtype when every consumer takes it in that dtype: a
+low-precision op, or a cast the model wrote, ``amp_cast`` to the target dtype (storing it there
+changes no value: the cast rounds the same way). With ``policy.follow_params``
+(:mod:`mxmp.amp`, contrib.amp's meaning) an ``amp_multicast`` the model wrote whose inputs are
+all variables takes it too, as ``mxnet.contrib.amp.convert_symbol(cast_optional_params=True)``
+does (MXNet 1.9.1's tests ``test_bf16_casting``/``test_fp16_casting`` pin it): its float32
+parameters are then stored in the target dtype, and the multicast computes in it. A parameter
+with one other consumer (an ``amp_cast`` to float32, a float32 op) stays float32.
 """
 import collections
 
@@ -105,15 +115,29 @@ def _plan_once(js, policy, input_dtypes, cast_params, data_names, pinned=(),
         return (classes[nid][0] == LOW_PRECISION and pos not in policy.index_inputs(op)
                 and pos not in policy.float32_inputs(op))
 
+    def cast_takes_low(nid):
+        """A model's cast that takes its variable inputs in the target dtype (module
+        docstring of :mod:`mxmp.graph.plan`, "storage rules")."""
+        node = nodes[nid]
+        if classes[nid][0] != _MODEL_CAST:
+            return False
+        if node['op'] == 'amp_cast':
+            return node.get('attrs', {}).get('dtype') == lp
+        return (node['op'] == 'amp_multicast' and policy.follow_params and
+                all(nodes[src]['op'] == 'null' for src, _, _ in node['inputs']))
+
     lp_params = set(stored_lp)
+    via_cast = set()
     if cast_params:
         users = _consumers(nodes)
         for nid, node in enumerate(nodes):
             if (node['op'] == 'null' and node['name'] not in data_names
                     and node['name'] not in input_dtypes and orig[(nid, 0)] == 'float32'
                     and users[nid]
-                    and all(wants_low(c, pos) for c, pos in users[nid])):
+                    and all(wants_low(c, pos) or cast_takes_low(c) for c, pos in users[nid])):
                 lp_params.add(node['name'])
+                if not all(wants_low(c, pos) for c, pos in users[nid]):
+                    via_cast.add(node['name'])
 
     decisions, dtypes = [], {}
     for nid, node in enumerate(nodes):
@@ -124,6 +148,12 @@ def _plan_once(js, policy, input_dtypes, cast_params, data_names, pinned=(),
                 dec = Decision('variable', 'parameter stored in %s (cast_params by '
                                 'follow_params: its consumers follow %s data)' % (lp, lp),
                                 lp, [lp], [])
+            elif node['name'] in via_cast:
+                dec = Decision('variable', 'parameter stored in %s (cast_params: every '
+                                'consumer takes it in %s: a low-precision op, the model\'s '
+                                'amp_cast to %s%s)' % (lp, lp, lp, ', an amp_multicast of '
+                                                       'variables' if policy.follow_params
+                                                       else ''), lp, [lp], [])
             elif node['name'] in lp_params:
                 dec = Decision('variable', 'parameter stored in %s (cast_params: every '
                                 'consumer is a low-precision op)' % lp, lp, [lp], [])
