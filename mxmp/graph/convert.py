@@ -59,7 +59,8 @@ import logging
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, MSHADOW_ENUM
 from .infer import infer_dtypes
 from .plan import plan, prepare
-from .symbol_json import MARK, ROUND_MARK, cast_origin, cast_param_mark, dump, pin_variable_dtypes
+from .symbol_json import (MARK, ROUND_MARK, cast_origin, cast_param_mark, dump,
+                          float32_param_mark, pin_variable_dtypes)
 
 __all__ = ['convert_symbol']
 
@@ -182,7 +183,12 @@ class _Builder:
     def add(self, nid, node, decision):
         if node['op'] == 'null':
             new = dict(node)
-            if decision.dtype in _LOW and decision.op_class == 'variable' and \
+            if decision.rule.startswith('parameter stored in float32 ('):
+                attrs = dict(node.get('attrs', {}))
+                attrs[MARK] = float32_param_mark(attrs)  # remove_casts restores __dtype__
+                attrs['__dtype__'] = MSHADOW_ENUM['float32']
+                new['attrs'] = attrs
+            elif decision.dtype in _LOW and decision.op_class == 'variable' and \
                     decision.rule.startswith('parameter stored in %s (cast_params' % self.lp):
                 attrs = dict(node.get('attrs', {}))
                 # Keep the variable's own __dtype__ (if any) so remove_casts can restore it.
