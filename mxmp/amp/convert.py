@@ -30,8 +30,12 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
             (:func:`list_conditional_fp32_ops`); matching nodes compute in float32, the
             others follow their data.
         excluded_sym_names (list of str): node names kept in float32.
-        data_names (list of str): the graph's data inputs (never cast as parameters); default
-            ``['data']``.
+        data_names (list of str): the graph's data inputs (never stored in low precision,
+            typed float32); the others are parameters. Default (None), as in contrib.amp:
+            every input without a ``__dtype__`` attribute, so in a graph built with ``mx.sym``
+            alone every input is data and ``cast_optional_params`` stores nothing (give the
+            names, or use :func:`convert_model`, which takes the inputs not in its parameter
+            dicts). ``[]``: every input is a parameter.
         cast_optional_params (bool): give the parameters whose every consumer runs in the
             target dtype that dtype in the graph (``cast_params=True``); cast their arrays to
             match, as :func:`convert_model` does.
@@ -49,8 +53,18 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
     from ..graph import convert_symbol as _convert
     policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names)
-    return _convert(sym, policy=policy, data_names=tuple(data_names) if data_names else None,
+    if data_names is None:
+        data_names = _undeclared_inputs(sym)
+    return _convert(sym, policy=policy, data_names=tuple(data_names),
                     cast_params=bool(cast_optional_params))
+
+
+def _undeclared_inputs(sym):
+    """The inputs of ``sym`` without a ``__dtype__`` attribute: contrib.amp's data inputs
+    when ``data_names`` is not given (``mxnet.contrib.amp.convert_symbol``, MXNet 1.9.1)."""
+    from ..graph.symbol_json import load
+    return [n['name'] for n in load(sym)['nodes']
+            if n['op'] == 'null' and '__dtype__' not in n.get('attrs', {})]
 
 
 def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_ops=None,
