@@ -129,8 +129,9 @@ def convert(block, target_dtype=None, cast_params=False, emulate='auto', policy=
         target_dtype (str): ``'bfloat16'`` (CPUs with oneDNN) or ``'float16'`` (NVIDIA GPUs).
             Default: the ``policy``'s, else ``'bfloat16'``.
         cast_params (bool): store the weights of low-precision layers (Convolution,
-            FullyConnected, ...) in the target dtype, cast when the first graph is built
-            (rounded to nearest even). Train with :class:`mxmp.Trainer`: it keeps float32 master
+            FullyConnected, ...) in the target dtype, rounded to nearest even: now where the
+            block traces with one input named ``data`` (else when its first graph is built),
+            once MXNet has initialized them where their shapes wait for the first batch. Train with :class:`mxmp.Trainer`: it keeps float32 master
             weights, made from the float32 values the Parameters held before the cast (kept
             until the first training step, or dropped at the first inference call).
             BatchNorm's gamma, beta and running statistics stay float32. Default False: weights
