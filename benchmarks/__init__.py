@@ -19,6 +19,10 @@ Modes (``--dtype`` is the target dtype, ``bfloat16`` by default):
   ``autograd.record()``. Inference: ``amp.convert_hybrid_block(net, target_dtype, ctx=ctx)``
   (after one float32 forward, which it requires).
 * ``contrib_amp_cast_params`` (inference only): the same with ``cast_optional_params=True``.
+* ``contrib_amp_fp32_attention`` (BERT models' default, else only when named): ``contrib_amp``
+  with GluonNLP's attention matmuls and Dropout kept in float32 (``amp.init(fp32_ops=...)``;
+  for inference ``excluded_sym_names`` of those nodes), the workaround that lets contrib.amp run
+  GluonNLP's BERT at all (:mod:`benchmarks.bert`).
 * ``mxmp``: ``mxmp.convert(net, target_dtype, cast_params=False)`` + ``mxmp.Trainer``.
 * ``mxmp_cast_params``: the same with ``cast_params=True`` (weights stored in the target dtype,
   float32 master weights in the Trainer). mxmp inference is fused by default where the kernels
@@ -63,6 +67,9 @@ phase that ran), ``logs/`` (stderr of every subprocess); with ``--profile``: ``p
 Modules, one job each:
 
 * :mod:`benchmarks.modes` -- the modes, phases and fixed settings; a mode's label.
+* :mod:`benchmarks.workloads` -- the network, inputs and labels of a run: GluonCV image
+  classifiers, or the BERT classifiers of :mod:`benchmarks.bert` (``--model bert_base``;
+  throughput in sequences/s).
 * :mod:`benchmarks.runner` -- the parent side: worker environment, one worker process, every
   mode interleaved over the repeats.
 * :mod:`benchmarks.worker` -- the worker side (``python -m benchmarks.worker``): one mode, one

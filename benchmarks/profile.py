@@ -23,9 +23,16 @@ LOG = logging.getLogger('benchmark')
 #: Environment of a profiled process: every operator timed on its own.
 BULK_OFF = {'MXNET_EXEC_BULK_EXEC_TRAIN': '0', 'MXNET_EXEC_BULK_EXEC_INFERENCE': '0'}
 
-#: The operators whose FLOP the benchmark counts (benchmarks.flops), forward and backward.
+#: The operators whose FLOP the benchmark counts (benchmarks.flops), forward and backward, and
+#: their oneDNN-fused forms (inference of a fused graph).
 GEMM_LAYER_OPS = ('Convolution', '_backward_Convolution', 'FullyConnected',
-                  '_backward_FullyConnected')
+                  '_backward_FullyConnected', '_sg_mkldnn_fully_connected',
+                  'batch_dot', '_backward_batch_dot',
+                  '_contrib_interleaved_matmul_selfatt_qk',
+                  '_backward_interleaved_matmul_selfatt_qk',
+                  '_contrib_interleaved_matmul_selfatt_valatt',
+                  '_backward_interleaved_matmul_selfatt_valatt',
+                  '_sg_mkldnn_selfatt_qk', '_sg_mkldnn_selfatt_valatt')
 
 
 def gemm_layer_split(per_iter, flop_per_image, batch_size, train_factor):
@@ -153,10 +160,12 @@ def markdown_table(rows, labels, reference, limit=None):
 
 
 def run_profile(config, env, machine, out_dir, timeout, run_child, mode_label, modes):
-    """``scripts/benchmark.py --profile``: one profiled training process per mode.
+    """``scripts/benchmark.py --profile``: one profiled process per mode, training or inference
+    (``config['profile_phase']``, default ``'train'``).
 
     Args:
-        config (dict): the benchmark configuration (model, batch_size, dtype, warmup, iters...).
+        config (dict): the benchmark configuration (model, batch_size, dtype, warmup, iters,
+            profile_phase...).
         env (dict): the environment of the processes (bulk execution is turned off on top).
         machine (dict): machine info (threads, loadavg_start; loadavg_end is set here).
         out_dir (str): where ``profile.md``, ``profile.json`` and the raw dumps go.
@@ -170,11 +179,13 @@ def run_profile(config, env, machine, out_dir, timeout, run_child, mode_label, m
     """
     env = dict(env, **BULK_OFF)
     batch = config['batch_size'][0]
+    phase = config.get('profile_phase') or 'train'
+    factor = TRAIN_FACTOR if phase == 'train' else 1
     per_mode, labels, results = {}, {}, {}
     for mode in modes:
-        spec = dict(config, mode=mode, phase='train', batch_size=batch, output_dir=out_dir,
+        spec = dict(config, mode=mode, phase=phase, batch_size=batch, output_dir=out_dir,
                     profile=True)
-        name = 'profile_train_bs%d_%s' % (batch, mode)
+        name = 'profile_%s_bs%d_%s' % (phase, batch, mode)
         res = run_child(spec, env, os.path.join(out_dir, 'logs', name + '.log'),
                         os.path.join(out_dir, 'logs', name + '.json'), timeout)
         label = mode_label(mode, config['dtype'], res.get('emulated'))
@@ -190,8 +201,10 @@ def run_profile(config, env, machine, out_dir, timeout, run_child, mode_label, m
         labels[mode] = results[mode]['label'] = label
         LOG.info('profile %s: %.1f ms per iteration', mode, 1000 * res['iter_s'][0])
     machine['loadavg_end'] = os.getloadavg()
-    lines = ['# mxmp training profile: %s, input %dx%d, batch %d, target dtype %s'
-             % (config['model'], config['input_size'], config['input_size'], batch,
+    shape = ('sequence length %d' % config['seq_len'] if config.get('unit') == 'seq'
+             else 'input %dx%d' % (config['input_size'], config['input_size']))
+    lines = ['# mxmp %s profile: %s, %s, batch %d, target dtype %s'
+             % ('training' if phase == 'train' else 'inference', config['model'], shape, batch,
                 config['dtype']), '',
              '- command: `%s`' % config['command'],
              '- %s threads; bulk execution off (%s); load average %.1f at start, %.1f at end'
@@ -205,16 +218,17 @@ def run_profile(config, env, machine, out_dir, timeout, run_child, mode_label, m
                                    'the profiler on)' % (1000 * r['iter_s'][0])
                                    if r['status'] == 'ok' else 'FAILED: %s' % r.get('error')))
         split = gemm_layer_split(per_mode[mode], r.get('flop_per_image'), batch,
-                                 TRAIN_FACTOR) if mode in per_mode else None
+                                 factor) if mode in per_mode else None
         if split:
             r['gemm_layer_split'] = split
-            lines.append('  - convolutions and fully-connected layers (forward and backward): '
+            lines.append('  - convolutions and fully-connected layers (and matrix products)%s: '
                          '%.1f ms, %.1f GFLOP/s; every other operator: %.1f ms (%.0f%% of the '
-                         'operator time); all operators: %.1f GFLOP/s (training FLOP = %d x '
-                         'forward)' % (split['gemm_ms'], split['gemm_gflops'], split['other_ms'],
-                                       100 * split['other_ms'] /
-                                       (split['gemm_ms'] + split['other_ms']),
-                                       split['all_gflops'], TRAIN_FACTOR))
+                         'operator time); all operators: %.1f GFLOP/s%s'
+                         % (' (forward and backward)' if phase == 'train' else '',
+                            split['gemm_ms'], split['gemm_gflops'], split['other_ms'],
+                            100 * split['other_ms'] / (split['gemm_ms'] + split['other_ms']),
+                            split['all_gflops'], ' (training FLOP = %d x forward)' % factor
+                            if phase == 'train' else ''))
     rows = []
     if per_mode:
         reference = next(m for m in modes if m in per_mode)

@@ -14,11 +14,35 @@ def _casts(c):
     return '-' if not c else '%d / %d' % (c['amp_cast'], c['amp_multicast'])
 
 
+def layer_dtypes_markdown(rows):
+    """Markdown lines: per row, the output dtypes of the counted layers in the block's graph
+    (``layer_dtypes`` of the worker), e.g. ``FullyConnected: 74 bfloat16``; rows without them
+    (a failure before the warm-up ended) are left out."""
+    lines = []
+    for r in rows:
+        dtypes = r.get('layer_dtypes')
+        if dtypes:
+            lines.append('- %s %s: %s' % (r['phase'], r['label'], '; '.join(
+                '%s: %s' % (op, ', '.join('%d %s' % (n, d) for d, n in sorted(per.items())))
+                for op, per in sorted(dtypes.items()))))
+    if not lines:
+        return []
+    return ['Output dtypes of the layers in the graph of the block (float32 inputs; rows marked '
+            '(fused) ran oneDNN\'s fusion of this graph):', ''] + lines + ['']
+
+
 def markdown(report):
-    """The Markdown report: configuration, one table of every row, the loss check."""
+    """The Markdown report: configuration, one table of every row, the loss check.
+
+    Throughput is per image, or per sequence where ``report['config']['unit']`` is ``'seq'``
+    (BERT: the columns say seq/s and GFLOP/seq).
+    """
     cfg, mach = report['config'], report['machine']
-    lines = ['# mxmp benchmark: %s, input %dx%d, target dtype %s, %s'
-             % (cfg['model'], cfg['input_size'], cfg['input_size'], cfg['dtype'], cfg['ctx']), '',
+    unit = cfg.get('unit') or 'img'
+    shape = ('sequence length %d' % cfg['seq_len'] if unit == 'seq'
+             else 'input %dx%d' % (cfg['input_size'], cfg['input_size']))
+    lines = ['# mxmp benchmark: %s, %s, target dtype %s, %s'
+             % (cfg['model'], shape, cfg['dtype'], cfg['ctx']), '',
              '- command: `%s`' % cfg['command'],
              '- machine: %s, %s cores, AVX-512 flags: %s; %s threads (OMP_NUM_THREADS); load '
              'average %.1f at start, %.1f at end'
@@ -35,9 +59,10 @@ def markdown(report):
                                                                           cfg['dtype']), '']
     lines += bench_peak.limit_markdown(report.get('peaks') or {}, cfg['dtype'],
                                        report['machine']['threads'])
-    head = ('| phase | batch | mode | status | img/s median | min | max | GFLOP/img | '
-            '% of peak | x float32 | x fused float32 | x contrib.amp | peak RSS MiB | '
-            'RSS x float32 | RSS x contrib.amp | amp_cast / amp_multicast | conversion s |')
+    head = ('| phase | batch | mode | status | %s/s median | min | max | GFLOP/%s | '
+            '%% of peak | x float32 | x fused float32 | x contrib.amp | peak RSS MiB | '
+            'RSS x float32 | RSS x contrib.amp | amp_cast / amp_multicast | conversion s |'
+            % (unit, unit))
     lines += [head, '|' + '---|' * (head.count('|') - 1)]
     for r in report['rows']:
         casts = _casts(r['casts'])
@@ -56,7 +81,8 @@ def markdown(report):
             _fmt(r['speedup_vs_contrib_amp'], '%.2fx'),
             _fmt(r['peak_rss_mib'], '%.0f'), _fmt(r['memory_vs_float32'], '%.2fx'),
             _fmt(r['memory_vs_contrib_amp'], '%.2fx'), casts, _fmt(r['conversion_s'], '%.3f')]))
-    lines += [''] + bench_memory.memory_markdown(
+    lines += [''] + layer_dtypes_markdown(report['rows'])
+    lines += bench_memory.memory_markdown(
         bench_memory.memory_split(report['rows']),
         {r['mode']: r['label'] for r in report['rows'] if r['phase'] == 'train'})
     loss = report.get('loss_check')
@@ -77,17 +103,22 @@ def markdown(report):
     rss_import = _fmt(min((r['rss_after_import_mib'] for r in report['rows']
                            if r.get('rss_after_import_mib')), default=None), '%.0f')
     lines += ['', ' '.join([
-        'img/s: images per second of one iteration (forward [+ backward + update]);',
+        '%s/s: %s per second of one iteration (forward [+ backward + update]);'
+        % (unit, 'sequences' if unit == 'seq' else 'images'),
         'median/min/max over all timed iterations of all repeats.',
-        "GFLOP/img: forward FLOP of one image, counted from the graph's Convolution and",
-        'FullyConnected layers with their inferred shapes (2 per multiply-accumulate).',
-        '%% of peak: img/s x GFLOP/img (x %d for training: forward + data and weight'
-        % bench_flops.TRAIN_FACTOR,
+        "GFLOP/%s: forward FLOP of one %s, counted from the graph's Convolution and"
+        % (unit, 'sequence' if unit == 'seq' else 'image'),
+        'FullyConnected layers (and batch_dot and attention matmuls) with their inferred',
+        'shapes (2 per multiply-accumulate).',
+        '%% of peak: %s/s x GFLOP/%s (x %d for training: forward + data and weight'
+        % (unit, unit, bench_flops.TRAIN_FACTOR),
         "gradients) divided by the GEMM peak of the row's dtype measured in this run",
         "(float32 rows: the float32 peak; low-precision rows: the target dtype's; none for",
         'emulated rows).',
         "(fused): inference ran oneDNN's fused graph (mxmp's default where the kernels exist).",
-        'x float32 / x fused float32 / x contrib.amp: ratio of median img/s (> 1 is faster).',
+        'x float32 / x fused float32 / x contrib.amp: ratio of median %s/s (> 1 is faster;' % unit,
+        'x contrib.amp: against contrib.amp as is, or where that failed against contrib.amp',
+        'with the attention and Dropout in float32).',
         "peak RSS: largest ru_maxrss of the run's process in MiB (includes MXNet itself, about",
         '%s MiB after import); RSS x: ratio of peak RSS (< 1 is less memory).' % rss_import,
         'amp_cast / amp_multicast: cast nodes in the graph that runs. conversion s: amp.init',

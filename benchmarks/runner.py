@@ -141,8 +141,9 @@ def run_benchmark(args, config, env, out_dir):
             previous.append(res)
             LOG.info('%-5s batch %-3d %-24s %s', phase, batch, mode + (' (emulated)'
                      if res.get('emulated') else ''),
-                     '%.2f img/s median, peak RSS %.0f MiB' % (np.median(res['img_per_s']),
-                                                               res['peak_rss_mib'])
+                     '%.2f %s/s median, peak RSS %.0f MiB' % (np.median(res['img_per_s']),
+                                                              config.get('unit', 'img'),
+                                                              res['peak_rss_mib'])
                      if res['status'] == 'ok' else 'FAILED: %s' % res.get('error'))
     rows = []
     for (phase, batch, mode), rs in results.items():

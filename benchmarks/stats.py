@@ -7,8 +7,9 @@ def aggregate(runs):
     """One row from the repeats of a (phase, batch, mode): statistics over every timed iteration.
 
     Returns a dict: status, img_per_s_{median,min,max} (images/s), peak_rss_mib (largest over
-    the repeats, MiB), rss_after_import_mib, casts, casts_real_graph, conversion_s (median,
-    seconds), emulated, error, repeats (per-repeat median images/s and peak RSS).
+    the repeats, MiB), rss_after_import_mib, casts, casts_real_graph, layer_dtypes (op -> {dtype
+    -> nodes} of the graph that ran), conversion_s (median, seconds), emulated, error, repeats
+    (per-repeat median images/s and peak RSS).
     """
     ok = [r for r in runs if r['status'] == 'ok']
     row = {'repeats': [{'status': r['status'],
@@ -18,7 +19,7 @@ def aggregate(runs):
                        for r in runs]}
     first = runs[0]
     for key in ('casts', 'casts_real_graph', 'emulated', 'lp_kernels_available', 'versions',
-                'flop_per_image', 'fused'):
+                'flop_per_image', 'fused', 'layer_dtypes'):
         row[key] = first.get(key)
     convs = [r['conversion_s'] for r in runs if r.get('conversion_s') is not None]
     row['conversion_s'] = float(np.median(convs)) if convs else None
@@ -53,13 +54,19 @@ def add_ratios(rows):
     ``speedup_vs_*`` = median images/s of the row / median images/s of the reference (> 1:
     faster); ``memory_vs_*`` = peak RSS of the row / peak RSS of the reference (< 1: less
     memory). None when either side failed or did not run. The contrib.amp reference is the
-    ``contrib_amp`` row; ``*_vs_float32_fused`` exists for inference only (the fused float32
-    row is the fastest float32 inference).
+    ``contrib_amp`` row, or the ``contrib_amp_fp32_attention`` row where ``contrib_amp`` has no
+    throughput (GluonNLP's BERT); ``contrib_amp_reference`` names it (None without either).
+    ``*_vs_float32_fused`` exists for inference only (the fused float32 row is the fastest
+    float32 inference).
     """
     for row in rows:
         peers = {r['mode']: r for r in rows
                  if r['phase'] == row['phase'] and r['batch_size'] == row['batch_size']}
-        for ref, key in (('float32', 'float32'), ('contrib_amp', 'contrib_amp'),
+        # contrib.amp as is, or its BERT workaround where it failed (benchmarks.bert)
+        amp_ref = 'contrib_amp' if peers.get('contrib_amp', {}).get('img_per_s_median') or \
+            'contrib_amp_fp32_attention' not in peers else 'contrib_amp_fp32_attention'
+        row['contrib_amp_reference'] = amp_ref if amp_ref in peers else None
+        for ref, key in (('float32', 'float32'), (amp_ref, 'contrib_amp'),
                          ('float32_fused', 'float32_fused')):
             other = peers.get(ref, {})
             row['speedup_vs_%s' % key] = _ratio(row.get('img_per_s_median'),

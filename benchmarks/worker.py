@@ -18,10 +18,17 @@ import time
 
 import numpy as np
 
+from benchmarks import bert as bench_bert
 from benchmarks import flops as bench_flops
 from benchmarks import peak as bench_peak
 from benchmarks import profile as bench_profile
 from benchmarks.modes import LEARNING_RATE, MOMENTUM, SEED, BenchmarkError
+from benchmarks.workloads import workload_for
+
+#: contrib.amp modes and whether they keep GluonNLP's attention matmuls and Dropout in float32
+#: (benchmarks.bert.FP32_WORKAROUND_OPS).
+CONTRIB_AMP_MODES = {'contrib_amp': False, 'contrib_amp_cast_params': False,
+                     'contrib_amp_fp32_attention': True}
 
 
 def first_line(err):
@@ -54,12 +61,10 @@ class _Child:
     def run(self):
         spec, res = self.spec, self.result
         import mxnet as mx
-        import gluoncv
-        from gluoncv.model_zoo import get_model
         import mxmp
-        self.mx, self.mxmp, self.get_model = mx, mxmp, get_model
-        res['versions'] = {'mxnet': mx.__version__, 'gluoncv': gluoncv.__version__,
-                           'mxmp': mxmp.__version__, 'python': platform.python_version()}
+        self.mx, self.mxmp, self.wl = mx, mxmp, workload_for(spec)
+        res['versions'] = dict(self.wl.versions(), mxnet=mx.__version__, mxmp=mxmp.__version__,
+                               python=platform.python_version())
         res['rss_after_import_mib'] = rss_mib()
         self.ctx = mx.gpu(0) if spec['ctx'] == 'gpu' else mx.cpu()
         mx.random.seed(SEED)
@@ -71,15 +76,14 @@ class _Child:
         res['lp_kernels_available'] = mxmp.lp_kernels_available(spec['dtype'], self.ctx)
         res['stage'] = 'flops'
         res['flop_per_image'] = bench_flops.forward_flops_per_image(
-            self.traced(self.get_model(spec['model'], pretrained=False,
-                                       classes=spec['classes'])),
-            (3, spec['input_size'], spec['input_size']))
+            self.traced(self.wl.model()), self.wl.sample_shapes())
         res['stage'] = 'build'
         net, step = getattr(self, 'build_%s' % spec['phase'])()
         res['stage'] = 'warmup'
         for _ in range(spec['warmup']):
             step()
             mx.nd.waitall()
+        self.count_graph(net)
         if spec['mode'].startswith('mxmp'):
             res['fused'] = self.mxmp.gluon.fused_graph(net) is not None
         if spec.get('profile'):
@@ -131,19 +135,48 @@ class _Child:
 
     # ------------------------------------------------------------------ shared pieces
     def data(self, batch):
-        mx, spec = self.mx, self.spec
-        size = spec['input_size']
-        x = mx.nd.random.uniform(-1, 1, shape=(batch, 3, size, size), ctx=self.ctx)
-        y = mx.nd.array(np.random.randint(0, spec['classes'], size=batch), ctx=self.ctx)
-        return x, y
+        """(tuple of input NDArrays, labels) of ``batch`` samples."""
+        xs = self.wl.inputs(self.mx, batch, self.ctx)
+        return xs, self.wl.labels(self.mx, batch, self.ctx)
 
-    def new_net(self):
-        net = self.get_model(self.spec['model'], pretrained=False, classes=self.spec['classes'])
-        net.initialize(self.mx.init.Xavier(magnitude=2), ctx=self.ctx)
+    def new_net(self, dropout=None):
+        net = self.wl.model(dropout=dropout)
+        self.wl.initialize(net, self.mx, self.ctx)
         return net
 
     def traced(self, net):
-        return net(self.mx.sym.var('data'))
+        out = net(*[self.mx.sym.var(n) for n in self.wl.data_names])
+        return self.mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
+
+    def count_graph(self, net):
+        """Casts, and the dtypes of the counted layers, of the graph ``net`` runs.
+
+        The graph is the one Gluon cached for the hybridized block (``_cached_graph``, built by
+        the warm-up), else a trace of ``net`` with Symbols. ``layer_dtypes`` maps each op of
+        :data:`benchmarks.flops.COUNTED_OPS` in the graph to {output dtype: nodes}, inferred
+        with float32 inputs.
+        """
+        res = self.result
+        cached = getattr(net, '_cached_graph', None)
+        sym = cached[1] if cached else self.traced(net)
+        # Gluon names the inputs of its own graph data0, data1, ... (ours: the data names).
+        names = [v.name for v in cached[0]] if cached else list(self.wl.data_names)
+        res['casts'] = self.mxmp.count_casts(sym)
+        from mxmp.dtypes import dtype_name
+        internals = sym.get_internals()
+        try:
+            _, out_types, _ = internals.infer_type_partial(**{n: np.float32 for n in names})
+        except Exception as err:  # pylint: disable=broad-except  (a diagnostic, not the run)
+            res['layer_dtypes'], res['layer_dtypes_error'] = None, first_line(err)
+            return
+        types = dict(zip(internals.list_outputs(), out_types))
+        dtypes = {}
+        for node in json.loads(sym.tojson(remove_amp_cast=False))['nodes']:
+            if node['op'] in bench_flops.COUNTED_OPS:
+                name = dtype_name(types.get(node['name'] + '_output')) or 'unknown'
+                per_op = dtypes.setdefault(node['op'], {})
+                per_op[name] = per_op.get(name, 0) + 1
+        res['layer_dtypes'] = dtypes
 
     def emulate(self):
         choice = self.spec['emulate']
@@ -161,13 +194,10 @@ class _Child:
         block = mxmp.convert(net, target_dtype=self.spec['dtype'], cast_params=cast_params,
                              emulate=emulate, fuse_inference=fuse_inference)
         res['conversion_s'] = time.perf_counter() - start
-        # the pass on the traced graph: what the block's first call builds (stem padding adds
-        # no cast)
-        res['casts'] = mxmp.count_casts(mxmp.convert_symbol(
-            float32_graph, self.spec['dtype'], cast_params=cast_params, emulate=emulate))
         if emulate:
             res['casts_real_graph'] = mxmp.count_casts(mxmp.convert_symbol(
-                float32_graph, self.spec['dtype'], cast_params=cast_params, emulate=False))
+                float32_graph, self.spec['dtype'], cast_params=cast_params, emulate=False,
+                data_names=self.wl.data_names))
         return block
 
     # ------------------------------------------------------------------ training
@@ -177,23 +207,23 @@ class _Child:
         mode = spec['mode']
         loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         opt = {'learning_rate': LEARNING_RATE, 'momentum': MOMENTUM}
-        x, y = self.data(spec['batch_size'])
+        xs, y = self.data(spec['batch_size'])
         if mode == 'float32':
             net = self.new_net()
-            res['casts'] = mxmp.count_casts(self.traced(net))
             res['conversion_s'] = 0.0
             trainer = gluon.Trainer(net.collect_params(), 'sgd', opt)
             net.hybridize(static_alloc=True, static_shape=True)
 
             def backward(loss):
                 loss.backward()
-        elif mode == 'contrib_amp':
+        elif mode in ('contrib_amp', 'contrib_amp_fp32_attention'):
             from mxnet.contrib import amp
             start = time.perf_counter()
-            amp.init(target_dtype=spec['dtype'])
+            amp.init(target_dtype=spec['dtype'], fp32_ops=list(bench_bert.FP32_WORKAROUND_OPS)
+                     if CONTRIB_AMP_MODES[mode] else None)
             res['conversion_s'] = time.perf_counter() - start
             net = self.new_net()
-            res['casts'] = mxmp.count_casts(self.traced(net))
+            res['casts'] = mxmp.count_casts(self.traced(net))  # recounted after the warm-up
             trainer = gluon.Trainer(net.collect_params(), 'sgd', opt)
             amp.init_trainer(trainer)
             net.hybridize(static_alloc=True, static_shape=True)
@@ -214,7 +244,7 @@ class _Child:
 
         def step():
             with autograd.record():
-                backward(loss_fn(net(x), y))
+                backward(loss_fn(net(*xs), y))
             trainer.step(spec['batch_size'])
         return net, step
 
@@ -222,24 +252,26 @@ class _Child:
     def build_infer(self):
         mx, mxmp, spec, res = self.mx, self.mxmp, self.spec, self.result
         mode = spec['mode']
-        x, _ = self.data(spec['batch_size'])
+        xs, _ = self.data(spec['batch_size'])
         net = self.new_net()
         hybridize = dict(static_alloc=True, static_shape=True)
         if mode in ('float32', 'float32_fused'):
-            res['casts'] = mxmp.count_casts(self.traced(net))
             res['conversion_s'] = 0.0
             res['fused'] = mode == 'float32_fused'
             if res['fused']:  # the fastest float32 inference a user can have
                 hybridize['backend'] = 'MKLDNN'
-        elif mode in ('contrib_amp', 'contrib_amp_cast_params'):
+        elif mode in CONTRIB_AMP_MODES:
             from mxnet.contrib import amp
             # convert_hybrid_block needs a hybridized block that ran forward once (float32).
             net.hybridize(static_alloc=True, static_shape=True)
-            net(x)
+            net(*xs)
             mx.nd.waitall()
+            # Its fp32_ops takes only ops of its own lists: the nodes by name.
+            excluded = bench_bert.workaround_node_names(net._cached_graph[1]) \
+                if CONTRIB_AMP_MODES[mode] else None
             start = time.perf_counter()
             net = amp.convert_hybrid_block(
-                net, target_dtype=spec['dtype'], ctx=self.ctx,
+                net, target_dtype=spec['dtype'], ctx=self.ctx, excluded_sym_names=excluded,
                 cast_optional_params=mode == 'contrib_amp_cast_params')
             res['conversion_s'] = time.perf_counter() - start
             res['casts'] = mxmp.count_casts(net._cached_graph[1])
@@ -251,7 +283,7 @@ class _Child:
         net.hybridize(**hybridize)
 
         def step():
-            net(x)
+            net(*xs)
         return net, step
 
     # ------------------------------------------------------------------ loss check
@@ -262,17 +294,17 @@ class _Child:
         res['lp_kernels_available'] = mxmp.lp_kernels_available(spec['dtype'], self.ctx)
         res['emulated'] = self.emulate()
         res['stage'] = 'build'
-        x, y = self.data(spec['batch_size'])
+        xs, y = self.data(spec['batch_size'])
         loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         opt = {'learning_rate': LEARNING_RATE, 'momentum': MOMENTUM}
         initial = os.path.join(spec['output_dir'], 'loss_check_initial.params')
-        net = self.new_net()
-        net(x)  # finishes the deferred initialisation (shapes come from the first batch)
+        net = self.new_net(dropout=0.0)  # dropout off: every variant computes one function
+        net(*xs)  # finishes the deferred initialisation (shapes come from the first batch)
         net.save_parameters(initial)
         res['losses'] = {}
         for variant in ('float32', 'mxmp', 'mxmp_cast_params'):
             res['stage'] = 'train %s' % variant
-            net = self.get_model(spec['model'], pretrained=False, classes=spec['classes'])
+            net = self.wl.model(dropout=0.0)
             net.load_parameters(initial, ctx=self.ctx)
             if variant == 'float32':
                 trainer = gluon.Trainer(net.collect_params(), 'sgd', opt)
@@ -284,7 +316,7 @@ class _Child:
             losses = []
             for k in range(spec['loss_steps'] + 1):
                 with autograd.record():  # training-mode forward (BatchNorm batch statistics)
-                    loss = loss_fn(net(x), y).mean()
+                    loss = loss_fn(net(*xs), y).mean()
                     if k < spec['loss_steps']:
                         with (trainer.scale_loss(loss) if variant != 'float32'
                               else contextlib.nullcontext(loss)) as scaled:

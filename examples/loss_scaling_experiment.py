@@ -167,10 +167,13 @@ def gradients(params):
 def run(name, target_dtype, loss_scaler, batches, args):
     """One training run; returns its record (losses, flushed counts, scaler state)."""
     in_channels = batches[0][0].shape[1]
-    reference = make_net(args.seed, in_channels)
-    net = reference if target_dtype is None else \
-        mxmp.convert(reference, target_dtype, emulate=True)
-    params = reference.collect_params()
+    net = make_net(args.seed, in_channels)
+    params = net.collect_params()
+    # the float32 graph of the same Parameters (mxmp.convert converts net itself)
+    data = mx.sym.var('data')
+    reference = gluon.SymbolBlock(net(data), [data], params=params)
+    if target_dtype is not None:
+        mxmp.convert(net, target_dtype, emulate=True)
     spec = loss_scaler
     if loss_scaler == 'dynamic':
         loss_scaler = DynamicLossScaler(growth_interval=args.growth_interval)

@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (CHECKPOINT_INDEX, ConfigError, JsonLines, build_model,  # noqa: E402,F401
                     build_parser, count_data, end_epoch, import_mxmp, make_rec_iter,
                     optimizer_params, parse_args, resolve_emulate, run_cli, seed_everything,
-                    setup_kvstore, setup_logging, SyntheticIter, truncate_metrics, write_summary)
+                    setup_kvstore, close_kvstore, setup_logging, SyntheticIter, truncate_metrics, write_summary)
 
 LOG = logging.getLogger('train_imagenet')
 
@@ -306,7 +306,9 @@ def main(argv=None):
                         identity=run_identity(args))
     metrics.close()
 
-    return write_summary(args, history, emulate, step)
+    summary = write_summary(args, history, emulate, step)
+    close_kvstore(kv)
+    return summary
 
 
 if __name__ == '__main__':

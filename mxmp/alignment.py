@@ -96,15 +96,14 @@ def _round_up(n, multiple):
 
 
 def _to_symbol(net_or_symbol, input_shapes):
-    """A Symbol for a Symbol or a Gluon HybridBlock (traced as mxmp.convert does)."""
+    """A Symbol for a Symbol or a Gluon HybridBlock (traced with one variable per input name)."""
     import mxnet as mx
     if isinstance(net_or_symbol, mx.sym.Symbol):
         return net_or_symbol
     from mxnet import gluon
     if isinstance(net_or_symbol, gluon.HybridBlock):
-        from .gluon import _trace
-        _, sym = _trace(net_or_symbol, tuple(input_shapes), None)
-        return sym
+        out = net_or_symbol(*[mx.sym.var(name) for name in input_shapes])
+        return mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
     raise TypeError('check_alignment needs a gluon.HybridBlock or an mxnet.symbol.Symbol, got '
                     '%s; a plain gluon.Block cannot be traced into a graph'
                     % type(net_or_symbol).__name__)

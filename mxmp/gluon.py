@@ -206,11 +206,38 @@ def convert(block, target_dtype=None, cast_params=False, emulate='auto', policy=
         # now too), on the context of its Parameters.
         ctxs = [c for p in block.collect_params().values() if p._ctx_list for c in p._ctx_list]
         _convert_graph(block, conversion, (), ctxs[0] if ctxs else None)
+    elif cast_params:
+        cast_params_now(block, policy)
     if not block._active:
         logger.info('mxmp.convert: hybridizing %s (mixed precision runs in its graph)',
                     block.name)
         block.hybridize()
     return block
+
+
+def cast_params_now(block, policy):
+    """Store the low-precision layers' weights of ``block`` in the target dtype right away.
+
+    So that what follows ``convert(cast_params=True)`` before the first call (a Trainer's
+    ``load_states`` of a checkpoint, ``collect_params()`` dtypes) sees them as they will be.
+    The weights are found on the graph traced with one input named ``data`` in the current
+    training mode; a block that cannot be traced so is cast when its first graph is built.
+    Uninitialized Parameters are cast once MXNet initializes them.
+    """
+    from .dtypes import mx_dtype
+    from .graph import convert_symbol
+    from .graph.symbol_json import cast_param_names
+    from .gluon_graph import _cast_parameter
+    try:
+        out = block(mx.sym.var('data'))
+        sym = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
+        names = cast_param_names(convert_symbol(sym, policy=policy, cast_params=True))
+    except Exception:  # pylint: disable=broad-except  (other inputs: cast at the first call)
+        return
+    params = block.collect_params()
+    for name in names:
+        if name in params:
+            _cast_parameter(params[name], mx_dtype(policy.target_dtype))
 
 
 # ---------------------------------------------------------------------------------------------

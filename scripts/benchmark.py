@@ -11,6 +11,7 @@ Examples::
     python scripts/benchmark.py --model resnet50_v1 --batch-size 1 32 --repeats 3
     python scripts/benchmark.py --dtype float16 --ctx gpu
     python scripts/benchmark.py --profile --batch-size 16 --iters 5
+    python scripts/benchmark.py --model bert_base --batch-size 8 --seq-len 128 --threads 1
 """
 import argparse
 import json
@@ -25,8 +26,11 @@ from benchmarks import peak as bench_peak  # noqa: E402
 from benchmarks import profile as bench_profile  # noqa: E402
 from benchmarks import runner  # noqa: E402
 from benchmarks.charts import bar_chart  # noqa: E402
-from benchmarks.modes import (DEFAULT_MODES, MIN_ITERS, MODELS, MODES, PHASES,  # noqa: E402
-                              PROFILE_MODES, QUICK, BenchmarkError, mode_label)
+from benchmarks.modes import (BERT_DEFAULT_MODES, BERT_MODEL_NAMES,  # noqa: E402
+                              BERT_PROFILE_MODES, DEFAULT_MODES, DEFAULT_SEQ_LEN, MIN_ITERS,
+                              MODELS, MODES, PHASES, PROFILE_MODES, QUICK, BenchmarkError,
+                              mode_label)
+from benchmarks.workloads import is_bert  # noqa: E402
 from benchmarks.report import markdown  # noqa: E402
 
 LOG = logging.getLogger('benchmark')
@@ -40,9 +44,15 @@ def parse_args(argv=None):
     p.add_argument('--model', default='resnet50_v1',
                    help='GluonCV model-zoo name: %s; any other name of '
                         'gluoncv.model_zoo.get_model_list() is accepted for smoke tests (e.g. '
-                        'cifar_resnet20_v1 with --input-size 32)' % ', '.join(MODELS))
+                        'cifar_resnet20_v1 with --input-size 32); or a BERT sentence '
+                        'classifier with random weights: %s (bert_tiny: 2 layers of 64 units, '
+                        'a smoke configuration; needs the optional extra: pip install -e '
+                        '.[bert])' % (', '.join(MODELS), ', '.join(BERT_MODEL_NAMES)))
     p.add_argument('--batch-size', type=int, nargs='+', default=[32], help='batch sizes')
     p.add_argument('--input-size', type=int, default=224, help='image height = width (pixels)')
+    p.add_argument('--seq-len', type=int, default=DEFAULT_SEQ_LEN,
+                   help='BERT models: tokens per sequence (1-512); throughput is then in '
+                        'sequences/s')
     p.add_argument('--classes', type=int, default=1000, help='output classes of the model')
     p.add_argument('--warmup', type=int, default=3, help='untimed iterations per run (>= 1)')
     p.add_argument('--iters', type=int, default=10, help='timed iterations per run (>= %d)'
@@ -58,16 +68,21 @@ def parse_args(argv=None):
                    help='mxmp modes: emulate the target dtype in float32 kernels; auto = when '
                         'mxmp.lp_kernels_available(dtype, ctx) is False')
     p.add_argument('--phases', nargs='+', default=list(PHASES), choices=PHASES)
-    p.add_argument('--modes', nargs='+', default=DEFAULT_MODES, choices=list(MODES),
+    p.add_argument('--modes', nargs='+', default=None, choices=list(MODES),
                    help='modes to run (float32 is always run: it is the reference; '
-                        'mxmp_unfused, inference without fusion, only when named)')
+                        'mxmp_unfused, inference without fusion, only when named); default: '
+                        '%s; for BERT: %s' % (' '.join(DEFAULT_MODES),
+                                             ' '.join(BERT_DEFAULT_MODES)))
     p.add_argument('--gemm-size', type=int, default=bench_peak.DEFAULT_SIZE,
                    help='M = N = K of the GEMM whose GFLOP/s is the peak (once per repeat, '
                         'float32 and the target dtype); 0 skips it (no %% of peak)')
     p.add_argument('--profile', action='store_true',
                    help='instead of the benchmark: per-operator time of training (mx.profiler, '
                         'bulk execution off) for %s side by side, at the first --batch-size, '
-                        'over --iters iterations' % ', '.join(PROFILE_MODES))
+                        'over --iters iterations (BERT: %s)' % (', '.join(PROFILE_MODES),
+                                                                ', '.join(BERT_PROFILE_MODES)))
+    p.add_argument('--profile-phase', default='train', choices=PHASES,
+                   help='--profile: the phase profiled (a training step or an inference call)')
     p.add_argument('--loss-steps', type=int, default=20,
                    help='SGD steps of the loss check (0: skip it)')
     p.add_argument('--threads', type=int, default=None,
@@ -100,12 +115,21 @@ def check_args(args):
     if args.warmup < 1:
         raise BenchmarkError('--warmup %d: the first iteration builds the graph and allocates '
                              'memory, it must not be timed; pass --warmup 1 or more' % args.warmup)
-    if args.repeats < 1 or min(args.batch_size) < 1 or args.input_size < 32:
+    bert = is_bert(args.model)
+    if args.modes is None:
+        args.modes = list(BERT_DEFAULT_MODES if bert else DEFAULT_MODES)
+    if args.repeats < 1 or min(args.batch_size) < 1 or (args.input_size < 32 and not bert):
         raise BenchmarkError('--repeats and --batch-size must be >= 1 and --input-size >= 32 '
                              '(the models downsample by 32)')
     if args.loss_steps < 0:
         raise BenchmarkError('--loss-steps must be >= 0')
-    if args.model not in MODELS:
+    if bert:
+        from benchmarks.bert import MAX_LENGTH, require_gluonnlp
+        require_gluonnlp()
+        if not 1 <= args.seq_len <= MAX_LENGTH:
+            raise BenchmarkError('--seq-len %d: BERT takes 1 to %d tokens'
+                                 % (args.seq_len, MAX_LENGTH))
+    elif args.model not in MODELS:
         from gluoncv.model_zoo import get_model_list
         if args.model not in get_model_list():
             raise BenchmarkError('--model %s is not in the GluonCV model zoo; use one of %s (or '
@@ -145,15 +169,18 @@ def main(argv=None):
     os.makedirs(os.path.join(out_dir, 'logs'), exist_ok=True)
     env = runner.child_env(threads)
     machine = runner.machine_info(threads)
-    config = {k: getattr(args, k) for k in ('model', 'batch_size', 'input_size', 'classes',
-                                            'warmup', 'iters', 'repeats', 'dtype', 'ctx',
-                                            'emulate', 'phases', 'modes', 'loss_steps', 'quick',
-                                            'gemm_size')}
+    config = {k: getattr(args, k) for k in ('model', 'batch_size', 'input_size', 'seq_len',
+                                            'classes', 'warmup', 'iters', 'repeats', 'dtype',
+                                            'ctx', 'emulate', 'phases', 'modes', 'loss_steps',
+                                            'quick', 'gemm_size', 'profile_phase')}
+    config['unit'] = 'seq' if is_bert(args.model) else 'img'
     config['command'] = ' '.join(['python', 'scripts/benchmark.py'] +
                                  (argv if argv is not None else sys.argv[1:]))
     if args.profile:
         return bench_profile.run_profile(config, env, machine, out_dir, args.timeout,
-                                         runner.run_child, mode_label, PROFILE_MODES)
+                                         runner.run_child, mode_label,
+                                         BERT_PROFILE_MODES if is_bert(args.model)
+                                         else PROFILE_MODES)
     start = time.perf_counter()
     report = {'config': config, 'machine': machine}
     report.update(runner.run_benchmark(args, config, env, out_dir))

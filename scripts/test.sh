@@ -22,6 +22,13 @@ echo "== installing mxmp with the cpu, test and examples extras"
 pip install --quiet --disable-pip-version-check -e '.[cpu,test,examples]' 2>&1 \
   | grep -v "is ignored: it is neither a file nor a directory" || true
 python -c "import mxnet, gluoncv, pytest, hypothesis; print('mxnet', mxnet.__version__)"
+# The bert extra (gluonnlp 0.10.0) compiles a Cython extension (a C compiler and the Python
+# headers); where it cannot, the BERT benchmark tests skip and the rest of the suite runs.
+echo "== installing the bert extra (gluonnlp)"
+pip install --quiet --disable-pip-version-check -e '.[bert]' 2>&1 \
+  | grep -v "is ignored: it is neither a file nor a directory" || true
+python -c "import gluonnlp" 2>/dev/null \
+  || echo "== gluonnlp did not install (needs gcc and python3-dev): the BERT benchmark tests skip"
 
 bash scripts/install_dataset.sh
 

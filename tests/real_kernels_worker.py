@@ -144,7 +144,8 @@ def run(model, seed=0, cast_params=False, steps=3, lr=1e-4):
         param.set_data(theirs[name].data())
     ref_out = ref(x).asnumpy()
     net(x).wait_to_read()                 # float32 inference forward before converting
-    conv = mxmp.convert(net, 'bfloat16', cast_params=cast_params)
+    # unfused inference: the bounds are the unfused graph's (fusion: tests/test_fusion.py)
+    conv = mxmp.convert(net, 'bfloat16', cast_params=cast_params, fuse_inference=False)
     out = {'model': model, 'seed': seed, 'cast_params': cast_params,
            'rel_err_before': _rel(conv(x).asnumpy(), ref_out), 'rel_err_train': [],
            'grad_rel_err': [], 'loss_f32': [], 'loss_bf16': []}

@@ -116,7 +116,8 @@ def test_cast_counts_equal_count_casts_of_the_same_converted_graph(small_run, ca
     net.initialize()
     float32_graph = net(mx.sym.var('data'))
     block = mxmp.convert(net, 'bfloat16', cast_params=cast_params, emulate=row['emulated'])
-    assert row['casts'] == mxmp.count_casts(block.mxmp_symbol)
+    block(mx.nd.zeros((1, 3, SIZE, SIZE)))
+    assert row['casts'] == mxmp.count_casts(mxmp.converted_graph(block))
     real = mxmp.count_casts(mxmp.convert_symbol(float32_graph, 'bfloat16',
                                                 cast_params=cast_params, emulate=False))
     if row['emulated']:
@@ -564,3 +565,153 @@ def test_train_rss_pad_channels_trains_the_same_model():
         assert proc.returncode == 0, proc.stderr[-2000:]
         first.append(float(proc.stdout.strip().splitlines()[-1].split('losses ')[1]))
     assert abs(first[1] - first[0]) <= 0.005 * abs(first[0]), first
+
+
+# ------------------------------------------------------------------------------ BERT
+# bert_tiny (benchmarks.bert): 2 layers, 64 units, 4 heads, feed-forward 256, 16 tokens.
+BERT_MODES = {'train': ['float32', 'contrib_amp', 'contrib_amp_fp32_attention', 'mxmp'],
+              'infer': ['float32', 'float32_fused', 'contrib_amp', 'contrib_amp_fp32_attention',
+                        'mxmp']}
+# FLOP of one 16-token sequence of bert_tiny, by hand (2 per multiply-accumulate): per layer
+# the query/key/value projection 16*64*192, the output projection 16*64*64, the feed-forward
+# 2*16*64*256, the two attention products 4 heads * 16*16*16 each; then the pooler 64*64 and
+# the 2-class classifier 64*2.
+BERT_TINY_FLOP = 2 * (2 * (16 * 64 * 192 + 16 * 64 * 64 + 2 * 16 * 64 * 256 + 2 * 4 * 16 ** 3)
+                      + 64 * 64 + 64 * 2)
+
+
+@pytest.fixture(scope='module')
+def bert_run(tmp_path_factory):
+    pytest.importorskip('gluonnlp', reason='the BERT models need the optional extra: '
+                                           "pip install -e '.[bert]'")
+    out = tmp_path_factory.mktemp('bert')
+    proc = run_script('--model', 'bert_tiny', '--seq-len', '16', '--batch-size', '2',
+                      '--warmup', '1', '--iters', '5', '--repeats', '1', '--loss-steps', '1',
+                      '--threads', '1', '--gemm-size', '256', '--output-dir', str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out / 'benchmark.json') as f:
+        report = json.load(f)
+    return report, proc.stdout
+
+
+def test_bert_runs_every_mode_of_both_phases_with_sequences_as_the_unit(bert_run):
+    report, stdout = bert_run
+    got = {}
+    for r in report['rows']:
+        got.setdefault(r['phase'], []).append(r['mode'])
+    assert got == BERT_MODES
+    assert report['config']['unit'] == 'seq' and report['config']['seq_len'] == 16
+    assert '| phase | batch | mode | status | seq/s median |' in stdout
+    assert '# mxmp benchmark: bert_tiny, sequence length 16' in stdout
+    for r in report['rows']:
+        assert r['flop_per_image'] == BERT_TINY_FLOP
+        assert '| %s | 2 | %s |' % (r['phase'], r['label']) in stdout
+    for phase in BERT_MODES:
+        assert rows_by(report)[(phase, 'float32')]['status'] == 'ok'
+
+
+def test_bert_contrib_amp_failure_on_gluonnlp_attention_is_a_row_not_a_crash(bert_run):
+    import mxmp
+    report, stdout = bert_run
+    rows = rows_by(report)
+    for phase in BERT_MODES:
+        r = rows[(phase, 'contrib_amp')]
+        # Type inference refuses the graph before any kernel runs: the same on every CPU.
+        assert r['status'] == 'failed'
+        assert 'interleaved_matmul_selfatt_valatt' in r['error']
+        assert 'expected bfloat16, got float32' in r['error']
+        assert r['img_per_s_median'] is None and '\n' not in r['error']
+        assert 'FAILED: ' + r['error'] in stdout
+        workaround = rows[(phase, 'contrib_amp_fp32_attention')]
+        if mxmp.lp_kernels_available('bfloat16'):
+            assert workaround['status'] == 'ok' and workaround['img_per_s_median'] > 0
+            # where contrib.amp as is failed, the workaround is the contrib.amp reference
+            assert rows[(phase, 'mxmp')]['contrib_amp_reference'] == \
+                'contrib_amp_fp32_attention'
+            assert rows[(phase, 'mxmp')]['speedup_vs_contrib_amp'] == pytest.approx(
+                rows[(phase, 'mxmp')]['img_per_s_median'] / workaround['img_per_s_median'])
+            assert workaround['layer_dtypes']['FullyConnected'] == {'bfloat16': 10}
+            assert workaround['layer_dtypes']['_contrib_interleaved_matmul_selfatt_valatt'] \
+                == {'float32': 2}
+        else:
+            assert workaround['status'] == 'failed'
+
+
+def test_bert_mxmp_runs_its_fully_connected_layers_in_bfloat16(bert_run):
+    report, stdout = bert_run
+    for phase in BERT_MODES:
+        r = rows_by(report)[(phase, 'mxmp')]
+        assert r['status'] == 'ok' and r['img_per_s_median'] > 0
+        assert r['casts']['amp_cast'] > 0
+        # 2 layers x 4 (query/key/value, output projection, 2 feed-forward) + pooler + classifier
+        fc = r['layer_dtypes']['FullyConnected']
+        if r['emulated']:  # float32 kernels with bfloat16 rounding: the real graph has casts
+            assert fc == {'float32': 10} and r['casts_real_graph']['amp_cast'] > 0
+        else:
+            assert fc == {'bfloat16': 10}
+            assert r['percent_of_peak'] > 0 and r['peak_dtype'] == 'bfloat16'
+        # the attention products stay float32 (mxmp's bfloat16 policy)
+        assert r['layer_dtypes']['_contrib_interleaved_matmul_selfatt_qk'] == {'float32': 2}
+        assert rows_by(report)[(phase, 'float32')]['layer_dtypes']['FullyConnected'] == \
+            {'float32': 10}
+    assert '- train mxmp bfloat16' in stdout and 'FullyConnected: 10 ' in stdout
+    loss = report['loss_check']
+    assert loss['status'] == 'ok' and loss['steps'] == 1
+    # dropout off and the same weights: the first losses differ only by bfloat16 rounding
+    assert loss['losses']['mxmp'][0] == pytest.approx(loss['losses']['float32'][0], rel=0.05)
+
+
+def test_bert_without_gluonnlp_names_the_extra_to_install(monkeypatch):
+    from benchmarks.bert import require_gluonnlp
+    from benchmarks.modes import BenchmarkError
+    monkeypatch.setitem(sys.modules, 'gluonnlp', None)  # import gluonnlp raises ImportError
+    monkeypatch.setitem(sys.modules, 'gluonnlp.model', None)
+    with pytest.raises(BenchmarkError, match=r"pip install -e '\.\[bert\]'"):
+        require_gluonnlp()
+
+
+def test_flop_count_of_attention_matmuls_and_sequence_inputs():
+    import mxnet as mx
+    from benchmarks.flops import forward_flops_per_image, layer_flops
+    length, units, heads = 8, 12, 3
+    x = mx.sym.var('tokens')  # (batch, length, units)
+    qkv = mx.sym.FullyConnected(mx.sym.transpose(x, axes=(1, 0, 2)), num_hidden=3 * units,
+                                flatten=False, name='qkv')  # (length, batch, 3 units)
+    scores = mx.sym.contrib.interleaved_matmul_selfatt_qk(qkv, heads=heads, name='qk')
+    att = mx.sym.softmax(scores, axis=-1)
+    ctx = mx.sym.contrib.interleaved_matmul_selfatt_valatt(qkv, att, heads=heads, name='valatt')
+    b = mx.sym.var('other')  # (batch, length, 5)
+    out = mx.sym.batch_dot(mx.sym.transpose(ctx, axes=(1, 0, 2)), b, transpose_a=True,
+                           name='bd')  # (batch, units, 5), K = length
+    layers = {l['name']: l for l in layer_flops(out, {'tokens': (2, length, units),
+                                                      'other': (2, length, 5)})}
+    assert layers['qkv']['flop'] == 2 * 2 * length * units * 3 * units
+    assert layers['qk']['flop'] == 2 * (2 * heads * length * length) * (units // heads)
+    assert layers['valatt']['flop'] == 2 * (length * 2 * units) * length
+    assert layers['bd']['flop'] == 2 * (2 * units * 5) * length
+    assert layers['qk']['weight_shape'] is None
+    per_sample = forward_flops_per_image(out, {'tokens': (length, units), 'other': (length, 5)})
+    assert per_sample == sum(l['flop'] for l in layers.values()) // 2
+
+
+def test_contrib_amp_reference_falls_back_to_the_workaround_row_only_where_needed():
+    from benchmarks.stats import add_ratios
+    rows = [dict(phase='infer', batch_size=8, mode='float32', img_per_s_median=10.0,
+                 peak_rss_mib=1000.0),
+            dict(phase='infer', batch_size=8, mode='contrib_amp', img_per_s_median=None,
+                 peak_rss_mib=None),
+            dict(phase='infer', batch_size=8, mode='contrib_amp_fp32_attention',
+                 img_per_s_median=12.0, peak_rss_mib=900.0),
+            dict(phase='infer', batch_size=8, mode='mxmp', img_per_s_median=15.0,
+                 peak_rss_mib=800.0),
+            dict(phase='train', batch_size=8, mode='contrib_amp', img_per_s_median=5.0,
+                 peak_rss_mib=900.0),
+            dict(phase='train', batch_size=8, mode='contrib_amp_fp32_attention',
+                 img_per_s_median=4.0, peak_rss_mib=900.0),
+            dict(phase='train', batch_size=8, mode='mxmp', img_per_s_median=10.0,
+                 peak_rss_mib=800.0)]
+    add_ratios(rows)
+    assert rows[3]['contrib_amp_reference'] == 'contrib_amp_fp32_attention'
+    assert rows[3]['speedup_vs_contrib_amp'] == 1.25
+    assert rows[6]['contrib_amp_reference'] == 'contrib_amp'  # contrib.amp as is ran
+    assert rows[6]['speedup_vs_contrib_amp'] == 2.0

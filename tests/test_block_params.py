@@ -1,6 +1,6 @@
 """Checkpoints of a converted block: each parameter once, the original's names, float32.
 
-``ConvertedBlock.save_parameters`` writes what ``net.save_parameters`` of the float32 network
+``save_parameters`` of a converted network writes what ``net.save_parameters`` of the float32 network
 writes (same keys, float32 values); a float32 file loads into the converted block and the
 converted block's file into the float32 network; a Trainer's master weights are what is saved.
 """

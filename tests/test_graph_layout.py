@@ -46,7 +46,6 @@ def test_old_import_paths_give_the_new_objects():
     assert mxmp.casts._MSHADOW_ENUM == {'float16': '2', 'bfloat16': '12'}
     assert mxmp.casts._FLOAT_ENUM == {'float32': '0', 'float64': '1', 'float16': '2',
                                       'bfloat16': '12'}
-    assert mxmp.gluon.dtype_of('float16') == 'float16'
     for name in ('main', 'build_parser', 'CLIError', 'load_symbol', 'load_params'):
         assert hasattr(mxmp.cli, name), name
 

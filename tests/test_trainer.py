@@ -160,10 +160,10 @@ def test_target_dtype_and_default_loss_scaler_follow_the_parameters():
     assert (t.target_dtype, type(t.loss_scaler)) == ('bfloat16', NoOpLossScaler)
 
 
-def test_target_dtype_read_from_the_mark_set_by_convert():
+def test_target_dtype_is_the_one_the_network_was_converted_to():
+    import mxmp
     net = mlp('a_')
-    for p in params_of(net):
-        p._mxmp_target_dtype = 'float16'
+    mxmp.convert(net, 'float16')
     t = Trainer(net.collect_params(), 'sgd')
     assert t.target_dtype == 'float16' and t.loss_scaler.dynamic
     t = Trainer(net.collect_params(), 'sgd', target_dtype='bfloat16', loss_scaler=512)

@@ -4,31 +4,11 @@
 import logging
 import warnings
 
-from ..compat import contrib_amp as _amp
-from ..compat.contrib_amp import _conditional, _dtype, _names
+from ..compat.contrib_amp import _dtype, _policy  # noqa: F401  (mxmp.amp re-exports _policy)
 
 __all__ = ['convert_symbol', 'convert_model', 'convert_hybrid_block']
 
 logger = logging.getLogger('mxmp.amp')
-
-
-def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names,
-            emulate=False):
-    """The mxmp Policy of a convert call (:func:`mxmp.amp.convert_policy.policy_for`)."""
-    from .convert_policy import policy_for
-    if excluded_sym_names is not None and (isinstance(excluded_sym_names, str) or
-                                           not isinstance(excluded_sym_names, (list, tuple,
-                                                                               set))):
-        raise ValueError('excluded_sym_names must be a list of node names, got %r'
-                         % (excluded_sym_names,))
-    return policy_for(
-        _dtype(target_dtype),
-        None if target_dtype_ops is None else _names(target_dtype_ops, 'target_dtype_ops'),
-        None if fp32_ops is None else _names(fp32_ops, 'fp32_ops'),
-        None if conditional_fp32_ops is None else _conditional(conditional_fp32_ops),
-        excluded_names=set(excluded_sym_names or ()), emulate=emulate,
-        init_lp=_amp._CONFIG.lp_ops, init_fp32=_amp._CONFIG.fp32_ops,
-        init_conditional=_amp._CONFIG.conditional_fp32_ops)
 
 
 def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
@@ -50,8 +30,12 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
             (:func:`list_conditional_fp32_ops`); matching nodes compute in float32, the
             others follow their data.
         excluded_sym_names (list of str): node names kept in float32.
-        data_names (list of str): the graph's data inputs (never cast as parameters); default
-            ``['data']``.
+        data_names (list of str): the graph's data inputs (never stored in low precision,
+            typed float32); the others are parameters. Default (None), as in contrib.amp:
+            every input without a ``__dtype__`` attribute, so in a graph built with ``mx.sym``
+            alone every input is data and ``cast_optional_params`` stores nothing (give the
+            names, or use :func:`convert_model`, which takes the inputs not in its parameter
+            dicts). ``[]``: every input is a parameter.
         cast_optional_params (bool): give the parameters whose every consumer runs in the
             target dtype that dtype in the graph (``cast_params=True``); cast their arrays to
             match, as :func:`convert_model` does.
@@ -69,8 +53,18 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
     from ..graph import convert_symbol as _convert
     policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names)
-    return _convert(sym, policy=policy, data_names=tuple(data_names) if data_names else None,
+    if data_names is None:
+        data_names = _undeclared_inputs(sym)
+    return _convert(sym, policy=policy, data_names=tuple(data_names),
                     cast_params=bool(cast_optional_params))
+
+
+def _undeclared_inputs(sym):
+    """The inputs of ``sym`` without a ``__dtype__`` attribute: contrib.amp's data inputs
+    when ``data_names`` is not given (``mxnet.contrib.amp.convert_symbol``, MXNet 1.9.1)."""
+    from ..graph.symbol_json import load
+    return [n['name'] for n in load(sym)['nodes']
+            if n['op'] == 'null' and '__dtype__' not in n.get('attrs', {})]
 
 
 def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_ops=None,

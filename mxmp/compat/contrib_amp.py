@@ -89,6 +89,25 @@ def _conditional(value):
     return () if value is None else conditional_rules(value, 'conditional_fp32_ops', tuple)
 
 
+def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names,
+            emulate=False):
+    """The mxmp Policy of a convert call (:func:`mxmp.amp.convert_policy.policy_for`)."""
+    from ..amp.convert_policy import policy_for
+    if excluded_sym_names is not None and (isinstance(excluded_sym_names, str) or
+                                           not isinstance(excluded_sym_names, (list, tuple,
+                                                                               set))):
+        raise ValueError('excluded_sym_names must be a list of node names, got %r'
+                         % (excluded_sym_names,))
+    return policy_for(
+        _dtype(target_dtype),
+        None if target_dtype_ops is None else _names(target_dtype_ops, 'target_dtype_ops'),
+        None if fp32_ops is None else _names(fp32_ops, 'fp32_ops'),
+        None if conditional_fp32_ops is None else _conditional(conditional_fp32_ops),
+        excluded_names=set(excluded_sym_names or ()), emulate=emulate,
+        init_lp=_CONFIG.lp_ops, init_fp32=_CONFIG.fp32_ops,
+        init_conditional=_CONFIG.conditional_fp32_ops)
+
+
 def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops=None,
          fp32_ops=None):
     """Switch mixed precision on for every Gluon network built or hybridized afterwards.
@@ -121,7 +140,6 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
     """
     global _CONFIG  # pylint: disable=global-statement
     from ..gluon import Conversion, set_global
-    from ..amp.convert import _policy
     config = _Config(_dtype(target_dtype), _names(target_precision_ops, 'target_precision_ops'),
                      _names(fp32_ops, 'fp32_ops'), _conditional(conditional_fp32_ops))
     _CONFIG = config

@@ -5,13 +5,19 @@ dtype (classes LOW_PRECISION, FOLLOW and WIDEST_TYPE; aliases share their canoni
 kernel and are covered by it), builds a one-op graph at realistic sizes
 (:mod:`mxmp.conformance.cases`), converts it with :func:`mxmp.convert_symbol`, runs it forward
 and backward, and compares with the float32 graph run on the same rounded inputs and the same
-rounded head gradients. Two cases per op and attribute variant:
+rounded head gradients. Up to three cases per op and attribute variant:
 
 ``lp-input``  the op's float data arrives in the target dtype (from a low-precision producer:
               the converted graph's data inputs are declared low precision); weights and
               BatchNorm parameters arrive float32 and the pass casts them.
 ``cast``      every input arrives float32 and the pass casts it (``Policy(lp_ops=[op])`` for
               ops that are not LOW_PRECISION already): how weights arrive.
+``lp-params`` the parameters (weights, biases, gamma, moving statistics) are graph variables
+              stored in the target dtype (``__dtype__``, as after ``net.cast('bfloat16')``),
+              the data arrives in it too, and the op is planned as the policy classes it (a
+              float32 op stays float32): low-precision weights into float32 ops. Run for the
+              variants with parameters, by default also for the ops outside the tested
+              classes that have such a case (Deconvolution, LayerNorm, ...), in this case only.
 
 Each op runs in its own Python subprocess, so a kernel that corrupts memory fails that op
 only: a negative return code is reported as the signal (``crash(SIGABRT)``) with the last lines

@@ -15,10 +15,16 @@ moving statistics: float32, positive); ``iN`` integer indices in [0, N) held in 
 ``IN`` the same as int32; ``lN`` sequence lengths in [1, N] (float32); ``sN`` 2 x 128 distinct
 (row, column) indices into an N x N tensor (scatter_nd).
 
+``PARAM_KINDS``: the kinds that are a layer's parameters (weights and biases, gamma, moving
+statistics): in the ``lp-params`` case they arrive stored in the target dtype, as after
+``net.cast(target)``.
+
 ``NOT_TESTED[op]`` gives the reason an op has no case. Aliases (``_plus`` for
 ``elemwise_add``) share their canonical op's kernel and result
 (:func:`mxmp.policy.tables.aliases`).
 """
+
+PARAM_KINDS = ('w', 'g', 'a')
 
 NCHW = (4, 32, 16, 16)
 BTF = (8, 32, 64)
@@ -47,7 +53,10 @@ CASES = {
          dict(kernel=(3, 3), pad=(1, 1), num_filter=32, num_group=32)),
     ],
     'Deconvolution': [('2x2 stride 2', [_X, ((32, 16, 2, 2), 'w')],
-                       dict(kernel=(2, 2), stride=(2, 2), num_filter=16, no_bias=True))],
+                       dict(kernel=(2, 2), stride=(2, 2), num_filter=16, no_bias=True)),
+                      ('4x4 stride 2 bias', [_X, ((32, 16, 4, 4), 'w'), ((16,), 'w')],
+                       dict(kernel=(4, 4), stride=(2, 2), pad=(1, 1), num_filter=16,
+                            no_bias=False))],
     'FullyConnected': [
         ('flatten=False', [_T, ((128, 64), 'w'), ((128,), 'w')],
          dict(num_hidden=128, flatten=False)),
@@ -77,6 +86,10 @@ CASES = {
     '_slice_assign': [('', [_T, ((8, 16, 64), 'n')], dict(begin=(0, 8, 0), end=(8, 24, 64)))],
     # -- FOLLOW: activations, normalization, pooling ----------------------------------------
     'Activation': [(t, [_X], dict(act_type=t)) for t in ('relu', 'sigmoid', 'tanh')],
+    # -- FLOAT32 ops with parameters: run by default in the lp-params case only -----------
+    'LayerNorm': [('', [_T, ((64,), 'g'), ((64,), 'w')], {})],
+    'InstanceNorm': [('', [_X, ((32,), 'g'), ((32,), 'w')], {})],
+    'GroupNorm': [('', [_X, ((4,), 'g'), ((4,), 'w')], dict(num_groups=4))],
     'BatchNorm': [('', [_X, ((32,), 'g'), ((32,), 'w'), ((32,), 'a'), ((32,), 'a')],
                    dict(fix_gamma=False))],
     '_contrib_BatchNormWithReLU': [

@@ -13,7 +13,8 @@ from ..policy import Policy, normalize_dtype
 from ..policy.kernel_report import KernelReport, machine_info
 from ..policy.tables import aliases as table_aliases
 from .cases import CASES, NOT_TESTED
-from .run import _CASE_NAMES, _TESTED_CLASSES, EPS, _row, _Zygote, tolerances
+from .run import _CASE_NAMES, _TESTED_CLASSES, EPS, _row, _Zygote, cases_of, has_params, \
+    tolerances
 
 __all__ = ['check_kernels', 'EPS', 'tolerances']
 
@@ -22,24 +23,27 @@ __all__ = ['check_kernels', 'EPS', 'tolerances']
 # Parent side
 # ---------------------------------------------------------------------------------------------
 def _ops_to_test(policy, ops):
-    """[(op, class)] of the canonical ops to run, and {alias: canonical} of the lists."""
+    """[(op, class, params only)] of the canonical ops to run, and {alias: canonical} of the
+    lists. By default the ops of the tested classes, all cases, and the other ops whose case
+    has parameters, in the ``lp-params`` case only (a float32 op fed low-precision weights)."""
     aliases = table_aliases(policy.target_dtype)
     if ops is None:
         chosen = sorted({aliases.get(o, o) for c in _TESTED_CLASSES for o in policy.ops_in(c)})
+        extra = sorted(op for op in CASES if op not in chosen and has_params(op))
     else:
         if isinstance(ops, str):
             raise ValueError('ops must be a list of op names, not the string %r' % ops)
         Policy(policy.target_dtype, fp32_ops=ops)  # validates the names
-        chosen = list(dict.fromkeys(ops))
+        chosen, extra = list(dict.fromkeys(ops)), []
     out = []
-    for op in chosen:
+    for op in chosen + extra:
         cls, _ = policy.classify(op)
-        out.append((op, cls))
+        out.append((op, cls, op in extra))
     return out, aliases
 
 
 def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, jobs=2,
-                  timeout=90.0, seeds=(0, 1, 2), progress=None):
+                  timeout=90.0, seeds=(0, 1, 2), progress=None, cases=None):
     """Run the conformance suite on this machine.
 
     Args:
@@ -58,6 +62,9 @@ def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, 
             once per seed and reports its largest errors (default three: verdicts rest on the
             spread, not on one draw).
         progress (callable): called with each finished row (a dict), e.g. to print it.
+        cases (iterable of str): run only these cases (``'lp-input'``, ``'cast'``,
+            ``'lp-params'``); default all. ``lp-params`` runs only for the attribute variants
+            with parameters.
 
     Returns:
         mxmp.KernelReport: the rows (op, class, variant, case, mode, forward and
@@ -72,6 +79,11 @@ def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, 
     if policy.target_dtype != target:
         raise ValueError('policy.target_dtype=%r disagrees with target_dtype=%r'
                          % (policy.target_dtype, target))
+    if cases is not None:
+        cases = (cases,) if isinstance(cases, str) else tuple(cases)
+        if set(cases) - set(_CASE_NAMES):
+            raise ValueError('cases must be a list of %s, got %r' % (', '.join(_CASE_NAMES),
+                                                                      cases))
     if int(jobs) < 1:
         raise ValueError('jobs must be >= 1, got %r' % (jobs,))
     if target == 'float16':
@@ -86,12 +98,12 @@ def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, 
             zygotes.append(local.zygote)
         return local.zygote(job, limit)
 
-    def run(op, cls):
-        return _run_op(op, cls, policy, emulate, timeout, seeds, execute)
+    def run(op, cls, params_only):
+        return _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only, cases)
 
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(int(jobs), len(todo) or 1)) as pool:
-            futures = [pool.submit(run, op, cls) for op, cls in todo]
+            futures = [pool.submit(run, op, cls, only) for op, cls, only in todo]
             for fut in futures:
                 for row in fut.result():
                     rows.append(row)
@@ -113,12 +125,14 @@ def _signal_name(rc):
         return 'signal %d' % -rc
 
 
-def _run_op(op, cls, policy, emulate, timeout, seeds, execute):
-    """All cases of one op, in subprocesses; a crash ends that case, the rest run anew."""
+def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only=False, cases=None):
+    """All cases of one op (``params_only``: its ``lp-params`` cases; ``cases``: only these),
+    in subprocesses; a crash ends that case, the rest run anew."""
     if op not in CASES:
         reason = NOT_TESTED.get(op, 'no input spec in mxmp/conformance/cases.py')
         return [_row(op, cls, '', '', detail=reason)]
-    pending = [(v, c) for v, _, _ in CASES[op] for c in _CASE_NAMES]
+    pending = [p for p in cases_of(op, params_only) if cases is None or p[1] in cases]
+    order = {p: i for i, p in enumerate(pending)}
     rows = []
     while pending:
         job = {'op': op, 'class': cls, 'cases': pending, 'seeds': list(seeds),
@@ -164,8 +178,6 @@ def _run_op(op, cls, policy, emulate, timeout, seeds, execute):
         rows.append(_row(op, cls, started[0], started[1], verdict=verdict, detail=tail,
                          mode='real' if emulate is not True else 'emulated'))
         pending = [p for p in pending if p != started]
-    order = {(v, c): i for i, (v, c) in enumerate((v, c) for v, _, _ in CASES[op]
-                                                 for c in _CASE_NAMES)}
     rows.sort(key=lambda r: order.get((r['variant'], r['case']), -1))
     return rows
 

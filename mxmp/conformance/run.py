@@ -15,11 +15,26 @@ import numpy as np
 
 from ..errors import mxnet_error_line
 from ..policy import FOLLOW, LOW_PRECISION, WIDEST_TYPE, Policy, normalize_dtype
-from .cases import CASES
+from .cases import CASES, PARAM_KINDS
 
 EPS = {'bfloat16': 2.0 ** -7, 'float16': 2.0 ** -10}
-_CASE_NAMES = ('lp-input', 'cast')
+_CASE_NAMES = ('lp-input', 'cast', 'lp-params')
 _TESTED_CLASSES = (LOW_PRECISION, FOLLOW, WIDEST_TYPE)
+
+
+def has_params(op, variant=None):
+    """Whether ``op``'s case (one ``variant``, or any) has parameter inputs (``PARAM_KINDS``),
+    so that the ``lp-params`` case differs from ``lp-input``."""
+    return any(k in PARAM_KINDS for v, inputs, _ in CASES.get(op, ())
+               if variant is None or v == variant for _, k in inputs)
+
+
+def cases_of(op, params_only=False):
+    """The ``(variant, case)`` pairs to run for ``op``: ``lp-input`` and ``cast`` for every
+    variant (unless ``params_only``), ``lp-params`` for the variants with parameters."""
+    return [(v, c) for v, _, _ in CASES[op] for c in _CASE_NAMES
+            if (c == 'lp-params' and has_params(op, v)) or
+            (c != 'lp-params' and not params_only)]
 
 
 def tolerances(target_dtype):
@@ -189,9 +204,18 @@ def _run(sym, arrays, aux, grad_names, head_grads):
 
 def _round(values, target):
     import mxnet as mx
-    from ..gluon import dtype_of
+    from ..dtypes import mx_dtype as dtype_of
     return mx.nd.amp_cast(mx.nd.amp_cast(mx.nd.array(values), dtype=dtype_of(target)),
                           dtype='float32').asnumpy()
+
+
+def _variable_dtypes(sym):
+    """{variable name: dtype name} of the variables whose ``__dtype__`` a graph declares
+    (the arrays a converted graph is bound with must have these dtypes)."""
+    from ..dtypes import from_mshadow_enum
+    from ..graph.symbol_json import load
+    return {n['name']: from_mshadow_enum(n['attrs']['__dtype__']) for n in load(sym)['nodes']
+            if n['op'] == 'null' and '__dtype__' in n.get('attrs', {})}
 
 
 def _child(job):
@@ -241,7 +265,7 @@ def _measure(op, cls, inputs, attrs, case, base, target, mode, seed):
     """Forward and backward relative errors of one case (see the module docstring)."""
     import mxnet as mx
     from ..graph import convert_symbol
-    from ..gluon import dtype_of
+    from ..dtypes import mx_dtype as dtype_of
     rng = np.random.RandomState(seed)
     names = ['in%d' % i for i in range(len(inputs))]
     sym = _op_fn(op)(*[mx.sym.var(n) for n in names], name='op', **attrs)
@@ -260,20 +284,36 @@ def _measure(op, cls, inputs, attrs, case, base, target, mode, seed):
              and names.index(n) not in base.float32_inputs(op)]
     widened = base.replace(lp_ops=base.lp_ops | {op}, fp32_ops=base.fp32_ops - {op})
     ints = {n: 'int32' for n in names if dtypes[n] == 'int32'}
+    params = []
     if case == 'lp-input':
         data_dtypes = dict(ints, **{n: target for n in lp_in})
         policy = base if cls in _TESTED_CLASSES else widened
+    elif case == 'lp-params':
+        # As after net.cast(target): the parameters are graph variables stored in the target
+        # dtype (__dtype__), the data comes from a low-precision producer, and the op is
+        # planned by the policy as it is (a float32 op stays float32).
+        params = [n for i, n in enumerate(names)
+                  if i not in index_pos and inputs[i][1] in PARAM_KINDS]
+        data_dtypes = dict(ints, **{n: target for n in lp_in if n not in params})
+        policy = base
     else:
         data_dtypes = ints
         policy = base if cls == LOW_PRECISION else widened
-    conv = convert_symbol(sym, policy=policy, data_dtypes=data_dtypes,
-                          emulate=(mode == 'emulated'), data_names=names)
+    graph = sym
+    if params:
+        from ..dtypes import MSHADOW_ENUM
+        graph = _op_fn(op)(*[mx.sym.var(n, __dtype__=MSHADOW_ENUM[target]) if n in params
+                             else mx.sym.var(n) for n in names], name='op', **attrs)
+    conv = convert_symbol(graph, policy=policy, data_dtypes=data_dtypes,
+                          emulate=(mode == 'emulated'),
+                          data_names=[n for n in names if n not in params])
+    stored = _variable_dtypes(conv)
 
     def arrays(low):
         args, aux = {}, {}
         for n in names:
             a = mx.nd.array(values[n], dtype=dtypes[n])
-            if low and n in data_dtypes:
+            if low and (n in data_dtypes or stored.get(n) == target):
                 a = mx.nd.amp_cast(a, dtype=dtype_of(target))
             (aux if n in aux_names else args)[n] = a
         return args, aux

@@ -9,7 +9,10 @@ dtype (:mod:`mxmp.distributed.exchange`).
 """
 import logging
 
+from mxnet import autograd, nd
+
 from ..dtypes import dtype_name
+from ..layout import to_default_layout
 from .broadcast import broadcast_from_root
 from .exchange import bytes_per_step, exchange_dtype, wire_dtype
 
@@ -85,8 +88,23 @@ class KVStoreMixin:
             def send(idx, wire):
                 kv.init(idx, wire)
                 kv.pull(idx, out=wire)
-            broadcast_from_root([(self._param2idx[p.name], p.list_data()) for p in ready],
-                                send, lambda own: wire_dtype(own, kv.type))
+            entries, low = [], []
+            for p in ready:
+                idx = self._param2idx[p.name]
+                if self._is_low_precision(p):
+                    # the root's float32 value (the one it makes its master weight from) travels,
+                    # so that every worker's master weights are the same, not only the weights
+                    source = _float32_source(p)
+                    low.append((idx, p, source))
+                    entries.append((idx, source))
+                else:
+                    entries.append((idx, p.list_data()))
+            broadcast_from_root(entries, send, lambda own: wire_dtype(own, kv.type))
+            with autograd.pause():
+                for idx, p, source in low:
+                    for arr, value in zip(p.list_data(), source):
+                        nd.amp_cast(value, dtype=arr.dtype, out=arr)
+                    self._masters.set_pending(idx, source[0])
             self._params_to_init = [p for p in self._params_to_init if p not in ready]
         super()._init_params()
         for param in todo:
@@ -154,3 +172,16 @@ class KVStoreMixin:
         if not self._kvstore:
             return 0
         return bytes_per_step(self._params, self.exchange_dtype)
+
+
+def _float32_source(param):
+    """float32 arrays (one per device) of a low-precision Parameter's full-precision value: the
+    values it held before ``cast_params`` rounded it where they are still its value
+    (:func:`mxmp.gluon_graph.unrounded_values`), else its values widened."""
+    from ..gluon_graph import unrounded_values
+    arrays = unrounded_values(param)
+    if arrays is not None:
+        return [a.copy() for a in arrays]
+    with autograd.pause():
+        to_default_layout(param.list_data())
+        return [nd.amp_cast(a, dtype='float32') for a in param.list_data()]

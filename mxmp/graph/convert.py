@@ -59,7 +59,8 @@ import logging
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, MSHADOW_ENUM
 from .infer import infer_dtypes
 from .plan import plan, prepare
-from .symbol_json import MARK, ROUND_MARK, cast_origin, cast_param_mark, dump, pin_variable_dtypes
+from .symbol_json import (MARK, ROUND_MARK, cast_origin, cast_param_mark, dump,
+                          float32_param_mark, pin_variable_dtypes)
 
 __all__ = ['convert_symbol']
 
@@ -182,7 +183,12 @@ class _Builder:
     def add(self, nid, node, decision):
         if node['op'] == 'null':
             new = dict(node)
-            if decision.dtype in _LOW and decision.op_class == 'variable' and \
+            if decision.rule.startswith('parameter stored in float32 ('):
+                attrs = dict(node.get('attrs', {}))
+                attrs[MARK] = float32_param_mark(attrs)  # remove_casts restores __dtype__
+                attrs['__dtype__'] = MSHADOW_ENUM['float32']
+                new['attrs'] = attrs
+            elif decision.dtype in _LOW and decision.op_class == 'variable' and \
                     decision.rule.startswith('parameter stored in %s (cast_params' % self.lp):
                 attrs = dict(node.get('attrs', {}))
                 # Keep the variable's own __dtype__ (if any) so remove_casts can restore it.
@@ -234,8 +240,10 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
         policy (mxmp.Policy): op classes and overrides; default ``Policy(target_dtype)``.
         data_dtypes (dict of str -> dtype): dtypes of the graph's data inputs (default float32);
             a data input given in the target dtype needs no cast.
-        cast_params (bool): store the parameters whose every consumer is a low-precision op in
-            the target dtype (their variables get the dtype; the caller must cast the arrays).
+        cast_params (bool): store the parameters whose every consumer takes them in the
+            target dtype (a low-precision op, or the model's own ``amp_cast`` to the target
+            dtype; :mod:`mxmp.graph.plan`) in that dtype (their variables get the dtype; the
+            caller must cast the arrays).
             Default False: parameters stay float32 with a shared in-graph cast.
         emulate (bool): float32 kernels with low-precision rounding (module docstring).
             Default: the policy's (False).

@@ -5,6 +5,8 @@ converted graph against its plan (``Symbol.infer_type_partial``, MXNet 1.9.1). N
 by their position in ``js['nodes']``, never by name: a block called twice gives nodes with
 equal names.
 """
+import functools
+import json
 import re
 
 import numpy as np
@@ -12,7 +14,7 @@ import numpy as np
 from ..dtypes import LOW_PRECISION_DTYPES, MSHADOW_ENUM, dtype_name
 from .symbol_json import dump
 
-__all__ = ['infer_dtypes', 'node_output_dtypes']
+__all__ = ['infer_dtypes', 'node_output_dtypes', 'mutable_inputs']
 
 
 def infer_dtypes(js, input_dtypes):
@@ -73,3 +75,22 @@ def node_output_dtypes(node, in_dtypes, n_out):
           'attrs': {'mxnet_version': ['int', 10901]}}
     types = infer_dtypes(js, {})
     return [types.get((len(in_dtypes), k)) for k in range(n_out)]
+
+
+def mutable_inputs(node):
+    """Positions of ``node``'s inputs that MXNet writes in place (FMutateInputs: BatchNorm's
+    moving mean and variance): MXNet makes the variables there auxiliary states, so they must
+    be graph variables, never the output of a cast. From a one-node graph of the same op and
+    attributes (``Symbol.list_auxiliary_states``)."""
+    return _mutable_inputs(node['op'], json.dumps(node.get('attrs', {}), sort_keys=True),
+                           len(node['inputs']))
+
+
+@functools.lru_cache(maxsize=None)
+def _mutable_inputs(op, attrs, n_in):
+    nodes = [{'op': 'null', 'name': 'i%d' % i, 'inputs': []} for i in range(n_in)]
+    nodes.append({'op': op, 'name': 'node', 'attrs': json.loads(attrs),
+                  'inputs': [[i, 0, 0] for i in range(n_in)]})
+    js = {'nodes': nodes, 'heads': [[n_in, 0, 0]], 'attrs': {'mxnet_version': ['int', 10901]}}
+    aux = set(dump(js).list_auxiliary_states())
+    return tuple(i for i in range(n_in) if 'i%d' % i in aux)

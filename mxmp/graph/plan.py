@@ -8,12 +8,29 @@ floating point comes from MXNet's own type inference (:mod:`mxmp.graph.infer`) o
 graph. :func:`prepare` turns the arguments of :func:`mxmp.convert_symbol`/:func:`mxmp.explain`
 into the float32 graph JSON and the input dtypes the plan starts from; :func:`plan` makes one
 :class:`Decision` per node.
+
+Storage rules (``cast_params=True``): a parameter (a variable not in ``data_names``, float32 in
+the graph) is stored in the target dtype when every consumer takes it in that dtype: a
+low-precision op, or a cast the model wrote, ``amp_cast`` to the target dtype (storing it there
+changes no value: the cast rounds the same way). With ``policy.follow_params``
+(:mod:`mxmp.amp`, contrib.amp's meaning) an ``amp_multicast`` the model wrote whose inputs are
+all variables takes it too, as ``mxnet.contrib.amp.convert_symbol(cast_optional_params=True)``
+does (MXNet 1.9.1's tests ``test_bf16_casting``/``test_fp16_casting`` pin it): its float32
+parameters are then stored in the target dtype, and the multicast computes in it. A parameter
+with one other consumer (an ``amp_cast`` to float32, a float32 op) stays float32.
+
+The other way round, whatever ``cast_params`` says: a parameter declared in low precision
+(``__dtype__``: ``net.cast('bfloat16')``, contrib.amp's ``cast_optional_params``) that a consumer
+takes in float32 at an input MXNet needs as a graph variable (``_MXNET_VARIABLE_INPUTS``:
+Deconvolution's weight and bias; inputs MXNet writes in place, BatchNorm's moving statistics)
+is stored in float32 (:func:`_float32_storage`; its arrays must be cast to float32:
+:func:`mxmp.graph.symbol_json.float32_param_names`).
 """
 import collections
 
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, dtype_name, from_mshadow_enum, normalize_dtype
 from ..policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, Policy
-from .infer import infer_dtypes, node_output_dtypes
+from .infer import infer_dtypes, mutable_inputs, node_output_dtypes
 from .strip import previous_conversion, strip
 from .symbol_json import CAST_OPS, MARK, cast_origin, load
 
@@ -28,6 +45,14 @@ _MODEL_CAST = 'model_cast'
 #: policy): BatchNorm(output_mean_var=True)'s mean and var outputs get the parameter dtype,
 #: float32 (BatchNormType, src/operator/nn/batch_norm.cc). Found by tests/test_graph_fuzz.py.
 _MXNET_FLOAT32_OUTPUTS = {'BatchNorm': (1, 2)}
+
+#: Inputs that MXNet 1.9.1 needs as graph variables when the op computes in float32 (facts, not
+#: policy): a float32 Deconvolution whose weight or bias is computed by another node (the cast
+#: of a bfloat16 weight) crashes in training, SIGSEGV, "could not execute a primitive" or
+#: "Check failed: ctx.dev_mask() == ..." (``mxmp check-kernels``, case lp-params, and the
+#: float32 reproduction in mxmp/policy/ops_bfloat16.py). Inputs MXNet writes in place (BatchNorm's
+#: moving statistics) are such inputs for every op (:func:`mxmp.graph.infer.mutable_inputs`).
+_MXNET_VARIABLE_INPUTS = {'Deconvolution': (1, 2)}
 
 
 def _is_float(d):
@@ -105,25 +130,53 @@ def _plan_once(js, policy, input_dtypes, cast_params, data_names, pinned=(),
         return (classes[nid][0] == LOW_PRECISION and pos not in policy.index_inputs(op)
                 and pos not in policy.float32_inputs(op))
 
+    def cast_takes_low(nid):
+        """A model's cast that takes its variable inputs in the target dtype (module
+        docstring of :mod:`mxmp.graph.plan`, "storage rules")."""
+        node = nodes[nid]
+        if classes[nid][0] != _MODEL_CAST:
+            return False
+        if node['op'] == 'amp_cast':
+            return node.get('attrs', {}).get('dtype') == lp
+        return (node['op'] == 'amp_multicast' and policy.follow_params and
+                all(nodes[src]['op'] == 'null' for src, _, _ in node['inputs']))
+
+    float32_params = _float32_storage(nodes, classes, policy, pinned, data_names)
     lp_params = set(stored_lp)
+    via_cast = set()
     if cast_params:
         users = _consumers(nodes)
         for nid, node in enumerate(nodes):
             if (node['op'] == 'null' and node['name'] not in data_names
                     and node['name'] not in input_dtypes and orig[(nid, 0)] == 'float32'
                     and users[nid]
-                    and all(wants_low(c, pos) for c, pos in users[nid])):
+                    and all(wants_low(c, pos) or cast_takes_low(c) for c, pos in users[nid])):
                 lp_params.add(node['name'])
+                if not all(wants_low(c, pos) for c, pos in users[nid]):
+                    via_cast.add(node['name'])
 
     decisions, dtypes = [], {}
     for nid, node in enumerate(nodes):
         if node['op'] == 'null':
             d = input_dtypes.get(node['name'], orig[(nid, 0)])
-            if node['name'] in stored_lp:
+            if node['name'] in float32_params:
+                op_name, where, pos = float32_params[node['name']]
+                d = 'float32'
+                dec = Decision('variable', 'parameter stored in float32 (its __dtype__ says %s, '
+                                'but %s %s takes it in float32 at input %d, which MXNet needs '
+                                'as a graph variable)' % (input_dtypes[node['name']], op_name,
+                                                          where, pos), d, [d], [])
+            elif node['name'] in stored_lp:
                 # The rule starts as cast_params' does: the builder stores both the same way.
                 dec = Decision('variable', 'parameter stored in %s (cast_params by '
                                 'follow_params: its consumers follow %s data)' % (lp, lp),
                                 lp, [lp], [])
+            elif node['name'] in via_cast:
+                dec = Decision('variable', 'parameter stored in %s (cast_params: every '
+                                'consumer takes it in %s: a low-precision op, the model\'s '
+                                'amp_cast to %s%s)' % (lp, lp, lp, ', an amp_multicast of '
+                                                       'variables' if policy.follow_params
+                                                       else ''), lp, [lp], [])
             elif node['name'] in lp_params:
                 dec = Decision('variable', 'parameter stored in %s (cast_params: every '
                                 'consumer is a low-precision op)' % lp, lp, [lp], [])
@@ -200,6 +253,34 @@ def _plan_once(js, policy, input_dtypes, cast_params, data_names, pinned=(),
                                    ('float32' if any(_is_float(o) for o in outputs) else None),
                                    outputs, wants))
     return decisions, lp_params
+
+
+def _float32_storage(nodes, classes, policy, pinned, data_names):
+    """{variable name: (op, node name, input position)} of the variables stored in low
+    precision (``pinned``, by their ``__dtype__``: ``net.cast('bfloat16')``, contrib.amp's
+    ``cast_optional_params``) that must be stored in float32 instead: a consumer takes them
+    in float32 at an input that MXNet needs as a graph variable (``_MXNET_VARIABLE_INPUTS``,
+    mutable inputs). Casting them there would give that input the cast's output: a crash in
+    MXNet (Deconvolution), or moving statistics that are never updated (BatchNorm). Storing
+    them in float32 changes no value (a float32 array holds every low-precision value); the
+    other consumers get the usual cast. Data inputs are never re-stored."""
+    out = {}
+    for nid, node in enumerate(nodes):
+        if node['op'] == 'null' or classes[nid] is None:
+            continue
+        op = node['op']
+        float32_op = classes[nid][0] in (FLOAT32, LOSS_OUTPUT)
+        needs_var = set(_MXNET_VARIABLE_INPUTS.get(op, ())) if float32_op else set()
+        if any(nodes[src]['op'] == 'null' and nodes[src]['name'] in pinned
+               for src, _, _ in node['inputs']):
+            needs_var |= set(mutable_inputs(node))
+        for pos, (src, _, _) in enumerate(node['inputs']):
+            name = nodes[src]['name']
+            if (pos in needs_var and nodes[src]['op'] == 'null' and name in pinned and
+                    name not in data_names and name not in out and
+                    (float32_op or pos in policy.float32_inputs(op))):
+                out[name] = (op, node['name'], pos)
+    return out
 
 
 def _make_policy(target_dtype, policy, emulate):

@@ -15,14 +15,14 @@ columns is the same sum as before (the zero channel adds zero terms); the zero c
 is dropped by ``Concat``'s backward. The added nodes take the dtype of what they pad (they go
 after mxmp's casts), so in a converted bfloat16 graph they run in bfloat16. The weight variable
 gets its full shape (``__shape__``): MXNet cannot infer it back through the ``Concat``, and
-``mx.mod.Module`` binds a graph with the data shapes alone. :func:`mxmp.convert` applies it at a
-converted block's first call (``pad_stem``, :func:`pad_converted_stem`).
+``mx.mod.Module`` binds a graph with the data shapes alone. :func:`mxmp.convert` applies it when
+a converted network's graph is built (``pad_stem``, :mod:`mxmp.gluon_graph`).
 """
 from .symbol_json import MARK, ROUND_MARK, STEM_MARK, STEM_SHAPE
 from .symbol_json import dump as _dump, load as _load
 
 __all__ = ['STEM_MARK', 'pad_stem', 'stem_convolutions', 'padded_convolutions',
-           'check_option', 'wants_padding', 'pad_converted_stem']
+           'check_option', 'wants_padding']
 
 
 
@@ -177,29 +177,3 @@ def wants_padding(option, policy, ctx):
         return policy is not None and policy.target_dtype == 'bfloat16' and \
             not policy.emulate and lp_kernels_available('bfloat16', ctx)
     return bool(option)
-
-
-def pad_converted_stem(block, args):
-    """At a converted block's first call, pad its stem if its ``pad_stem`` option asks for it.
-
-    The channel count is known only then (a Gluon block's data shape is not known when it is
-    converted). ``pad_stem='auto'`` pads where it was measured faster: bfloat16 run by the
-    real kernels (not emulated, :func:`mxmp.lp_kernels_available` on the call's context);
-    ``True`` pads always; ``False`` never. Deferred parameter shapes are then inferred by MXNet
-    from the padded graph (the weight's ``__shape__``).
-
-    Args:
-        block (mxmp.gluon.ConvertedBlock): the block; its ``_cached_graph`` is replaced.
-        args (tuple of NDArray): the call's inputs, in ``data_names`` order.
-
-    Returns:
-        list of str: :func:`padded_convolutions` of the block's graph.
-    """
-    syms, out = block._cached_graph
-    shapes = {s.name: a.shape for s, a in zip(syms, args) if hasattr(a, 'shape')}
-    padded = pad_stem(out, shapes) if wants_padding(block._mxmp_pad_stem, block.mxmp_policy,
-                                                    args[0].context) else out
-    if padded is not out:
-        block._cached_graph = syms, padded
-        block._clear_cached_op()
-    return padded_convolutions(padded)

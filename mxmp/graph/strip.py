@@ -8,7 +8,8 @@ graph again.
 """
 from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum
 from .symbol_json import (CAST_OPS, MARK, PINNED, ROUND_MARK, STEM_MARK, STEM_SHAPE,
-                          cast_origin, cast_param_original, dump, is_cast_param, load)
+                          cast_origin, cast_param_original, dump, is_cast_param, is_float32_param,
+                          load)
 
 __all__ = ['remove_casts', 'converted_dtype', 'count_casts', 'cast_origins', 'strip',
            'previous_conversion']
@@ -69,7 +70,7 @@ def strip(js, unpin=False):
                 node.pop('attrs')
         if node['op'] == 'null' and attrs and attrs.get(MARK) == PINNED:
             _without_dtype(node, attrs)
-        elif attrs and is_cast_param(node):
+        elif attrs and (is_cast_param(node) or is_float32_param(node)):
             _without_dtype(node, attrs, cast_param_original(attrs))
         elif contrib and node['op'] == 'null' and attrs and \
                 from_mshadow_enum(attrs.get('__dtype__')) in LOW_PRECISION_DTYPES:

@@ -16,6 +16,7 @@ from ..dtypes import MSHADOW_ENUM
 
 __all__ = ['MARK', 'ROUND_MARK', 'PINNED', 'CAST_OPS', 'FLOAT_DTYPES', 'load', 'dump',
            'is_cast_param', 'cast_param_names', 'cast_param_mark', 'cast_param_original',
+           'is_float32_param', 'float32_param_names', 'float32_param_mark',
            'cast_origin', 'pin_variable_dtypes']
 
 #: Attribute key that marks the nodes and variables mxmp wrote.
@@ -26,6 +27,10 @@ ROUND_MARK = '__mxmp_round__'
 PINNED = 'pinned'
 #: MARK value (a prefix) of a variable stored in the target dtype by ``cast_params=True``.
 _CAST_PARAM = 'cast_param'
+#: MARK value (a prefix) of a variable declared in low precision (``__dtype__``) that the pass
+#: stores in float32, because an input MXNet needs as a graph variable takes it in float32
+#: (:mod:`mxmp.graph.plan`, "storage rules").
+_FLOAT32_PARAM = 'float32_param'
 #: Attribute key of the nodes :func:`mxmp.graph.stem.pad_stem` adds (value: the padded
 #: convolution's name), and of a weight variable whose ``__shape__`` it wrote (value
 #: ``'shape:'`` + the ``__shape__`` it had before, empty if none).
@@ -76,6 +81,29 @@ def cast_param_names(sym):
     return frozenset(n['name'] for n in js['nodes'] if is_cast_param(n))
 
 
+def float32_param_names(sym):
+    """frozenset of str: the variables of ``sym`` (an mxnet Symbol, or its graph JSON dict)
+    declared in low precision that the converted graph stores in float32 instead: their
+    arrays (e.g. the Parameters of a block after ``net.cast('bfloat16')``) must be cast to
+    float32."""
+    js = sym if isinstance(sym, dict) else load(sym)
+    return frozenset(n['name'] for n in js['nodes'] if is_float32_param(n))
+
+
+def is_float32_param(node):
+    """bool: whether a node of the graph JSON is a low-precision variable the pass stores in
+    float32 (mxmp's :data:`MARK` says so)."""
+    return node['op'] == 'null' and \
+        node.get('attrs', {}).get(MARK, '').startswith(_FLOAT32_PARAM + ':')
+
+
+def float32_param_mark(attrs):
+    """The :data:`MARK` value of a variable the pass stores in float32 though its
+    ``__dtype__`` (in ``attrs``) is a low-precision dtype; :func:`cast_param_original` gives
+    that ``__dtype__`` back."""
+    return '%s:%s' % (_FLOAT32_PARAM, attrs.get('__dtype__', ''))
+
+
 def cast_param_mark(attrs):
     """The :data:`MARK` value of a ``cast_params`` variable: it keeps the variable's own
     ``__dtype__`` (if any, from ``attrs``), which :func:`cast_param_original` gives back."""
@@ -83,8 +111,9 @@ def cast_param_mark(attrs):
 
 
 def cast_param_original(attrs):
-    """The ``__dtype__`` a ``cast_params`` variable had before mxmp set it ('' for none)."""
-    return attrs[MARK][len(_CAST_PARAM) + 1:]
+    """The ``__dtype__`` a variable whose storage mxmp chose (``cast_params``, or float32
+    for a low-precision variable) had before mxmp set it ('' for none)."""
+    return attrs[MARK].partition(':')[2]
 
 
 def cast_origin(node):

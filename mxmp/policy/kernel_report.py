@@ -92,10 +92,11 @@ class KernelReport:
     tolerances: Dict
     aliases: Dict = dataclasses.field(default_factory=dict)
 
-    def verdicts(self):
-        """dict: op -> worst verdict over its cases (bad > ok > not-tested)."""
+    def verdicts(self, rows=None):
+        """dict: op -> worst verdict over its cases (bad > ok > not-tested), over ``rows``
+        (default: every row)."""
         out = {}
-        for r in self.rows:
+        for r in self.rows if rows is None else rows:
             v = r['verdict'].split('(')[0]
             old = out.get(r['op'])
             if old is None or _rank(v) > _rank(old.split('(')[0]):
@@ -113,12 +114,16 @@ class KernelReport:
         for alias, canon in self.aliases.items():
             names_of.setdefault(canon, {canon}).add(alias)
         lp, fp32 = set(), set()
+        # An op run only in the lp-params case (a float32 op fed low-precision parameters)
+        # was not run in low precision: that is no evidence for widening it.
+        widen = self.verdicts([r for r in self.rows if r.get('case') != 'lp-params'])
         for op, verdict in self.verdicts().items():
             names = names_of.get(op, {op})
             kind = verdict.split('(')[0]
             if kind in _BAD:
                 fp32 |= names
-            elif kind == 'ok' and self.machine.get('real_kernels') and op in keep32:
+            elif (kind == 'ok' and self.machine.get('real_kernels') and op in keep32 and
+                  widen.get(op, '').split('(')[0] == 'ok'):
                 lp |= names & keep32
         return frozenset(lp), frozenset(fp32 - lp)
 
