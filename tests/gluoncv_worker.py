@@ -15,18 +15,26 @@ GluonCV's public API:
 * the train transform with the network's own target generator (``SSDDefaultTrainTransform`` with
   the anchors of a train-mode call, ``YOLO3DefaultTrainTransform(net=net)``,
   ``FasterRCNNDefaultTrainTransform(net=net)`` + ``FasterRCNNTrainBatchify``,
-  ``CenterNetDefaultTrainTransform``), which call the network before it is hybridized;
-* ``net.hybridize()``, then N steps under ``autograd.record()`` with the training-mode call
+  ``CenterNetDefaultTrainTransform``); SSD's and YOLO3's call the network, imperatively in
+  float32 and ``amp`` modes (as in the scripts, before ``hybridize()``), through its graph in
+  ``convert`` mode (``mxmp.convert`` hybridizes);
+* ``net.hybridize()`` (SSD: ``static_alloc=True, static_shape=True``, as its script), then N
+  steps (default 3) under ``autograd.record()`` with the training-mode call
   (SSD and CenterNet ``net(x)``, YOLO3 ``net(x, gt_boxes, *targets)`` returning its losses,
   Faster-RCNN ``net(x, gt_box, gt_label)`` returning predictions and sampled targets) and the
   matching GluonCV / Gluon losses, SGD (CenterNet: Adam) as in the scripts;
 * validation: ``net.set_nms(...)``, ``net.hybridize()``, a predict-mode call on the val
   transform's output.
 
-After the last training call and after the validation call the worker reads the graph MXNet
-executed (``net._cached_graph``) and counts the dtypes of every Convolution output there.
+Sizes: SSD ``ssd_300_vgg16_atrous_voc`` at 300x300, YOLO3 ``yolo3_mobilenet1.0_voc`` at 256x256,
+CenterNet ``center_net_resnet18_v1b_voc`` at 256x256, all batch 2; Faster-RCNN
+``faster_rcnn_resnet50_v1b_voc`` batch 1 at 230x192 (short side 192).
 
-Inputs: two synthetic 192x160 images with 2-4 boxes each, the same for every mode (seeded). The
+After the last training call and after the validation call the worker reads the graph MXNet
+executed (``net._cached_graph``) and counts the dtypes of every Convolution output there. Step
+times are wall and process CPU seconds (``step_cpu_seconds``: not inflated by other jobs).
+
+Inputs: two synthetic 192x160 images with 2-3 boxes each, the same for every mode (seeded). The
 Python, NumPy and MXNet generators are reseeded before the transforms, before the Parameters
 are initialized again (in one order for every mode, once the transforms' calls have given every
 shape) and before training, so the weights, the augmentations and Faster-RCNN's samplers are
@@ -37,7 +45,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
 import warnings
 
@@ -83,7 +90,7 @@ def total(losses):
     return sum(float(l.sum().asscalar()) for l in losses)
 
 
-# --- the four detectors: build, data, one training forward, validation --------------------------
+# --- the four detectors: build, data, one training forward, validation ---------------------------
 
 class SSD:
     name = 'ssd_300_vgg16_atrous_voc'
@@ -99,7 +106,8 @@ class SSD:
         import gluoncv as gcv
         with autograd.train_mode():   # the anchors, as GluonCV's scripts take them
             _, _, anchors = net(mx.nd.zeros((1, 3, self.size, self.size)))
-        self.transform = SSDDefaultTrainTransform(self.size, self.size, anchors.as_in_context(mx.cpu()))
+        self.transform = SSDDefaultTrainTransform(self.size, self.size,
+                                                  anchors.as_in_context(mx.cpu()))
         self.loss = gcv.loss.SSDMultiBoxLoss()
 
     def batch(self, data):
@@ -108,7 +116,8 @@ class SSD:
     def forward(self, net, batch):
         x, cls_targets, box_targets = batch
         cls_pred, box_pred, _ = net(x)
-        sum_loss, cls_loss, box_loss = self.loss([cls_pred], [box_pred], [cls_targets], [box_targets])
+        sum_loss, cls_loss, box_loss = self.loss([cls_pred], [box_pred], [cls_targets],
+                                                 [box_targets])
         return sum_loss, {'cls': total(cls_loss), 'box': total(box_loss)}
 
     def val_input(self, data):
@@ -204,7 +213,8 @@ class FasterRCNN:
         l_rpn_cls = self.rpn_cls(rpn_score, rpn_cls_t, rpn_cls_t >= 0) * rpn_cls_t.size / n_rpn
         l_rpn_box = self.rpn_box(rpn_box, rpn_box_t, rpn_box_m) * rpn_box.size / n_rpn
         n_rcnn = (cls_t >= 0).sum()
-        l_rcnn_cls = self.rcnn_cls(cls_pred, cls_t, cls_t.expand_dims(-1) >= 0) * cls_t.size / n_rcnn
+        l_rcnn_cls = self.rcnn_cls(cls_pred, cls_t, cls_t.expand_dims(-1) >= 0) * \
+            cls_t.size / n_rcnn
         l_rcnn_box = self.rcnn_box(box_pred, box_t, box_m) * box_pred.size / n_rcnn
         loss = l_rpn_cls.sum() + l_rpn_box.sum() + l_rcnn_cls.sum() + l_rcnn_box.sum()
         return [loss], {'rpn_cls': total([l_rpn_cls]), 'rpn_box': total([l_rpn_box]),
@@ -260,7 +270,7 @@ MODELS = {'ssd': SSD, 'ssd_mobilenet': SSDMobileNet, 'yolo3': YOLO3, 'faster_rcn
           'center_net': CenterNet}
 
 
-# --- the executed graph ---------------------------------------------------------------------------
+# --- the executed graph --------------------------------------------------------------------------
 
 def convolution_dtypes(net):
     """{dtype: count} of the Convolution outputs in the graph MXNet last built for ``net``
@@ -282,7 +292,7 @@ def convolution_dtypes(net):
             'nodes': len(nodes)}
 
 
-# --- one run ---------------------------------------------------------------------------------------
+# --- one run -------------------------------------------------------------------------------------
 
 def run(model, mode, seed, steps):
     import mxmp
@@ -336,9 +346,9 @@ def run(model, mode, seed, steps):
             amp.init_trainer(trainer)
 
     seed_all(seed)
-    losses, times = [], []
+    losses, times, cpu = [], [], []
     for batch in batches:
-        t0 = time.time()
+        t0, c0 = time.time(), time.process_time()
         with autograd.record():
             loss, parts = spec.forward(net, batch)
             if mode == 'amp':
@@ -352,6 +362,7 @@ def run(model, mode, seed, steps):
         trainer.step(batch[0].shape[0])
         mx.nd.waitall()
         times.append(time.time() - t0)
+        cpu.append(time.process_time() - c0)   # not inflated by other jobs on the machine
         parts['total'] = sum(parts.values())
         losses.append(parts)
     info['train_graph'] = convolution_dtypes(net)
@@ -366,7 +377,7 @@ def run(model, mode, seed, steps):
     info['val'] = [{'shape': list(o.shape), 'dtype': np.dtype(o.dtype).name,
                     'finite': bool(np.isfinite(o.asnumpy()).all())} for o in outs]
     info.update(model=spec.name, mode=mode, seed=seed, lp_kernels=lp, losses=losses,
-                step_seconds=times,
+                step_seconds=times, step_cpu_seconds=cpu,
                 s_per_step=statistics.median(times[1:]) if len(times) > 1 else times[0],
                 mxmp=os.path.dirname(mxmp.__file__))
     return info

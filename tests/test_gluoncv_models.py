@@ -12,6 +12,9 @@ CenterNet (ResNet-18 v1b), none pretrained:
 * the losses of each step match float32's within the bounds below and are not float32's;
 * the validation outputs have float32's shapes and dtypes.
 
+The 12 tests take about 110 s on the 2-core machine (each model's float32 run is shared by its
+two mixed-precision tests).
+
 Bounds: ``|loss - loss_float32| / |loss_float32|`` of the total loss, measured for seeds 0-3
 (Faster-RCNN 0-2), ``mxmp.convert`` and ``mxmp.amp.init`` (which gave the same losses, bit for
 bit: the same graph), on a 2-core AMD EPYC with avx512_bf16 (``python -m tests.gluoncv_worker
@@ -54,12 +57,7 @@ BOUNDS = {
     'faster_rcnn': (0.01, 0.03),
     'center_net': (0.015, 0.04),
 }
-MODELS = [
-    'ssd',
-    'yolo3',
-    pytest.param('faster_rcnn', marks=pytest.mark.slow),
-    'center_net',
-]
+MODELS = ['ssd', 'yolo3', 'faster_rcnn', 'center_net']
 
 
 @lru_cache(maxsize=None)
