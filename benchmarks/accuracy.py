@@ -32,6 +32,7 @@ import json
 import math
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -251,8 +252,12 @@ def loss_scale_events(metrics_path):
             'final_scale': last}
 
 
-def make_record(config, summary, metrics_path, wall_s, commit):
-    """A run's record: what the report needs, small enough to commit."""
+def make_record(config, summary, metrics_path, wall_s, commit, cpu_s=None, resumed=False):
+    """A run's record: what the report needs, small enough to commit.
+
+    ``wall_s`` and ``cpu_s`` (user + system seconds of the training process; None in-process)
+    are those of the last invocation only when ``resumed``; ``train_time_s`` (the sum of the
+    epochs' training seconds, kept in the checkpoint) covers the whole run either way."""
     epochs = summary['epochs']
     events = loss_scale_events(metrics_path)
     final_scale = summary.get('loss_scale')
@@ -267,7 +272,8 @@ def make_record(config, summary, metrics_path, wall_s, commit):
         'train_loss': [e['train_loss'] for e in epochs],
         'img_per_sec': summary['img_per_sec'], 'train_time_s': sum(e['train_time_s']
                                                                   for e in epochs),
-        'wall_s': wall_s, 'steps': summary['steps'], 'peak_rss_mib': summary['peak_rss_mib'],
+        'wall_s': wall_s, 'cpu_s': cpu_s, 'resumed': bool(resumed),
+        'steps': summary['steps'], 'peak_rss_mib': summary['peak_rss_mib'],
         'loss_scale': events, 'skipped_steps': summary['skipped_steps'],
         'machine': machine(), 'commit': commit,
         'finished': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
@@ -302,6 +308,7 @@ def run_one(args, dtype, seed, log=print):
     log('%-34s training%s: train_imagenet.py %s' % (name, ' (resumed)' if resume else '',
                                                      ' '.join(argv)))
     tic = time.time()
+    cpu = None
     if args.in_process:
         sys.path.insert(0, os.path.dirname(SCRIPT))
         import importlib.util
@@ -310,9 +317,12 @@ def run_one(args, dtype, seed, log=print):
         spec.loader.exec_module(module)
         summary = module.main(argv)
     else:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         with open(os.path.join(save_dir, 'stdout.log'), 'ab') as out:
             proc = subprocess.run([sys.executable, SCRIPT] + argv, stdout=out,
                                   stderr=subprocess.STDOUT, cwd=os.getcwd())
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         if proc.returncode != 0:
             raise RuntimeError('%s failed with exit status %d; see %s' % (
                 name, proc.returncode, os.path.join(save_dir, 'train.log')))
@@ -320,7 +330,7 @@ def run_one(args, dtype, seed, log=print):
             summary = json.load(f)
     wall = time.time() - tic
     record = make_record(config, summary, os.path.join(save_dir, 'metrics.jsonl'), wall,
-                         git_commit())
+                         git_commit(), cpu_s=cpu, resumed=resume)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + '.tmp'
     with open(tmp, 'w') as f:
@@ -357,6 +367,11 @@ def dtype_label(records):
     return '%s (%s)' % (dtype, how)
 
 
+def _mean_or_none(values):
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
 def analyse(records):
     """Statistics of the recorded runs (grouped by dtype; differences paired by seed).
 
@@ -368,7 +383,8 @@ def analyse(records):
     Returns
     -------
     dict: ``per_dtype`` {dtype: {label, seeds, top1 (points, per seed), mean, std (ddof=1;
-    None for one run), wall_s_mean, img_per_sec_mean}} and ``paired`` {dtype: :func:`paired_ci`
+    None for one run), wall_s_mean, train_s_mean, cpu_s_mean (runs not resumed; None without
+    any), img_per_sec_mean}} and ``paired`` {dtype: :func:`paired_ci`
     of dtype - float32 in points, plus ``seeds`` and ``diffs``} for every dtype other than
     float32 that shares at least one seed with float32.
     """
@@ -383,6 +399,9 @@ def analyse(records):
                       'top1': top1, 'mean': float(np.mean(top1)),
                       'std': float(np.std(top1, ddof=1)) if len(top1) > 1 else None,
                       'wall_s_mean': float(np.mean([r['wall_s'] for r in rs])),
+                      'train_s_mean': float(np.mean([r['train_time_s'] for r in rs])),
+                      'cpu_s_mean': _mean_or_none([r.get('cpu_s') for r in rs
+                                                   if not r.get('resumed')]),
                       'img_per_sec_mean': float(np.mean([r['img_per_sec'] for r in rs]))}
     if 'float32' in per:
         ref = dict(zip(per['float32']['seeds'], per['float32']['top1']))
@@ -434,12 +453,16 @@ def format_table(records, stats):
                 ', '.join(str(s) for s in ev['skipped_steps'][:5])
                 + (', ...' if len(ev['skipped_steps']) > 5 else ''),
                 ev['first_scale'], ev['final_scale'], len(ev['scale_changes'])))
-    lines += ['', 'Cost per run (wall seconds, including start-up and validation; mean)', '',
-              '| dtype | runs | wall s | training img/s |', '|---|---:|---:|---:|']
+    lines += ['', 'Cost per run (means; wall and CPU seconds include start-up and validation, '
+              'CPU = user + system of the run\'s process, runs resumed after an interruption '
+              'left out; training seconds and img/s exclude validation)', '',
+              '| dtype | runs | wall s | CPU s | training s | training img/s |',
+              '|---|---:|---:|---:|---:|---:|']
     for dtype, row in per.items():
-        lines.append('| %s | %d | %.0f | %.0f |' % (row['label'], len(row['top1']),
-                                                    row['wall_s_mean'],
-                                                    row['img_per_sec_mean']))
+        lines.append('| %s | %d | %.0f | %s | %.0f | %.0f |' % (
+            row['label'], len(row['top1']), row['wall_s_mean'],
+            '%.0f' % row['cpu_s_mean'] if row['cpu_s_mean'] is not None else 'n/a',
+            row['train_s_mean'], row['img_per_sec_mean']))
     return '\n'.join(lines) + '\n'
 
 
