@@ -16,6 +16,8 @@
 # (a fresh venv): a few hundred steps on a random subset of the training set, validated on the
 # first test images. It shows the speed, and that bfloat16 lands within the run-to-run noise of
 # such a short run; the accuracy at convergence is docs/accuracy.md (python -m benchmarks.accuracy).
+# Without the kernels (AVX2 only) bfloat16 runs emulated, slower than float32, so the script takes
+# longer there; its table says so.
 # Override with:
 #   QUICKSTART_MODEL          model of examples/train_imagenet.py  (default cifar_wideresnet16_4)
 #   QUICKSTART_EPOCHS         epochs per run                       (default 1)
