@@ -472,7 +472,9 @@ def plot_curves(records, png):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     colours = {'float32': 'tab:blue', 'bfloat16': 'tab:orange', 'float16': 'tab:green'}
+    styles = {'float32': '-', 'bfloat16': '--', 'float16': ':'}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     by = {}
     for r in records:
@@ -484,15 +486,17 @@ def plot_curves(records, png):
             y = 100 * np.asarray(r['val_top1'], dtype=float)
             for ax in axes:
                 ax.plot(x, y, color=colours.get(dtype, 'tab:gray'), alpha=0.75, lw=1.2,
+                        ls=styles.get(dtype, '-'),
                         marker='.', label='%s, %d seed(s)' % (label, len(rs)) if i == 0
                         else None)
     epochs = max(len(r['val_top1']) for r in records)
     tail = [100 * v for r in records for v in r['val_top1'][epochs // 2:]]
-    axes[1].set_xlim(max(1, epochs // 2 + 0.5), epochs + 0.3)
+    axes[1].set_xlim(max(0.7, epochs // 2 + 0.7), epochs + 0.3)
     if tail:
         axes[1].set_ylim(min(tail) - 0.2, max(tail) + 0.2)
     for ax, title in zip(axes, ('all epochs', 'second half (zoom)')):
         ax.set_xlabel('epoch')
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set_ylabel('validation top-1 (%)')
         ax.set_title(title)
         ax.grid(alpha=0.3)
