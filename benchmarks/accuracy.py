@@ -509,11 +509,29 @@ def plot_curves(records, png):
     plt.close(fig)
 
 
-def report(records, out, log=print):
+def format_header(records, command):
+    """Where the runs ran: the command, the machines and the commits of the records."""
+    machines = sorted({'%s, %d logical cores, avx512_bf16 %s' % (
+        r['machine']['cpu'], r['machine']['cores'],
+        'yes' if r['machine']['avx512_bf16'] else 'no') for r in records})
+    commits = sorted({str(r['commit']) for r in records})
+    c = records[0]['config']
+    cap = (' (capped at %d batches per epoch)' % c['max_train_batches']
+           if c['max_train_batches'] else '')
+    return ('Command: `%s`\n\nModel %s, %d epochs of %d training images%s (batch %d, %s, peak lr %g '
+            'with %g warm-up epoch(s), cosine to 0, wd %g), validated on %d test images after '
+            'every epoch.\n\nMachine: %s. Commits of the runs: %s.\n\n'
+            % (command, c['model'], c['epochs'], c['num_train'], cap, c['batch_size'],
+               c['optimizer'],
+               c['lr'], c['warmup_epochs'], c['wd'], c['num_val'], '; '.join(machines),
+               ', '.join(commits)))
+
+
+def report(records, out, log=print, command='python -m benchmarks.accuracy'):
     """Print the table, write ``OUT/table.md``, ``OUT/results.json`` and ``OUT/curves.png``;
     return the statistics (:func:`analyse`)."""
     stats = analyse(records)
-    text = format_table(records, stats)
+    text = format_header(records, command) + format_table(records, stats)
     log(text)
     with open(os.path.join(out, 'table.md'), 'w') as f:
         f.write(text)
@@ -556,7 +574,9 @@ def main(argv=None, log=print):
     if not records:
         log('no runs recorded in %s' % os.path.join(args.out, 'runs'))
         return None
-    return report(records, args.out, log=log)
+    argv = sys.argv[1:] if argv is None else argv
+    return report(records, args.out, log=log,
+                  command=' '.join(['python -m benchmarks.accuracy'] + list(argv)))
 
 
 if __name__ == '__main__':
