@@ -307,6 +307,7 @@ def run_one(args, dtype, seed, log=print):
     argv = train_argv(args, dtype, seed, save_dir, resume)
     log('%-34s training%s: train_imagenet.py %s' % (name, ' (resumed)' if resume else '',
                                                      ' '.join(argv)))
+    commit = git_commit()   # the code this run starts with
     tic = time.time()
     cpu = None
     if args.in_process:
@@ -330,7 +331,7 @@ def run_one(args, dtype, seed, log=print):
             summary = json.load(f)
     wall = time.time() - tic
     record = make_record(config, summary, os.path.join(save_dir, 'metrics.jsonl'), wall,
-                         git_commit(), cpu_s=cpu, resumed=resume)
+                         commit, cpu_s=cpu, resumed=resume)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + '.tmp'
     with open(tmp, 'w') as f:
@@ -383,8 +384,8 @@ def analyse(records):
     Returns
     -------
     dict: ``per_dtype`` {dtype: {label, seeds, top1 (points, per seed), mean, std (ddof=1;
-    None for one run), wall_s_mean, train_s_mean, cpu_s_mean (runs not resumed; None without
-    any), img_per_sec_mean}} and ``paired`` {dtype: :func:`paired_ci`
+    None for one run), wall_s_mean and cpu_s_mean (runs not resumed; None without any),
+    train_s_mean, img_per_sec_mean}} and ``paired`` {dtype: :func:`paired_ci`
     of dtype - float32 in points, plus ``seeds`` and ``diffs``} for every dtype other than
     float32 that shares at least one seed with float32.
     """
@@ -398,7 +399,8 @@ def analyse(records):
         per[dtype] = {'label': dtype_label(rs), 'seeds': [r['config']['seed'] for r in rs],
                       'top1': top1, 'mean': float(np.mean(top1)),
                       'std': float(np.std(top1, ddof=1)) if len(top1) > 1 else None,
-                      'wall_s_mean': float(np.mean([r['wall_s'] for r in rs])),
+                      'wall_s_mean': _mean_or_none([r['wall_s'] for r in rs
+                                                    if not r.get('resumed')]),
                       'train_s_mean': float(np.mean([r['train_time_s'] for r in rs])),
                       'cpu_s_mean': _mean_or_none([r.get('cpu_s') for r in rs
                                                    if not r.get('resumed')]),
@@ -459,8 +461,9 @@ def format_table(records, stats):
               '| dtype | runs | wall s | CPU s | training s | training img/s |',
               '|---|---:|---:|---:|---:|---:|']
     for dtype, row in per.items():
-        lines.append('| %s | %d | %.0f | %s | %.0f | %.0f |' % (
-            row['label'], len(row['top1']), row['wall_s_mean'],
+        lines.append('| %s | %d | %s | %s | %.0f | %.0f |' % (
+            row['label'], len(row['top1']),
+            '%.0f' % row['wall_s_mean'] if row['wall_s_mean'] is not None else 'n/a',
             '%.0f' % row['cpu_s_mean'] if row['cpu_s_mean'] is not None else 'n/a',
             row['train_s_mean'], row['img_per_sec_mean']))
     return '\n'.join(lines) + '\n'
