@@ -325,6 +325,47 @@ def small_cnn(classes, width=16):
     return net
 
 
+def small_mobilenet(classes, width=16):
+    """A small MobileNet (v1-style depthwise-separable blocks) for 28x28 images, defined here.
+
+    A 3x3 convolution of ``width`` channels, then five blocks of a 3x3 depthwise convolution
+    (one group per channel; stride 2 in the 2nd and 4th) and a 1x1 pointwise convolution to
+    2, 4, 4, 8 and 8 times ``width`` channels, BatchNorm and ReLU after every convolution,
+    global average pooling and a dense layer. Its depthwise convolutions (few multiply-adds per
+    value, long chains of them) are the numerics a plain CNN does not have: the second model
+    of ``python -m benchmarks.accuracy``.
+
+    Parameters
+    ----------
+    classes : int
+        Number of outputs (logits, float32).
+    width : int
+        Channels of the first convolution (default 16).
+
+    Returns
+    -------
+    mxnet.gluon.nn.HybridSequential, uninitialised; input (batch, 3, H, W) float32 with H, W
+    divisible by 4, output (batch, classes).
+    """
+    from mxnet.gluon import nn
+
+    def conv_bn_relu(net, channels, kernel, stride=1, groups=1):
+        net.add(nn.Conv2D(channels, kernel_size=kernel, strides=stride, padding=kernel // 2,
+                          groups=groups, use_bias=False),
+                nn.BatchNorm(), nn.Activation('relu'))
+
+    net = nn.HybridSequential()
+    with net.name_scope():
+        conv_bn_relu(net, width, 3)
+        channels = width
+        for out, stride in ((2, 1), (4, 2), (4, 1), (8, 2), (8, 1)):
+            conv_bn_relu(net, channels, 3, stride=stride, groups=channels)   # depthwise
+            conv_bn_relu(net, out * width, 1)                                # pointwise
+            channels = out * width
+        net.add(nn.GlobalAvgPool2D(), nn.Flatten(), nn.Dense(classes))
+    return net
+
+
 def cifar_wideresnet16_4(classes):
     """GluonCV's CIFAR wide ResNet at depth 16 and width factor 4 (WRN-16-4), which its model
     zoo does not register by name (it has 16-10, 28-10 and 40-8).
@@ -348,7 +389,8 @@ def cifar_wideresnet16_4(classes):
 
 
 # Models defined in this file, beside GluonCV's: name -> builder(classes).
-LOCAL_MODELS = {'small_cnn': small_cnn, 'cifar_wideresnet16_4': cifar_wideresnet16_4}
+LOCAL_MODELS = {'small_cnn': small_cnn, 'small_mobilenet': small_mobilenet,
+                'cifar_wideresnet16_4': cifar_wideresnet16_4}
 
 
 def build_model(args):

@@ -116,6 +116,7 @@ def test_max_val_batches_validates_on_the_first_images_only(train_module, tiny_r
 
 
 @pytest.mark.parametrize('name, parameters, widest', [('small_cnn', 17274, 32),
+                                                      ('small_mobilenet', 38634, 128),
                                                       ('cifar_wideresnet16_4', 2752582, 256)])
 def test_models_defined_in_common_build_beside_gluoncv_names(train_module, name, parameters,
                                                              widest):
