@@ -521,13 +521,12 @@ def format_header(records, command):
     c = records[0]['config']
     cap = (' (capped at %d batches per epoch)' % c['max_train_batches']
            if c['max_train_batches'] else '')
-    return ('Command: `%s`\n\nModel %s, %d epochs of %d training images%s (batch %d, %s, peak lr %g '
-            'with %g warm-up epoch(s), cosine to 0, wd %g), validated on %d test images after '
-            'every epoch.\n\nMachine: %s. Commits of the runs: %s.\n\n'
+    return ('Command: `%s`\n\nModel %s, %d epochs of %d training images%s (batch %d, %s, '
+            'peak lr %g with %g warm-up epoch(s), cosine to 0, wd %g), validated on %d test '
+            'images after every epoch.\n\nMachine: %s. Commits of the runs: %s.\n\n'
             % (command, c['model'], c['epochs'], c['num_train'], cap, c['batch_size'],
-               c['optimizer'],
-               c['lr'], c['warmup_epochs'], c['wd'], c['num_val'], '; '.join(machines),
-               ', '.join(commits)))
+               c['optimizer'], c['lr'], c['warmup_epochs'], c['wd'], c['num_val'],
+               '; '.join(machines), ', '.join(commits)))
 
 
 def report(records, out, log=print, command='python -m benchmarks.accuracy'):
