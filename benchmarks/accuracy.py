@@ -212,25 +212,28 @@ def git_commit():
 
 
 def machine():
-    """CPU model, logical cores, whether the CPU flags include avx512_bf16."""
-    model, flags = platform.processor(), ''
+    """CPU model (the first ``model name`` of /proc/cpuinfo, else ``platform.processor()``),
+    logical cores, whether the CPU flags include avx512_bf16."""
+    model, flags = None, ''
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:
-                if line.startswith('model name') and model in ('', platform.processor()):
+                if line.startswith('model name') and model is None:
                     model = line.split(':', 1)[1].strip()
                 elif line.startswith('flags') and not flags:
                     flags = line
     except OSError:
         pass
-    return {'cpu': model, 'cores': os.cpu_count(), 'avx512_bf16': 'avx512_bf16' in flags.split()}
+    return {'cpu': model or platform.processor(), 'cores': os.cpu_count(),
+            'avx512_bf16': 'avx512_bf16' in flags.split()}
 
 
 def loss_scale_events(metrics_path):
     """Skipped steps and loss-scale changes of a run, from its metrics.jsonl.
 
     Returns a dict: ``skipped_steps`` (list of step numbers), ``scale_changes`` (list of
-    [step, new scale]), ``first_scale`` and ``final_scale`` (None without step records).
+    [first step that used the new scale, new scale]), ``first_scale`` and ``final_scale`` (None
+    without step records).
     """
     skipped, changes, first, last = [], [], None, None
     with open(metrics_path) as f:
