@@ -311,11 +311,115 @@ def make_rec_iter(args, train, epoch):
 # model, mixed precision, trainer
 # ----------------------------------------------------------------------------------------------
 
+def small_cnn(classes, width=16):
+    """A small VGG-style CNN for 28x28 images, defined here (not in GluonCV's model zoo).
+
+    Layers: two 3x3 convolutions of ``width`` channels, 2x2 max pooling, two of ``2 * width``,
+    max pooling, global average pooling, a dense layer of ``classes`` outputs; BatchNorm and ReLU
+    after every convolution. With ``width=16`` it has 17,082 trainable parameters and 4.9M
+    multiply-adds per 28x28 image, so a Fashion-MNIST epoch (60,000 images) costs about 20 s on
+    two cores: the model of ``python -m benchmarks.accuracy``, which trains it to convergence
+    many times.
+
+    Parameters
+    ----------
+    classes : int
+        Number of outputs (logits, float32).
+    width : int
+        Channels of the first two convolutions (default 16).
+
+    Returns
+    -------
+    mxnet.gluon.nn.HybridSequential, uninitialised; input (batch, 3, H, W) float32 with H, W
+    divisible by 4, output (batch, classes).
+    """
+    from mxnet.gluon import nn
+    net = nn.HybridSequential()
+    with net.name_scope():
+        for channels in (width, width, None, 2 * width, 2 * width, None):
+            if channels is None:
+                net.add(nn.MaxPool2D(pool_size=2, strides=2))
+                continue
+            net.add(nn.Conv2D(channels, kernel_size=3, padding=1, use_bias=False),
+                    nn.BatchNorm(), nn.Activation('relu'))
+        net.add(nn.GlobalAvgPool2D(), nn.Flatten(), nn.Dense(classes))
+    return net
+
+
+def small_mobilenet(classes, width=16):
+    """A small MobileNet (v1-style depthwise-separable blocks) for 28x28 images, defined here.
+
+    A 3x3 convolution of ``width`` channels, then five blocks of a 3x3 depthwise convolution
+    (one group per channel; stride 2 in the 2nd and 4th) and a 1x1 pointwise convolution to
+    2, 4, 4, 8 and 8 times ``width`` channels, BatchNorm and ReLU after every convolution,
+    global average pooling and a dense layer. Its depthwise convolutions (few multiply-adds per
+    value, long chains of them) are the numerics a plain CNN does not have: the second model
+    of ``python -m benchmarks.accuracy``.
+
+    Parameters
+    ----------
+    classes : int
+        Number of outputs (logits, float32).
+    width : int
+        Channels of the first convolution (default 16).
+
+    Returns
+    -------
+    mxnet.gluon.nn.HybridSequential, uninitialised; input (batch, 3, H, W) float32 with H, W
+    divisible by 4, output (batch, classes).
+    """
+    from mxnet.gluon import nn
+
+    def conv_bn_relu(net, channels, kernel, stride=1, groups=1):
+        net.add(nn.Conv2D(channels, kernel_size=kernel, strides=stride, padding=kernel // 2,
+                          groups=groups, use_bias=False),
+                nn.BatchNorm(), nn.Activation('relu'))
+
+    net = nn.HybridSequential()
+    with net.name_scope():
+        conv_bn_relu(net, width, 3)
+        channels = width
+        for out, stride in ((2, 1), (4, 2), (4, 1), (8, 2), (8, 1)):
+            conv_bn_relu(net, channels, 3, stride=stride, groups=channels)   # depthwise
+            conv_bn_relu(net, out * width, 1)                                # pointwise
+            channels = out * width
+        net.add(nn.GlobalAvgPool2D(), nn.Flatten(), nn.Dense(classes))
+    return net
+
+
+def cifar_wideresnet16_4(classes):
+    """GluonCV's CIFAR wide ResNet at depth 16 and width factor 4 (WRN-16-4), which its model
+    zoo does not register by name (it has 16-10, 28-10 and 40-8).
+
+    Stages of 64, 128 and 256 channels (2.7M parameters): wide enough for bfloat16 kernels to
+    pay in training, narrow enough to train a few hundred steps in minutes on 2 cores (the
+    model of ``scripts/quickstart.sh``).
+
+    Parameters
+    ----------
+    classes : int
+        Number of outputs.
+
+    Returns
+    -------
+    mxnet.gluon.HybridBlock, uninitialised; input (batch, 3, H, W) float32, output
+    (batch, classes).
+    """
+    from gluoncv.model_zoo.cifarwideresnet import get_cifar_wide_resnet
+    return get_cifar_wide_resnet(16, 4, classes=classes)
+
+
+# Models defined in this file, beside GluonCV's: name -> builder(classes).
+LOCAL_MODELS = {'small_cnn': small_cnn, 'small_mobilenet': small_mobilenet,
+                'cifar_wideresnet16_4': cifar_wideresnet16_4}
+
+
 def build_model(args):
-    """GluonCV model, initialised (MSRA init) and run once on a dummy batch of --input-size."""
+    """GluonCV model (or one of :data:`LOCAL_MODELS`), initialised (MSRA init) and run once on a
+    dummy batch of --input-size."""
     import mxnet as mx
     from gluoncv import model_zoo
-    names = model_zoo.get_model_list()
+    names = list(model_zoo.get_model_list()) + sorted(LOCAL_MODELS)
     if args.model.lower() not in names:
         close = difflib.get_close_matches(args.model.lower(), names, n=5, cutoff=0.5)
         raise ConfigError('unknown model %r. %sList the %d GluonCV names with `python -c "import '
@@ -326,7 +430,10 @@ def build_model(args):
         # A fresh NameManager: the same parameter names (cifarresnetv10_...) in every run, also
         # when main() runs twice in one process, so checkpoints load by name.
         with mx.name.NameManager():
-            net = model_zoo.get_model(args.model, classes=args.num_classes, pretrained=False)
+            if args.model.lower() in LOCAL_MODELS:
+                net = LOCAL_MODELS[args.model.lower()](args.num_classes)
+            else:
+                net = model_zoo.get_model(args.model, classes=args.num_classes, pretrained=False)
     except TypeError as err:
         raise ConfigError('model %r does not take classes=%d (%s); pick a classifier'
                           % (args.model, args.num_classes, err)) from err

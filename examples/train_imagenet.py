@@ -153,13 +153,19 @@ def load_checkpoint(save_dir, net, trainer, identity=None):
 # training
 # ----------------------------------------------------------------------------------------------
 
-def evaluate(net, val_iter):
-    """Top-1 accuracy over a validation iterator (padding of the last batch excluded)."""
+def evaluate(net, val_iter, max_batches=None):
+    """Top-1 accuracy over a validation iterator (padding of the last batch excluded).
+
+    ``max_batches`` (None: all) stops after that many batches: the first images of the set.
+    Returns a float in [0, 1].
+    """
     import mxnet as mx
     correct, total = 0, 0
     if hasattr(val_iter, 'reset'):
         val_iter.reset()
-    for batch in val_iter:
+    for i, batch in enumerate(val_iter):
+        if max_batches is not None and i >= max_batches:
+            break
         data = batch.data[0].as_in_context(mx.cpu())
         label = batch.label[0].as_in_context(mx.cpu())
         pred = mx.nd.argmax(net(data), axis=1)
@@ -175,7 +181,12 @@ def main(argv=None):
 
     Raises ConfigError on bad input (missing files, batch larger than the data, unknown model).
     """
-    args = parse_args(argv)
+    parser = build_parser()
+    parser.add_argument('--max-val-batches', type=int, default=None,
+                        help='validate on the first N batches of --rec-val only (quick runs)')
+    args = parse_args(argv, parser)
+    if args.max_val_batches is not None and args.max_val_batches < 1:
+        raise ConfigError('--max-val-batches must be at least 1')
     os.makedirs(args.save_dir, exist_ok=True)
     setup_logging(args.save_dir)
 
@@ -186,6 +197,8 @@ def main(argv=None):
     kv = setup_kvstore(args)
     rank, workers = args.part
     steps_per_epoch = count_data(args)
+    if args.max_val_batches and args.num_val:
+        args.num_val = min(args.num_val, args.max_val_batches * args.batch_size)
     seed_everything(args.seed)
     emulate = False
     if args.dtype != 'float32':
@@ -296,7 +309,8 @@ def main(argv=None):
                                      args.seed + 10**6)
         else:
             val_iter = make_rec_iter(args, train=False, epoch=epoch) if args.rec_val else None
-        val_top1 = evaluate(train_net, val_iter) if val_iter is not None else None
+        val_top1 = (evaluate(train_net, val_iter, args.max_val_batches)
+                    if val_iter is not None else None)
         del val_iter
         scale, skipped_total = trainer_status(trainer)
         history.append(end_epoch(metrics, epoch + 1, step, losses, images, train_time, scale,

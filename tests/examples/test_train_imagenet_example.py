@@ -102,6 +102,35 @@ def test_recordio_epoch_trains_and_validates_on_prepared_data(train_module, tiny
     assert summary['args']['num_train'] == 64 and summary['args']['num_val'] == 32
 
 
+def test_max_val_batches_validates_on_the_first_images_only(train_module, tiny_rec, tmp_path):
+    summary = train_module.main([
+        '--rec-train', str(tiny_rec / 'train.rec'), '--rec-val', str(tiny_rec / 'val.rec'),
+        '--batch-size', '16', '--epochs', '1', '--max-train-batches', '1',
+        '--max-val-batches', '1', '--save-dir', str(tmp_path), '--no-progress',
+        '--num-workers', '1', '--model', 'small_cnn'])
+    assert summary['args']['num_val'] == 16          # of the 32 in val.rec
+    assert (summary['final_val_top1'] * 16) == pytest.approx(round(summary['final_val_top1']
+                                                                   * 16))
+    with pytest.raises(train_module.ConfigError, match='--max-val-batches must be at least 1'):
+        train_module.main(synthetic_args(tmp_path / 'bad', '--max-val-batches', '0'))
+
+
+@pytest.mark.parametrize('name, parameters, widest', [('small_cnn', 17274, 32),
+                                                      ('small_mobilenet', 38634, 128),
+                                                      ('cifar_wideresnet16_4', 2752582, 256)])
+def test_models_defined_in_common_build_beside_gluoncv_names(train_module, name, parameters,
+                                                             widest):
+    import argparse
+    import common   # on sys.path: train_module (the script) put examples/ there
+    args = argparse.Namespace(model=name, num_classes=10, input_size=28)
+    net = common.build_model(args)            # initialised and run once on (1, 3, 28, 28)
+    out = net(mx.nd.zeros((2, 3, 28, 28)))
+    assert out.shape == (2, 10) and out.dtype == np.float32
+    params = net.collect_params().values()
+    assert sum(p.data().size for p in params) == parameters
+    assert max(p.shape[0] for p in params if len(p.shape) == 4) == widest   # conv channels
+
+
 def test_missing_rec_file_names_the_file_and_the_prepare_script(train_module, tmp_path):
     missing = str(tmp_path / 'nope' / 'train.rec')
     with pytest.raises(train_module.ConfigError) as info:
