@@ -359,3 +359,24 @@ def test_a_network_cast_to_bfloat16_first_trains_deconvolution_with_a_float32_we
     dtypes = proc.stdout.split()
     assert 'conv1_weight=float32' in dtypes and 'conv1_bias=float32' in dtypes  # Deconvolution
     assert 'conv0_weight=bfloat16' in dtypes and dtypes[-1] == 'float32'
+
+
+def test_uninstall_puts_mxnets_methods_back_and_the_next_graph_is_float32():
+    from mxmp import gluon as hook
+    net = mxmp.convert(small_resnet(), 'bfloat16')
+    x, _ = batch()
+    net(x)
+    assert gluon.HybridBlock._build_cache is not hook._ORIGINAL['_build_cache']
+    original = dict(hook._ORIGINAL)
+    try:
+        hook.uninstall()
+        assert gluon.HybridBlock._build_cache is original['_build_cache']
+        assert gluon.HybridBlock.forward is original['forward']
+        assert 'save_parameters' not in vars(gluon.HybridBlock)   # Block's own again
+        net.hybridize()
+        net(x)
+        with pytest.raises(RuntimeError, match='no mixed-precision graph'):
+            converted_graph(net)
+        assert mxmp.count_casts(net._cached_graph[1])['amp_cast'] == 0
+    finally:
+        hook.install()
