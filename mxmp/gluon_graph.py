@@ -25,7 +25,7 @@ from .dtypes import dtype_name, from_mshadow_enum, mx_dtype
 from .fusion import FusedInference
 from .graph import convert_symbol, count_casts
 from .graph.stem import pad_stem as pad_stem_of, padded_convolutions, wants_padding
-from .graph.symbol_json import CAST_OPS, cast_param_names, float32_param_names, load
+from .graph.symbol_json import CAST_OPS, cast_param_names, load
 from .layout import to_default_layout
 from .policy import Policy
 
@@ -130,16 +130,17 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
         converted = pad_stem_of(converted, shapes)
     params = block.collect_params()
     lp_names = cast_param_names(converted)
-    lp_dtype = mx_dtype(policy.target_dtype)
-    for name in lp_names:
-        if name in params and dtype_name(params[name].dtype) != policy.target_dtype:
-            _cast_parameter(params[name], lp_dtype)
-    # A Parameter already in low precision (net.cast('bfloat16')) that a float32 op needs as a
-    # graph variable (Deconvolution's weight: MXNet aborts on a computed one in training) is
-    # stored in float32 by the pass: its values widen exactly.
-    for name in float32_param_names(converted):
-        if name in params and dtype_name(params[name].dtype) != 'float32':
-            _cast_parameter(params[name], mx_dtype('float32'))
+    # Every Parameter takes the dtype the converted graph declares for its variable: the target
+    # dtype where cast_params stores it so (rounded), float32 where the pass stores a Parameter
+    # that arrived in low precision (net.cast('bfloat16') first) in float32 -- a float32 op that
+    # needs it as a graph variable (Deconvolution's weight) or an emulated graph -- (widened
+    # exactly).
+    for node in load(converted)['nodes']:
+        declared = from_mshadow_enum(node.get('attrs', {}).get('__dtype__')) \
+            if node['op'] == 'null' else None
+        param = params[node['name']] if declared and node['name'] in params.keys() else None
+        if param is not None and dtype_name(param.dtype) != declared:
+            _cast_parameter(param, mx_dtype(declared))
     logger.info('mxmp: %s graph in %s%s: %d casts, %d parameters stored in %s', block.name,
                 policy.target_dtype, ' (emulated)' if policy.emulate else '',
                 count_casts(converted)['amp_cast'], len(lp_names), policy.target_dtype)

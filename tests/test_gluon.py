@@ -9,6 +9,9 @@ import mxmp
 from mxmp.gluon import converted_graph
 
 EMULATE = not mxmp.lp_kernels_available('bfloat16')
+#: the output dtype of a low-precision layer in the executed graph: emulation runs float32
+#: kernels and rounds their outputs through bfloat16 with elementwise nodes
+LP = 'float32' if EMULATE else 'bfloat16'
 
 
 def small_resnet(seed=0):
@@ -65,7 +68,8 @@ def test_converted_resnet_output_is_float32_and_close_to_float32():
     got = out.asnumpy()
     np.testing.assert_allclose(got, ref, rtol=0.1, atol=0.05 * np.abs(ref).max())
     assert not np.array_equal(got, ref)
-    assert set(ops_in_dtype(converted_graph(net), 'Convolution', ['data'])) == {'bfloat16'}
+    assert set(ops_in_dtype(converted_graph(net), 'Convolution', ['data'])) == {LP}
+    assert mxmp.graph.converted_dtype(converted_graph(net)) == 'bfloat16'
 
 
 @pytest.mark.parametrize('cast_params', [False, True])
@@ -123,14 +127,16 @@ def test_training_and_inference_graphs_both_run_in_bfloat16_with_their_own_outpu
         loss, scores = net(x, target)
     loss.backward()
     assert loss.shape == (2,) and scores.shape == (2, 4) and loss.dtype == np.float32
-    assert ops_in_dtype(converted_graph(net), 'Convolution', ['data0', 'data1']) == ['bfloat16']
+    assert ops_in_dtype(converted_graph(net), 'Convolution', ['data0', 'data1']) == [LP]
+    assert mxmp.graph.converted_dtype(converted_graph(net)) == 'bfloat16'
     net.hybridize()          # the scripts clear the cache before validation
     out = net(x)
     assert out.shape == (2, 2) and out.dtype == np.float32
-    assert ops_in_dtype(converted_graph(net), 'Convolution', ['data']) == ['bfloat16']
+    assert ops_in_dtype(converted_graph(net), 'Convolution', ['data']) == [LP]
     net.set_top(3)           # a model method that clears the cache
     assert net(x).shape == (2, 3)
-    assert ops_in_dtype(converted_graph(net), 'FullyConnected', ['data']) == ['bfloat16']
+    assert ops_in_dtype(converted_graph(net), 'FullyConnected', ['data']) == [LP]
+    assert mxmp.graph.converted_dtype(converted_graph(net)) == 'bfloat16'
 
 
 def test_a_converted_block_that_is_not_hybridized_raises_with_the_fix():
