@@ -32,6 +32,7 @@ on one worker is inf (or NaN) in the sum on every worker.
 from mxnet import autograd
 
 from ..dtypes import dtype_name
+from ..gluon_graph import unrounded_values
 from ..training.trainer import Trainer
 from . import exchange as _exchange
 from .broadcast import broadcast_from_root
@@ -196,6 +197,9 @@ class DistributedTrainer(Trainer):
             if hvd.size() > 1:
                 ready.append(('%sweight.%d' % (self._prefix, i), param.list_data()))
                 self._masters.discard(i)   # re-made from the broadcast values
+                # not from this worker's own unrounded values (cast_params): every worker's
+                # master weights must be the same
+                unrounded_values(param)
 
         def send(name, wire):
             hvd.broadcast_(wire, root_rank=self._root_rank, name=name)
