@@ -104,12 +104,6 @@ def set_global(conversion):
     _GLOBAL[0] = conversion
 
 
-def _descendants(block):
-    yield block
-    for child in block._children.values():
-        yield from _descendants(child)
-
-
 def convert(block, target_dtype=None, cast_params=False, emulate='auto', policy=None,
             fuse_inference='auto', pad_stem='auto'):
     """Make ``block`` compute in mixed precision, in place, and return it.
@@ -196,10 +190,11 @@ def convert(block, target_dtype=None, cast_params=False, emulate='auto', policy=
             'settings would mix two policies. Build the network anew (or load its float32 '
             'checkpoint into a new one) and convert that.' % (block.name, previous.target_dtype))
     install()
-    for child in _descendants(block):
+    def register(child):   # the block and every HybridBlock inside it (Block.apply)
         if isinstance(child, gluon.HybridBlock):
             _CONVERTED[child] = conversion
             child._clear_cached_op()
+    block.apply(register)
     for param in block.collect_params().values():
         _PARAM_DTYPE[param] = policy.target_dtype
     if isinstance(block, gluon.SymbolBlock):

@@ -85,8 +85,9 @@ class Conversion:
                 '%s has no %s kernels (oneDNN needs AVX-512 for bfloat16; CPUs have no float16 '
                 'GEMM). Convert with emulate=True (or the default emulate=\'auto\') to run the '
                 'same numerics with float32 kernels.' % (ctx, dtype))
-        return self.policy if self.policy.emulate or not self.emulate \
-            else self.policy.replace(emulate=True)
+        if self.emulate and not self.policy.emulate:
+            return self.policy.replace(emulate=True)
+        return self.policy
 
 
 def _context(args):
