@@ -4,7 +4,7 @@
 float32 weights of the model (random values), the median milliseconds of
 ``multi_sgd_mom_update`` with 4 weights per call (MXNET_OPTIMIZER_AGGREGATION_SIZE's default,
 what ``mx.optimizer.SGD`` does), with 1 weight per call (what
-:class:`mxmp.training.updater.Updater` does on a CPU), and of ``sgd_mom_update`` once per
+:class:`mxmp._src.training.updater.Updater` does on a CPU), and of ``sgd_mom_update`` once per
 weight, and for each whether its weights and momenta are bit-identical to the first's. The
 learning rate and weight decay are values MXNet's scalar float parser (``sgd_mom_update``'s
 ``lr=``, ``wd=``) rounds one ulp away from float32, to show that difference. Threads:

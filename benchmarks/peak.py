@@ -52,7 +52,7 @@ def measure_gemm_peak(dtype, ctx, size=DEFAULT_SIZE, warmup=2, iters=5):
     x = mx.nd.array(rng.uniform(-1, 1, (size, size)), ctx=ctx)
     w = mx.nd.array(rng.uniform(-1, 1, (size, size)), ctx=ctx)
     if dtype != 'float32':
-        from mxmp.dtypes import mx_dtype as dtype_of
+        from mxmp._src.dtypes import mx_dtype as dtype_of
         x, w = (mx.nd.amp_cast(a, dtype=dtype_of(dtype)) for a in (x, w))
 
     def call():

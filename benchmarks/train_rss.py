@@ -65,7 +65,7 @@ def main(argv=None):
     from mxnet import autograd, gluon
     from gluoncv.model_zoo import get_model
     import mxmp
-    from mxmp.graph.stem import padded_convolutions
+    from mxmp._src.graph.stem import padded_convolutions
     if args.allocated:
         # MXNet also writes a trace file: into a temporary one, removed at exit
         trace = os.path.join(tempfile.gettempdir(), 'train_rss_profile_%d.json' % os.getpid())
@@ -164,7 +164,7 @@ def _padded(net, x, args, get_model):
     """A copy of ``net`` (initialized on the 3-channel images ``x``) whose stem convolution takes
     ``args.pad_channels`` input channels: the weights of ``net``, the stem's with zero columns."""
     import mxnet as mx
-    from mxmp.layout import to_default_layout
+    from mxmp._src.layout import to_default_layout
     net(mx.nd.array(x[:1]))  # finishes the deferred initialization with 3 channels (one
     # image: the peak RSS stays that of the training steps)
     mx.nd.waitall()

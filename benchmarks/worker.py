@@ -85,7 +85,7 @@ class _Child:
             mx.nd.waitall()
         self.count_graph(net)
         if spec['mode'].startswith('mxmp'):
-            res['fused'] = self.mxmp.gluon.fused_graph(net) is not None
+            res['fused'] = self.mxmp._src.gluon.fused_graph(net) is not None
         if spec.get('profile'):
             return self.profile(step)
         res['stage'] = 'timed'
@@ -162,7 +162,7 @@ class _Child:
         # Gluon names the inputs of its own graph data0, data1, ... (ours: the data names).
         names = [v.name for v in cached[0]] if cached else list(self.wl.data_names)
         res['casts'] = self.mxmp.count_casts(sym)
-        from mxmp.dtypes import dtype_name
+        from mxmp._src.dtypes import dtype_name
         internals = sym.get_internals()
         try:
             _, out_types, _ = internals.infer_type_partial(**{n: np.float32 for n in names})

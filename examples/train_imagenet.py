@@ -59,7 +59,7 @@ def trainer_status(trainer):
 
 
 def save_file_atomic(path, save):
-    """``save(tmp)``, fsync, rename over ``path``: ``mxmp.training.checkpoint.save_atomic``."""
+    """``save(tmp)``, fsync, rename over ``path``: ``mxmp._src.training.checkpoint.save_atomic``."""
     import_mxmp().training.checkpoint.save_atomic(path, save)
 
 

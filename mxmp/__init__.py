@@ -1,68 +1,68 @@
 """mxmp: mixed-precision (float16 / bfloat16) training and inference for Apache MXNet 1.x.
 
-This module only re-exports the public API. Where each job lives (README, "Where things are"):
+This module is the public API, the names of the README's API table. :mod:`mxmp.amp`
+(``mxnet.contrib.amp``'s API), :mod:`mxmp.horovod` and the ``mxmp`` command (:mod:`mxmp.cli`)
+are public too. Everything under ``mxmp._src`` is internal: importable, not API.
 
-* :mod:`mxmp.dtypes`, :mod:`mxmp.errors` -- dtype names and mshadow's enum; every exception.
-* :mod:`mxmp.policy` -- :class:`Policy`: target dtype, op classes, overrides
-  (``ops_shared.py`` + ``ops_float16.py`` / ``ops_bfloat16.py``, the differences only).
-* :mod:`mxmp.graph` -- the pass (``convert.py``), :func:`explain`, :func:`remove_casts`
-  (``strip.py``), loss-scale inputs (``loss_heads.py``).
-* :mod:`mxmp.gluon` -- :func:`convert`: a Gluon HybridBlock in mixed precision;
-  :mod:`mxmp.block_params` its checkpoints; :mod:`mxmp.fusion` oneDNN-fused inference;
-  :mod:`mxmp.layout` arrays oneDNN reordered, back to the default layout.
-* :mod:`mxmp.scaling` -- loss scalers (``scalers.py``), the overflow check (``overflow.py``),
-  one scale shared by several Trainers (``shared.py``).
-* :mod:`mxmp.training` -- the one training step (``step.py``), master weights,
-  :class:`Trainer`, :class:`Module`, :class:`BucketingModule`, checkpoint files.
-* :mod:`mxmp.distributed` -- gradient exchange, the root-rank broadcast, kvstore, Horovod
-  (``mxmp.horovod.DistributedTrainer``).
-* :mod:`mxmp.amp` -- ``mxnet.contrib.amp``'s names on mxmp (``mxmp/compat/contrib_amp.py``).
-* :mod:`mxmp.device` -- :func:`lp_kernels_available`; :mod:`mxmp.conformance` --
-  :func:`check_kernels` (``mxmp check-kernels``).
-* :mod:`mxmp.diagnose`, :mod:`mxmp.plotting` -- per-layer overflow/underflow, and plots.
-* :mod:`mxmp.alignment` (Tensor Core size rules), :mod:`mxmp.cuda` (CUDA 11 libraries),
-  :mod:`mxmp.cli` (the ``mxmp`` command).
-
-The modules ``mxmp.update``, ``scaler``, ``shared_scale``, ``trainer``, ``module``,
-``bucketing``, ``exchange``, ``casts``, ``lists``, ``kernel_report``, ``numerics``, ``plot``
-and ``numerics_plot`` are the old import paths, kept as re-exports.
+The training and conversion names load with ``import mxmp``; the tools (:func:`diagnose`,
+:func:`check_kernels`, :func:`check_alignment`, :func:`plot_run`), :class:`Module` and
+:mod:`mxmp.amp` load on first use.
 """
+import importlib
+
 # First, before anything imports mxnet: with mxnet-cu112 installed (or MXMP_PRELOAD_CUDA=1),
 # make the CUDA 11 libraries of the nvidia-*-cu11 wheels visible to it.
-from . import cuda as _cuda
+from ._src import cuda as _cuda
 _cuda.preload_if_needed()
 
-from .dtypes import normalize_dtype  # noqa: E402
-from .errors import (AmpListConflict, CudaLibrariesNotFound, LossScaleAtFloorError,  # noqa: E402
-                     NonFiniteForwardWarning)
-from .policy import Policy  # noqa: E402
-from .graph import convert_symbol, remove_casts, explain, format_explain, count_casts  # noqa: E402
-from .device import lp_kernels_available  # noqa: E402
-from .gluon import convert, converted_graph  # noqa: E402
-from .scaling.scalers import (LossScaler, DynamicLossScaler, StaticLossScaler,  # noqa: E402
-                              NoOpLossScaler, make_loss_scaler)
-from .training.trainer import Trainer  # noqa: E402
-from .training.module import Module  # noqa: E402
-from .training.bucketing import BucketingModule  # noqa: E402
-from .alignment import check_alignment, format_alignment, Misalignment  # noqa: E402
-from .cuda import preload_cuda_libraries, missing_cuda_libraries  # noqa: E402
-from .diagnose import diagnose, NumericsReport  # noqa: E402
-from .plotting import plot_run  # noqa: E402
-from .conformance import check_kernels  # noqa: E402
-from .policy.kernel_report import KernelReport, load_kernel_report  # noqa: E402
-from . import amp  # noqa: E402
-# the old import paths, so that ``mxmp.update.save_atomic`` after ``import mxmp`` still works
-from . import (bucketing, casts, conformance_cases, conformance_run, exchange,  # noqa: E402,F401
-               kernel_report, lists, module, plot,
-               scaler, shared_scale, trainer, update)
+# pylint: disable=wrong-import-position
+from ._src.cuda import CudaLibrariesNotFound, missing_cuda_libraries, preload_cuda_libraries  # noqa: E402,E501
+from ._src.device import lp_kernels_available  # noqa: E402
+from ._src.dtypes import normalize_dtype  # noqa: E402
+from ._src.errors import AmpListConflict, LossScaleAtFloorError, NonFiniteForwardWarning  # noqa: E402,E501
+from ._src.gluon import convert, converted_graph  # noqa: E402
+from ._src.graph.convert import convert_symbol  # noqa: E402
+from ._src.graph.explain import explain, format_explain  # noqa: E402
+from ._src.graph.strip import count_casts, remove_casts  # noqa: E402
+from ._src.policy.policy import Policy  # noqa: E402
+from ._src.scaling.scalers import (DynamicLossScaler, LossScaler, NoOpLossScaler,  # noqa: E402
+                                   StaticLossScaler, make_loss_scaler)
+from ._src.training.trainer import Trainer  # noqa: E402
 
 __version__ = '0.1.0'
 
-__all__ = ['Policy', 'AmpListConflict', 'normalize_dtype', 'convert_symbol', 'remove_casts',
-           'explain', 'format_explain', 'count_casts', 'lp_kernels_available', 'convert',
-           'converted_graph', 'LossScaler', 'DynamicLossScaler', 'StaticLossScaler',
-           'NoOpLossScaler', 'make_loss_scaler', 'LossScaleAtFloorError',
-           'NonFiniteForwardWarning', 'Trainer', 'Module', 'BucketingModule', 'check_alignment',
-           'format_alignment', 'Misalignment', 'preload_cuda_libraries', 'missing_cuda_libraries',
-           'CudaLibrariesNotFound', 'diagnose', 'NumericsReport', 'plot_run', 'amp', 'plot',
-           'check_kernels', 'KernelReport', 'load_kernel_report']
+#: Public names loaded on first use: name -> defining module.
+_ON_FIRST_USE = {
+    'Module': 'mxmp._src.training.module',
+    'BucketingModule': 'mxmp._src.training.bucketing',
+    'diagnose': 'mxmp._src.diagnose.capture',
+    'NumericsReport': 'mxmp._src.diagnose.report',
+    'plot_run': 'mxmp._src.plotting.run_curves',
+    'check_kernels': 'mxmp._src.conformance.check',
+    'KernelReport': 'mxmp._src.policy.kernel_report',
+    'load_kernel_report': 'mxmp._src.policy.kernel_report',
+    'check_alignment': 'mxmp._src.alignment',
+    'format_alignment': 'mxmp._src.alignment',
+    'Misalignment': 'mxmp._src.alignment',
+}
+
+
+def __getattr__(name):
+    """PEP 562: load ``mxmp.amp`` and the names of :data:`_ON_FIRST_USE` when first used."""
+    if name == 'amp':
+        return importlib.import_module('mxmp.amp')
+    if name in _ON_FIRST_USE:
+        value = getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError('module mxmp has no attribute %r' % name)
+
+
+__all__ = ['convert', 'converted_graph', 'convert_symbol', 'remove_casts', 'count_casts',
+           'explain', 'format_explain', 'Policy', 'AmpListConflict', 'normalize_dtype',
+           'lp_kernels_available', 'Trainer', 'LossScaler', 'DynamicLossScaler',
+           'StaticLossScaler', 'NoOpLossScaler', 'make_loss_scaler', 'LossScaleAtFloorError',
+           'NonFiniteForwardWarning', 'Module', 'BucketingModule', 'amp', 'diagnose',
+           'NumericsReport', 'plot_run', 'check_kernels', 'KernelReport', 'load_kernel_report',
+           'check_alignment', 'format_alignment', 'Misalignment', 'preload_cuda_libraries',
+           'missing_cuda_libraries', 'CudaLibrariesNotFound']

@@ -4,7 +4,7 @@ import pytest
 from mxnet import gluon
 
 import mxmp
-from mxmp.alignment import Misalignment, check_alignment, format_alignment
+from mxmp._src.alignment import Misalignment, check_alignment, format_alignment
 
 
 def misaligned_net():

@@ -49,7 +49,7 @@ def test_names_and_parameters_match_contrib_amp(name):
 
 
 def graph_policy(net):
-    return mxmp.gluon._BUILT[net].policy
+    return mxmp._src.gluon._BUILT[net].policy
 
 
 def test_contrib_style_training_loop_trains_in_bfloat16_with_no_convert_call():
@@ -64,7 +64,7 @@ def test_contrib_style_training_loop_trains_in_bfloat16_with_no_convert_call():
     assert graph_policy(net).target_dtype == 'bfloat16'
     assert graph_policy(net).emulate == (not mxmp.lp_kernels_available('bfloat16'))
     # bfloat16 casts, or (emulated) mxmp's bfloat16 rounding nodes
-    assert mxmp.graph.converted_dtype(mxmp.converted_graph(net)) == 'bfloat16'
+    assert mxmp._src.graph.strip.converted_dtype(mxmp.converted_graph(net)) == 'bfloat16'
     assert out.dtype == np.float32
     assert not np.array_equal(out, reference)                  # bfloat16 numerics ...
     np.testing.assert_allclose(out, reference, rtol=0.05, atol=0.05)   # ... close to float32
@@ -91,7 +91,7 @@ def test_bfloat16_weights_train_with_mxmp_trainer():
     amp.init('bfloat16')
     net = amp.convert_hybrid_block(mlp(1), cast_optional_params=True)
     weights = [p for p in net.collect_params().values() if p.name.endswith('weight')]
-    assert all(mxmp.graph._dtype_name(p.dtype) == 'bfloat16' for p in weights)
+    assert all(mxmp._src.dtypes.dtype_name(p.dtype) == 'bfloat16' for p in weights)
     trainer = mxmp.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5})
     amp.init_trainer(trainer)                 # nothing to do for mxmp.Trainer
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -212,7 +212,7 @@ def test_convert_model_casts_parameters_and_leaves_the_inputs_alone():
     args = {'fc_weight': mx.nd.ones((4, 3)) * 1.001, 'fc_bias': mx.nd.zeros((4,))}
     out_sym, out_args, out_aux = amp.convert_model(sym, args, {}, target_dtype='bfloat16',
                                                    cast_optional_params=True)
-    assert mxmp.graph._dtype_name(out_args['fc_weight'].dtype) == 'bfloat16'
+    assert mxmp._src.dtypes.dtype_name(out_args['fc_weight'].dtype) == 'bfloat16'
     assert np.dtype(args['fc_weight'].dtype) == np.float32          # input dict untouched
     assert out_aux == {}
     assert 'data' in out_sym.list_inputs()
@@ -269,7 +269,7 @@ def cast_dtypes_into(sym, name):
                                                  ('bfloat16', 'bf16', 'BF16')])
 def test_lists_modules_have_contrib_names_and_mxmp_membership(dtype, short, lp_name):
     module = getattr(amp.lists, 'symbol_' + short)
-    classes = mxmp.lists.classes_for(dtype)
+    classes = mxmp._src.policy.tables.classes_for(dtype)
     lp = getattr(module, lp_name + '_FUNCS')
     follow = getattr(module, lp_name + '_FP32_FUNCS')
     conditional = {op for op, _, _ in module.CONDITIONAL_FP32_FUNCS}
@@ -297,7 +297,7 @@ def test_every_op_is_in_exactly_one_list(dtype):
     assert 'Activation' not in amp.list_lp16_fp32_ops(dtype)
     assert 'Activation' in [op for op, _, _ in amp.list_conditional_fp32_ops(dtype)]
     registered = {op for op in mx.operator.get_all_registered_operators()
-                  if mxmp.lists.excluded_reason(op) is None}
+                  if mxmp._src.policy.coverage.excluded_reason(op) is None}
     assert registered - set(everything) == set()
 
 
@@ -397,7 +397,7 @@ def test_cast_optional_params_follows_contrib_amp():
         out, new_args, _ = amp.convert_model(sym, args, {}, target_dtype='bfloat16',
                                              target_dtype_ops=['Convolution'],
                                              cast_optional_params=optional)
-        assert mxmp.graph._dtype_name(new_args['conv_weight'].dtype) == stored
+        assert mxmp._src.dtypes.dtype_name(new_args['conv_weight'].dtype) == stored
         assert cast_dtypes_into(out, 'conv') == (['bfloat16'] if optional else
                                                  ['bfloat16'] * 3)
         types = dict(zip(out.list_arguments(), out.infer_type(data='float32')[0]))
@@ -419,7 +419,7 @@ def test_an_op_in_no_list_runs_in_its_data_dtype_with_its_parameters():
     args, aux = mod.get_params()
     out, new_args, new_aux = amp.convert_model(sym, args, aux, target_dtype='bfloat16',
                                                target_dtype_ops=['Convolution'])
-    dtype = mxmp.graph._dtype_name
+    dtype = mxmp._src.dtypes.dtype_name
     assert dtype(new_args['fc_weight'].dtype) == dtype(new_args['fc_bias'].dtype) == 'bfloat16'
     assert dtype(new_args['conv_weight'].dtype) == 'float32'    # cast in the graph
     assert dtype(new_aux['bn_moving_mean'].dtype) == 'float32'  # BatchNorm's statistics
@@ -474,7 +474,7 @@ def test_init_before_the_network_is_built_trains_it_in_bfloat16_not_float32():
         trainer.step(4)
         first[mode] = loss.asnumpy()
     # the executed graph computes in bfloat16 (casts, or emulation's bfloat16 rounding nodes)
-    assert mxmp.graph.converted_dtype(mxmp.converted_graph(net)) == 'bfloat16'
+    assert mxmp._src.graph.strip.converted_dtype(mxmp.converted_graph(net)) == 'bfloat16'
     assert not np.array_equal(first['bfloat16'], first['float32'])
     np.testing.assert_allclose(first['bfloat16'], first['float32'], rtol=0.05, atol=0.02)
 
@@ -489,7 +489,7 @@ def test_init_after_hybridize_applies_at_the_next_cache_clear():
         mxmp.converted_graph(net)                  # the float32 graph was built before init
     net.hybridize()
     net(x)
-    assert mxmp.graph.converted_dtype(mxmp.converted_graph(net)) == 'bfloat16'
+    assert mxmp._src.graph.strip.converted_dtype(mxmp.converted_graph(net)) == 'bfloat16'
 
 
 def test_init_leaves_symbol_functions_and_imperative_code_working():

@@ -3,7 +3,7 @@
 
 MXNet 1.9.1's contrib.amp tests (``test_bf16_casting``, ``test_fp16_casting``) pin three rules;
 contrib.amp gets them from a type pass over the variables feeding ``amp_cast``/``amp_multicast``
-nodes. mxmp states them as rules of its plan (:mod:`mxmp.graph.plan`): a parameter is stored in
+nodes. mxmp states them as rules of its plan (:mod:`mxmp._src.graph.plan`): a parameter is stored in
 the target dtype when every consumer takes it in that dtype, and a model's ``amp_cast`` to the
 target dtype takes it so; under :mod:`mxmp.amp`'s policy an ``amp_multicast`` whose inputs are
 all variables does too. Checked here node by node: the variables' ``__dtype__``, the casts the
@@ -16,7 +16,7 @@ import pytest
 
 import mxmp
 from mxmp import amp
-from mxmp.dtypes import MSHADOW_ENUM, mx_dtype
+from mxmp._src.dtypes import MSHADOW_ENUM, mx_dtype
 
 FLOAT32 = '0'
 
@@ -96,7 +96,7 @@ def test_an_amp_multicast_of_variables_stores_its_float32_parameter_in_the_targe
         ('amp_cast', 'mc_amp_cast_float32', 'float32', ['mc'], True),
         ('amp_cast', 'mc_out1_amp_cast_float32', 'float32', ['mc'], True)]
     types = dict(zip(out.list_arguments(), out.infer_type()[0]))
-    assert {k: mxmp.graph._dtype_name(v) for k, v in types.items()} == {'a': lp, 'b': lp}
+    assert {k: mxmp._src.dtypes.dtype_name(v) for k, v in types.items()} == {'a': lp, 'b': lp}
     # Not without cast_optional_params; not in mxmp's own pass, where storage never changes
     # what a node computes (the multicast would run in lp instead of float32).
     assert variables(amp.convert_symbol(sym, lp)) == {'a': FLOAT32, 'b': MSHADOW_ENUM[lp]}

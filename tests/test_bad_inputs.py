@@ -17,7 +17,7 @@ import pytest
 from mxnet import gluon
 
 import mxmp
-from mxmp.update import LossScaleAtFloorError, NonFiniteForwardWarning
+from mxmp._src.errors import LossScaleAtFloorError, NonFiniteForwardWarning
 
 import test_module as tm
 from test_gluon import small_resnet
@@ -65,7 +65,7 @@ def test_non_hybridizable_block_is_refused_with_the_fix():
 
 
 def test_op_in_no_list_runs_in_float32_and_is_logged(caplog, monkeypatch):
-    from mxmp import policy as policy_module
+    from mxmp._src.policy import policy as policy_module
     policy = mxmp.Policy('bfloat16')
     classes = {k: v - {'Pooling'} for k, v in policy.classes.items()}   # as for a custom op
     monkeypatch.setattr(policy_module.Policy, 'classes', property(lambda self: classes))
@@ -113,7 +113,7 @@ def test_trainer_states_of_another_target_dtype_are_refused(tmp_path):
     fname = tmp_path / 'trainer.states'
     trainer.save_states(str(fname))
     from test_trainer import cast_mlp
-    from mxmp.scaler import DynamicLossScaler
+    from mxmp._src.scaling.scalers import DynamicLossScaler
     net16 = cast_mlp('lp_', 'float16')
     other = mxmp.Trainer(net16.collect_params(), 'sgd', {'learning_rate': .05, 'momentum': .9},
                          loss_scaler=DynamicLossScaler(init_scale=2.**6, growth_interval=4))

@@ -12,7 +12,7 @@ import pytest
 from mxnet import autograd, gluon, nd
 
 import mxmp
-from mxmp.block_params import ParameterFileError
+from mxmp._src.block_params import ParameterFileError
 
 EMULATE_BF16 = not mxmp.lp_kernels_available('bfloat16')
 # (target dtype, emulate): float16 has no CPU GEMM, so it is always emulated here.
@@ -80,7 +80,7 @@ def test_files_load_both_ways(tmp_path, dtype, emulate, cast_params):
     np.testing.assert_allclose(got, f32_out, atol=lp_tolerance(dtype) * np.abs(f32_out).max())
     if cast_params:
         w = conv.collect_params()[other[0].weight.name]
-        assert mxmp.update.dtype_name(w.dtype) == dtype      # still stored in the target dtype
+        assert mxmp._src.dtypes.dtype_name(w.dtype) == dtype      # still stored in the target dtype
 
     back = str(tmp_path / 'back.params')
     conv.save_parameters(back)
@@ -173,7 +173,7 @@ def test_ctx_and_deferred_initialization(tmp_path):
     assert w.list_ctx() == [mx.cpu(0)]
     np.testing.assert_allclose(conv(data()).asnumpy(), f32_out,
                                atol=0.05 * np.abs(f32_out).max())
-    assert mxmp.update.dtype_name(w.dtype) == 'bfloat16'   # cast when the graph was built
+    assert mxmp._src.dtypes.dtype_name(w.dtype) == 'bfloat16'   # cast when the graph was built
 
 
 def test_export_files_load(tmp_path):
@@ -196,7 +196,7 @@ def test_bad_dtype_is_refused(tmp_path):
     with pytest.raises(ValueError, match='float16'):
         conv.save_parameters(str(tmp_path / 'x.params'), dtype='int8')
     conv.save_parameters(str(tmp_path / 'half.params'), dtype='bfloat16')
-    assert all(mxmp.update.dtype_name(v.dtype) == 'bfloat16'
+    assert all(mxmp._src.dtypes.dtype_name(v.dtype) == 'bfloat16'
                for v in nd.load(str(tmp_path / 'half.params')).values())
 
 

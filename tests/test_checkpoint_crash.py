@@ -64,8 +64,8 @@ def example():
 
 
 def build():
-    from mxmp.scaler import DynamicLossScaler
-    from mxmp.trainer import Trainer
+    from mxmp._src.scaling.scalers import DynamicLossScaler
+    from mxmp._src.training.trainer import Trainer
     with mx.name.NameManager():
         net = nn.HybridSequential(prefix='crash_')
         with net.name_scope():

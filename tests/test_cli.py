@@ -11,7 +11,7 @@ from mxnet import gluon
 from mxnet.gluon import nn
 
 import mxmp
-from mxmp.cli import main
+from mxmp._src.cli.main import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -66,7 +66,7 @@ def test_convert_emulated_model_loads_and_matches_float32(model, capsys, tmp_pat
     assert code == 0 and 'wrote' in stdout
     js = json.loads((tmp_path / 'emu-symbol.json').read_text())
     # bfloat16 rounding kept in the file (emulation rounds with elementwise nodes)
-    assert mxmp.graph.converted_dtype(mx.sym.load_json(json.dumps(js))) == 'bfloat16'
+    assert mxmp._src.graph.strip.converted_dtype(mx.sym.load_json(json.dumps(js))) == 'bfloat16'
     net = load(str(out))
     ref = model['net'](model['x']).asnumpy()
     got = net(model['x']).asnumpy()
@@ -81,7 +81,7 @@ def test_convert_cast_params_stores_low_precision_weights(model, capsys, tmp_pat
                            '--cast-params', '--out', out], capsys)
     assert code == 0
     params = mx.nd.load(str(tmp_path / 'bf16-0000.params'))
-    dtype = lambda k: mxmp.graph._dtype_name(params[k].dtype)  # noqa: E731
+    dtype = lambda k: mxmp._src.dtypes.dtype_name(params[k].dtype)  # noqa: E731
     assert dtype('arg:tiny_conv0_weight') == 'bfloat16'
     assert dtype('arg:tiny_dense0_weight') == 'bfloat16'
     assert dtype('arg:tiny_batchnorm0_gamma') == 'float32'
@@ -127,7 +127,7 @@ def pinned_model(tmp_path_factory):
     ref = y.bind(mx.cpu(), args=dict(params, data=x)).forward()[0].asnumpy()
     sym, args, aux = amp.convert_model(y, dict(params), {}, target_dtype='bfloat16',
                                        cast_optional_params=True)
-    assert all(mxmp.graph._dtype_name(v.dtype) == 'bfloat16' for v in args.values())
+    assert all(mxmp._src.dtypes.dtype_name(v.dtype) == 'bfloat16' for v in args.values())
     mx.model.save_checkpoint(str(d / 'amp'), 0, sym, args, aux)
     return {'dir': d, 'x': x, 'ref': ref}
 
@@ -146,7 +146,7 @@ def test_convert_keeps_pinned_parameters_in_their_dtype_so_plain_mxnet_binds(
     assert code == 0 and '4 parameter(s) stored in bfloat16' in stdout
     sym, args, aux = mx.model.load_checkpoint(str(out), 0)
     assert sorted(args) == ['fc1_bias', 'fc1_weight', 'fc2_bias', 'fc2_weight']
-    assert all(mxmp.graph._dtype_name(v.dtype) == 'bfloat16' for v in args.values())
+    assert all(mxmp._src.dtypes.dtype_name(v.dtype) == 'bfloat16' for v in args.values())
     x, ref = pinned_model['x'], pinned_model['ref']
     mod = mx.mod.Module(sym, data_names=['data'], label_names=None)
     mod.bind([('data', x.shape)], for_training=False)

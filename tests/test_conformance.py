@@ -1,4 +1,4 @@
-"""The kernel conformance suite (mxmp.conformance), its report and the policy built from it.
+"""The kernel conformance suite (mxmp._src.conformance), its report and the policy built from it.
 
 The suite runs in both modes: with oneDNN's bfloat16 kernels (avx512_bf16/AMX) every case runs
 the real converted graph; without them (or under DNNL_MAX_CPU_ISA=AVX2) the ops that need oneDNN
@@ -10,26 +10,27 @@ import os
 import pytest
 
 import mxmp
-from mxmp import conformance
-from mxmp.kernel_report import KernelReport, load_kernel_report, machine_info
-from mxmp.policy import FLOAT32, FOLLOW, LOW_PRECISION
+from mxmp._src.conformance.check import check_kernels
+from mxmp._src.conformance.run import tolerances
+from mxmp._src.policy.kernel_report import KernelReport, load_kernel_report, machine_info
+from mxmp._src.policy.policy import FLOAT32, FOLLOW, LOW_PRECISION
 
 REAL = mxmp.lp_kernels_available('bfloat16')
 needs_real = pytest.mark.skipif(not REAL, reason='no oneDNN bfloat16 kernels on this CPU '
                                 '(avx512_bf16/AMX); the emulated path is tested instead')
-FWD_TOL, BWD_TOL = conformance.tolerances('bfloat16')
+FWD_TOL, BWD_TOL = tolerances('bfloat16')
 
 
 @pytest.fixture(scope='module')
 def small_run():
     # one oneDNN op (Convolution: real or emulated), one generic-kernel op (relu), one binary
-    return conformance.check_kernels('bfloat16', ops=['Convolution', 'relu', 'elemwise_mul'],
+    return check_kernels('bfloat16', ops=['Convolution', 'relu', 'elemwise_mul'],
                                      seeds=(0,))
 
 
 def test_tolerances_come_from_the_epsilon():
-    assert conformance.tolerances('bfloat16') == (2 ** -7, 2 ** -6)
-    assert conformance.tolerances('float16') == (2 ** -10, 2 ** -9)
+    assert tolerances('bfloat16') == (2 ** -7, 2 ** -6)
+    assert tolerances('float16') == (2 ** -10, 2 ** -9)
 
 
 def test_a_few_ops_pass_in_both_cases_with_the_mode_this_machine_has(small_run):
@@ -59,7 +60,7 @@ def test_table_names_machine_and_every_case(small_run):
 
 def test_a_process_that_dies_fails_its_op_only_with_the_signal_named(monkeypatch):
     monkeypatch.setenv('MXMP_CONFORMANCE_FAULT', 'relu=SIGABRT')
-    report = conformance.check_kernels('bfloat16', ops=['relu', 'negative'], seeds=(0,), jobs=1)
+    report = check_kernels('bfloat16', ops=['relu', 'negative'], seeds=(0,), jobs=1)
     by_op = {}
     for r in report.rows:
         by_op.setdefault(r['op'], []).append(r['verdict'])
@@ -75,7 +76,7 @@ def test_bfloat16_transpose_at_a_realistic_size_is_caught_not_passed():
     # aborts with bfloat16 inputs, relative errors 1.2-1.6 with cast inputs). The lists keep it
     # float32; asking for it tests it as if it were low precision, as evidence for widening.
     # a corrupted heap sometimes hangs instead of aborting: stop it after 10 s (crash(hang))
-    report = conformance.check_kernels('bfloat16', ops=['transpose'], seeds=(0,), jobs=1,
+    report = check_kernels('bfloat16', ops=['transpose'], seeds=(0,), jobs=1,
                                        timeout=10)
     assert len(report.rows) == 4 and {r['class'] for r in report.rows} == {FLOAT32}
     kinds = [r['verdict'].split('(')[0] for r in report.rows]
@@ -84,7 +85,7 @@ def test_bfloat16_transpose_at_a_realistic_size_is_caught_not_passed():
 
 
 def test_ops_without_a_case_are_reported_not_tested():
-    report = conformance.check_kernels('bfloat16', ops=['_copyto', '_CrossDeviceCopy'])
+    report = check_kernels('bfloat16', ops=['_copyto', '_CrossDeviceCopy'])
     assert [r['verdict'] for r in report.rows] == ['not-tested', 'not-tested']
     assert 'type inference' in report.rows[0]['detail']
 
@@ -171,7 +172,7 @@ def test_a_report_cannot_set_another_target_dtype():
 
 
 def test_cli_prints_the_table_and_writes_a_loadable_report(tmp_path, capsys):
-    from mxmp.cli import main
+    from mxmp._src.cli.main import main
     out = str(tmp_path / 'r.json')
     assert main(['check-kernels', '--ops', 'negative', '--out', out, '--jobs', '1']) == 0
     text = capsys.readouterr().out
@@ -182,7 +183,7 @@ def test_cli_prints_the_table_and_writes_a_loadable_report(tmp_path, capsys):
 
 
 def test_cli_exit_code_4_when_an_op_fails(monkeypatch, capsys):
-    from mxmp.cli import main
+    from mxmp._src.cli.main import main
     monkeypatch.setenv('MXMP_CONFORMANCE_FAULT', 'negative=SIGSEGV')
     assert main(['check-kernels', '--ops', 'negative', '--jobs', '1']) == 4
     assert 'crash(SIGSEGV)' in capsys.readouterr().out
@@ -194,14 +195,14 @@ def test_cli_exit_code_4_when_an_op_fails(monkeypatch, capsys):
 @pytest.mark.real_kernels
 @needs_real
 def test_every_low_precision_follow_and_widest_type_op_is_sound_on_real_kernels():
-    report = conformance.check_kernels('bfloat16', jobs=2)
+    report = check_kernels('bfloat16', jobs=2)
     bad = [r for r in report.rows if r['verdict'] not in ('ok', 'not-tested')]
     assert not bad, report.table()
     assert all(r['mode'] == 'real' for r in report.rows if r['verdict'] == 'ok')
 
 
 def test_float16_runs_emulated_on_a_cpu():
-    report = conformance.check_kernels('float16', ops=['FullyConnected'], seeds=(0,), jobs=1)
+    report = check_kernels('float16', ops=['FullyConnected'], seeds=(0,), jobs=1)
     assert {r['mode'] for r in report.rows} == {'emulated'}
     assert all(r['verdict'] == 'ok' for r in report.rows), report.table()
     assert os.environ.get('MXMP_CONFORMANCE_FAULT') is None

@@ -1,4 +1,4 @@
-"""mxmp.cuda: finding and preloading the CUDA 11 libraries of the nvidia-*-cu11 pip packages.
+"""mxmp._src.cuda: finding and preloading the CUDA 11 libraries of the nvidia-*-cu11 pip packages.
 
 Everything is simulated: a temporary site-packages with empty files named like the real
 libraries, and an injected loader that records what it is asked to open (no dlopen of fakes).
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mxmp import cuda
+from mxmp._src import cuda
 
 
 def make_site_packages(root, skip=()):

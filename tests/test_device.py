@@ -5,7 +5,7 @@ from mxnet import gluon, nd
 from mxnet.contrib.amp.amp import bfloat16
 
 import mxmp
-from mxmp import device
+from mxmp._src import device
 
 
 @pytest.fixture

@@ -1,12 +1,12 @@
-"""mxmp.dtypes speaks MXNet's dtype names and enums; mxmp.errors.mxnet_error_line finds the
+"""mxmp._src.dtypes speaks MXNet's dtype names and enums; mxmp._src.errors.mxnet_error_line finds the
 reason in an MXNetError's text."""
 import mxnet as mx
 import numpy as np
 import pytest
 from mxnet.contrib.amp.amp import bfloat16
 
-from mxmp import dtypes
-from mxmp.errors import mxnet_error_line
+from mxmp._src import dtypes
+from mxmp._src.errors import mxnet_error_line
 
 
 @pytest.mark.parametrize('given, name', [

@@ -345,7 +345,7 @@ def test_emulated_float16_net_with_conv2dtranspose_trains_a_step_like_float32(se
     """In a subprocess: before EMULATE_FLOAT32 the child died in backward (SIGSEGV or
     "could not execute a primitive"). Measured over seeds 0-4: output error <= 0.00041,
     gradient error <= 0.00076; bounds are check-kernels' float16 tolerances 2**-10 and 2**-9."""
-    from mxmp.conformance_run import tolerances
+    from mxmp._src.conformance.run import tolerances
     proc = subprocess.run([sys.executable, '-c', DECONV_STEP, str(seed)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -6,7 +6,7 @@ import pytest
 from mxnet import autograd, gluon, nd
 
 import mxmp
-from mxmp.gluon import converted_graph
+from mxmp._src.gluon import converted_graph
 
 EMULATE = not mxmp.lp_kernels_available('bfloat16')
 #: the output dtype of a low-precision layer in the executed graph: emulation runs float32
@@ -42,7 +42,7 @@ def ops_in_dtype(sym, op, data_shapes):
         node = internals[name]
         _, types, _ = node.infer_type(**{k: np.float32 for k in data_shapes
                                          if k in node.list_arguments()})
-        out.append(mxmp.dtypes.dtype_name(types[0]))
+        out.append(mxmp._src.dtypes.dtype_name(types[0]))
     return out
 
 
@@ -69,7 +69,7 @@ def test_converted_resnet_output_is_float32_and_close_to_float32():
     np.testing.assert_allclose(got, ref, rtol=0.1, atol=0.05 * np.abs(ref).max())
     assert not np.array_equal(got, ref)
     assert set(ops_in_dtype(converted_graph(net), 'Convolution', ['data'])) == {LP}
-    assert mxmp.graph.converted_dtype(converted_graph(net)) == 'bfloat16'
+    assert mxmp._src.graph.strip.converted_dtype(converted_graph(net)) == 'bfloat16'
 
 
 @pytest.mark.parametrize('cast_params', [False, True])
@@ -128,7 +128,7 @@ def test_training_and_inference_graphs_both_run_in_bfloat16_with_their_own_outpu
     loss.backward()
     assert loss.shape == (2,) and scores.shape == (2, 4) and loss.dtype == np.float32
     assert ops_in_dtype(converted_graph(net), 'Convolution', ['data0', 'data1']) == [LP]
-    assert mxmp.graph.converted_dtype(converted_graph(net)) == 'bfloat16'
+    assert mxmp._src.graph.strip.converted_dtype(converted_graph(net)) == 'bfloat16'
     net.hybridize()          # the scripts clear the cache before validation
     out = net(x)
     assert out.shape == (2, 2) and out.dtype == np.float32
@@ -136,7 +136,7 @@ def test_training_and_inference_graphs_both_run_in_bfloat16_with_their_own_outpu
     net.set_top(3)           # a model method that clears the cache
     assert net(x).shape == (2, 3)
     assert ops_in_dtype(converted_graph(net), 'FullyConnected', ['data']) == [LP]
-    assert mxmp.graph.converted_dtype(converted_graph(net)) == 'bfloat16'
+    assert mxmp._src.graph.strip.converted_dtype(converted_graph(net)) == 'bfloat16'
 
 
 def test_a_converted_block_that_is_not_hybridized_raises_with_the_fix():
@@ -318,15 +318,15 @@ def test_emulate_auto_emulates_float16_on_cpu_and_says_so(caplog):
     with caplog.at_level('WARNING', logger='mxmp.gluon'):
         out = net(x)
     np.testing.assert_allclose(out.asnumpy(), ref, rtol=0.02, atol=0.01 * np.abs(ref).max())
-    assert mxmp.gluon.converted_graph(net) is not None
+    assert mxmp._src.gluon.converted_graph(net) is not None
     assert any('emulates float16' in r.getMessage() for r in caplog.records) or \
-        ('float16', 'cpu(0)') in mxmp.gluon_graph._EMULATION_SAID
+        ('float16', 'cpu(0)') in mxmp._src.gluon_graph._EMULATION_SAID
 
 
 def test_parameters_know_their_target_dtype_for_the_trainer():
     net = small_resnet()
     mxmp.convert(net, 'float16')
-    assert {mxmp.gluon.target_dtype_of(p) for p in net.collect_params().values()} == {'float16'}
+    assert {mxmp._src.gluon.target_dtype_of(p) for p in net.collect_params().values()} == {'float16'}
     trainer = mxmp.Trainer(net.collect_params(), 'sgd')
     assert trainer.loss_scaler.enabled  # float16: dynamic loss scaling by default
 
@@ -348,7 +348,7 @@ with autograd.record():
     y = net(x)
 y.backward()
 mx.nd.waitall()
-print(' '.join('%s=%s' % (n, mxmp.dtypes.dtype_name(p.dtype))
+print(' '.join('%s=%s' % (n, mxmp._src.dtypes.dtype_name(p.dtype))
                for n, p in sorted(net.collect_params().items())), y.dtype.__name__)
 '''
 
@@ -368,7 +368,7 @@ def test_a_network_cast_to_bfloat16_first_trains_deconvolution_with_a_float32_we
 
 
 def test_uninstall_puts_mxnets_methods_back_and_the_next_graph_is_float32():
-    from mxmp import gluon as hook
+    from mxmp._src import gluon as hook
     net = mxmp.convert(small_resnet(), 'bfloat16')
     x, _ = batch()
     net(x)

@@ -11,7 +11,7 @@ import pytest
 from mxnet import autograd, gluon, nd
 
 import mxmp
-from mxmp.trainer import Trainer
+from mxmp._src.training.trainer import Trainer
 
 
 def gpu_skip_reason(num_gpus=None):

@@ -8,7 +8,7 @@ import pytest
 from mxnet import nd
 
 import mxmp
-from mxmp.graph import MARK
+from mxmp._src.graph.symbol_json import MARK
 
 
 def nodes_of(sym):
@@ -49,7 +49,7 @@ def run(sym, args, aux=None, ctx=mx.cpu()):
 
 def infer_types(sym, **given):
     """{output or argument name: dtype name}, every untyped input taken as float32."""
-    from mxmp.graph import _infer_dtypes
+    from mxmp._src.graph.infer import infer_dtypes as _infer_dtypes
     js = json.loads(sym.tojson(remove_amp_cast=False))
     names = [n['name'] for n in js['nodes']]
     return {names[nid] if k == 0 else '%s:%d' % (names[nid], k): d
@@ -328,7 +328,7 @@ def test_conditional_float32_activation():
 
 
 def test_op_in_no_list_computes_in_float32_and_is_logged(caplog, monkeypatch):
-    from mxmp import policy as policy_module
+    from mxmp._src.policy import policy as policy_module
     policy = mxmp.Policy('bfloat16')
     # Pretend the op lists have never heard of Pooling (as for a custom op).
     classes = {k: v - {'Pooling'} for k, v in policy.classes.items()}
@@ -416,7 +416,7 @@ def test_emulated_split_whose_other_outputs_are_unused(dtype):
 def test_type_mismatch_names_the_op_and_its_list_not_a_cast(monkeypatch):
     # Pretend the pass no longer knows that BatchNorm's mean/var outputs stay float32: the check
     # must blame BatchNorm's op list and name BatchNorm, not a cast node the pass wrote.
-    monkeypatch.setattr(mxmp.graph.plan, '_MXNET_FLOAT32_OUTPUTS', {})
+    monkeypatch.setattr(mxmp._src.graph.plan, '_MXNET_FLOAT32_OUTPUTS', {})
     data = mx.sym.var('data')
     x = mx.sym.Convolution(data, kernel=(1, 1), num_filter=2, name='conv')
     bn = mx.sym.BatchNorm(x, output_mean_var=True, name='bn')

@@ -1,4 +1,4 @@
-"""Property-based tests of the graph pass (:mod:`mxmp.graph`) on random float32 DAGs.
+"""Property-based tests of the graph pass (:mod:`mxmp._src.graph`) on random float32 DAGs.
 
 A hypothesis strategy (:func:`graphs`) builds random ``mx.sym`` graphs from a broad op set
 (Convolution, FullyConnected, BatchNorm with and without ``output_mean_var``, Activation,
@@ -50,8 +50,8 @@ from hypothesis import strategies as st
 from mxnet import nd
 
 import mxmp
-from mxmp.graph import MARK, ROUND_MARK
-from mxmp.policy import FLOAT32, FOLLOW, LOSS_OUTPUT, LOW_PRECISION, WIDEST_TYPE
+from mxmp._src.graph.symbol_json import MARK, ROUND_MARK
+from mxmp._src.policy.policy import FLOAT32, FOLLOW, LOSS_OUTPUT, LOW_PRECISION, WIDEST_TYPE
 
 EXAMPLES = int(os.environ.get('MXMP_FUZZ_EXAMPLES', '200'))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

@@ -1,14 +1,11 @@
 """The graph package's layout: the one cast_params test, the parameter arrays that go with a
-converted graph, and the old import paths (``python -m mxmp.cli``: tests/test_cli.py)."""
+converted graph."""
 import mxnet as mx
 import numpy as np
 
 import mxmp
-import mxmp.casts
-import mxmp.cli
-import mxmp.graph
-from mxmp.dtypes import dtype_name
-from mxmp.graph import params, strip, symbol_json
+from mxmp._src.dtypes import dtype_name
+from mxmp._src.graph import params, strip, symbol_json
 from test_graph import conv_bn_relu_fc_softmax, nodes_of
 
 
@@ -36,16 +33,4 @@ def test_arrays_for_graph_cast_the_stored_parameters_only():
     assert {dtype_name(v.dtype) for v in back.values()} == {'float32'}
     assert back['bn_gamma'] is got['bn_gamma']   # float32 arrays are not copied
     np.testing.assert_array_equal(back['conv_weight'].asnumpy(), np.ones((8, 1, 3, 3)))
-
-
-def test_old_import_paths_give_the_new_objects():
-    assert mxmp.graph.convert_symbol is mxmp.convert_symbol
-    assert mxmp.casts.remove_casts is mxmp.graph.remove_casts is strip.remove_casts
-    assert mxmp.casts.cast_origin is mxmp.graph.cast_origin is symbol_json.cast_origin
-    assert mxmp.casts.MARK == mxmp.graph.MARK == '__mxmp__'
-    assert mxmp.casts._MSHADOW_ENUM == {'float16': '2', 'bfloat16': '12'}
-    assert mxmp.casts._FLOAT_ENUM == {'float32': '0', 'float64': '1', 'float16': '2',
-                                      'bfloat16': '12'}
-    for name in ('main', 'build_parser', 'CLIError', 'load_symbol', 'load_params'):
-        assert hasattr(mxmp.cli, name), name
 

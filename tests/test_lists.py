@@ -1,4 +1,4 @@
-"""Tests for mxmp.lists: the operator classes per target dtype.
+"""Tests for the op tables (mxmp/_src/policy/): the operator classes per target dtype.
 
 They pin down that every operator MXNet 1.9.1 registers is classified once per target dtype (or
 excluded by a documented rule), that the lists name real operators, attributes and input
@@ -12,6 +12,8 @@ import json
 import re
 from array import array
 
+import types
+
 import numpy as np
 import pytest
 
@@ -19,18 +21,19 @@ import mxnet as mx
 from mxnet.base import OpHandle, _LIB, c_array_buf, c_str, c_str_array, check_call, mx_uint, py_str
 from mxnet.contrib.amp.amp import bfloat16
 
-import mxmp.lists
-import mxmp.lists.bfloat16 as bf16_lists
-import mxmp.lists.float16 as fp16_lists
+import mxmp._src.policy.coverage
+import mxmp._src.policy.tables
+from mxmp._src.policy.tables import table
 
 # mx.nd.array checks for scipy's csr_matrix through a namespace newer scipy deprecates.
 pytestmark = pytest.mark.filterwarnings('ignore:Please use `csr_matrix`:DeprecationWarning')
 
-MODULES = {'float16': fp16_lists, 'bfloat16': bf16_lists}
+#: Each target dtype's merged op table (ops_shared.py + ops_<dtype>.py), as attributes.
+MODULES = {t: types.SimpleNamespace(**table(t)) for t in ('float16', 'bfloat16')}
 TARGETS = tuple(MODULES)
-CLASSES = mxmp.lists.OP_CLASSES
+CLASSES = mxmp._src.policy.tables.OP_CLASSES
 REGISTERED = sorted(mx.operator.get_all_registered_operators())
-CLASSIFIED = [name for name in REGISTERED if mxmp.lists.excluded_reason(name) is None]
+CLASSIFIED = [name for name in REGISTERED if mxmp._src.policy.coverage.excluded_reason(name) is None]
 MX_DTYPE_ENUM = {'float32': 0, 'float16': 2, 'int32': 4, 'bfloat16': 12}
 
 
@@ -114,7 +117,7 @@ def test_every_registered_op_is_classified_or_excluded_by_a_rule(target):
 @pytest.mark.parametrize('target', TARGETS)
 def test_excluded_ops_are_in_no_class(target):
     module = MODULES[target]
-    both = [name for name in REGISTERED if mxmp.lists.excluded_reason(name) is not None
+    both = [name for name in REGISTERED if mxmp._src.policy.coverage.excluded_reason(name) is not None
             and any(name in getattr(module, cls) for cls in CLASSES)]
     assert not both
 
@@ -148,10 +151,10 @@ def test_every_listed_name_is_a_registered_op(target):
 
 
 def test_each_exclusion_rule_matches_registered_ops():
-    for prefix, reason in mxmp.lists.EXCLUDED_PREFIXES:
+    for prefix, reason in mxmp._src.policy.coverage.EXCLUDED_PREFIXES:
         assert reason and any(name.startswith(prefix) for name in REGISTERED), prefix
-    counts = {prefix: sum(1 for n in REGISTERED if mxmp.lists.excluded_reason(n) == reason)
-              for prefix, reason in mxmp.lists.EXCLUDED_PREFIXES}
+    counts = {prefix: sum(1 for n in REGISTERED if mxmp._src.policy.coverage.excluded_reason(n) == reason)
+              for prefix, reason in mxmp._src.policy.coverage.EXCLUDED_PREFIXES}
     assert counts == {'_backward_': 265, '_contrib_backward_': 4, '_np_': 25, '_npi_': 207,
                       '_npx_': 54, 'amp_': 2}
 
@@ -161,8 +164,8 @@ def test_legacy_cumsum_is_classified_under_its_numpy_canonical_name():
     data = mx.sym.var('data')
     ops = [n['op'] for n in json.loads(mx.sym.cumsum(data).tojson())['nodes']]
     assert '_np_cumsum' in ops
-    assert mxmp.lists.excluded_reason('_np_cumsum') is None
-    assert mxmp.lists.excluded_reason('_np_sum') is not None
+    assert mxmp._src.policy.coverage.excluded_reason('_np_cumsum') is None
+    assert mxmp._src.policy.coverage.excluded_reason('_np_sum') is not None
     for target in TARGETS:
         assert _class_of(target, '_np_cumsum') == 'FLOAT32'
 
@@ -198,7 +201,7 @@ def test_conditional_rules_name_an_op_of_another_class_and_its_real_attr_values(
 
 def test_activation_softrelu_is_float32_for_both_targets():
     for target in TARGETS:
-        rule = mxmp.lists.classes_for(target)['CONDITIONAL_FLOAT32']['Activation']
+        rule = mxmp._src.policy.tables.classes_for(target)['CONDITIONAL_FLOAT32']['Activation']
         assert 'softrelu' in rule['act_type']
         assert 'relu' not in rule['act_type']
 
@@ -351,12 +354,12 @@ def test_batchnorm_runs_in_float16_with_float32_parameters_on_cpu():
 
 
 def test_classes_for_returns_frozensets_and_rejects_other_dtypes():
-    classes = mxmp.lists.classes_for('bfloat16')
-    assert classes['FOLLOW'] == frozenset(bf16_lists.FOLLOW)
+    classes = mxmp._src.policy.tables.classes_for('bfloat16')
+    assert classes['FOLLOW'] == frozenset(MODULES['bfloat16'].FOLLOW)
     assert classes['CONDITIONAL_FLOAT32']['Pooling'] == {'pool_type': frozenset({'lp', 'sum'})}
     assert classes['INDEX_INPUTS']['take'] == (1,)
     with pytest.raises(ValueError, match='float16.*bfloat16'):
-        mxmp.lists.classes_for('float32')
+        mxmp._src.policy.tables.classes_for('float32')
 
 
 # ----------------------------------------------------------------------------------------------

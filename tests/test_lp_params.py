@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import mxmp
-from mxmp import conformance
-from mxmp.dtypes import MSHADOW_ENUM
-from mxmp.graph.params import arrays_for_graph
-from mxmp.graph.symbol_json import MARK, float32_param_names
+from mxmp._src.conformance.check import check_kernels
+from mxmp._src.dtypes import MSHADOW_ENUM
+from mxmp._src.graph.params import arrays_for_graph
+from mxmp._src.graph.symbol_json import MARK, float32_param_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,8 +97,8 @@ def test_batchnorm_statistics_in_low_precision_stay_auxiliary_states():
 _TRAIN = textwrap.dedent('''
     import sys, json
     import numpy as np, mxnet as mx, mxmp
-    from mxmp.dtypes import MSHADOW_ENUM, mx_dtype
-    from mxmp.graph.params import arrays_for_graph
+    from mxmp._src.dtypes import MSHADOW_ENUM, mx_dtype
+    from mxmp._src.graph.params import arrays_for_graph
     sys.path.insert(0, sys.argv[1])
     from tests.test_lp_params import deconv_graph
     lp, emulate = 'bfloat16', not mxmp.lp_kernels_available('bfloat16')
@@ -141,7 +141,7 @@ def test_training_a_deconvolution_with_a_bfloat16_weight_does_not_crash():
 
 
 def test_conformance_runs_ops_with_low_precision_parameters():
-    report = conformance.check_kernels('bfloat16', ops=['Deconvolution', 'BatchNorm'],
+    report = check_kernels('bfloat16', ops=['Deconvolution', 'BatchNorm'],
                                        seeds=(0,), jobs=1, cases=['lp-params'])
     rows = [(r['op'], r['variant'], r['case'], r['class'], r['verdict']) for r in report.rows]
     assert rows == [
@@ -156,12 +156,12 @@ def test_conformance_runs_ops_with_low_precision_parameters():
 
 def test_cases_argument_is_checked():
     with pytest.raises(ValueError, match='lp-params'):
-        conformance.check_kernels('bfloat16', ops=['relu'], cases=['lp-weights'])
+        check_kernels('bfloat16', ops=['relu'], cases=['lp-weights'])
 
 
 def test_arrays_for_graph_gives_float32_for_a_re_stored_parameter():
     out = mxmp.convert_symbol(deconv_graph('bfloat16', bias=False), 'bfloat16')
     arrays = {'deconv_weight': mx.nd.amp_cast(mx.nd.ones((8, 4, 4, 4)),
-                                              dtype=mxmp.dtypes.mx_dtype('bfloat16'))}
+                                              dtype=mxmp._src.dtypes.mx_dtype('bfloat16'))}
     assert np.dtype(arrays_for_graph(out, arrays, 'bfloat16')['deconv_weight'].dtype) == \
         np.float32

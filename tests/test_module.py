@@ -1,4 +1,4 @@
-"""Tests of mxmp.module: the mixed-precision Symbolic Module and its loss-scale node.
+"""Tests of mxmp._src.module: the mixed-precision Symbolic Module and its loss-scale node.
 
 CPU only. oneDNN's bfloat16 kernels need AVX-512 and MXNet has no float16 GEMM on CPU, so the
 low-precision Modules here run with ``emulate=True`` (the same mixed-precision graph, float32
@@ -14,11 +14,12 @@ import mxnet as mx
 from mxnet import nd
 
 import mxmp
-from mxmp.bucketing import BucketingModule
-from mxmp.module import (HEAD_GRADIENT_LOSS_OPS, LOSS_SCALE_NAME, Module,
-                         insert_loss_scale)
-from mxmp.policy import LOSS_OUTPUT
-from mxmp.scaler import DynamicLossScaler, StaticLossScaler
+from mxmp._src.training.bucketing import BucketingModule
+from mxmp._src.graph.loss_heads import (HEAD_GRADIENT_LOSS_OPS, LOSS_SCALE_NAME,
+    insert_loss_scale)
+from mxmp._src.training.module import Module
+from mxmp._src.policy.policy import LOSS_OUTPUT
+from mxmp._src.scaling.scalers import DynamicLossScaler, StaticLossScaler
 
 EMULATE = not mxmp.lp_kernels_available('bfloat16')
 BATCH, FEATURES, CLASSES = 32, 12, 4

@@ -15,9 +15,9 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
 import mxmp
-from mxmp.scaler import DynamicLossScaler
-from mxmp.trainer import Trainer
-from mxmp.update import LossScaleAtFloorError, NonFiniteForwardWarning
+from mxmp._src.scaling.scalers import DynamicLossScaler
+from mxmp._src.training.trainer import Trainer
+from mxmp._src.errors import LossScaleAtFloorError, NonFiniteForwardWarning
 
 from test_trainer import CastDense, LP_DTYPES, f32, optimizer_state, set_random_params
 import test_module as tm

@@ -13,8 +13,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / 'mxmp'
 #: Operator tables: data, one op per line with its reason, long by nature.
-OP_TABLES = ('mxmp/policy/ops_shared.py', 'mxmp/policy/ops_float16.py',
-             'mxmp/policy/ops_bfloat16.py')
+OP_TABLES = ('mxmp/_src/policy/ops_shared.py', 'mxmp/_src/policy/ops_float16.py',
+             'mxmp/_src/policy/ops_bfloat16.py')
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 300
 
@@ -120,27 +120,8 @@ def test_every_name_in_the_readme_api_table_imports_from_where_the_readme_says()
     assert not missing, missing
 
 
-@pytest.mark.parametrize('old, names', [
-    ('mxmp.update', ['LossScaleAtFloorError', 'NonFiniteForwardWarning', 'save_atomic',
-                     'write_atomic', 'all_finite', 'MasterWeights', 'dtype_name']),
-    ('mxmp.policy', ['Policy', 'normalize_dtype', 'AmpListConflict']),
-    ('mxmp.scaler', ['DynamicLossScaler', 'make_loss_scaler']),
-    ('mxmp.trainer', ['Trainer']),
-    ('mxmp.module', ['Module']),
-    ('mxmp.graph', ['convert_symbol', 'remove_casts', 'explain']),
-    ('mxmp.cli', ['main', 'build_parser', 'CLIError']),
-])
-def test_old_import_paths_give_the_same_objects_as_the_package(old, names):
-    import mxmp
-    module = importlib.import_module(old)
-    for name in names:
-        obj = getattr(module, name)
-        if hasattr(mxmp, name):
-            assert obj is getattr(mxmp, name), (old, name)
-
-
 def test_every_exception_is_defined_in_errors():
-    import mxmp.errors
+    import mxmp._src.errors
     defined = []
     for path in _modules():
         for node in ast.parse(path.read_text()).body:
@@ -149,7 +130,7 @@ def test_every_exception_is_defined_in_errors():
                     for b in node.bases):
                 defined.append('%s.%s' % (_dotted(path), node.name))
     # CudaLibrariesNotFound stays beside the library table its message is made of
-    # (mxmp.cuda runs before MXNet loads); mxmp.errors re-exports it.
-    assert sorted(defined) == ['mxmp.cuda.CudaLibrariesNotFound'] + sorted(
-        'mxmp.errors.%s' % n for n in mxmp.errors.__all__
+    # (mxmp._src.cuda runs before MXNet loads); mxmp._src.errors re-exports it.
+    assert sorted(defined) == ['mxmp._src.cuda.CudaLibrariesNotFound'] + sorted(
+        'mxmp._src.errors.%s' % n for n in mxmp._src.errors.__all__
         if n not in ('mxnet_error_line', 'CudaLibrariesNotFound')), defined

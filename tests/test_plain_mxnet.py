@@ -16,7 +16,7 @@ from mxnet.gluon import nn
 
 import mxmp
 from mxmp import amp
-from mxmp.cli import main
+from mxmp._src.cli.main import main
 
 SHAPE = (4, 3, 8, 8)
 REAL = mxmp.lp_kernels_available('bfloat16')
@@ -122,7 +122,7 @@ def test_convert_symbol_output_binds_in_module_checkpoint_and_symbolblock(tmp_pa
     _, args, aux = amp.convert_model(sym, args, aux, 'bfloat16',
                                      cast_optional_params=cast_params)
     if cast_params:
-        assert mxmp.graph._dtype_name(args['conv_weight'].dtype) == 'bfloat16'
+        assert mxmp._src.dtypes.dtype_name(args['conv_weight'].dtype) == 'bfloat16'
     close_to_float32(run_module(out, args, aux), ref)
     save(str(tmp_path / 'mp'), out, args, aux)
     close_to_float32(run_checkpoint(str(tmp_path / 'mp')), ref)

@@ -4,7 +4,8 @@ import pytest
 from mxnet.contrib.amp.amp import bfloat16
 
 import mxmp
-from mxmp.policy import FLOAT32, LOW_PRECISION, normalize_dtype
+from mxmp._src.policy.policy import FLOAT32, LOW_PRECISION
+from mxmp._src.dtypes import normalize_dtype
 
 
 @pytest.mark.parametrize('spelling, name', [('float16', 'float16'), ('BFloat16', 'bfloat16'),

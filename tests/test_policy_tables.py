@@ -1,7 +1,7 @@
 """mxmp/policy/ops_*.py: shared ops once, each dtype's module holds only real differences."""
 import pytest
 
-from mxmp.policy import ops_bfloat16, ops_float16, ops_shared, tables
+from mxmp._src.policy import ops_bfloat16, ops_float16, ops_shared, tables
 
 DIFFS = {'float16': ops_float16, 'bfloat16': ops_bfloat16}
 

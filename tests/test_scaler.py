@@ -1,4 +1,4 @@
-"""Tests of mxmp.scaler: the loss scaler values and their rules."""
+"""Tests of mxmp._src.scaler: the loss scaler values and their rules."""
 import json
 import math
 
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from mxnet.contrib.amp.amp import bfloat16
 
-from mxmp.scaler import (DEFAULT_STATIC_SCALE, DynamicLossScaler, LossScaler, NoOpLossScaler,
-                         StaticLossScaler, make_loss_scaler)
+from mxmp._src.scaling.scalers import (DEFAULT_STATIC_SCALE, DynamicLossScaler, LossScaler,
+    NoOpLossScaler, StaticLossScaler, make_loss_scaler)
 
 
 def run(scaler, finites):

@@ -1,6 +1,6 @@
 """PyTorch GradScaler habits: one loss scaler shared by several Trainers; nested loss lists.
 
-Semantics under test (mxmp.shared_scale, after torch/amp/grad_scaler.py): Trainers given the
+Semantics under test (mxmp._src.shared_scale, after torch/amp/grad_scaler.py): Trainers given the
 same LossScaler object use one scale; each skips only its own update when its gradients
 overflow; the scale changes once per iteration, after every Trainer of the group stepped.
 """
@@ -12,7 +12,7 @@ import pytest
 from mxnet import autograd, gluon, nd
 
 import mxmp
-from mxmp.scaler import DynamicLossScaler, flatten_losses
+from mxmp._src.scaling.scalers import DynamicLossScaler, flatten_losses
 
 
 def dense(seed):

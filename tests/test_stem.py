@@ -1,4 +1,4 @@
-"""mxmp.graph.stem: the stem convolution zero-padded to an even channel count, in the graph.
+"""mxmp._src.graph.stem: the stem convolution zero-padded to an even channel count, in the graph.
 
 The transform is dtype-independent: its structure and numerics are checked in float32 on any
 machine; the converted-block option (``mxmp.convert(pad_stem=...)``) in emulated bfloat16 on
@@ -15,7 +15,7 @@ import pytest
 from mxnet import autograd, gluon
 
 import mxmp
-from mxmp.graph.stem import STEM_MARK, pad_stem, padded_convolutions, stem_convolutions
+from mxmp._src.graph.stem import STEM_MARK, pad_stem, padded_convolutions, stem_convolutions
 
 SHAPE = (4, 3, 10, 10)
 
@@ -190,11 +190,11 @@ def test_auto_pads_with_real_bfloat16_kernels_within_bfloat16_tolerance(cast_par
     np.testing.assert_allclose(out, ref_out, rtol=1e-2, atol=1e-2)
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-2, atol=1e-2)
     # inference: fused by default here, from the padded graph also when the fused graph is
-    # its own (cast_params=False: target-dtype weight copies, mxmp.fusion)
+    # its own (cast_params=False: target-dtype weight copies, mxmp._src.fusion)
     np.testing.assert_allclose(block(x).asnumpy(), plain(x).asnumpy(), rtol=1e-2, atol=1e-2)
-    assert mxmp.gluon.fused_graph(block) is not None
-    assert padded_convolutions(mxmp.gluon.fused_graph(block)) == ['net_conv0_fwd']
-    assert padded_convolutions(mxmp.gluon.fused_graph(plain)) == []
+    assert mxmp._src.gluon.fused_graph(block) is not None
+    assert padded_convolutions(mxmp._src.gluon.fused_graph(block)) == ['net_conv0_fwd']
+    assert padded_convolutions(mxmp._src.gluon.fused_graph(plain)) == []
 
 
 _LOAD_PLAIN = r'''

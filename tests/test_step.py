@@ -1,4 +1,4 @@
-"""The one training step (mxmp.training.step) and the pieces laid out around it ."""
+"""The one training step (mxmp._src.training.step) and the pieces laid out around it ."""
 import pathlib
 import re
 
@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from mxnet import autograd, nd
 
-from mxmp.distributed.broadcast import broadcast_from_root
-from mxmp.distributed.exchange import CastBuffers, bytes_per_step, exchange_dtype
-from mxmp.dtypes import dtype_name, mx_dtype
-from mxmp.scaling.scalers import (DynamicLossScaler, NoOpLossScaler, StaticLossScaler,
-                                  from_state_dict)
-from mxmp.training.master_weights import device_update
-from mxmp.training.step import Stage, Step, apply_update
+from mxmp._src.distributed.broadcast import broadcast_from_root
+from mxmp._src.distributed.exchange import CastBuffers, bytes_per_step, exchange_dtype
+from mxmp._src.dtypes import dtype_name, mx_dtype
+from mxmp._src.scaling.scalers import (DynamicLossScaler, NoOpLossScaler, StaticLossScaler,
+    from_state_dict)
+from mxmp._src.training.master_weights import device_update
+from mxmp._src.training.step import Stage, Step, apply_update
 
 MXMP = pathlib.Path(__file__).resolve().parent.parent / 'mxmp'
 

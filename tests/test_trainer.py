@@ -1,4 +1,4 @@
-"""Tests of mxmp.trainer.Trainer: loss scaling, overflow skipping, master weights, checkpoints.
+"""Tests of mxmp._src.training.trainer.Trainer: loss scaling, overflow skipping, master weights, checkpoints.
 
 CPU only. float16/bfloat16 matrix products do not run on every CPU (MXNet 1.9.1 has no float16
 GEMM on CPU; oneDNN's bfloat16 kernels need AVX-512), so the low-precision networks here store
@@ -15,8 +15,8 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 from mxnet.contrib.amp.amp import bfloat16
 
-from mxmp.scaler import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
-from mxmp.trainer import Trainer
+from mxmp._src.scaling.scalers import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
+from mxmp._src.training.trainer import Trainer
 
 LP_DTYPES = {'float16': np.float16, 'bfloat16': bfloat16}
 #: Significand bits (with the implicit one) of the low-precision dtypes: a value m in

@@ -7,7 +7,7 @@ import pytest
 from mxnet import autograd, gluon
 
 import mxmp
-from mxmp.training.updater import Updater, runs_single_array
+from mxmp._src.training.updater import Updater, runs_single_array
 
 SHAPES = [(8, 3, 3, 3), (8,), (16, 8, 1, 1), (10, 64), (10,)]
 

@@ -1,6 +1,6 @@
 """``python -m mxmp.cli``: the ``mxmp`` command."""
 import sys
 
-from . import main
+from .._src.cli.main import main
 
 sys.exit(main())

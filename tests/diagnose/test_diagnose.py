@@ -1,4 +1,4 @@
-"""mxmp.diagnose: per-layer numerics report (planted problems, references, loss scale)."""
+"""mxmp._src.diagnose: per-layer numerics report (planted problems, references, loss scale)."""
 import json
 import math
 
@@ -8,7 +8,9 @@ import pytest
 from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
-from mxmp.diagnose import BFLOAT16, FLOAT16, NumericsReport, TensorStats, diagnose
+from mxmp._src.diagnose.stats import BFLOAT16, FLOAT16, TensorStats
+from mxmp._src.diagnose.report import NumericsReport
+from mxmp._src.diagnose.capture import diagnose
 
 TINY, BIG = 'net_tinyblock_tiny_fwd', 'net_big_fwd'
 

@@ -3,7 +3,7 @@
 ``symbol_fp16`` and ``symbol_bf16`` hold contrib.amp's module-level names (``FP16_FUNCS`` /
 ``BF16_FUNCS``, ``FP16_FP32_FUNCS`` / ``BF16_FP32_FUNCS``, ``FP32_FUNCS``,
 ``WIDEST_TYPE_CASTS``, ``CONDITIONAL_FP32_FUNCS``, ``LOSS_OUTPUT_FUNCTIONS``), derived from
-mxmp's own classes (``mxmp/policy/ops_*.py``, :mod:`mxmp.policy.tables`), not copied from
+mxmp's own classes (``mxmp/policy/ops_*.py``, :mod:`mxmp._src.policy.tables`), not copied from
 contrib.amp. So the membership is mxmp's (e.g. bfloat16's shape and gather ops follow their
 inputs here; contrib.amp casts them to float32), and the shape is contrib.amp's:
 
@@ -13,9 +13,9 @@ inputs here; contrib.amp casts them to float32), and the shape is contrib.amp's:
 * ``FP32_FUNCS`` includes the loss outputs, which ``LOSS_OUTPUT_FUNCTIONS`` lists again, as in
   contrib.amp.
 """
-from ...dtypes import normalize_dtype
+from ..._src.dtypes import normalize_dtype
 from . import symbol_bf16, symbol_fp16
-from .names import contrib_lists, module_names
+from ..._src.amp.names import contrib_lists, module_names
 
 __all__ = ['contrib_lists', 'module_names', 'symbol_fp16', 'symbol_bf16', 'list_lp16_ops',
            'list_fp32_ops', 'list_lp16_fp32_ops', 'list_widest_type_cast',

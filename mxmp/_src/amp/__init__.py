@@ -1,0 +1,1 @@
+"""contrib.amp's API on mxmp (the public face is :mod:`mxmp.amp`)."""

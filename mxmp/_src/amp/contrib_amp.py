@@ -1,0 +1,331 @@
+"""``mxnet.contrib.amp``'s API on top of mxmp (the implementation of :mod:`mxmp.amp`).
+
+::
+
+    from mxnet.contrib import amp        ->      from mxmp import amp
+
+The names and signatures are those of ``mxnet/contrib/amp/amp.py`` in MXNet 1.9.1: ``init``,
+``init_trainer``, ``scale_loss``, ``unscale``, ``convert_symbol``, ``convert_model``,
+``convert_hybrid_block``, ``list_lp16_ops``, ``list_fp32_ops``, ``list_lp16_fp32_ops``,
+``list_widest_type_cast``, ``list_conditional_fp32_ops``, ``list_loss_output_functions``.
+They are built on mxmp's graph pass (:func:`mxmp.convert_symbol`, :func:`mxmp.convert`), its
+:class:`mxmp.Policy`, its loss scalers (:mod:`mxmp._src.scaling.scalers`) and its training step
+(:mod:`mxmp._src.training.step`).
+
+What differs from contrib.amp, and why (each function's docstring says more):
+
+* ``init()`` is a **process-wide switch**, as contrib.amp's is: every Gluon HybridBlock whose
+  graph is built afterwards (hybridized, then called) computes in mixed precision through
+  mxmp's pass, in training and in inference, with no convert call. It does not patch MXNet's
+  operators (contrib.amp replaces ``mx.sym.*``/``mx.nd.*`` functions, which breaks
+  ``mx.sym.arange``, ``mx.sym.random.*`` and imperative code that mixes the outputs of patched
+  layers with float32 tensors, such as GluonCV YOLO3's target generator): it hooks where Gluon
+  builds a block's graph (:mod:`mxmp._src.gluon`). Imperative calls of blocks that are not
+  hybridized run in float32, and mxmp warns once with the fix (``net.hybridize()``).
+  It may run before or after the network is built; :func:`disable` turns it off.
+  ``mxmp.convert(net)`` is the per-network alternative.
+* Where the context has no kernels for the target dtype (bfloat16 on a CPU without AVX-512
+  oneDNN kernels, float16 on any CPU) the networks **emulate** its numerics with float32
+  kernels, and say so once in a warning.
+* The op lists are mxmp's (``amp.lists.symbol_fp16`` / ``symbol_bf16`` hold them under
+  contrib.amp's names; every op is in one list). The convert calls treat their list arguments
+  as contrib.amp does: ``target_dtype_ops``, ``fp32_ops`` and ``conditional_fp32_ops``
+  *replace* the default lists, an op left out of every list runs in its data's dtype with its
+  parameters stored in that dtype, and an op in two lists raises :class:`AmpListConflict`
+  (a ValueError and an AssertionError). The lists given to :func:`init` *add to* the
+  defaults. mxmp's native :class:`mxmp.Policy` adds and moves (``lp_ops``/``fp32_ops``).
+* Loss scaling follows mxmp's defaults: dynamic for float16 (start 2**16, x2 after 2000 finite
+  steps, /2 and skip on overflow), none for bfloat16 (float32's exponent range; contrib.amp
+  scales bfloat16 too). The overflow check covers every device, not only the first.
+* The loss-output functions (``SoftmaxOutput``, ...) are not wrapped to scale their gradient:
+  for the Symbolic Module use ``mxmp.Module``.
+* ``convert_bucketing_module`` and ``list_lp16_use_fp32_params`` are not offered.
+"""
+import contextlib
+import dataclasses
+import logging
+from typing import Optional, Tuple
+
+from mxnet import autograd
+
+from ..dtypes import normalize_dtype
+from ..policy.policy import conditional_rules
+from ..scaling.scalers import make_loss_scaler, scale_losses
+from ..training.step import Step, param_grads
+
+__all__ = ['init', 'disable', 'init_trainer', 'scale_loss', 'unscale']
+
+logger = logging.getLogger('mxmp.amp')
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """What :func:`init` recorded: defaults of the convert calls."""
+    target_dtype: Optional[str] = None
+    lp_ops: Tuple[str, ...] = ()
+    fp32_ops: Tuple[str, ...] = ()
+    conditional_fp32_ops: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = ()
+
+
+_CONFIG = _Config()
+
+
+def _dtype(target_dtype):
+    if target_dtype is None:
+        target_dtype = _CONFIG.target_dtype or 'float16'
+    return normalize_dtype(target_dtype)
+
+
+def _names(value, what):
+    if value is None:
+        return ()
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise ValueError('%s must be a list of operator names, got %r' % (what, value))
+    return tuple(value)
+
+
+def _conditional(value):
+    """contrib.amp's ``conditional_fp32_ops`` as the policy's rules, in the given order."""
+    return () if value is None else conditional_rules(value, 'conditional_fp32_ops', tuple)
+
+
+def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names,
+            emulate=False):
+    """The mxmp Policy of a convert call (:func:`mxmp._src.amp.convert_policy.policy_for`)."""
+    from .convert_policy import policy_for
+    if excluded_sym_names is not None and (isinstance(excluded_sym_names, str) or
+                                           not isinstance(excluded_sym_names, (list, tuple,
+                                                                               set))):
+        raise ValueError('excluded_sym_names must be a list of node names, got %r'
+                         % (excluded_sym_names,))
+    return policy_for(
+        _dtype(target_dtype),
+        None if target_dtype_ops is None else _names(target_dtype_ops, 'target_dtype_ops'),
+        None if fp32_ops is None else _names(fp32_ops, 'fp32_ops'),
+        None if conditional_fp32_ops is None else _conditional(conditional_fp32_ops),
+        excluded_names=set(excluded_sym_names or ()), emulate=emulate,
+        init_lp=_CONFIG.lp_ops, init_fp32=_CONFIG.fp32_ops,
+        init_conditional=_CONFIG.conditional_fp32_ops)
+
+
+def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops=None,
+         fp32_ops=None):
+    """Switch mixed precision on for every Gluon network built or hybridized afterwards.
+
+    Same signature as ``mxnet.contrib.amp.init``, and like it a process-wide switch: every
+    HybridBlock (not SymbolBlocks) whose graph MXNet builds from now on -- at its first
+    hybridized call and after every cache clear (``hybridize()``, ``set_nms()``...) -- runs
+    mxmp's pass with this dtype and these op lists, in training and inference; outputs are
+    float32. Then train as with contrib.amp: :func:`init_trainer`, :func:`scale_loss`,
+    ``trainer.step``. Unlike contrib.amp no operator function is replaced, so ``mx.sym.*``
+    and imperative ``mx.nd`` code keep working, and it may run before or after the network is
+    built; a graph already built keeps its precision until its cache is cleared. A block that
+    is not hybridized runs imperatively in float32 (warned once: hybridize it). Calling
+    ``init`` again replaces the settings; :func:`disable` turns the switch off. The settings
+    are also the defaults of the ``convert_*`` calls. Where the context has no kernels for
+    the target dtype the networks emulate its numerics (warned once). Networks converted
+    with :func:`mxmp.convert` keep their own settings.
+
+    Args:
+        target_dtype: ``'float16'`` or ``'bfloat16'`` (or ``numpy.float16`` /
+            ``mxnet.contrib.amp.amp.bfloat16``).
+        target_precision_ops (list of str): ops to run in the target dtype, added to mxmp's
+            low-precision list (``Policy(lp_ops=...)``).
+        conditional_fp32_ops (list of (str, str, list of str)): ``(op, attribute, values)``:
+            nodes of that op whose attribute has one of the values stay float32.
+        fp32_ops (list of str): ops to keep in float32 (``Policy(fp32_ops=...)``).
+
+    Raises:
+        ValueError: unknown dtype or malformed lists (contrib.amp asserts instead).
+    """
+    global _CONFIG  # pylint: disable=global-statement
+    from ..gluon import Conversion, set_global
+    config = _Config(_dtype(target_dtype), _names(target_precision_ops, 'target_precision_ops'),
+                     _names(fp32_ops, 'fp32_ops'), _conditional(conditional_fp32_ops))
+    _CONFIG = config
+    set_global(Conversion(_policy(config.target_dtype, None, None, None, None)))
+    logger.info('mxmp.amp: mixed precision (%s) on for Gluon graphs built from now on',
+                config.target_dtype)
+
+
+def disable():
+    """Turn :func:`init`'s switch off: graphs built afterwards are float32 (mxmp only).
+
+    Graphs already built keep their precision until their cache is cleared (``hybridize()``).
+    The convert calls' defaults go back to contrib.amp's (float16, default lists).
+    """
+    global _CONFIG  # pylint: disable=global-statement
+    from ..gluon import set_global
+    _CONFIG = _Config()
+    set_global(None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss scaling with a gluon.Trainer
+# ---------------------------------------------------------------------------------------------
+class _TrainerLossScaler(Step):
+    """The object :func:`init_trainer` puts in ``trainer._amp_loss_scaler``.
+
+    ``gluon.Trainer._update`` (MXNet 1.9.1, ``python/mxnet/gluon/trainer.py``) reads that
+    attribute and skips the update when ``has_overflow(params)`` is True; this is the hook
+    contrib.amp uses, and the only thing mxmp attaches. It is the training step
+    (:class:`mxmp._src.training.step.Step`: ``scaler``, ``skipped_steps``, its check and its end)
+    with gluon running the optimizer; the scale itself is an immutable
+    :class:`mxmp.LossScaler`, replaced after every check.
+
+    Args:
+        scaler (mxmp.LossScaler): the starting loss scaler.
+    """
+
+    @property
+    def loss_scale(self):
+        """float: the current loss scale (1.0 when scaling is off)."""
+        return float(self.scaler.scale) if self.scaler.enabled else 1.0
+
+    def has_overflow(self, params):
+        """True (skip the step) if a gradient on any device is inf/NaN; adjusts the scale.
+
+        Static and disabled scalers never check (as :class:`mxmp.Trainer`).
+        """
+        per_device = {}
+        for param in params:
+            for k, grad in enumerate(param_grads([param])):
+                per_device.setdefault(k, []).append(grad)
+        with autograd.pause():
+            finite = self.check(list(per_device.values()))
+        self.end(finite)
+        if not finite:
+            logger.info('mxmp.amp: overflow, step skipped; loss scale now %g', self.loss_scale)
+        return not finite
+
+
+def _is_mxmp_trainer(obj):
+    from ..training.trainer import Trainer
+    return isinstance(obj, Trainer)
+
+
+def _check_trainer(optimizer_or_trainer):
+    from mxnet import gluon, optimizer
+    if isinstance(optimizer_or_trainer, gluon.Trainer):
+        return
+    if isinstance(optimizer_or_trainer, optimizer.Optimizer):
+        raise TypeError('mxmp.amp works with a gluon.Trainer (or mxmp.Trainer), not a bare '
+                        'Optimizer (as contrib.amp); for the Symbolic Module use mxmp.Module')
+    raise TypeError('optimizer_or_trainer must be a gluon.Trainer or mxmp.Trainer, got %s'
+                    % type(optimizer_or_trainer).__name__)
+
+
+def init_trainer(optimizer_or_trainer):
+    """Set up loss scaling on a Trainer.
+
+    Same signature as ``mxnet.contrib.amp.init_trainer``.
+
+    * ``mxmp.Trainer``: nothing to do; it scales, checks and skips by itself (its
+      ``loss_scaler`` argument chooses the scaling). Recommended: it also keeps float32 master
+      weights, which a Trainer over bfloat16 Parameters needs (``cast_optional_params=True``).
+    * ``gluon.Trainer``: a loss scaler is attached as ``trainer._amp_loss_scaler``, the
+      attribute that ``gluon.Trainer`` itself checks before every update (MXNet 1.9.1
+      ``gluon/trainer.py``, ``_update``): a step whose gradients hold inf/NaN on any device is
+      skipped and the scale backs off. No method is replaced. Scaling is dynamic for float16
+      and off for bfloat16 (the dtype recorded by :func:`init`, else the target dtype
+      of the network :func:`convert_hybrid_block` converted, else float16).
+      If the Trainer left ``update_on_kvstore`` to MXNet, it is set to False (the update must
+      come after the check, as in mxmp.Trainer); an explicit ``update_on_kvstore=True`` is an
+      error. The optimizer must support the Parameters' dtype (MXNet's optimizers fail on
+      bfloat16 weights: use mxmp.Trainer with ``cast_optional_params=True``).
+
+    Raises:
+        TypeError: not a Trainer (a bare Optimizer is refused, as in contrib.amp).
+        ValueError: the Trainer updates on the kvstore.
+    """
+    _check_trainer(optimizer_or_trainer)
+    trainer = optimizer_or_trainer
+    if _is_mxmp_trainer(trainer):
+        return
+    config = getattr(trainer, '_kvstore_params', {})
+    if config.get('update_on_kvstore') or (trainer._kv_initialized and
+                                           trainer._update_on_kvstore):
+        raise ValueError('mxmp.amp cannot skip overflowing steps of a Trainer that updates on '
+                         'the kvstore: create it with update_on_kvstore=False')
+    if 'update_on_kvstore' in config and config['update_on_kvstore'] is None:
+        config['update_on_kvstore'] = False
+    dtype = _CONFIG.target_dtype
+    if dtype is None:
+        from ..gluon import target_dtype_of
+        marks = {target_dtype_of(p) for p in trainer._params}
+        dtype = 'float16' if 'float16' in marks else ('bfloat16' if 'bfloat16' in marks
+                                                       else 'float16')
+    trainer._amp_loss_scaler = _TrainerLossScaler(make_loss_scaler(None, dtype))
+    trainer._amp_original_scale = trainer._scale
+
+
+@contextlib.contextmanager
+def scale_loss(loss, optimizer_or_trainer):
+    """Context manager yielding the loss times the loss scale (``autograd.backward`` it).
+
+    Same signature and use as ``mxnet.contrib.amp.scale_loss``::
+
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+            with amp.scale_loss(loss, trainer) as scaled_loss:
+                autograd.backward(scaled_loss)
+        trainer.step(batch_size)
+
+    With a ``gluon.Trainer`` the Trainer's gradient rescale is set to divide by the scale
+    (``trainer._scale``, as contrib.amp does), so ``step`` applies unscaled gradients. With an
+    ``mxmp.Trainer`` this is ``trainer.scale_loss(loss)``.
+
+    Args:
+        loss (NDArray, or lists/tuples of NDArrays nested to any depth)
+        optimizer_or_trainer: a Trainer passed to :func:`init_trainer`.
+
+    Raises:
+        RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
+    """
+    _check_trainer(optimizer_or_trainer)
+    trainer = optimizer_or_trainer
+    if _is_mxmp_trainer(trainer):
+        with trainer.scale_loss(loss) as scaled:
+            yield scaled
+        return
+    scaler = getattr(trainer, '_amp_loss_scaler', None)
+    if not isinstance(scaler, _TrainerLossScaler):
+        raise RuntimeError('the loss scaler is not set up: call mxmp.amp.init_trainer(trainer) '
+                           'after creating the Trainer')
+    scale = scaler.loss_scale
+    trainer._scale = trainer._amp_original_scale / scale
+    if not scaler.scaler.enabled:
+        yield loss
+    else:
+        yield scale_losses(loss, scale)   # NDArray or nested lists/tuples of them
+
+
+def unscale(optimizer_or_trainer):
+    """Divide the gradients by the loss scale in place (before clipping them).
+
+    Same signature as ``mxnet.contrib.amp.unscale``. Call between ``backward`` and ``step``;
+    that step then applies the gradients as they are (``trainer._scale`` is restored to its
+    value before :func:`scale_loss`; contrib.amp sets it to 1). inf/NaN stay and the step's
+    overflow check still sees them. With an ``mxmp.Trainer`` this is ``trainer.unscale()``.
+
+    Raises:
+        TypeError: not a Trainer.
+        RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
+    """
+    _check_trainer(optimizer_or_trainer)
+    trainer = optimizer_or_trainer
+    if _is_mxmp_trainer(trainer):
+        trainer.unscale()
+        return
+    scaler = getattr(trainer, '_amp_loss_scaler', None)
+    if not isinstance(scaler, _TrainerLossScaler):
+        raise RuntimeError('the loss scaler is not set up: call mxmp.amp.init_trainer(trainer) '
+                           'after creating the Trainer')
+    factor = trainer._scale / trainer._amp_original_scale   # 1 / loss scale
+    if factor != 1.0:
+        with autograd.pause():
+            for param in trainer._params:
+                if param.grad_req != 'null' and param._grad is not None:
+                    for g in param.list_grad():
+                        g *= factor
+    trainer._scale = trainer._amp_original_scale

@@ -1,0 +1,1 @@
+"""The ``mxmp`` command line (the public face is :mod:`mxmp.cli`)."""

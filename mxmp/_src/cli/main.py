@@ -1,0 +1,253 @@
+"""The ``mxmp`` command's argument parser and entry point (:func:`build_parser`, :func:`main`).
+
+The subcommands are in :mod:`mxmp._src.cli.commands`; see :mod:`mxmp.cli` for the command line.
+"""
+import argparse
+import os
+import re
+import sys
+
+from ..errors import CLIError, mxnet_error_line
+from . import commands
+
+__all__ = ['main', 'build_parser']
+
+_DTYPE_ALIASES = {'float16': 'float16', 'fp16': 'float16', 'half': 'float16',
+                  'bfloat16': 'bfloat16', 'bf16': 'bfloat16'}
+#: mean/std of Fashion-MNIST on the 0-255 scale (as examples/train_imagenet.py).
+_FASHION_MNIST_MEAN, _FASHION_MNIST_STD = (72.94,) * 3, (90.02,) * 3
+
+
+# ---------------------------------------------------------------------------------------------
+# argument types
+# ---------------------------------------------------------------------------------------------
+def _dtype(text):
+    name = _DTYPE_ALIASES.get(str(text).lower())
+    if name is None:
+        raise argparse.ArgumentTypeError('unknown dtype %r: mxmp converts to float16 (NVIDIA '
+                                         'GPUs) or bfloat16 (CPUs with oneDNN)' % text)
+    return name
+
+
+def _ints(text):
+    try:
+        values = tuple(int(v) for v in text.replace('x', ',').split(',') if v.strip())
+    except ValueError:
+        values = ()
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError('expected positive integers separated by commas, e.g. '
+                                         '3,224,224; got %r' % text)
+    return values
+
+
+def _shape(text):
+    name, sep, dims = text.partition('=')
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError('expected NAME=D1,D2,..., e.g. data=1,3,224,224; got %r'
+                                         % text)
+    return name.strip(), _ints(dims)
+
+
+def _triple(text):
+    try:
+        values = tuple(float(v) for v in text.split(','))
+    except ValueError:
+        values = ()
+    if len(values) == 1:
+        values = values * 3
+    if len(values) != 3:
+        raise argparse.ArgumentTypeError('expected one number or three separated by commas, '
+                                         'got %r' % text)
+    return values
+
+
+# ---------------------------------------------------------------------------------------------
+# parser and entry point
+# ---------------------------------------------------------------------------------------------
+_FORMAT = argparse.ArgumentDefaultsHelpFormatter
+
+
+#: Each subcommand's one-line help and its description (``mxmp SUBCOMMAND --help``).
+_TEXTS = {
+    'convert': ('write a mixed-precision (or, with --strip, float32) model',
+                'Convert a float32 model to mixed precision for deployment: amp_cast nodes are '
+                'kept in the written symbol (load it with gluon.SymbolBlock.imports or '
+                'mx.mod.Module). --strip removes every cast and writes float32 parameters.'),
+    'explain': ("print the pass's decision for every node",
+                'Print the dtype the graph pass chooses for every node and the rule that chose it '
+                '(node, op, dtype, rule).'),
+    'check-alignment': ('Tensor Core alignment report (sizes not multiples of 8)',
+                        'List the Convolution, Deconvolution and FullyConnected sizes that are not'
+                        ' multiples of --multiple (8 for float16 Tensor Cores; NVIDIA Deep '
+                        'Learning Performance guide).'),
+    'diagnose': ('per-layer overflow/underflow report on one batch',
+                 'Run a few float32 training iterations of a saved classifier on one batch and '
+                 'report, per layer, the values that would overflow, become subnormal or flush to '
+                 'zero in float16 / bfloat16, the loss scale that keeps the gradients in range and'
+                 ' the layers to keep in float32 (see mxmp._src.diagnose). Loss: softmax cross-entropy;'
+                 ' a SoftmaxOutput head of a Module symbol is replaced by it.'),
+    'plot': ('draw the training curves of a metrics.jsonl file',
+             'Draw loss, accuracy, the loss-scale staircase (skipped steps marked) and the '
+             'learning rate from the JSON-lines file the example scripts write '
+             '(--save-dir/metrics.jsonl).'),
+    'check-kernels': ("verify this machine's low-precision kernels op by op",
+                      'Run every op the policy computes in low precision as a one-op graph, '
+                      'forward and backward, each in its own subprocess, against float32 on the '
+                      'same rounded inputs; print the table and write a report that '
+                      'mxmp.Policy.from_kernel_report loads (see docs/conformance.md). Exit code 4'
+                      ' if any op is wrong, crashed or failed.'),
+}
+
+
+def _subparser(sub, name, func):
+    """A subcommand's parser, which runs ``func(args)``."""
+    help_text, description = _TEXTS[name]
+    parser = sub.add_parser(name, formatter_class=_FORMAT, help=help_text,
+                            description=description)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def build_parser():
+    """The argparse parser of the ``mxmp`` command (one subparser per subcommand)."""
+    p = argparse.ArgumentParser(
+        prog='mxmp', formatter_class=_FORMAT,
+        description='Mixed precision (float16 / bfloat16) for Apache MXNet 1.x models saved as '
+                    'prefix-symbol.json + prefix-NNNN.params.')
+    sub = p.add_subparsers(dest='command', metavar='SUBCOMMAND')
+    sub.required = True
+    dtype_help = 'target dtype: float16 (NVIDIA GPUs) or bfloat16 (CPUs with oneDNN)'
+
+    c = _subparser(sub, 'convert', commands.cmd_convert)
+    c.add_argument('symbol', help='prefix-symbol.json')
+    c.add_argument('params', help='prefix-NNNN.params')
+    c.add_argument('--dtype', type=_dtype, help=dtype_help + ' (required unless --strip)')
+    c.add_argument('--out', required=True,
+                   help='output prefix: writes OUT-symbol.json and OUT-NNNN.params')
+    c.add_argument('--cast-params', action='store_true',
+                   help='store the weights of low-precision layers in the target dtype (no '
+                        'cast per call; BatchNorm statistics stay float32)')
+    c.add_argument('--strip', action='store_true',
+                   help='remove all casts (mxmp or mxnet.contrib.amp) and write float32')
+    c.add_argument('--emulate', action='store_true',
+                   help='emulated graph: float32 kernels with values rounded through the '
+                        'target dtype (for CPUs without its kernels)')
+    c.add_argument('--data-name', action='append', default=None,
+                   help='name of a data input (repeatable); default: data')
+    c.add_argument('--epoch', type=int, default=None,
+                   help='number in the output params name; default: that of the input')
+    c.add_argument('--fuse', action='store_true',
+                   help="write the graph fused by MXNet's oneDNN backend (optimize_for('MKLDNN'): "
+                        'Convolution+BatchNorm+ReLU as one node; the fastest CPU inference, '
+                        'outputs within bfloat16 rounding of the unfused graph). Inference only; '
+                        'loads in plain MXNet built with oneDNN (the pip wheels). Needs --shape')
+    c.add_argument('--shape', type=_shape, action='append', default=[], metavar='NAME=DIMS',
+                   help='shape of a data input for --fuse (repeatable), e.g. data=1,3,224,224')
+
+    e = _subparser(sub, 'explain', commands.cmd_explain)
+    e.add_argument('symbol', help='prefix-symbol.json')
+    e.add_argument('--dtype', type=_dtype, required=True, help=dtype_help)
+    e.add_argument('--json', action='store_true', help='JSON list instead of a table')
+    e.add_argument('--cast-params', action='store_true',
+                   help='decide as convert --cast-params does')
+    e.add_argument('--all', action='store_true', help='include variables (data, weights)')
+    e.add_argument('--data-name', action='append', default=None,
+                   help='name of a data input (repeatable); default: data')
+
+    a = _subparser(sub, 'check-alignment', commands.cmd_check_alignment)
+    a.add_argument('symbol', help='prefix-symbol.json')
+    a.add_argument('--shape', type=_shape, action='append', default=[], metavar='NAME=DIMS',
+                   help='input shape, batch first, e.g. data=32,3,224,224 (repeatable)')
+    a.add_argument('--multiple', type=int, default=8, help='alignment in elements')
+    a.add_argument('--json', action='store_true', help='JSON list instead of a table')
+    a.add_argument('--strict', action='store_true', help='exit code 1 if any size is misaligned')
+
+    d = _subparser(sub, 'diagnose', commands.cmd_diagnose)
+    d.add_argument('symbol', help='prefix-symbol.json (float32 model)')
+    d.add_argument('params', help='prefix-NNNN.params')
+    d.add_argument('--rec', help='image RecordIO file (im2rec / prepare_fashion_mnist.py); the '
+                                 'first --batch-size images are used')
+    d.add_argument('--synthetic', action='store_true',
+                   help='random N(0,1) images and random labels instead of --rec')
+    d.add_argument('--batch-size', type=int, default=32)
+    d.add_argument('--dtype', type=_dtype, default='float16', help=dtype_help)
+    d.add_argument('--out', help='directory for report.txt, report.json and the PNG plots '
+                                 '(created if needed; the plots use --dtype\'s format)')
+    d.add_argument('--steps', type=int, default=3, help='float32 iterations')
+    d.add_argument('--lr', type=float, default=0.01,
+                   help='SGD learning rate between iterations (on copies of the weights)')
+    d.add_argument('--data-shape', type=_ints, default=None, metavar='C,H,W',
+                   help='image shape fed to the model; default: that of the first record '
+                        '(--rec) or 3,32,32 (--synthetic)')
+    d.add_argument('--data-name', default='data', help='name of the data input')
+    d.add_argument('--mean-rgb', type=_triple, default=_FASHION_MNIST_MEAN,
+                   help='per-channel mean subtracted (0-255 scale); default Fashion-MNIST')
+    d.add_argument('--std-rgb', type=_triple, default=_FASHION_MNIST_STD,
+                   help='per-channel std divided by (0-255 scale); default Fashion-MNIST')
+    d.add_argument('--underflow-tol', type=float, default=0.01,
+                   help='flag a layer when more than this fraction of a tensor flushes to zero')
+    d.add_argument('--flagged-only', action='store_true', help='print only the flagged layers')
+    d.add_argument('--seed', type=int, default=0, help='seed of --synthetic data')
+
+    t = _subparser(sub, 'plot', commands.cmd_plot)
+    t.add_argument('metrics', help='metrics.jsonl')
+    t.add_argument('--out', default='curves.png',
+                   help='output PNG (its directory is created if needed)')
+    t.add_argument('--title', default=None,
+                   help='figure title (default: the model and dtype of the run, from the '
+                        'metrics file or the summary.json beside it)')
+
+    k = _subparser(sub, 'check-kernels', commands.cmd_check_kernels)
+    k.add_argument('--dtype', type=_dtype, default='bfloat16', help=dtype_help)
+    k.add_argument('--ops', default=None, help='comma-separated op names (default: every op '
+                   'of the LOW_PRECISION, FOLLOW and WIDEST_TYPE classes)')
+    k.add_argument('--out', default=None, help='write the JSON report here')
+    k.add_argument('--emulate', choices=('auto', 'yes', 'no'), default='auto',
+                   help='auto: real kernels, emulated graph where oneDNN has none on this CPU')
+    k.add_argument('--jobs', type=int, default=2, help='subprocesses at once')
+    k.add_argument('--timeout', type=float, default=90.0, help='seconds per op before "hang"')
+    return p
+
+
+def main(argv=None):
+    """Run the ``mxmp`` command line.
+
+    Args:
+        argv (list of str): arguments without the program name; default ``sys.argv[1:]``.
+
+    Returns:
+        int: exit code: 0 success, 1 bad input (one line on stderr), 2 command-line syntax
+        error (argparse), 3 unexpected error, 130 interrupted.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, 'data_name', None) is None:
+        args.data_name = ['data']
+    try:
+        return int(args.func(args) or 0)
+    except CLIError as err:
+        msg = str(err)
+    except FileNotFoundError as err:
+        msg = 'no such file: %s' % (err.filename or mxnet_error_line(err))
+    except (ValueError, TypeError, OSError, KeyError) as err:
+        if os.environ.get('MXMP_DEBUG'):
+            raise
+        msg = mxnet_error_line(err)
+    except KeyboardInterrupt:
+        print('mxmp %s: interrupted' % args.command, file=sys.stderr)
+        return 130
+    except Exception as err:  # pylint: disable=broad-except
+        if os.environ.get('MXMP_DEBUG'):
+            raise
+        print('mxmp %s: error: %s: %s (set MXMP_DEBUG=1 for the traceback)'
+              % (args.command, type(err).__name__, mxnet_error_line(err)), file=sys.stderr)
+        return 3
+    print('mxmp %s: error: %s' % (args.command, _clean(msg)), file=sys.stderr)
+    return 1
+
+
+def _clean(msg):
+    """One line, without MXNet's log prefixes ('[06:01:02] ../src/x.cc:151: ')."""
+    msg = re.sub(r'\[\d\d:\d\d:\d\d\] \S+:\d+: ', '', msg)
+    msg = msg.replace('MXNetError: ', '').replace('Check failed: ', '')
+    return ' '.join(msg.split())

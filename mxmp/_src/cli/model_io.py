@@ -1,0 +1,224 @@
+"""Models and batches for the ``mxmp`` command: load and check a symbol and its parameters,
+convert, strip or fuse them, write them, and the one batch ``mxmp diagnose`` runs.
+
+Models are the two files that ``HybridBlock.export(prefix)`` and ``Module.save_checkpoint``
+write: ``prefix-symbol.json`` and ``prefix-NNNN.params`` (keys ``arg:name``/``aux:name``;
+files from ``save_parameters`` without the prefixes are accepted too). Every problem with the
+user's files raises :class:`mxmp._src.errors.CLIError` with a message that names it.
+"""
+import json
+import os
+import re
+import sys
+
+from ..errors import CLIError, mxnet_error_line
+
+__all__ = ['need_file', 'load_symbol', 'load_params', 'check_data_names', 'epoch_of',
+           'save_model', 'convert_model', 'strip_model', 'fuse_model', 'diagnose_batch']
+
+
+def need_file(path, what):
+    """Raise CLIError unless ``path`` is an existing file (``what`` names it in the message)."""
+    if not os.path.exists(path):
+        raise CLIError('%s %s does not exist' % (what, path))
+    if not os.path.isfile(path):
+        raise CLIError('%s %s is not a file' % (what, path))
+
+
+def load_symbol(path):
+    """Load ``path`` as an MXNet Symbol; CLIError naming the problem otherwise."""
+    import mxnet as mx
+    need_file(path, 'symbol file')
+    try:
+        with open(path) as f:
+            json.load(f)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CLIError('%s is not a symbol JSON file (%s); pass the prefix-symbol.json that '
+                       'HybridBlock.export() writes' % (path, mxnet_error_line(err))) from None
+    try:
+        return mx.sym.load(path)
+    except mx.base.MXNetError as err:
+        raise CLIError('%s is not an MXNet symbol file: %s'
+                       % (path, mxnet_error_line(err))) from None
+
+
+def load_params(path, sym, data_names):
+    """Load a params file and check it against ``sym``.
+
+    Returns:
+        (arg_params, aux_params): dicts of name -> NDArray.
+
+    Raises:
+        CLIError: not a params file; parameters the symbol needs are missing (the symbol and
+            the params are not from the same model). Shapes MXNet cannot check without the
+            data shapes, or that do not fit, only warn (on stderr).
+    """
+    import mxnet as mx
+    need_file(path, 'params file')
+    try:
+        loaded = mx.nd.load(path)
+    except mx.base.MXNetError as err:
+        raise CLIError('%s is not an MXNet .params file: %s' % (path, mxnet_error_line(err))) \
+            from None
+    if not isinstance(loaded, dict):
+        raise CLIError('%s holds a list of arrays without names, not model parameters' % path)
+    args, aux = set(sym.list_arguments()), set(sym.list_auxiliary_states())
+    arg_params, aux_params = {}, {}
+    for key, value in loaded.items():
+        kind, _, name = key.partition(':')
+        if not name:
+            kind, name = ('aux' if key in aux else 'arg'), key
+        (aux_params if kind == 'aux' else arg_params)[name] = value
+    needed = [n for n in sym.list_arguments() if n not in data_names and
+              not n.endswith('_label')] + sym.list_auxiliary_states()
+    have = set(arg_params) | set(aux_params)
+    missing = [n for n in needed if n not in have]
+    if missing:
+        raise CLIError('%s does not match the symbol: %d parameter(s) the symbol needs are not '
+                       'in it (%s%s); pass the params file saved with this symbol, and the '
+                       'model\'s data inputs with --data-name'
+                       % (path, len(missing), ', '.join(missing[:4]),
+                          ', ...' if len(missing) > 4 else ''))
+    extra = sorted(have - args - aux)
+    if extra:
+        print('mxmp: warning: %s holds %d parameter(s) the symbol does not use (%s%s); they '
+              'are ignored' % (path, len(extra), ', '.join(extra[:4]),
+                               ', ...' if len(extra) > 4 else ''), file=sys.stderr)
+        arg_params = {k: v for k, v in arg_params.items() if k in args}
+        aux_params = {k: v for k, v in aux_params.items() if k in aux}
+    # Shapes can only warn: without the data shapes MXNet's partial inference fails on valid
+    # graphs, e.g. arange_like(axis=0) raises "cannot handle param.axis 0" (gluonnlp's BERT);
+    # the graph pass itself needs no shapes.
+    shapes = {k: v.shape for k, v in list(arg_params.items()) + list(aux_params.items())}
+    try:
+        sym.infer_shape_partial(**{k: v for k, v in shapes.items() if k in args})
+    except mx.base.MXNetError as err:
+        print('mxmp: warning: could not check the parameter shapes of %s against the symbol '
+              'without the data shapes (%s); going on' % (path, mxnet_error_line(err)),
+              file=sys.stderr)
+    return arg_params, aux_params
+
+
+def check_data_names(sym, data_names, arg_params):
+    """Raise CLIError naming the symbol's real inputs if a data name is not one of them."""
+    unknown = [n for n in data_names if n not in sym.list_arguments()]
+    if unknown:
+        raise CLIError('the symbol has no input named %s; its inputs are %s'
+                       % (', '.join(unknown), ', '.join(
+                           n for n in sym.list_arguments() if n not in arg_params)))
+
+
+def epoch_of(params_path):
+    """int: the NNNN of ``prefix-NNNN.params`` (0 for another file name)."""
+    m = re.search(r'-(\d+)\.params$', params_path)
+    return int(m.group(1)) if m else 0
+
+
+def save_model(prefix, epoch, sym, arg_params, aux_params):
+    """Write ``prefix-symbol.json`` (casts kept) and ``prefix-NNNN.params`` (``arg:``/``aux:``
+    keys, as ``Module.save_checkpoint``); returns the two paths."""
+    import mxnet as mx
+    sym_path, params_path = '%s-symbol.json' % prefix, '%s-%04d.params' % (prefix, epoch)
+    sym.save(sym_path, remove_amp_cast=False)
+    blob = {'arg:%s' % k: v for k, v in arg_params.items()}
+    blob.update({'aux:%s' % k: v for k, v in aux_params.items()})
+    mx.nd.save(params_path, blob)
+    return sym_path, params_path
+
+
+def strip_model(sym, arg_params, aux_params):
+    """The float32 model: ``(remove_casts(sym), arg_params, aux_params)``, arrays in float32."""
+    from ..graph.strip import remove_casts
+    from ..graph.params import float32_arrays
+    return remove_casts(sym), float32_arrays(arg_params), float32_arrays(aux_params)
+
+
+def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data_names):
+    """The mixed-precision model: ``(graph, arg_params, aux_params)``.
+
+    The graph is :func:`mxmp.convert_symbol`'s; the arrays are float32 except those the graph
+    stores in ``dtype`` (``cast_params``) and those of variables the graph pins to another dtype
+    (``__dtype__``, e.g. contrib.amp's ``cast_optional_params=True``), which plain MXNet needs
+    in that dtype to bind (``SymbolBlock.imports``, ``Symbol.bind``: "Incompatible attr ...
+    expected bfloat16, got float32").
+
+    Raises:
+        CLIError: the pass refused the graph (its ValueError's message).
+    """
+    from ..amp.convert_policy import cast_to_graph
+    from ..graph.convert import convert_symbol
+    from ..graph.params import arrays_for_graph, float32_arrays
+    try:
+        out = convert_symbol(sym, dtype, cast_params=cast_params, emulate=emulate,
+                             data_names=data_names)
+    except ValueError as err:
+        raise CLIError(str(err)) from None
+    arg_params = cast_to_graph(out, arrays_for_graph(out, arg_params, dtype))
+    aux_params = cast_to_graph(out, float32_arrays(aux_params))
+    return out, arg_params, aux_params
+
+
+def fuse_model(sym, arg_params, aux_params, shapes, data_names):
+    """``sym`` fused by MXNet's oneDNN backend for inference (:func:`mxmp._src.fusion.fuse_symbol`).
+
+    Raises:
+        CLIError: a data input without a shape in ``shapes``; the backend refused the graph.
+    """
+    import mxnet as mx
+    from ..fusion import fuse_symbol
+    if not all(n in shapes for n in data_names):
+        raise CLIError('--fuse needs the shape of every data input to find the patterns: '
+                       'add --shape %s=1,3,224,224 (your model\'s input shape; the fused '
+                       'graph then runs any batch size)' % data_names[0])
+    try:
+        return fuse_symbol(sym, arg_params, aux_params, shapes=shapes)
+    except mx.base.MXNetError as err:
+        raise CLIError('oneDNN fusion refused this graph (%s); convert without --fuse'
+                       % str(err).strip().splitlines()[0]) from None
+
+
+def diagnose_batch(net, args, ctx):
+    """The batch ``mxmp diagnose`` runs: ``(data, label, description)``.
+
+    Args:
+        net (gluon.Block): the float32 classifier (run once here, to check its output).
+        args (argparse.Namespace): ``rec`` (image RecordIO file; else synthetic N(0, 1) data
+            with random labels from ``seed``), ``batch_size``, ``data_shape``, ``mean_rgb``,
+            ``std_rgb``.
+        ctx (mxnet.Context): where the batch goes.
+
+    Raises:
+        CLIError: a missing RecordIO file; a model that cannot run on the batch or is not a
+            classifier (output batch x classes); labels beyond the model's classes.
+    """
+    import mxnet as mx
+    import numpy as np
+    from ..diagnose.inputs import read_rec_batch
+    if args.rec:
+        need_file(args.rec, 'RecordIO file')
+        data, label = read_rec_batch(args.rec, args.batch_size, args.data_shape, args.mean_rgb,
+                                     args.std_rgb, ctx)
+        source = '%s (first %d images, %s)' % (args.rec, data.shape[0], 'x'.join(
+            str(s) for s in data.shape[1:]))
+    else:
+        shape = args.data_shape or (3, 32, 32)
+        rng = np.random.RandomState(args.seed)
+        data = mx.nd.array(rng.normal(size=(args.batch_size,) + tuple(shape)), ctx=ctx)
+        label = None
+        source = 'synthetic N(0, 1) data %s' % 'x'.join(str(s) for s in data.shape)
+    try:
+        out = net(data)
+    except mx.base.MXNetError as err:
+        raise CLIError('the model cannot run on data of shape %s: %s (set --data-shape)'
+                       % (data.shape, mxnet_error_line(err))) from None
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    if out.ndim != 2:
+        raise CLIError('diagnose needs a classifier (output batch x classes); this model '
+                       'outputs shape %s' % (out.shape,))
+    classes = out.shape[1]
+    if label is None:
+        label = mx.nd.array(rng.randint(0, classes, size=(args.batch_size,)), ctx=ctx)
+    elif float(label.max().asscalar()) >= classes:
+        raise CLIError('labels of %s go up to %d but the model has %d classes'
+                       % (args.rec, int(label.max().asscalar()), classes))
+    return data, label, source

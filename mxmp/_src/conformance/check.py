@@ -1,0 +1,199 @@
+"""The conformance suite's parent side: :func:`check_kernels` and ``mxmp check-kernels``.
+
+It chooses the ops, runs each in a process forked by a zygote (:mod:`.run`) and collects the rows
+into a :class:`~mxmp._src.policy.kernel_report.KernelReport`; :mod:`mxmp._src.conformance` describes the
+cases, modes, error measure and tolerances.
+"""
+import concurrent.futures
+import json
+import signal
+import threading
+
+from ..policy.policy import Policy
+from ..dtypes import normalize_dtype
+from ..policy.kernel_report import KernelReport, machine_info
+from ..policy.tables import aliases as table_aliases
+from .cases import CASES, NOT_TESTED
+from .run import (_CASE_NAMES, _TESTED_CLASSES, EPS, _row, _Zygote, cases_of, has_params,
+    tolerances)
+
+__all__ = ['check_kernels', 'EPS', 'tolerances']
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent side
+# ---------------------------------------------------------------------------------------------
+def _ops_to_test(policy, ops):
+    """[(op, class, params only)] of the canonical ops to run, and {alias: canonical} of the
+    lists. By default the ops of the tested classes, all cases, and the other ops whose case
+    has parameters, in the ``lp-params`` case only (a float32 op fed low-precision weights)."""
+    aliases = table_aliases(policy.target_dtype)
+    if ops is None:
+        chosen = sorted({aliases.get(o, o) for c in _TESTED_CLASSES for o in policy.ops_in(c)})
+        extra = sorted(op for op in CASES if op not in chosen and has_params(op))
+    else:
+        if isinstance(ops, str):
+            raise ValueError('ops must be a list of op names, not the string %r' % ops)
+        Policy(policy.target_dtype, fp32_ops=ops)  # validates the names
+        chosen, extra = list(dict.fromkeys(ops)), []
+    out = []
+    for op in chosen + extra:
+        cls, _ = policy.classify(op)
+        out.append((op, cls, op in extra))
+    return out, aliases
+
+
+def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, jobs=2,
+                  timeout=90.0, seeds=(0, 1, 2), progress=None, cases=None):
+    """Run the conformance suite on this machine.
+
+    Args:
+        target_dtype (str): ``'bfloat16'`` (default) or ``'float16'`` (emulated on a CPU).
+        ops (list of str): op names to test (any registered op; an op the policy keeps in
+            float32 is tested as if ``lp_ops=[op]``, to gather evidence for widening). Default:
+            every canonical op of the policy's LOW_PRECISION, FOLLOW and WIDEST_TYPE classes.
+        emulate (bool or None): ``True`` emulated graphs only, ``False`` real graphs only (a
+            missing kernel is then an error), ``None`` (default) real, falling back to emulated
+            where oneDNN has no kernel on this CPU.
+        policy (mxmp.Policy): the policy whose classes are tested; default ``Policy(target_dtype)``.
+        jobs (int): subprocesses run at once (default 2).
+        timeout (float): seconds one op's subprocess may take before it is stopped (verdict
+            ``error``).
+        seeds (tuple of int): seeds of the input values and head gradients; every case runs
+            once per seed and reports its largest errors (default three: verdicts rest on the
+            spread, not on one draw).
+        progress (callable): called with each finished row (a dict), e.g. to print it.
+        cases (iterable of str): run only these cases (``'lp-input'``, ``'cast'``,
+            ``'lp-params'``); default all. ``lp-params`` runs only for the attribute variants
+            with parameters.
+
+    Returns:
+        mxmp.KernelReport: the rows (op, class, variant, case, mode, forward and
+        backward error, verdict ``ok``/``wrong``/``crash(SIG...)``/``error``/``not-tested``,
+        detail) and the machine (CPU model and flags, MXNet version, real kernels or not, date).
+
+    Raises:
+        ValueError: unknown dtype or op name; ``jobs < 1``.
+    """
+    target = normalize_dtype(target_dtype)
+    policy = policy if policy is not None else Policy(target)
+    if policy.target_dtype != target:
+        raise ValueError('policy.target_dtype=%r disagrees with target_dtype=%r'
+                         % (policy.target_dtype, target))
+    if cases is not None:
+        cases = (cases,) if isinstance(cases, str) else tuple(cases)
+        if set(cases) - set(_CASE_NAMES):
+            raise ValueError('cases must be a list of %s, got %r' % (', '.join(_CASE_NAMES),
+                                                                      cases))
+    if int(jobs) < 1:
+        raise ValueError('jobs must be >= 1, got %r' % (jobs,))
+    if target == 'float16':
+        emulate = True  # no float16 Convolution/FullyConnected on a CPU
+    todo, aliases = _ops_to_test(policy, ops)
+    info = machine_info(target)
+    rows, local, zygotes = [], threading.local(), []
+
+    def execute(job, limit):  # one zygote per worker thread, started on first use
+        if not hasattr(local, 'zygote'):
+            local.zygote = _Zygote()
+            zygotes.append(local.zygote)
+        return local.zygote(job, limit)
+
+    def run(op, cls, params_only):
+        return _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only, cases)
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(int(jobs), len(todo) or 1)) as pool:
+            futures = [pool.submit(run, op, cls, only) for op, cls, only in todo]
+            for fut in futures:
+                for row in fut.result():
+                    rows.append(row)
+                    if progress is not None:
+                        progress(row)
+    finally:
+        for z in zygotes:
+            z.close()
+    fwd, bwd = tolerances(target)
+    return KernelReport(target_dtype=target, machine=info, rows=rows,
+                        tolerances={'forward': fwd, 'backward': bwd},
+                        aliases={a: c for a, c in aliases.items()})
+
+
+def _signal_name(rc):
+    try:
+        return signal.Signals(-rc).name
+    except ValueError:
+        return 'signal %d' % -rc
+
+
+def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only=False, cases=None):
+    """All cases of one op (``params_only``: its ``lp-params`` cases; ``cases``: only these),
+    in subprocesses; a crash ends that case, the rest run anew."""
+    if op not in CASES:
+        reason = NOT_TESTED.get(op, 'no input spec in mxmp/conformance/cases.py')
+        return [_row(op, cls, '', '', detail=reason)]
+    pending = [p for p in cases_of(op, params_only) if cases is None or p[1] in cases]
+    order = {p: i for i, p in enumerate(pending)}
+    rows = []
+    while pending:
+        job = {'op': op, 'class': cls, 'cases': pending, 'seeds': list(seeds),
+               'emulate': emulate,
+               'target_dtype': policy.target_dtype, 'lp_ops': sorted(policy.lp_ops),
+               'fp32_ops': sorted(policy.fp32_ops)}
+        out, err, rc = execute(job, timeout)
+        started, done = None, set()
+        for line in out.splitlines():
+            if not line.startswith('{'):
+                continue
+            msg = json.loads(line)
+            if 'start' in msg:
+                started = tuple(msg['start'])
+            else:
+                rows.append(msg)
+                done.add((msg['variant'], msg['case']))
+        pending = [p for p in pending if p not in done]
+        if not pending and rc == 0:
+            break
+        lines = [ln for ln in err.strip().splitlines()
+                 if ln.strip() and 'Subgraph backend' not in ln]
+        tail = ' | '.join(lines[-3:])[-400:]
+        if rc is None:
+            verdict = 'crash(hang)'
+            tail = 'hung: stopped after %g s' % timeout
+        elif rc < 0:
+            verdict = 'crash(%s)' % _signal_name(rc)
+        elif 'Segmentation fault' in err:  # MXNet's own SIGSEGV handler exits with rc > 0
+            verdict = 'crash(SIGSEGV)'
+        else:
+            verdict = 'error'
+        if started is None or started not in pending:
+            # died before its first case or after its last (e.g. heap checks at exit)
+            for r in rows:
+                if r['op'] == op and r['verdict'] == 'ok':
+                    r['verdict'] = verdict
+                    r['detail'] = 'process ended with %s after the case: %s' % (
+                        _signal_name(rc) if rc and rc < 0 else 'exit code %s' % rc, tail)
+            for v, c in pending:
+                rows.append(_row(op, cls, v, c, verdict=verdict, detail=tail))
+            break
+        rows.append(_row(op, cls, started[0], started[1], verdict=verdict, detail=tail,
+                         mode='real' if emulate is not True else 'emulated'))
+        pending = [p for p in pending if p != started]
+    rows.sort(key=lambda r: order.get((r['variant'], r['case']), -1))
+    return rows
+
+
+def cmd(args):
+    """``mxmp check-kernels`` (arguments from :func:`mxmp._src.cli.main.build_parser`); returns the exit code."""
+    ops = [o.strip() for o in args.ops.split(',') if o.strip()] if args.ops else None
+    emulate = {'auto': None, 'yes': True, 'no': False}[args.emulate]
+    report = check_kernels(args.dtype, ops=ops, emulate=emulate, jobs=args.jobs,
+                           timeout=args.timeout)
+    print(report.table())
+    if args.out:
+        report.save(args.out)
+        print('report written to %s; use it with mxmp.Policy.from_kernel_report(%r)'
+              % (args.out, args.out))
+    bad = [op for op, v in report.verdicts().items() if v.split('(')[0] in ('wrong', 'crash',
+                                                                              'error')]
+    return 4 if bad else 0

@@ -1,0 +1,383 @@
+"""Mixed precision inside the user's own Gluon network: :func:`convert` and the process-wide
+switch of :func:`mxmp.amp.init`.
+
+**This is the one module of mxmp that hooks MXNet.** MXNet 1.9.1's Gluon builds a hybridized
+block's graph when it needs one (``HybridBlock._get_graph``: at the first call, in the training
+mode and with the input structure of that call, and again after every cache clear --
+``hybridize()``, ``cast()``, a child replaced, model methods such as GluonCV's ``set_nms``).
+To put every graph MXNet builds through mxmp's pass, :func:`install` replaces these methods of
+``mxnet.gluon.HybridBlock`` with wrappers that call the originals:
+
+* ``_get_graph``: the traced float32 graph of a converted block is rewritten by the pass
+  (:func:`mxmp._src.gluon_graph.rewrite`) before MXNet builds its CachedOp from it;
+* ``_call_cached_op``: per call, grouped weights back to oneDNN's default layout, and the
+  oneDNN-fused graph for inference (``fuse_inference``);
+* ``forward``: a converted block that is not hybridized raises with the fix; under
+  :func:`mxmp.amp.init` an imperative call warns once that it runs in float32;
+* ``export``, ``save_parameters``, ``load_parameters``: files plain MXNet loads (float32
+  parameters, casts and emulation nodes removed; master weights written;
+  :func:`mxmp._src.block_params.save_block_parameters` says more, and its ``dtype`` argument is
+  ``save_parameters``'s third one on a converted block).
+
+Blocks that are neither converted nor covered by the switch run MXNet's code unchanged (one
+dictionary look-up per call). :func:`uninstall` puts MXNet's methods back and forgets every
+conversion. Which blocks are converted is kept here, in weak dictionaries keyed by the block
+itself: nothing is stamped on the block.
+"""
+import logging
+import threading
+import warnings
+import weakref
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+from .dtypes import normalize_dtype
+from .fusion import parameters_changed
+from .graph.strip import remove_casts
+from .graph.params import float32_arrays
+from .graph.stem import check_option as check_pad_stem
+from .gluon_graph import Conversion, cast_deferred, rewrite
+from .policy.policy import Policy
+
+__all__ = ['convert', 'conversion_of', 'converted_graph', 'fused_graph', 'set_global',
+           'install', 'uninstall', 'Conversion']
+
+logger = logging.getLogger('mxmp.gluon')
+
+_CONVERTED = weakref.WeakKeyDictionary()   # block -> Conversion (mxmp.convert)
+_BUILT = weakref.WeakKeyDictionary()       # block -> BuiltGraph of its current graph
+_PARAM_DTYPE = weakref.WeakKeyDictionary()  # Parameter -> target dtype of its network
+_GLOBAL = [None]                           # the Conversion of mxmp.amp.init, or None
+_ORIGINAL = {}                             # method name -> MXNet's function
+_LOCAL = threading.local()                 # imperative call depth (the amp.init warning)
+_WARNED = set()
+
+
+def conversion_of(block):
+    """The :class:`Conversion` that applies to ``block``'s next graph, or None.
+
+    A block converted by :func:`convert` (or inside one) has its own; any other HybridBlock
+    follows the process-wide switch of :func:`mxmp.amp.init` (:func:`set_global`).
+    """
+    return _CONVERTED.get(block, _GLOBAL[0])
+
+
+def target_dtype_of(param):
+    """The target dtype (str) of the converted network ``param`` belongs to, or None.
+
+    :class:`mxmp.Trainer` uses it to choose its default loss scaler.
+    """
+    return _PARAM_DTYPE.get(param)
+
+
+def converted_graph(block):
+    """The mixed-precision Symbol a converted, hybridized ``block`` runs (casts included).
+
+    Raises:
+        RuntimeError: the block has not built a graph since its last cache clear (call it
+            once), or it is not converted.
+    """
+    built = _BUILT.get(block)
+    if built is None or not block._cached_graph:
+        raise RuntimeError('%s has no mixed-precision graph yet: convert it (mxmp.convert or '
+                           'mxmp.amp.init), hybridize it and call it once' % block.name)
+    return built.symbol
+
+
+def fused_graph(block):
+    """The oneDNN-fused inference Symbol of a converted block, or None until an inference
+    call ran fused (see ``fuse_inference`` of :func:`convert`)."""
+    built = _BUILT.get(block)
+    return None if built is None or built.fused is None else built.fused.symbol
+
+
+def set_global(conversion):
+    """Turn the process-wide switch on (a :class:`Conversion`) or off (None).
+
+    While on, every HybridBlock that builds a graph afterwards (and is not converted by
+    :func:`convert` with its own settings) runs in mixed precision with ``conversion``.
+    Graphs already built keep their precision until their cache is cleared (``hybridize()``).
+    """
+    if conversion is not None:
+        install()
+    _GLOBAL[0] = conversion
+
+
+def convert(block, target_dtype=None, cast_params=False, emulate='auto', policy=None,
+            fuse_inference='auto', pad_stem='auto'):
+    """Make ``block`` compute in mixed precision, in place, and return it.
+
+    Every graph MXNet builds for the block from now on -- in either training mode, for any
+    input structure, after every cache clear (``hybridize()``, ``set_nms()``,
+    ``reset_class()``, ``_clear_cached_op()``) -- goes through mxmp's graph pass
+    (:func:`mxmp.convert_symbol`): low-precision layers run in the target dtype, fragile ops
+    in float32, outputs are float32. The block stays the user's own object: its methods,
+    attributes, children, Parameters and parameter names are unchanged, and a Trainer over
+    ``block.collect_params()`` trains it.
+
+    Args:
+        block (mxnet.gluon.HybridBlock): any hybridizable block, initialized or not (e.g. a
+            GluonCV model-zoo network). Hybridized here (default flags) if it is not yet; a
+            later call while it is not hybridized raises.
+        target_dtype (str): ``'bfloat16'`` (CPUs with oneDNN) or ``'float16'`` (NVIDIA GPUs).
+            Default: the ``policy``'s, else ``'bfloat16'``.
+        cast_params (bool): store the weights of low-precision layers (Convolution,
+            FullyConnected, ...) in the target dtype, rounded to nearest even: now where the
+            block traces with one input named ``data`` (else when its first graph is built),
+            once MXNet has initialized them where their shapes wait for the first batch. Train with :class:`mxmp.Trainer`: it keeps float32 master
+            weights, made from the float32 values the Parameters held before the cast (kept
+            until the first training step, or dropped at the first inference call).
+            BatchNorm's gamma, beta and running statistics stay float32. Default False: weights
+            stay float32 with one in-graph cast each.
+        emulate ('auto', True or False): run low-precision numerics with float32 kernels
+            (values rounded through the target dtype; see :mod:`mxmp._src.graph`). ``'auto'``
+            (default): where the call's context has no kernels for the target dtype
+            (:func:`mxmp.lp_kernels_available`: bfloat16 on CPUs without AVX-512, float16 on
+            any CPU), logged once as a warning. False: such a call raises RuntimeError.
+        policy (mxmp.Policy): op classes and overrides (``lp_ops``, ``fp32_ops``,
+            ``excluded_names``); default ``Policy(target_dtype)``.
+        fuse_inference ('auto', True or False): inference calls (outside ``autograd.record()``
+            and ``autograd.train_mode()``, CPU) run a second graph made by MXNet's oneDNN
+            fusion (Convolution + BatchNorm + ReLU (+ add) as one kernel), sharing the
+            Parameters; training always runs the unfused graph. ``'auto'`` (default): where
+            the real low-precision kernels run (not emulated) and ``MXNET_SUBGRAPH_BACKEND``
+            is not ``NONE``. ``True``: on every CPU. ``False``: never. Fusion folds BatchNorm
+            into the weights before rounding, so fused outputs differ from unfused ones by
+            bfloat16-sized amounts. See :mod:`mxmp._src.fusion`.
+        pad_stem ('auto', True or False): feed a Convolution whose data is an input with an
+            odd channel count (the 3-channel stem of an NCHW image network) one zero channel
+            more (``Concat`` in the graph: the same function; the Parameter keeps its shape).
+            oneDNN then runs its blocked bfloat16 kernels on the stem. ``'auto'`` (default):
+            for bfloat16 where the real kernels run. See :mod:`mxmp._src.graph.stem`.
+
+    Returns:
+        mxnet.gluon.HybridBlock: ``block`` itself. Its outputs are float32. ``export()`` writes
+        a float32 model plain MXNet loads (``remove_amp_cast=False`` keeps the casts);
+        ``save_parameters`` writes float32 values under the usual names (master weights of an
+        :class:`mxmp.Trainer` where it keeps them) and ``load_parameters`` takes float32
+        checkpoints.
+
+    Raises:
+        TypeError: ``block`` is not a HybridBlock (the message names the fix).
+        ValueError: unknown dtype; ``target_dtype`` contradicts ``policy``; bad
+            ``emulate``, ``fuse_inference`` or ``pad_stem``; the block was already converted
+            with other settings (converting again with the same settings changes nothing).
+    """
+    if not isinstance(block, gluon.HybridBlock):
+        raise TypeError(
+            'mxmp.convert needs a gluon.HybridBlock, got %s (a plain gluon.Block cannot be '
+            'traced into a graph). Write it as a HybridBlock with hybrid_forward(self, F, x), or '
+            'convert its HybridBlock children one by one.' % type(block).__name__)
+    for name, value in (('emulate', emulate), ('fuse_inference', fuse_inference)):
+        if value not in ('auto', True, False):
+            raise ValueError("%s=%r: use 'auto', True or False" % (name, value))
+    check_pad_stem(pad_stem)
+    if policy is None:
+        policy = Policy(normalize_dtype(target_dtype or 'bfloat16'))
+    elif target_dtype is not None and normalize_dtype(target_dtype) != policy.target_dtype:
+        raise ValueError('target_dtype=%r contradicts policy.target_dtype=%r: give one of them'
+                         % (target_dtype, policy.target_dtype))
+    if emulate is True and not policy.emulate:
+        policy = policy.replace(emulate=True)
+    conversion = Conversion(policy, bool(cast_params), emulate, fuse_inference, pad_stem)
+    previous = _CONVERTED.get(block)
+    if previous is not None:
+        if previous == conversion:
+            return block
+        raise ValueError(
+            '%s is already converted by mxmp (target dtype %s); converting it again with other '
+            'settings would mix two policies. Build the network anew (or load its float32 '
+            'checkpoint into a new one) and convert that.' % (block.name, previous.target_dtype))
+    install()
+    def register(child):   # the block and every HybridBlock inside it (Block.apply)
+        if isinstance(child, gluon.HybridBlock):
+            _CONVERTED[child] = conversion
+            child._clear_cached_op()
+    block.apply(register)
+    for param in block.collect_params().values():
+        _PARAM_DTYPE[param] = policy.target_dtype
+    if isinstance(block, gluon.SymbolBlock):
+        # Its graph is fixed: convert it now (Parameters stored in the target dtype are cast
+        # now too), on the context of its Parameters.
+        ctxs = [c for p in block.collect_params().values() if p._ctx_list for c in p._ctx_list]
+        _convert_graph(block, conversion, (), ctxs[0] if ctxs else None)
+    elif cast_params:
+        cast_params_now(block, policy)
+    if not block._active:
+        logger.info('mxmp.convert: hybridizing %s (mixed precision runs in its graph)',
+                    block.name)
+        block.hybridize()
+    return block
+
+
+def cast_params_now(block, policy):
+    """Store the low-precision layers' weights of ``block`` in the target dtype right away.
+
+    So that what follows ``convert(cast_params=True)`` before the first call (a Trainer's
+    ``load_states`` of a checkpoint, ``collect_params()`` dtypes) sees them as they will be.
+    The weights are found on the graph traced with one input named ``data`` in the current
+    training mode; a block that cannot be traced so is cast when its first graph is built.
+    Uninitialized Parameters are cast once MXNet initializes them.
+    """
+    from .dtypes import mx_dtype
+    from .graph.convert import convert_symbol
+    from .graph.symbol_json import cast_param_names
+    from .gluon_graph import _cast_parameter
+    try:
+        out = block(mx.sym.var('data'))
+        sym = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
+        names = cast_param_names(convert_symbol(sym, policy=policy, cast_params=True))
+    except Exception:  # pylint: disable=broad-except  (other inputs: cast at the first call)
+        return
+    params = block.collect_params()
+    for name in names:
+        if name in params:
+            _cast_parameter(params[name], mx_dtype(policy.target_dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# The hook: wrappers of HybridBlock's methods
+# ---------------------------------------------------------------------------------------------
+def _applies(block):
+    """The Conversion for ``block``'s graph: its own, else the switch's (not for SymbolBlocks,
+    whose graph was not built by operators, as with contrib.amp's init)."""
+    conversion = _CONVERTED.get(block)
+    if conversion is None and not isinstance(block, gluon.SymbolBlock):
+        conversion = _GLOBAL[0]
+    return conversion
+
+
+def _convert_graph(block, conversion, args, ctx=None):
+    """Rewrite ``block``'s cached graph with the pass unless it is already the converted one."""
+    inputs, sym = block._get_graph(*args)
+    built = _BUILT.get(block)
+    if built is not None and built.symbol is sym:
+        return
+    built = rewrite(block, conversion, inputs, sym, args, ctx)
+    if conversion is _GLOBAL[0]:
+        for param in block.collect_params().values():
+            _PARAM_DTYPE.setdefault(param, conversion.target_dtype)
+    _BUILT[block] = built
+    block._cached_graph = inputs, built.symbol
+
+
+def _build_cache(self, *args):
+    conversion = _applies(self)
+    if conversion is not None:
+        _convert_graph(self, conversion, args)
+    _ORIGINAL['_build_cache'](self, *args)
+    if conversion is not None:
+        cast_deferred(self.collect_params().values())
+
+
+def _call_cached_op(self, *args):
+    if self._cached_op is None and _applies(self) is not None:
+        self._build_cache(*args)
+    built = _BUILT.get(self)
+    if built is None or not self._cached_graph or \
+            built.symbol is not self._cached_graph[1] and not self._backend:
+        return _ORIGINAL['_call_cached_op'](self, *args)
+    from mxnet.gluon.block import _flatten, _regroup
+    flat = [a for a in _flatten(args, 'input')[0] if a is not None]
+    ctx = flat[0].context
+    recording = autograd.is_recording()
+    built.before_call(ctx, recording)
+    if recording:
+        parameters_changed()  # a training step follows: fused state goes stale
+    elif not self._backend and built.fuses(ctx):
+        out = built.fused(*flat)
+        if out is not None:
+            return _regroup(list(out) if isinstance(out, (list, tuple)) else [out],
+                            self._out_format)
+    return _ORIGINAL['_call_cached_op'](self, *args)
+
+
+def _forward(self, x, *args):
+    if self._active or not isinstance(x, mx.nd.NDArray):
+        return _ORIGINAL['forward'](self, x, *args)
+    if self in _CONVERTED:
+        raise RuntimeError(
+            '%s was converted by mxmp.convert but is not hybridized (hybridize(active=False)), '
+            'so it would run in float32: call %s.hybridize() first' % (self.name, self.name))
+    conversion = _GLOBAL[0]
+    depth = getattr(_LOCAL, 'depth', 0)
+    if conversion is not None and depth == 0 and type(self) not in _WARNED and \
+            list(self.collect_params().keys()):   # blocks without weights (losses): silent
+        _WARNED.add(type(self))
+        warnings.warn(
+            '%s (%s) runs imperatively, in float32: mxmp.amp.init applies to the graphs of '
+            'hybridized blocks. Call net.hybridize() before running it to compute in %s.'
+            % (self.name, type(self).__name__, conversion.target_dtype), stacklevel=3)
+    _LOCAL.depth = depth + 1
+    try:
+        return _ORIGINAL['forward'](self, x, *args)
+    finally:
+        _LOCAL.depth = depth
+
+
+def _export(self, path, epoch=0, remove_amp_cast=True):
+    built = _BUILT.get(self)
+    if built is None or not self._cached_graph or built.symbol is not self._cached_graph[1]:
+        return _ORIGINAL['export'](self, path, epoch, remove_amp_cast)
+    _ORIGINAL['export'](self, path, epoch, remove_amp_cast=False)
+    if not remove_amp_cast:
+        return None
+    remove_casts(self._cached_graph[1]).save('%s-symbol.json' % path)
+    params_file = '%s-%04d.params' % (path, epoch)
+    mx.nd.save(params_file, float32_arrays(mx.nd.load(params_file)))
+    return None
+
+
+def _save_parameters(self, filename, deduplicate=False, dtype='float32'):
+    if self not in _CONVERTED:
+        return _ORIGINAL['save_parameters'](self, filename, deduplicate)
+    from .block_params import save_block_parameters
+    return save_block_parameters(self, filename, deduplicate=deduplicate, dtype=dtype)
+
+
+def _load_parameters(self, filename, ctx=None, allow_missing=False, ignore_extra=False,
+                     cast_dtype=False, dtype_source='current'):
+    if self not in _CONVERTED:
+        return _ORIGINAL['load_parameters'](self, filename, ctx, allow_missing, ignore_extra,
+                                            cast_dtype, dtype_source)
+    from .block_params import load_block_parameters
+    return load_block_parameters(self, filename, ctx=ctx, allow_missing=allow_missing,
+                                 ignore_extra=ignore_extra, cast_dtype=cast_dtype,
+                                 dtype_source=dtype_source)
+
+
+_WRAPPERS = {'_build_cache': _build_cache, '_call_cached_op': _call_cached_op, 'forward': _forward,
+             'export': _export, 'save_parameters': _save_parameters,
+             'load_parameters': _load_parameters}
+
+
+def install():
+    """Replace HybridBlock's methods with mxmp's wrappers (see the module docstring).
+
+    Idempotent; :func:`convert` and :func:`mxmp.amp.init` call it.
+    """
+    if _ORIGINAL:
+        return
+    for name, wrapper in _WRAPPERS.items():
+        _ORIGINAL[name] = getattr(gluon.HybridBlock, name)
+        wrapper.__doc__ = _ORIGINAL[name].__doc__
+        setattr(gluon.HybridBlock, name, wrapper)
+
+
+def uninstall():
+    """Put MXNet's methods back and forget every conversion and the amp.init switch.
+
+    Blocks converted before keep the graph they built until their cache is cleared
+    (``hybridize()``); after that they run in float32.
+    """
+    for name, original in _ORIGINAL.items():
+        if name in ('save_parameters', 'load_parameters'):
+            delattr(gluon.HybridBlock, name)   # inherited from gluon.Block
+        else:
+            setattr(gluon.HybridBlock, name, original)
+    _ORIGINAL.clear()
+    _CONVERTED.clear()
+    _BUILT.clear()
+    _PARAM_DTYPE.clear()
+    _GLOBAL[0] = None

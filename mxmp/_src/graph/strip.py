@@ -1,0 +1,159 @@
+"""Casts already in a graph: remove them, count them, say who wrote them and to what dtype.
+
+:func:`remove_casts` gives the float32 graph back, :func:`converted_dtype` the target dtype an
+mxmp-converted graph was converted to, :func:`count_casts` and :func:`cast_origins` what casts a
+graph holds (who wrote each: :func:`mxmp._src.graph.symbol_json.cast_origin`). The pass
+(:mod:`mxmp._src.graph.convert`) strips mixed-precision casts with :func:`strip` before it plans a
+graph again.
+"""
+from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum
+from .symbol_json import (CAST_OPS, MARK, PINNED, ROUND_MARK, STEM_MARK, STEM_SHAPE,
+    cast_origin, cast_param_original, dump, is_cast_param, is_float32_param, load)
+
+__all__ = ['remove_casts', 'converted_dtype', 'count_casts', 'cast_origins', 'strip',
+           'previous_conversion']
+
+
+def _without_dtype(node, attrs, original=''):
+    """Set ``node``'s attrs to ``attrs`` minus MARK and ``__dtype__`` (``original`` restored)."""
+    attrs = {k: v for k, v in attrs.items() if k not in (MARK, '__dtype__')}
+    if original:
+        attrs['__dtype__'] = original
+    if attrs:
+        node['attrs'] = attrs
+    else:
+        node.pop('attrs')
+
+
+def strip(js, unpin=False):
+    """Remove the mixed-precision casts (mxmp's and contrib.amp's, see
+    :func:`~mxmp._src.graph.symbol_json.cast_origin`), mxmp's bfloat16 rounding nodes, mxmp's stem
+    padding (:mod:`mxmp._src.graph.stem`) and mxmp's parameter dtypes (pure, on graph JSON; returns a new dict). Model casts stay. ``unpin``: in
+    a graph that holds contrib.amp casts, variables that contrib.amp stored in a low-precision
+    dtype (``cast_optional_params=True``) become float32 too."""
+    nodes = js['nodes']
+    contrib = unpin and any(cast_origin(n) == 'contrib.amp' for n in nodes)
+    resolve = {}  # (old nid, out idx) -> (old nid, out idx) of a kept node
+    keep = []
+    for nid, node in enumerate(nodes):
+        if node['op'] != 'null' and STEM_MARK in node.get('attrs', {}):
+            # the stem padding (mxmp._src.graph.stem): its Concat stands for the unpadded tensor
+            if node['op'] == 'Concat':
+                src, idx, _ = node['inputs'][0]
+                resolve[(nid, 0)] = resolve.get((src, idx), (src, idx))
+        elif cast_origin(node) in ('mxmp', 'contrib.amp'):
+            # A rounding node stands for its first input (the chain leads back to the tensor).
+            for k, (src, idx, _) in enumerate(node['inputs']):
+                if node['op'] == 'amp_multicast' or k == 0:
+                    resolve[(nid, k)] = resolve.get((src, idx), (src, idx))
+        else:
+            keep.append(nid)
+    new_id = {old: new for new, old in enumerate(keep)}
+
+    def remap(entry):
+        src, idx = resolve.get((entry[0], entry[1]), (entry[0], entry[1]))
+        return [new_id[src], idx, entry[2]]
+
+    out_nodes = []
+    for old in keep:
+        node = dict(nodes[old])
+        node['inputs'] = [remap(e) for e in node['inputs']]
+        attrs = node.get('attrs')
+        if attrs and attrs.get(STEM_MARK, '').startswith(STEM_SHAPE):
+            original = attrs[STEM_MARK][len(STEM_SHAPE):]
+            attrs = {k: v for k, v in attrs.items() if k not in (STEM_MARK, '__shape__')}
+            if original:
+                attrs['__shape__'] = original
+            node['attrs'] = attrs
+            if not attrs:
+                node.pop('attrs')
+        if node['op'] == 'null' and attrs and attrs.get(MARK) == PINNED:
+            _without_dtype(node, attrs)
+        elif attrs and (is_cast_param(node) or is_float32_param(node)):
+            _without_dtype(node, attrs, cast_param_original(attrs))
+        elif contrib and node['op'] == 'null' and attrs and \
+                from_mshadow_enum(attrs.get('__dtype__')) in LOW_PRECISION_DTYPES:
+            node['attrs'] = dict(attrs, __dtype__='0')   # float32, as contrib.amp writes it
+        out_nodes.append(node)
+    out = dict(js)
+    out['nodes'] = out_nodes
+    out['heads'] = [remap(h) for h in js['heads']]
+    return out
+
+
+def remove_casts(sym):
+    """Return the float32 graph: ``sym`` without its mixed-precision casts.
+
+    Removes the ``amp_cast``/``amp_multicast`` nodes that mxmp or ``mxnet.contrib.amp`` wrote
+    (:func:`cast_origin` tells them apart) and mxmp's bfloat16 rounding nodes; consumers of a
+    removed cast are rewired to the cast's input; variables whose dtype mxmp set
+    (``cast_params=True``) lose that dtype, and so do those that contrib.amp stored in a
+    low-precision dtype (``cast_optional_params=True``; their arrays must then be cast to
+    float32, as ``mxmp convert --strip`` does). Casts that the model's own code wrote (``Cast``
+    to an index dtype, GluonCV's ``amp_multicast`` in a box decoder) stay: they are part of
+    what the model computes. ``remove_casts(convert_symbol(g))`` gives back ``g`` exactly
+    (same nodes, names, attrs). (MXNet's ``Symbol.tojson(remove_amp_cast=True)`` instead drops
+    every ``amp_cast``/``amp_multicast``, the model's too.)
+
+    Args:
+        sym (mxnet.symbol.Symbol): any graph.
+
+    Returns:
+        mxnet.symbol.Symbol
+    """
+    return dump(strip(load(sym), unpin=True))
+
+
+def cast_origins(sym):
+    """Every cast node of ``sym`` with who wrote it (:func:`cast_origin`).
+
+    Args:
+        sym (mxnet.symbol.Symbol): any graph.
+
+    Returns:
+        list of ``(node name, op, origin)`` in topological order; origin is ``'mxmp'``,
+        ``'contrib.amp'`` or ``'model'``.
+    """
+    rows = []
+    for node in load(sym)['nodes']:
+        origin = cast_origin(node)
+        if origin is not None:
+            rows.append((node['name'], node['op'], origin))
+    return rows
+
+
+def converted_dtype(sym):
+    """The target dtype an mxmp-converted graph was converted to, or None for other graphs
+    (float32 graphs, graphs with model casts only, graphs converted by ``mxnet.contrib.amp``).
+
+    Raises:
+        ValueError: the graph holds mxmp casts to both float16 and bfloat16.
+    """
+    return previous_conversion(load(sym))
+
+
+def previous_conversion(js):
+    """:func:`converted_dtype` of a graph JSON (dict)."""
+    dtypes = set()
+    for node in js['nodes']:
+        attrs = node.get('attrs', {})
+        if node['op'] in CAST_OPS and attrs.get(MARK) is not None:
+            if attrs.get('dtype') in LOW_PRECISION_DTYPES:
+                dtypes.add(attrs['dtype'])
+        elif ROUND_MARK in attrs:
+            dtypes.add(attrs[ROUND_MARK])
+        elif is_cast_param(node):
+            dtypes.add(from_mshadow_enum(attrs['__dtype__']))
+    if len(dtypes) > 1:
+        raise ValueError('the graph mixes mxmp casts to %s; strip them with mxmp.remove_casts'
+                         % ' and '.join(sorted(dtypes)))
+    return dtypes.pop() if dtypes else None
+
+
+def count_casts(sym):
+    """Count cast nodes in ``sym``: dict ``{'amp_cast': n, 'amp_multicast': m}``."""
+    counts = {op: 0 for op in CAST_OPS}
+    for node in load(sym)['nodes']:
+        if node['op'] in counts:
+            counts[node['op']] += 1
+    return counts

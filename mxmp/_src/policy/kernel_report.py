@@ -1,0 +1,215 @@
+"""The result of ``mxmp check-kernels``: a table, a JSON file, and the policy it justifies.
+
+It lives with the policy because :meth:`mxmp.Policy.from_kernel_report` reads it; the suite
+that writes it (:mod:`mxmp._src.conformance`) imports it from here.
+
+A :class:`KernelReport` holds one row per (op, attribute variant, case) of the conformance
+suite (:mod:`mxmp._src.conformance`) and the machine it ran on. :meth:`KernelReport.save` writes it
+as JSON; :func:`load_kernel_report` reads and validates such a file; :meth:`KernelReport.
+policy_changes` says which ops the evidence moves:
+
+* an op with any case ``wrong``, ``crash(...)`` or ``error`` on this machine goes to float32
+  (``fp32_ops``);
+* an op the lists keep in float32 that was tested (``check_kernels(ops=[...])``) with every case
+  ``ok`` on **real** kernels may compute in the target dtype (``lp_ops``). Emulated evidence
+  widens nothing: it shows the emulation, not the kernels.
+
+:meth:`mxmp.Policy.from_kernel_report` applies them. The report records the CPU: loading one
+taken on another CPU model raises unless asked for (``allow_other_cpu=True``).
+"""
+import dataclasses
+import datetime
+import json
+import platform
+from typing import Dict, List
+
+__all__ = ['KernelReport', 'load_kernel_report', 'machine_info', 'FORMAT', 'VERDICTS']
+
+#: The ``format`` field of a report file, and its version.
+FORMAT = 'mxmp-kernel-report'
+VERSION = 1
+#: Verdicts (``crash`` is written ``crash(SIGNAME)``).
+VERDICTS = ('ok', 'wrong', 'crash', 'error', 'not-tested')
+_BAD = ('wrong', 'crash', 'error')
+_ROW_KEYS = ('op', 'class', 'variant', 'case', 'mode', 'fwd_err', 'bwd_err', 'verdict', 'detail')
+
+
+def _cpu():
+    """(model name with family and model numbers, flags) of the first CPU in /proc/cpuinfo."""
+    info = {}
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                key, _, value = line.partition(':')
+                if not key.strip() and info:
+                    break  # end of the first processor's block
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    model = info.get('model name') or platform.processor() or platform.machine()
+    if 'cpu family' in info and 'model' in info:
+        model += ' (family %s, model %s)' % (info['cpu family'], info['model'])
+    return model, info.get('flags', '').split()
+
+
+def machine_info(target_dtype='bfloat16'):
+    """dict: CPU model, its bfloat16-relevant flags, MXNet version, real kernels or not, date.
+
+    ``real_kernels`` is :func:`mxmp.lp_kernels_available` for ``target_dtype`` in this process;
+    ``dnnl_max_cpu_isa`` the ``DNNL_MAX_CPU_ISA`` cap in force, if any.
+    """
+    import os
+    import mxnet as mx
+    from ..device import lp_kernels_available
+    model, flags = _cpu()
+    wanted = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile', 'avx512_fp16')
+    return {'cpu': model, 'flags': [f for f in wanted if f in flags],
+            'mxnet_version': mx.__version__,
+            'real_kernels': bool(lp_kernels_available(target_dtype)),
+            'dnnl_max_cpu_isa': os.environ.get('DNNL_MAX_CPU_ISA'),
+            'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}
+
+
+def _fmt_err(e):
+    return '-' if e is None else ('inf' if e == float('inf') else '%.4f' % e)
+
+
+@dataclasses.dataclass
+class KernelReport:
+    """Rows of the conformance suite and the machine they were measured on.
+
+    Attributes:
+        target_dtype (str): ``'bfloat16'`` or ``'float16'``.
+        machine (dict): :func:`machine_info` of the machine that ran the suite.
+        rows (list of dict): keys ``op, class, variant, case, mode, fwd_err, bwd_err, verdict,
+            detail`` (errors are relative, see :mod:`mxmp._src.conformance`; None when not run).
+        tolerances (dict): ``{'forward': float, 'backward': float}`` used for the verdicts.
+        aliases (dict): alias -> canonical op, so a verdict covers every name of the op.
+    """
+    target_dtype: str
+    machine: Dict
+    rows: List[Dict]
+    tolerances: Dict
+    aliases: Dict = dataclasses.field(default_factory=dict)
+
+    def verdicts(self, rows=None):
+        """dict: op -> worst verdict over its cases (bad > ok > not-tested), over ``rows``
+        (default: every row)."""
+        out = {}
+        for r in self.rows if rows is None else rows:
+            v = r['verdict'].split('(')[0]
+            old = out.get(r['op'])
+            if old is None or _rank(v) > _rank(old.split('(')[0]):
+                out[r['op']] = r['verdict']
+        return out
+
+    def policy_changes(self, keep32):
+        """``(lp_ops, fp32_ops)``: op names (aliases included) the evidence moves.
+
+        Args:
+            keep32 (frozenset of str): the ops a policy computes in float32 (its float32 and
+                loss-output classes); only these can move to ``lp_ops``.
+        """
+        names_of = {}
+        for alias, canon in self.aliases.items():
+            names_of.setdefault(canon, {canon}).add(alias)
+        lp, fp32 = set(), set()
+        # An op run only in the lp-params case (a float32 op fed low-precision parameters)
+        # was not run in low precision: that is no evidence for widening it.
+        widen = self.verdicts([r for r in self.rows if r.get('case') != 'lp-params'])
+        for op, verdict in self.verdicts().items():
+            names = names_of.get(op, {op})
+            kind = verdict.split('(')[0]
+            if kind in _BAD:
+                fp32 |= names
+            elif (kind == 'ok' and self.machine.get('real_kernels') and op in keep32 and
+                  widen.get(op, '').split('(')[0] == 'ok'):
+                lp |= names & keep32
+        return frozenset(lp), frozenset(fp32 - lp)
+
+    def table(self):
+        """The rows as a fixed-width text table, machine first."""
+        m = self.machine
+        head = ['%s conformance on %s (%s); MXNet %s; %s kernels%s; %s' % (
+            self.target_dtype, m.get('cpu'), ' '.join(m.get('flags', [])) or 'no avx flags',
+            m.get('mxnet_version'), 'real oneDNN' if m.get('real_kernels') else 'no oneDNN',
+            (', DNNL_MAX_CPU_ISA=%s' % m['dnnl_max_cpu_isa']) if m.get('dnnl_max_cpu_isa')
+            else '', m.get('date')),
+            'tolerance: forward %.4g, backward %.4g (relative, max-norm)'
+            % (self.tolerances['forward'], self.tolerances['backward'])]
+        cols = ('op', 'class', 'variant', 'case', 'mode', 'fwd err', 'bwd err', 'verdict')
+        body = [(r['op'], r['class'], r['variant'] or '-', r['case'] or '-', r['mode'] or '-',
+                 _fmt_err(r['fwd_err']), _fmt_err(r['bwd_err']),
+                 r['verdict'] + (': ' + r['detail'] if r['detail'] else ''))
+                for r in self.rows]
+        widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c)
+                  for i, c in enumerate(cols)]
+        widths[-1] = len(cols[-1])
+        line = lambda cells: '  '.join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+        counts = {}
+        for r in self.rows:
+            k = r['verdict'].split('(')[0]
+            counts[k] = counts.get(k, 0) + 1
+        summary = ', '.join('%d %s' % (n, k) for k, n in sorted(counts.items()))
+        return '\n'.join(head + [line(cols)] + [line(b) for b in body]
+                         + ['%d cases: %s' % (len(self.rows), summary)])
+
+    def to_dict(self):
+        """The JSON-ready dict :meth:`save` writes."""
+        return {'format': FORMAT, 'version': VERSION, 'target_dtype': self.target_dtype,
+                'machine': self.machine, 'tolerances': self.tolerances,
+                'aliases': self.aliases, 'rows': self.rows}
+
+    def save(self, path):
+        """Write the report as JSON to ``path`` (a file name)."""
+        with open(path, 'w') as f:
+            json.dump(self.to_dict(), f, indent=1, sort_keys=True)
+            f.write('\n')
+
+
+def _rank(kind):
+    return 2 if kind in _BAD else (1 if kind == 'ok' else 0)
+
+
+def load_kernel_report(path):
+    """Read and validate a report written by ``mxmp check-kernels --out`` (:meth:`KernelReport.save`).
+
+    Args:
+        path (str): the JSON file.
+
+    Returns:
+        KernelReport
+
+    Raises:
+        ValueError: not JSON, not a kernel report, another version, or a malformed row; the
+            message names the file, the problem and how to get a valid file.
+    """
+    fix = 'write one with `mxmp check-kernels --out FILE` on the machine it describes'
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ValueError('%s is not a kernel report: not JSON (%s); %s' % (path, exc, fix))
+    if not isinstance(data, dict) or data.get('format') != FORMAT:
+        raise ValueError('%s is not a kernel report (no "format": "%s" field); %s'
+                         % (path, FORMAT, fix))
+    if data.get('version') != VERSION:
+        raise ValueError('%s is a kernel report of version %r; this mxmp reads version %d; %s'
+                         % (path, data.get('version'), VERSION, fix))
+    for key in ('target_dtype', 'machine', 'rows', 'tolerances'):
+        if key not in data:
+            raise ValueError('%s: kernel report without "%s"; %s' % (path, key, fix))
+    if data['target_dtype'] not in ('bfloat16', 'float16'):
+        raise ValueError('%s: unknown target_dtype %r' % (path, data['target_dtype']))
+    if not isinstance(data['rows'], list):
+        raise ValueError('%s: "rows" must be a list' % path)
+    for i, row in enumerate(data['rows']):
+        missing = [k for k in _ROW_KEYS if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise ValueError('%s: row %d lacks %s; %s' % (path, i, ', '.join(missing), fix))
+        if row['verdict'].split('(')[0] not in VERDICTS:
+            raise ValueError('%s: row %d (%s) has unknown verdict %r (one of %s)'
+                             % (path, i, row['op'], row['verdict'], ', '.join(VERDICTS)))
+    return KernelReport(target_dtype=data['target_dtype'], machine=data['machine'],
+                        rows=data['rows'], tolerances=data['tolerances'],
+                        aliases=data.get('aliases', {}))
