@@ -59,8 +59,16 @@ def trainer_status(trainer):
 
 
 def save_file_atomic(path, save):
-    """``save(tmp)``, fsync, rename over ``path``: ``mxmp._src.training.checkpoint.save_atomic``."""
-    import_mxmp().training.checkpoint.save_atomic(path, save)
+    """``save(tmp)``, fsync, rename over ``path``: a crash leaves the old file or the new one."""
+    tmp = '%s.tmp-%d' % (path, os.getpid())
+    try:
+        save(tmp)
+        with open(tmp, 'rb') as written:
+            os.fsync(written.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def error_reason(err):

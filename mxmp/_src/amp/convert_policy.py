@@ -39,7 +39,7 @@ def policy_for(dtype, lp_ops, fp32_ops, conditional, excluded_names=(), emulate=
     """
     from ..policy.tables import classes_for
     from ..policy.policy import Policy
-    from .lists import contrib_lists
+    from .names import contrib_lists
     classes = classes_for(dtype)
     base_lp, base_fp32 = set(classes['LOW_PRECISION']), set(classes['FLOAT32'])
     init_lp, init_fp32 = set(init_lp), set(init_fp32)
@@ -71,7 +71,7 @@ def check_lists(dtype, lp, fp32, cond_ops, defaults):
         AmpListConflict: an op in two lists; a widest-type op (``elemwise_add``, ...) or an
             unregistered name in a list. The message names the ops and lists.
     """
-    from .lists import contrib_lists
+    from .names import contrib_lists
     named = {'target_dtype_ops': lp, 'fp32_ops': fp32, 'conditional_fp32_ops': cond_ops}
     default = dict(zip(named, defaults))
     for a, b in (('target_dtype_ops', 'fp32_ops'), ('target_dtype_ops', 'conditional_fp32_ops'),
