@@ -7,6 +7,8 @@ import ast
 import importlib
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -118,6 +120,66 @@ def test_every_name_in_the_readme_api_table_imports_from_where_the_readme_says()
         if not hasattr(obj, attr):
             missing.append(dotted)
     assert not missing, missing
+
+
+
+def test_the_readme_api_table_is_mxmp_all():
+    import mxmp
+    table = {name.split('.')[1] for name in _readme_api_names()
+             if name.count('.') == 1 or name.split('.')[1] == 'amp'}
+    assert table == set(mxmp.__all__), (sorted(table ^ set(mxmp.__all__)))
+    for name in mxmp.__all__:
+        assert getattr(mxmp, name) is not None, name
+
+
+#: The public modules: the API and the faces of contrib.amp, Horovod and the command line.
+PUBLIC = {'mxmp', 'mxmp.amp', 'mxmp.amp.lists', 'mxmp.amp.lists.symbol_fp16',
+          'mxmp.amp.lists.symbol_bf16', 'mxmp.horovod', 'mxmp.cli', 'mxmp.cli.__main__'}
+
+
+def test_every_module_is_public_or_under_src():
+    names = {_dotted(p) for p in _modules()}
+    assert {n for n in names if not n.startswith('mxmp._src')} == PUBLIC
+
+
+def _only_reexports(path):
+    """True when a module defines nothing: only imports (and ``__all__``/a docstring)."""
+    body = ast.parse(path.read_text()).body
+    imports = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    defines = [n for n in body if not isinstance(n, (ast.Import, ast.ImportFrom, ast.Expr))
+               and not (isinstance(n, ast.Assign) and [getattr(t, 'id', '') for t in n.targets]
+                        == ['__all__'])]
+    return bool(imports) and not defines
+
+
+def test_no_internal_module_only_reexports_another_modules_names():
+    offenders = [_rel(p) for p in _modules()
+                 if _dotted(p).startswith('mxmp._src') and _only_reexports(p)]
+    assert not offenders, offenders
+
+
+def test_nothing_is_stamped_on_mxnet_objects_outside_the_hook_module():
+    """Side channels (attributes stamped on Parameters or blocks, patched methods, registries
+    keyed by id()) live only in mxmp/_src/gluon.py, the one module that hooks MXNet. A hit that
+    is not one (an id() key of a dict local to one call) says why in a comment on its line."""
+    pattern = re.compile(r'\.\_mxmp_\w+\s*=|setattr\([^)]*[\'"]_mxmp_|MethodType|\bid\(')
+    hits = ['%s:%d: %s' % (_rel(p), i, line.strip())
+            for p in _modules() if _rel(p) != 'mxmp/_src/gluon.py'
+            for i, line in enumerate(p.read_text().splitlines(), 1)
+            if pattern.search(line) and '#' not in line]
+    assert not hits, hits
+
+
+def test_import_mxmp_loads_the_core_only():
+    code = ('import sys, mxmp; mods = sorted(m for m in sys.modules if m.startswith("mxmp")); '
+            'print(len(mods)); print(" ".join(mods))')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         check=True, cwd=str(ROOT)).stdout.split('\n')
+    mods = out[1].split()
+    assert int(out[0]) <= 30, mods
+    tools = [m for m in mods if m.split('.')[2:3] and m.split('.')[2] in
+             ('diagnose', 'plotting', 'conformance', 'cli', 'alignment', 'amp')]
+    assert not tools, tools
 
 
 def test_every_exception_is_defined_in_errors():

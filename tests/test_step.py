@@ -21,7 +21,7 @@ MXMP = pathlib.Path(__file__).resolve().parent.parent / 'mxmp'
 def test_multi_all_finite_is_called_in_one_module_only():
     callers = sorted(str(p.relative_to(MXMP)) for p in MXMP.rglob('*.py')
                      if re.search(r'\bmulti_all_finite\(', p.read_text()))
-    assert callers == ['scaling/overflow.py']
+    assert len(callers) == 1 and 'scaling' in callers[0], callers
 
 
 @pytest.mark.parametrize('scaler', [NoOpLossScaler(), StaticLossScaler(8.0),

@@ -131,5 +131,5 @@ def cmd_plot(args):
 
 def cmd_check_kernels(args):
     """mxmp check-kernels: :func:`mxmp._src.conformance.check.cmd` (the kernel conformance run)."""
-    from .. import conformance
-    return conformance.cmd(args)
+    from ..conformance.check import cmd
+    return cmd(args)

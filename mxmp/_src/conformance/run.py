@@ -96,7 +96,7 @@ def _serve():
     import time
     import traceback
     import mxnet  # noqa: F401  pylint: disable=unused-import
-    from .. import graph  # noqa: F401  pylint: disable=unused-import
+    from ..graph import convert  # noqa: F401  pylint: disable=unused-import
     for line in sys.stdin:
         job = json.loads(line)
         pid = os.fork()
