@@ -12,7 +12,7 @@ Three runs of the same small convnet, from the same initial weights, on the same
    run).
 
 float16 is *emulated* (float32 kernels whose inputs, outputs and gradients are rounded through
-float16, see :mod:`mxmp._src.graph`), so this runs on any CPU and shows where a GPU's float16 graph
+float16, see docs/float16.md), so this runs on any CPU and shows where a GPU's float16 graph
 would flush gradients to zero (float16's smallest subnormal is 2**-24; anything below 2**-25
 becomes 0).
 
@@ -56,8 +56,6 @@ from mxnet import autograd, gluon, nd
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 import mxmp  # noqa: E402  (the work tree's mxmp when not installed)
-from mxmp._src.scaling.scalers import DynamicLossScaler  # noqa: E402
-from mxmp._src.training.trainer import Trainer  # noqa: E402
 
 LOG = logging.getLogger('loss_scaling_experiment')
 
@@ -176,8 +174,8 @@ def run(name, target_dtype, loss_scaler, batches, args):
         mxmp.convert(net, target_dtype, emulate=True)
     spec = loss_scaler
     if loss_scaler == 'dynamic':
-        loss_scaler = DynamicLossScaler(growth_interval=args.growth_interval)
-    trainer = Trainer(params, 'sgd', {'learning_rate': args.lr, 'momentum': args.momentum,
+        loss_scaler = mxmp.DynamicLossScaler(growth_interval=args.growth_interval)
+    trainer = mxmp.Trainer(params, 'sgd', {'learning_rate': args.lr, 'momentum': args.momentum,
                                       'rescale_grad': 1.0 / args.loss_factor},
                       loss_scaler=loss_scaler, target_dtype=target_dtype or 'float32')
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()

@@ -7,7 +7,7 @@ machine (loopback): under ``scripts/launch_local.py``::
     python scripts/launch_local.py -n 2 -s 1 --timeout 600 --env OMP_NUM_THREADS=1 -- \\
         python scripts/bench_distributed.py --kvstore dist_sync --grad-dtype float16
 
-With Horovod (``mxmp._src.horovod.DistributedTrainer``, no kvstore, no server)::
+With Horovod (``mxmp.horovod.DistributedTrainer``, no kvstore, no server)::
 
     horovodrun --gloo -np 2 -H localhost:2 \
         python scripts/bench_distributed.py --kvstore horovod --grad-dtype float16
@@ -94,7 +94,7 @@ def main(argv=None):
     extra = {'grad_dtype': args.grad_dtype} if args.grad_dtype else {}
     opt = {'learning_rate': 0.01, 'momentum': 0.9}
     if kv == 'horovod':
-        from mxmp._src.horovod import DistributedTrainer
+        from mxmp.horovod import DistributedTrainer
         trainer = DistributedTrainer(net.collect_params(), 'sgd', opt, loss_scaler='dynamic',
                                      **extra)
     else:
