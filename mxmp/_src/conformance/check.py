@@ -1,8 +1,5 @@
-"""The conformance suite's parent side: :func:`check_kernels` and ``mxmp check-kernels``.
-
-It chooses the ops, runs each in a process forked by a zygote (:mod:`.run`) and collects the rows
-into a :class:`~mxmp._src.policy.kernel_report.KernelReport`; :mod:`mxmp._src.conformance` describes the
-cases, modes, error measure and tolerances.
+""":func:`check_kernels` and ``mxmp check-kernels``: choose the ops, run each in a process forked
+by the zygote of :mod:`.run`, collect the rows into a :class:`KernelReport` (docs/conformance.md).
 """
 import concurrent.futures
 import json
@@ -13,16 +10,10 @@ from ..policy.policy import Policy
 from ..dtypes import normalize_dtype
 from ..policy.kernel_report import KernelReport, machine_info
 from ..policy.tables import aliases as table_aliases
-from .cases import CASES, NOT_TESTED
-from .run import (_CASE_NAMES, _TESTED_CLASSES, EPS, _row, _Zygote, cases_of, has_params,
-    tolerances)
-
-__all__ = ['check_kernels', 'EPS', 'tolerances']
+from .run import (CASES, NOT_TESTED, _CASE_NAMES, _TESTED_CLASSES, _row, _Zygote, cases_of,
+                  has_params, tolerances)
 
 
-# ---------------------------------------------------------------------------------------------
-# Parent side
-# ---------------------------------------------------------------------------------------------
 def _ops_to_test(policy, ops):
     """[(op, class, params only)] of the canonical ops to run, and {alias: canonical} of the
     lists. By default the ops of the tested classes, all cases, and the other ops whose case
@@ -130,7 +121,7 @@ def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only=False
     """All cases of one op (``params_only``: its ``lp-params`` cases; ``cases``: only these),
     in subprocesses; a crash ends that case, the rest run anew."""
     if op not in CASES:
-        reason = NOT_TESTED.get(op, 'no input spec in mxmp/conformance/cases.py')
+        reason = NOT_TESTED.get(op, 'no input spec in mxmp/_src/conformance/run.py')
         return [_row(op, cls, '', '', detail=reason)]
     pending = [p for p in cases_of(op, params_only) if cases is None or p[1] in cases]
     order = {p: i for i, p in enumerate(pending)}
@@ -184,7 +175,7 @@ def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only=False
 
 
 def cmd(args):
-    """``mxmp check-kernels`` (arguments from :func:`mxmp._src.cli.main.build_parser`); returns the exit code."""
+    """``mxmp check-kernels`` (arguments from :func:`mxmp.cli.build_parser`); the exit code."""
     ops = [o.strip() for o in args.ops.split(',') if o.strip()] if args.ops else None
     emulate = {'auto': None, 'yes': True, 'no': False}[args.emulate]
     report = check_kernels(args.dtype, ops=ops, emulate=emulate, jobs=args.jobs,

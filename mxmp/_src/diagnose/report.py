@@ -1,33 +1,299 @@
-"""What :func:`mxmp._src.diagnose` returns: :class:`NumericsReport`, as a text table and as JSON.
+"""Number formats, log2 histograms, verdicts and :class:`NumericsReport` (docs/diagnose.md).
 
-The numbers come from :mod:`mxmp._src.diagnose.stats` (formats, histograms, verdicts); the PNG
-charts of :meth:`NumericsReport.save_plots` are drawn by :mod:`mxmp._src.plotting.report_charts`,
-imported only when a plot is asked for (this module imports nothing from :mod:`mxmp._src.plotting`
-at load time, and the charts do not import this module).
+Thresholds: IEEE 754 binary16 and bfloat16; loss-scale rule and verdicts: Micikevicius et al.,
+"Mixed Precision Training", ICLR 2018, section 3.2, and NVIDIA's "Training With Mixed
+Precision" guide, "Choosing A Scaling Factor".
 """
 import dataclasses
 import json
+import math
 import os
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
-from .stats import LayerStats, LossScaleAdvice, _pct, merged, number_format
+import numpy as np
 
-__all__ = ['NumericsReport']
+#: log2 histogram range: floor(log2|x|) of every finite non-zero float32 lies in [-149, 127].
+HIST_LO, HIST_HI = -149, 127
+_NBINS = HIST_HI - HIST_LO + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class NumberFormat:
+    """The range of a low-precision float format.
+
+    Attributes:
+        name (str): ``'float16'`` or ``'bfloat16'``.
+        max_finite (float): largest finite value; larger magnitudes overflow to inf.
+        min_normal (float): smallest normal magnitude.
+        zero_below (float): magnitudes below this become zero in MXNet.
+        significand_bits (int): bits of precision, the implicit bit included.
+        min_subnormal (float): the format's smallest subnormal magnitude.
+    """
+    name: str
+    max_finite: float
+    min_normal: float
+    zero_below: float
+    significand_bits: int = 24
+    min_subnormal: float = 2.0 ** -149
+
+    @property
+    def unit_roundoff(self) -> float:
+        """float: ``2**-significand_bits``, the largest relative rounding error."""
+        return 2.0 ** -self.significand_bits
+
+    @property
+    def risk(self) -> str:
+        """str: what limits this format in training, in one sentence."""
+        bits = (self.significand_bits, self.significand_bits, 100 * self.unit_roundoff)
+        if self.max_finite > 1e38:
+            return ('%s has float32\'s exponent range, so gradients neither underflow nor '
+                    'overflow where float32 does not: precision is the risk (%d significant '
+                    'bits, relative rounding error up to 2^-%d = %.3g%%: long sums and weight '
+                    'updates much smaller than the weight lose digits; mxmp keeps float32 '
+                    'master weights and float32 reductions for that), not underflow'
+                    % ((self.name,) + bits))
+        return ('%s\'s range is narrow (overflow above %g, zero below 2^%d): underflow of small '
+                'gradients is the risk, which loss scaling addresses; %d significant bits '
+                '(relative rounding error up to 2^-%d = %.3g%%)'
+                % ((self.name, self.max_finite, self.log2_zero_below) + bits))
+
+    @property
+    def log2_min_normal(self) -> int:
+        return int(round(math.log2(self.min_normal)))
+
+    @property
+    def log2_zero_below(self) -> int:
+        return int(round(math.log2(self.zero_below)))
+
+
+#: IEEE 754 binary16: max 65504, normal from 2**-14, smallest subnormal 2**-24, 11 bits.
+FLOAT16 = NumberFormat('float16', 65504.0, 2.0 ** -14, 2.0 ** -24, 11, 2.0 ** -24)
+#: bfloat16: max (2 - 2**-7) * 2**127, normal from 2**-126, 8 bits. Its subnormals (down to
+#: 2**-133) count as zero: MXNet 1.9.1's bfloat16 conversion flushes them (docs/diagnose.md).
+BFLOAT16 = NumberFormat('bfloat16', (2.0 - 2.0 ** -7) * 2.0 ** 127, 2.0 ** -126, 2.0 ** -126, 8,
+                        2.0 ** -133)
+FORMATS = {'float16': FLOAT16, 'bfloat16': BFLOAT16}
+
+
+def number_format(dtype):
+    """The :class:`NumberFormat` of ``dtype`` (a name, numpy dtype or NumberFormat).
+
+    Raises:
+        ValueError: not float16 or bfloat16 (from :func:`mxmp.normalize_dtype`).
+    """
+    if isinstance(dtype, NumberFormat):
+        return dtype
+    from ..dtypes import normalize_dtype
+    return FORMATS[normalize_dtype(dtype)]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TensorStats:
+    """Magnitude statistics of one tensor, accumulated over the diagnosed steps.
+
+    Attributes:
+        count (int): elements seen.
+        zeros (int): exact zeros.
+        nonfinite (int): inf/NaN already in float32.
+        max_abs (float): largest finite magnitude (0 if none).
+        hist (numpy.ndarray of int64): ``hist[i]`` counts the finite non-zero values with
+            ``floor(log2|x|) == HIST_LO + i``.
+        overflow (dict str -> int): per format name, finite values above ``max_finite``.
+    """
+    count: int
+    zeros: int
+    nonfinite: int
+    max_abs: float
+    hist: np.ndarray
+    overflow: Dict[str, int]
+
+    @classmethod
+    def of(cls, array):
+        """Statistics of one numpy array."""
+        a = np.abs(np.asarray(array, dtype=np.float32).ravel())
+        finite = np.isfinite(a)
+        nz = a[finite & (a > 0)]
+        if nz.size:
+            _, exp = np.frexp(nz)
+            hist = np.bincount(exp.astype(np.int64) - 1 - HIST_LO, minlength=_NBINS)
+        else:
+            hist = np.zeros(_NBINS, np.int64)
+        overflow = {name: int(np.count_nonzero(nz > f.max_finite)) for name, f in FORMATS.items()}
+        return cls(int(a.size), int(np.count_nonzero(a[finite] == 0)),
+                   int(a.size - np.count_nonzero(finite)), float(nz.max()) if nz.size else 0.0,
+                   hist.astype(np.int64), overflow)
+
+    def merge(self, other):
+        """The statistics of both tensors together (``other`` may be None)."""
+        if other is None:
+            return self
+        return TensorStats(self.count + other.count, self.zeros + other.zeros,
+                           self.nonfinite + other.nonfinite, max(self.max_abs, other.max_abs),
+                           self.hist + other.hist,
+                           {k: self.overflow[k] + other.overflow[k] for k in self.overflow})
+
+    @property
+    def nonzero(self) -> int:
+        """int: finite non-zero values (the denominator of every fraction)."""
+        return int(self.hist.sum())
+
+    def _below(self, log2_threshold):
+        idx = int(log2_threshold) - HIST_LO
+        return int(self.hist[:max(0, min(idx, _NBINS))].sum())
+
+    def _fraction(self, n):
+        return n / self.nonzero if self.nonzero else 0.0
+
+    def overflow_fraction(self, fmt):
+        """Fraction of the finite non-zero values above ``fmt``'s largest finite value."""
+        return self._fraction(self.overflow[number_format(fmt).name])
+
+    def zero_fraction(self, fmt, log2_scale=0):
+        """Fraction that becomes zero in ``fmt`` after multiplying by ``2**log2_scale``."""
+        return self._fraction(self._below(number_format(fmt).log2_zero_below - log2_scale))
+
+    def subnormal_fraction(self, fmt, log2_scale=0):
+        """Fraction that is subnormal (not zero) in ``fmt`` after scaling by ``2**log2_scale``."""
+        f = number_format(fmt)
+        return self._fraction(self._below(f.log2_min_normal - log2_scale)
+                              - self._below(f.log2_zero_below - log2_scale))
+
+    def to_dict(self):
+        """JSON-ready dict (the histogram as ``{log2 bin: count}`` of non-empty bins)."""
+        return {'count': self.count, 'zeros': self.zeros, 'nonfinite': self.nonfinite,
+                'max_abs': self.max_abs, 'overflow': dict(self.overflow),
+                'log2_hist': {int(HIST_LO + i): int(c) for i, c in enumerate(self.hist) if c}}
+
+
+def merged(stats):
+    """The :class:`TensorStats` of several tensors together (None items skipped; None if all
+    are)."""
+    total = None
+    for item in stats:
+        if item is not None:
+            total = item if total is None else total.merge(item)
+    return total
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LayerStats:
+    """The four tensors of one layer (graph node).
+
+    Attributes:
+        name (str): node name (what ``Policy(excluded_names=...)`` takes).
+        op (str): operator, e.g. ``'Convolution'``.
+        params (tuple of str): the parameters counted as its weights.
+        activation (TensorStats): its output(s).
+        act_grad (TensorStats): d loss / d output.
+        weight (TensorStats or None): its low-precision parameters.
+        weight_grad (TensorStats or None): their gradients.
+    """
+    name: str
+    op: str
+    params: Tuple[str, ...]
+    activation: TensorStats
+    act_grad: TensorStats
+    weight: Optional[TensorStats]
+    weight_grad: Optional[TensorStats]
+
+    def gradients(self):
+        """TensorStats of the activation and weight gradients together."""
+        return self.act_grad.merge(self.weight_grad)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossScaleAdvice:
+    """The loss scale that keeps the reported gradients in range for one format.
+
+    Attributes:
+        dtype (str): format name.
+        log2_scale (int): ``S = 2**log2_scale``, the largest power of two with
+            ``max_grad * S <= max finite``, capped; negative if the gradients overflow unscaled.
+        max_grad (float): largest gradient magnitude.
+        zero_unscaled (float): fraction of the non-zero gradients that flush to zero unscaled.
+        zero_scaled (float): the same with ``S``.
+        capped (bool): ``S`` was limited by ``max_loss_scale``.
+    """
+    dtype: str
+    log2_scale: int
+    max_grad: float
+    zero_unscaled: float
+    zero_scaled: float
+    capped: bool
+
+    @property
+    def scale(self) -> float:
+        return 2.0 ** self.log2_scale
+
+    @property
+    def rescued(self) -> float:
+        """float: fraction of the gradient values the scale saves from flushing to zero."""
+        return max(0.0, self.zero_unscaled - self.zero_scaled)
+
+
+def advise_loss_scale(layers, fmt, max_loss_scale):
+    """The :class:`LossScaleAdvice` for the gradients of ``layers`` (LayerStats) in ``fmt``
+    (NumberFormat), the scale capped at ``max_loss_scale`` rounded down to a power of two;
+    zero fields when no non-zero gradient was seen."""
+    grads = merged(layer.gradients() for layer in layers)
+    if grads is None or grads.nonzero == 0:
+        return LossScaleAdvice(fmt.name, 0, 0.0, 0.0, 0.0, False)
+    cap = int(math.floor(math.log2(max_loss_scale)))
+    k = int(math.floor(math.log2(fmt.max_finite / grads.max_abs)))
+    while grads.max_abs * 2.0 ** k > fmt.max_finite:   # float rounding of the log
+        k -= 1
+    return LossScaleAdvice(fmt.name, min(k, cap), grads.max_abs, grads.zero_fraction(fmt),
+                           grads.zero_fraction(fmt, min(k, cap)), k > cap)
+
+
+def judge_layer(layer, fmt, log2_scale, tol):
+    """Reasons to keep ``layer`` in float32 in ``fmt`` (empty tuple: fine in low precision).
+
+    Flagged: any activation or weight overflow; more than ``tol`` of the activations flushing
+    to zero; more than ``tol`` of the activation or weight gradients flushing to zero with
+    the loss scale ``2**log2_scale`` (Micikevicius et al. 2018, section 3.2). Weights that
+    flush to zero do not flag a layer: the optimizer keeps float32 master weights.
+    """
+    why = []
+    act = layer.activation
+    if act.overflow_fraction(fmt) > 0:
+        why.append('activations overflow (%s of values > %g, max |x| %.3g)'
+                   % (_pct(act.overflow_fraction(fmt)), fmt.max_finite, act.max_abs))
+    if layer.weight is not None and layer.weight.overflow_fraction(fmt) > 0:
+        why.append('weights overflow (%s > %g)' % (_pct(layer.weight.overflow_fraction(fmt)),
+                                                    fmt.max_finite))
+    if act.zero_fraction(fmt) > tol:
+        why.append('activations flush to zero (%s below %g)'
+                   % (_pct(act.zero_fraction(fmt)), fmt.zero_below))
+    for label, stats in (('activation gradients', layer.act_grad),
+                         ('weight gradients', layer.weight_grad)):
+        if stats is not None and stats.zero_fraction(fmt, log2_scale) > tol:
+            why.append('%s flush to zero even with loss scale 2^%d (%s)'
+                       % (label, log2_scale, _pct(stats.zero_fraction(fmt, log2_scale))))
+    return tuple(why)
+
+
+def _pct(frac, sign='%'):
+    """A fraction as a percentage: '0', '<0.01%', '12.3%' (``sign=''`` for table cells)."""
+    if frac == 0:
+        return '0'
+    if frac < 1e-4:
+        return '<0.01' + sign
+    return '%.3g' % (100 * frac) + sign
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class NumericsReport:
-    """What :func:`diagnose` found. Immutable; print :meth:`table`, draw :meth:`save_plots`.
+    """What :func:`mxmp.diagnose` found.
 
     Attributes:
-        target_dtype (str): the dtype the layers were chosen for and the recommendation is for.
+        target_dtype (str): the dtype the layers were chosen for.
         steps (int): float32 iterations run.
         batch_size (int): samples per iteration.
         losses (tuple of float): mean loss of each iteration.
         layers (tuple of LayerStats): in graph order.
         loss_scale (dict str -> LossScaleAdvice): per format.
-        reasons (dict str -> dict str -> tuple of str): per format, layer name -> why it should
-            stay float32 (only flagged layers).
+        reasons (dict str -> dict str -> tuple of str): per format, flagged layer -> why.
         underflow_tol (float): the flush-to-zero fraction above which a layer is flagged.
     """
     target_dtype: str
@@ -40,14 +306,12 @@ class NumericsReport:
     underflow_tol: float
 
     def recommended(self, dtype=None):
-        """Layer names to keep in float32 for ``dtype`` (default: the target dtype), in graph
-        order."""
+        """Layer names to keep in float32 for ``dtype`` (default the target), graph order."""
         return tuple(self.reasons[number_format(dtype or self.target_dtype).name])
 
     @property
     def excluded_names(self):
-        """tuple of str: the recommended layers for the target dtype, for
-        ``mxmp.Policy(excluded_names=...)``."""
+        """tuple of str: :meth:`recommended` for the target dtype."""
         return self.recommended()
 
     def policy(self, **kwargs):
@@ -63,45 +327,29 @@ class NumericsReport:
         raise KeyError('no reported layer named %r' % name)
 
     def gradients(self):
-        """TensorStats of every reported gradient (activation and weight) together."""
+        """TensorStats of every reported gradient together."""
         return merged(layer.gradients() for layer in self.layers)
 
     def table(self, dtype=None, flagged_only=False):
-        """The report as text: a header with the loss-scale advice, one row per layer.
-
-        Args:
-            dtype (str): format of the columns; default the target dtype.
-            flagged_only (bool): only the layers recommended for float32.
-
-        Returns:
-            str
-        """
+        """str: loss-scale advice and one row per layer, in ``dtype``'s format (default the
+        target dtype); ``flagged_only``: only the layers recommended for float32."""
         return _format_table(self, number_format(dtype or self.target_dtype), flagged_only)
 
     def __str__(self):
         return self.table()
 
     def save_plots(self, directory, dtype=None):
-        """Write the PNG plots (matplotlib, Agg backend) into ``directory`` (created if needed).
-
-        Files: ``gradient_histogram.png`` (gradient log2 magnitudes against the range of the
-        format, as the activation-gradient histogram of Micikevicius et al. 2018; unscaled, and
-        with the recommended loss scale where scaling rescues values) and ``layer_ranges.png``
-        (per layer: where its values lie in the format's range, and the fractions that
-        overflow or flush to zero). Both use the same format as :meth:`table`.
-
-        Args:
-            directory (str): output directory (created with its parents if needed).
-            dtype (str): the format; default the target dtype.
+        """Write ``gradient_histogram.png`` and ``layer_ranges.png`` into ``directory``
+        (created with its parents) in ``dtype``'s format (default the target dtype).
 
         Returns:
             dict str -> str: plot name -> path.
         """
-        from ..plotting.report_charts import save_report_plots
+        from ..plotting import save_report_plots
         return save_report_plots(self, directory, dtype)
 
     def to_dict(self):
-        """JSON-serialisable dict of everything in the report."""
+        """JSON-ready dict of everything in the report."""
         def tensor(t):
             return None if t is None else t.to_dict()
         return {
@@ -119,7 +367,7 @@ class NumericsReport:
         }
 
     def save_json(self, path):
-        """Write :meth:`to_dict` to ``path`` as JSON (its directory is created if needed)."""
+        """Write :meth:`to_dict` to ``path`` (its directory is created); returns ``path``."""
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, 'w') as f:
             json.dump(self.to_dict(), f, indent=1)
@@ -128,11 +376,6 @@ class NumericsReport:
 
 def _num(x):
     return '0' if x == 0 else '%.3g' % x
-
-
-def _short_pct(frac):
-    """Percent for a table cell: '0', '<0.01', '12.3', '100'."""
-    return _pct(frac, sign='')
 
 
 def _format_table(report, fmt, flagged_only):
@@ -172,17 +415,18 @@ def _format_table(report, fmt, flagged_only):
     header = ('layer', 'op', '|act|max', 'act ovf%', 'act sub%', 'act 0%', 'w ovf%', 'w 0%',
               '|grad|max', 'agrad 0%', 'agrad 0%@S', 'wgrad 0%@S', 'fp32')
     rows = [header]
+    cell = lambda frac: _pct(frac, sign='')  # noqa: E731
     for layer in report.layers:
         if flagged_only and layer.name not in reasons:
             continue
         a, g, w, wg = layer.activation, layer.act_grad, layer.weight, layer.weight_grad
-        rows.append((layer.name, layer.op, _num(a.max_abs), _short_pct(a.overflow_fraction(fmt)),
-                     _short_pct(a.subnormal_fraction(fmt)), _short_pct(a.zero_fraction(fmt)),
-                     _short_pct(w.overflow_fraction(fmt)) if w else '-',
-                     _short_pct(w.zero_fraction(fmt)) if w else '-',
-                     _num(layer.gradients().max_abs), _short_pct(g.zero_fraction(fmt)),
-                     _short_pct(g.zero_fraction(fmt, k)),
-                     _short_pct(wg.zero_fraction(fmt, k)) if wg else '-',
+        rows.append((layer.name, layer.op, _num(a.max_abs), cell(a.overflow_fraction(fmt)),
+                     cell(a.subnormal_fraction(fmt)), cell(a.zero_fraction(fmt)),
+                     cell(w.overflow_fraction(fmt)) if w else '-',
+                     cell(w.zero_fraction(fmt)) if w else '-',
+                     _num(layer.gradients().max_abs), cell(g.zero_fraction(fmt)),
+                     cell(g.zero_fraction(fmt, k)),
+                     cell(wg.zero_fraction(fmt, k)) if wg else '-',
                      '*' if layer.name in reasons else ''))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines.append('')
