@@ -8,7 +8,7 @@ import pytest
 from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
-from mxmp._src.diagnose.report import BFLOAT16, FLOAT16, TensorStats
+from mxmp._src.diagnose.stats import BFLOAT16, FLOAT16, TensorStats
 from mxmp._src.diagnose.report import NumericsReport
 from mxmp._src.diagnose.capture import diagnose
 

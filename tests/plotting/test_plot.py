@@ -115,15 +115,15 @@ def test_diagnose_save_plots_writes_two_pngs(report, tmp_path):
 
 
 def test_layer_chart_for_bfloat16(report, tmp_path):
-    from mxmp._src.plotting import plot_layer_ranges
+    from mxmp._src.diagnose.report import plot_layer_ranges
     assert_png(plot_layer_ranges(report, str(tmp_path / 'bf16.png'), 'bfloat16'),
                min_height=250)
 
 
 # ---------------------------------------------------------------------- bfloat16 and titles
 def test_histograms_are_drawn_in_each_formats_own_range(report, tmp_path):
-    from mxmp._src.diagnose.report import BFLOAT16, FLOAT16
-    from mxmp._src.plotting import gradient_histogram_figure
+    from mxmp._src.diagnose.stats import BFLOAT16, FLOAT16
+    from mxmp._src.diagnose.report import gradient_histogram_figure
     spans = {}
     for fmt in (FLOAT16, BFLOAT16):
         fig = gradient_histogram_figure(report, fmt.name)
@@ -152,7 +152,7 @@ def test_histograms_are_drawn_in_each_formats_own_range(report, tmp_path):
 
 
 def test_layer_ranges_for_bfloat16_have_bars(report):
-    from mxmp._src.plotting import layer_ranges_figure
+    from mxmp._src.diagnose.report import layer_ranges_figure
     fig = layer_ranges_figure(report, 'bfloat16')
     ax_span, ax_frac = fig.axes
     widths = [bar.get_width() for c in ax_span.containers for bar in c]

@@ -10,8 +10,8 @@ from ..policy.policy import Policy
 from ..dtypes import normalize_dtype
 from ..policy.kernel_report import KernelReport, machine_info
 from ..policy.tables import aliases as table_aliases
-from .run import (CASES, NOT_TESTED, _CASE_NAMES, _TESTED_CLASSES, _row, _Zygote, cases_of,
-                  has_params, tolerances)
+from .cases import CASES, NOT_TESTED
+from .run import _CASE_NAMES, _TESTED_CLASSES, _row, _Zygote, cases_of, has_params, tolerances
 
 
 def _ops_to_test(policy, ops):
@@ -121,7 +121,7 @@ def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only=False
     """All cases of one op (``params_only``: its ``lp-params`` cases; ``cases``: only these),
     in subprocesses; a crash ends that case, the rest run anew."""
     if op not in CASES:
-        reason = NOT_TESTED.get(op, 'no input spec in mxmp/_src/conformance/run.py')
+        reason = NOT_TESTED.get(op, 'no input spec in mxmp/_src/conformance/cases.py')
         return [_row(op, cls, '', '', detail=reason)]
     pending = [p for p in cases_of(op, params_only) if cases is None or p[1] in cases]
     order = {p: i for i, p in enumerate(pending)}

@@ -6,8 +6,8 @@ import json
 import numpy as np
 
 from ..errors import mxnet_error_line
-from .report import FORMATS, LayerStats, NumericsReport, TensorStats, advise_loss_scale, \
-    judge_layer, merged
+from .report import NumericsReport
+from .stats import FORMATS, LayerStats, TensorStats, advise_loss_scale, judge_layer, merged
 
 #: Suffix of the probe variables and ``+ probe`` nodes added to the traced graph (node names).
 _PROBE = '__probe__'
@@ -122,7 +122,7 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
         data_names (tuple of str): the network's input names. Default ``('data',)``.
         policy (mxmp.Policy): decides the reported layers; default ``Policy(target_dtype)``.
         underflow_tol (float): flush-to-zero fraction above which a layer is flagged
-            (:func:`~mxmp._src.diagnose.report.judge_layer`). Default 0.01.
+            (:func:`~mxmp._src.diagnose.stats.judge_layer`). Default 0.01.
         max_loss_scale (float): cap of the recommended loss scale; default 2**24 (the cap of
             mxmp's and contrib.amp's dynamic scalers).
         verbose (bool): print :meth:`NumericsReport.table`. Default True.

@@ -1,285 +1,14 @@
-"""Number formats, log2 histograms, verdicts and :class:`NumericsReport` (docs/diagnose.md).
-
-Thresholds: IEEE 754 binary16 and bfloat16; loss-scale rule and verdicts: Micikevicius et al.,
-"Mixed Precision Training", ICLR 2018, section 3.2, and NVIDIA's "Training With Mixed
-Precision" guide, "Choosing A Scaling Factor".
-"""
+""":class:`NumericsReport`, what :func:`mxmp.diagnose` returns: its table, JSON and PNG charts
+(drawn against one number format; docs/diagnose.md)."""
 import dataclasses
 import json
 import math
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 
-#: log2 histogram range: floor(log2|x|) of every finite non-zero float32 lies in [-149, 127].
-HIST_LO, HIST_HI = -149, 127
-_NBINS = HIST_HI - HIST_LO + 1
-
-
-@dataclasses.dataclass(frozen=True)
-class NumberFormat:
-    """The range of a low-precision float format.
-
-    Attributes:
-        name (str): ``'float16'`` or ``'bfloat16'``.
-        max_finite (float): largest finite value; larger magnitudes overflow to inf.
-        min_normal (float): smallest normal magnitude.
-        zero_below (float): magnitudes below this become zero in MXNet.
-        significand_bits (int): bits of precision, the implicit bit included.
-        min_subnormal (float): the format's smallest subnormal magnitude.
-    """
-    name: str
-    max_finite: float
-    min_normal: float
-    zero_below: float
-    significand_bits: int = 24
-    min_subnormal: float = 2.0 ** -149
-
-    @property
-    def unit_roundoff(self) -> float:
-        """float: ``2**-significand_bits``, the largest relative rounding error."""
-        return 2.0 ** -self.significand_bits
-
-    @property
-    def risk(self) -> str:
-        """str: what limits this format in training, in one sentence."""
-        bits = (self.significand_bits, self.significand_bits, 100 * self.unit_roundoff)
-        if self.max_finite > 1e38:
-            return ('%s has float32\'s exponent range, so gradients neither underflow nor '
-                    'overflow where float32 does not: precision is the risk (%d significant '
-                    'bits, relative rounding error up to 2^-%d = %.3g%%: long sums and weight '
-                    'updates much smaller than the weight lose digits; mxmp keeps float32 '
-                    'master weights and float32 reductions for that), not underflow'
-                    % ((self.name,) + bits))
-        return ('%s\'s range is narrow (overflow above %g, zero below 2^%d): underflow of small '
-                'gradients is the risk, which loss scaling addresses; %d significant bits '
-                '(relative rounding error up to 2^-%d = %.3g%%)'
-                % ((self.name, self.max_finite, self.log2_zero_below) + bits))
-
-    @property
-    def log2_min_normal(self) -> int:
-        return int(round(math.log2(self.min_normal)))
-
-    @property
-    def log2_zero_below(self) -> int:
-        return int(round(math.log2(self.zero_below)))
-
-
-#: IEEE 754 binary16: max 65504, normal from 2**-14, smallest subnormal 2**-24, 11 bits.
-FLOAT16 = NumberFormat('float16', 65504.0, 2.0 ** -14, 2.0 ** -24, 11, 2.0 ** -24)
-#: bfloat16: max (2 - 2**-7) * 2**127, normal from 2**-126, 8 bits. Its subnormals (down to
-#: 2**-133) count as zero: MXNet 1.9.1's bfloat16 conversion flushes them (docs/diagnose.md).
-BFLOAT16 = NumberFormat('bfloat16', (2.0 - 2.0 ** -7) * 2.0 ** 127, 2.0 ** -126, 2.0 ** -126, 8,
-                        2.0 ** -133)
-FORMATS = {'float16': FLOAT16, 'bfloat16': BFLOAT16}
-
-
-def number_format(dtype):
-    """The :class:`NumberFormat` of ``dtype`` (a name, numpy dtype or NumberFormat).
-
-    Raises:
-        ValueError: not float16 or bfloat16 (from :func:`mxmp.normalize_dtype`).
-    """
-    if isinstance(dtype, NumberFormat):
-        return dtype
-    from ..dtypes import normalize_dtype
-    return FORMATS[normalize_dtype(dtype)]
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class TensorStats:
-    """Magnitude statistics of one tensor, accumulated over the diagnosed steps.
-
-    Attributes:
-        count (int): elements seen.
-        zeros (int): exact zeros.
-        nonfinite (int): inf/NaN already in float32.
-        max_abs (float): largest finite magnitude (0 if none).
-        hist (numpy.ndarray of int64): ``hist[i]`` counts the finite non-zero values with
-            ``floor(log2|x|) == HIST_LO + i``.
-        overflow (dict str -> int): per format name, finite values above ``max_finite``.
-    """
-    count: int
-    zeros: int
-    nonfinite: int
-    max_abs: float
-    hist: np.ndarray
-    overflow: Dict[str, int]
-
-    @classmethod
-    def of(cls, array):
-        """Statistics of one numpy array."""
-        a = np.abs(np.asarray(array, dtype=np.float32).ravel())
-        finite = np.isfinite(a)
-        nz = a[finite & (a > 0)]
-        if nz.size:
-            _, exp = np.frexp(nz)
-            hist = np.bincount(exp.astype(np.int64) - 1 - HIST_LO, minlength=_NBINS)
-        else:
-            hist = np.zeros(_NBINS, np.int64)
-        overflow = {name: int(np.count_nonzero(nz > f.max_finite)) for name, f in FORMATS.items()}
-        return cls(int(a.size), int(np.count_nonzero(a[finite] == 0)),
-                   int(a.size - np.count_nonzero(finite)), float(nz.max()) if nz.size else 0.0,
-                   hist.astype(np.int64), overflow)
-
-    def merge(self, other):
-        """The statistics of both tensors together (``other`` may be None)."""
-        if other is None:
-            return self
-        return TensorStats(self.count + other.count, self.zeros + other.zeros,
-                           self.nonfinite + other.nonfinite, max(self.max_abs, other.max_abs),
-                           self.hist + other.hist,
-                           {k: self.overflow[k] + other.overflow[k] for k in self.overflow})
-
-    @property
-    def nonzero(self) -> int:
-        """int: finite non-zero values (the denominator of every fraction)."""
-        return int(self.hist.sum())
-
-    def _below(self, log2_threshold):
-        idx = int(log2_threshold) - HIST_LO
-        return int(self.hist[:max(0, min(idx, _NBINS))].sum())
-
-    def _fraction(self, n):
-        return n / self.nonzero if self.nonzero else 0.0
-
-    def overflow_fraction(self, fmt):
-        """Fraction of the finite non-zero values above ``fmt``'s largest finite value."""
-        return self._fraction(self.overflow[number_format(fmt).name])
-
-    def zero_fraction(self, fmt, log2_scale=0):
-        """Fraction that becomes zero in ``fmt`` after multiplying by ``2**log2_scale``."""
-        return self._fraction(self._below(number_format(fmt).log2_zero_below - log2_scale))
-
-    def subnormal_fraction(self, fmt, log2_scale=0):
-        """Fraction that is subnormal (not zero) in ``fmt`` after scaling by ``2**log2_scale``."""
-        f = number_format(fmt)
-        return self._fraction(self._below(f.log2_min_normal - log2_scale)
-                              - self._below(f.log2_zero_below - log2_scale))
-
-    def to_dict(self):
-        """JSON-ready dict (the histogram as ``{log2 bin: count}`` of non-empty bins)."""
-        return {'count': self.count, 'zeros': self.zeros, 'nonfinite': self.nonfinite,
-                'max_abs': self.max_abs, 'overflow': dict(self.overflow),
-                'log2_hist': {int(HIST_LO + i): int(c) for i, c in enumerate(self.hist) if c}}
-
-
-def merged(stats):
-    """The :class:`TensorStats` of several tensors together (None items skipped; None if all
-    are)."""
-    total = None
-    for item in stats:
-        if item is not None:
-            total = item if total is None else total.merge(item)
-    return total
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class LayerStats:
-    """The four tensors of one layer (graph node).
-
-    Attributes:
-        name (str): node name (what ``Policy(excluded_names=...)`` takes).
-        op (str): operator, e.g. ``'Convolution'``.
-        params (tuple of str): the parameters counted as its weights.
-        activation (TensorStats): its output(s).
-        act_grad (TensorStats): d loss / d output.
-        weight (TensorStats or None): its low-precision parameters.
-        weight_grad (TensorStats or None): their gradients.
-    """
-    name: str
-    op: str
-    params: Tuple[str, ...]
-    activation: TensorStats
-    act_grad: TensorStats
-    weight: Optional[TensorStats]
-    weight_grad: Optional[TensorStats]
-
-    def gradients(self):
-        """TensorStats of the activation and weight gradients together."""
-        return self.act_grad.merge(self.weight_grad)
-
-
-@dataclasses.dataclass(frozen=True)
-class LossScaleAdvice:
-    """The loss scale that keeps the reported gradients in range for one format.
-
-    Attributes:
-        dtype (str): format name.
-        log2_scale (int): ``S = 2**log2_scale``, the largest power of two with
-            ``max_grad * S <= max finite``, capped; negative if the gradients overflow unscaled.
-        max_grad (float): largest gradient magnitude.
-        zero_unscaled (float): fraction of the non-zero gradients that flush to zero unscaled.
-        zero_scaled (float): the same with ``S``.
-        capped (bool): ``S`` was limited by ``max_loss_scale``.
-    """
-    dtype: str
-    log2_scale: int
-    max_grad: float
-    zero_unscaled: float
-    zero_scaled: float
-    capped: bool
-
-    @property
-    def scale(self) -> float:
-        return 2.0 ** self.log2_scale
-
-    @property
-    def rescued(self) -> float:
-        """float: fraction of the gradient values the scale saves from flushing to zero."""
-        return max(0.0, self.zero_unscaled - self.zero_scaled)
-
-
-def advise_loss_scale(layers, fmt, max_loss_scale):
-    """The :class:`LossScaleAdvice` for the gradients of ``layers`` (LayerStats) in ``fmt``
-    (NumberFormat), the scale capped at ``max_loss_scale`` rounded down to a power of two;
-    zero fields when no non-zero gradient was seen."""
-    grads = merged(layer.gradients() for layer in layers)
-    if grads is None or grads.nonzero == 0:
-        return LossScaleAdvice(fmt.name, 0, 0.0, 0.0, 0.0, False)
-    cap = int(math.floor(math.log2(max_loss_scale)))
-    k = int(math.floor(math.log2(fmt.max_finite / grads.max_abs)))
-    while grads.max_abs * 2.0 ** k > fmt.max_finite:   # float rounding of the log
-        k -= 1
-    return LossScaleAdvice(fmt.name, min(k, cap), grads.max_abs, grads.zero_fraction(fmt),
-                           grads.zero_fraction(fmt, min(k, cap)), k > cap)
-
-
-def judge_layer(layer, fmt, log2_scale, tol):
-    """Reasons to keep ``layer`` in float32 in ``fmt`` (empty tuple: fine in low precision).
-
-    Flagged: any activation or weight overflow; more than ``tol`` of the activations flushing
-    to zero; more than ``tol`` of the activation or weight gradients flushing to zero with
-    the loss scale ``2**log2_scale`` (Micikevicius et al. 2018, section 3.2). Weights that
-    flush to zero do not flag a layer: the optimizer keeps float32 master weights.
-    """
-    why = []
-    act = layer.activation
-    if act.overflow_fraction(fmt) > 0:
-        why.append('activations overflow (%s of values > %g, max |x| %.3g)'
-                   % (_pct(act.overflow_fraction(fmt)), fmt.max_finite, act.max_abs))
-    if layer.weight is not None and layer.weight.overflow_fraction(fmt) > 0:
-        why.append('weights overflow (%s > %g)' % (_pct(layer.weight.overflow_fraction(fmt)),
-                                                    fmt.max_finite))
-    if act.zero_fraction(fmt) > tol:
-        why.append('activations flush to zero (%s below %g)'
-                   % (_pct(act.zero_fraction(fmt)), fmt.zero_below))
-    for label, stats in (('activation gradients', layer.act_grad),
-                         ('weight gradients', layer.weight_grad)):
-        if stats is not None and stats.zero_fraction(fmt, log2_scale) > tol:
-            why.append('%s flush to zero even with loss scale 2^%d (%s)'
-                       % (label, log2_scale, _pct(stats.zero_fraction(fmt, log2_scale))))
-    return tuple(why)
-
-
-def _pct(frac, sign='%'):
-    """A fraction as a percentage: '0', '<0.01%', '12.3%' (``sign=''`` for table cells)."""
-    if frac == 0:
-        return '0'
-    if frac < 1e-4:
-        return '<0.01' + sign
-    return '%.3g' % (100 * frac) + sign
+from .stats import HIST_LO, LayerStats, LossScaleAdvice, _pct, merged, number_format
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -345,7 +74,6 @@ class NumericsReport:
         Returns:
             dict str -> str: plot name -> path.
         """
-        from ..plotting import save_report_plots
         return save_report_plots(self, directory, dtype)
 
     def to_dict(self):
@@ -442,3 +170,214 @@ def _format_table(report, fmt, flagged_only):
     for name in names:
         lines.append('  %s: %s' % (name, '; '.join(reasons[name])))
     return '\n'.join(lines)
+
+
+def _count(n):
+    for unit, div in (('G', 1e9), ('M', 1e6), ('k', 1e3)):
+        if n >= div:
+            return '%.3g%s' % (n / div, unit)
+    return str(int(n))
+
+
+def _shade_format(ax, fmt, lo_edge, hi_edge, legend=True):
+    """Shade the format's zones on a log2 axis: zero, subnormal, normal, overflow."""
+    top = math.log2(fmt.max_finite)
+    zero, normal = fmt.log2_zero_below, fmt.log2_min_normal
+    label = (lambda text: text) if legend else (lambda text: None)
+    ax.axvspan(lo_edge, zero, color='red', alpha=0.12,
+               label=label('become zero in %s (< 2^%d)' % (fmt.name, zero)))
+    if normal > zero:
+        ax.axvspan(zero, normal, color='orange', alpha=0.18,
+                   label=label('%s subnormal (2^%d .. 2^%d)' % (fmt.name, zero, normal)))
+    else:   # bfloat16: the format's subnormals exist, MXNet flushes them
+        sub = int(round(math.log2(fmt.min_subnormal)))
+        if sub < normal:
+            ax.axvspan(max(sub, lo_edge), normal, facecolor='none', edgecolor='red',
+                       hatch='//', lw=0, label=label('%s subnormals (2^%d .. 2^%d), flushed to '
+                                                     'zero by MXNet' % (fmt.name, sub, normal)))
+    ax.axvspan(normal, top, color='green', alpha=0.10, label=label('%s normal range' % fmt.name))
+    ax.axvspan(top, hi_edge, color='red', alpha=0.25,
+               label=label('overflow in %s (> %g)' % (fmt.name, fmt.max_finite)))
+
+
+def _gradient_series(report):
+    act = merged(layer.act_grad for layer in report.layers)
+    weight = merged(layer.weight_grad for layer in report.layers)
+    return [(s, label, color) for s, label, color in
+            ((act, 'activation gradients', 'tab:blue'), (weight, 'weight gradients', 'tab:purple'))
+            if s is not None and s.nonzero]
+
+
+def gradient_histogram_figure(report, dtype=None):
+    """The figure of :func:`plot_gradient_histogram` (a matplotlib Figure, one Axes)."""
+    fmt = number_format(dtype or report.target_dtype)
+    from ..plotting import pyplot
+    plt = pyplot()
+    advice = report.loss_scale[fmt.name]
+    k = advice.log2_scale
+    series = _gradient_series(report)
+    scaled = bool(series) and advice.zero_unscaled > 0 and k != 0
+    used = [HIST_LO + i for s, _, _ in series for i in np.nonzero(s.hist)[0]]
+    lo_edge = fmt.log2_zero_below - 6
+    hi_edge = int(math.ceil(math.log2(fmt.max_finite))) + 4
+    if used:
+        lo_edge = min(lo_edge, min(used) - 2)
+        hi_edge = max(hi_edge, max(used) + 3 + (k if scaled else 0))
+    fig, ax = plt.subplots(figsize=(11, 6))
+    _shade_format(ax, fmt, lo_edge, hi_edge)
+    total = sum(s.nonzero for s, _, _ in series) or 1
+    bins = np.arange(HIST_LO, HIST_LO + len(series[0][0].hist)) if series else np.array([])
+    for stats, label, color in series:
+        pct = 100.0 * stats.hist / total
+        nz = pct > 0
+        ax.bar(bins[nz] + 0.5, pct[nz], width=1.0, color=color, alpha=0.55,
+               label='%s (%s values)' % (label, _count(stats.nonzero)))
+    if series:
+        combined = merged(stats for stats, _, _ in series)
+        if scaled:
+            pct = 100.0 * combined.hist / total
+            nz = pct > 0
+            ax.bar(bins[nz] + 0.5 + k, pct[nz], width=1.0, fill=False, edgecolor='black',
+                   lw=0.8, label='all gradients x loss scale 2^%d (shifted right by %d)' % (k, k))
+            scale_line = ('flushed to zero in %s: %.3g%% unscaled, %.3g%% with loss scale 2^%d'
+                          % (fmt.name, 100 * advice.zero_unscaled, 100 * advice.zero_scaled, k))
+        else:
+            scale_line = ('flushed to zero in %s: %.3g%% unscaled: no loss scale needed'
+                          % (fmt.name, 100 * advice.zero_unscaled))
+        zeros = sum(s.zeros for s, _, _ in series)
+        ax.text(0.01, 0.97, 'exact zeros not shown: %s of %s values\n%s\n%d significant bits: '
+                'relative rounding error up to 2^-%d = %.3g%%'
+                % (_count(zeros), _count(zeros + total), scale_line, fmt.significand_bits,
+                   fmt.significand_bits, 100 * fmt.unit_roundoff),
+                transform=ax.transAxes, va='top', fontsize=8,
+                bbox=dict(facecolor='white', alpha=0.8, edgecolor='none'))
+        ax.set_yscale('log')
+    else:
+        ax.text(0.5, 0.5, 'no non-zero gradient', ha='center', transform=ax.transAxes)
+    ax.set_xlim(lo_edge, hi_edge)
+    ax.set_xlabel('log2(|gradient|)')
+    ax.set_ylabel('% of non-zero gradient values')
+    ax.set_title('Gradient magnitudes vs. the %s range (%d float32 iteration(s), batch %d, '
+                 '%d layers)' % (fmt.name, report.steps, report.batch_size, len(report.layers)))
+    ax.legend(fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.13), ncol=3,
+              frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_gradient_histogram(report, out_png, dtype=None):
+    """Write the histogram of the gradients' log2 magnitudes against the range of ``dtype``
+    (``'float16'`` or ``'bfloat16'``, default the report's target dtype) to ``out_png`` (its
+    directory is created); the scaled series is drawn only where the loss scale rescues
+    values. Returns ``out_png``."""
+    from ..plotting import save_png
+    return save_png(gradient_histogram_figure(report, dtype), out_png)
+
+
+def _span(stats):
+    """(lowest, highest + 1) log2 bin of the finite non-zero values, or None."""
+    if stats is None or not stats.nonzero:
+        return None
+    idx = np.nonzero(stats.hist)[0]
+    return HIST_LO + int(idx[0]), HIST_LO + int(idx[-1]) + 1
+
+
+def layer_ranges_figure(report, dtype=None):
+    """The figure of :func:`plot_layer_ranges` (a matplotlib Figure with two Axes)."""
+    fmt = number_format(dtype or report.target_dtype)
+    from ..plotting import pyplot
+    plt = pyplot()
+    advice = report.loss_scale[fmt.name]
+    k = advice.log2_scale
+    flagged = report.reasons[fmt.name]
+    layers = report.layers
+    n = max(1, len(layers))
+    fig, (ax_span, ax_frac) = plt.subplots(1, 2, figsize=(14, 2.6 + 0.24 * n), sharey=True,
+                                           gridspec_kw={'width_ratios': [3, 2]})
+    y = np.arange(len(layers))
+
+    # left: where the values lie (log2 of the smallest and largest finite non-zero magnitude)
+    kinds = [('activations', 'tab:green', lambda l: l.activation),
+             ('weights', 'tab:brown', lambda l: l.weight),
+             ('gradients', 'tab:blue', lambda l: l.gradients())]
+    spans = [[_span(get(l)) for l in layers] for _, _, get in kinds]
+    known = [s for row in spans for s in row if s is not None]
+    lo_edge = min([fmt.log2_zero_below - 4] + [s[0] - 2 for s in known])
+    hi_edge = max([int(math.ceil(math.log2(fmt.max_finite))) + 4] + [s[1] + 2 for s in known])
+    _shade_format(ax_span, fmt, lo_edge, hi_edge, legend=False)
+    h = 0.8 / len(kinds)
+    for j, ((label, color, _), row) in enumerate(zip(kinds, spans)):
+        lefts = [s[0] if s else 0 for s in row]
+        widths = [s[1] - s[0] if s else 0 for s in row]
+        ax_span.barh(y - 0.4 + h * (j + 0.5), widths, left=lefts, height=h, color=color,
+                     label='%s (smallest to largest |x|)' % label)
+    ax_span.set_xlim(lo_edge, hi_edge)
+    ax_span.set_xlabel('log2(|x|) of the finite non-zero values; shaded: %s zero / subnormal / '
+                       'normal / overflow' % fmt.name)
+    ax_span.set_title('%s: where each layer\'s values lie (%d significant bits)'
+                      % (fmt.name, fmt.significand_bits), fontsize=10)
+
+    # right: the fractions out of range
+    series = [
+        ('activations overflow (> %g)' % fmt.max_finite, 'tab:red',
+         [l.activation.overflow_fraction(fmt) for l in layers]),
+        ('activations flush to zero', 'tab:orange', [l.activation.zero_fraction(fmt)
+                                                     for l in layers]),
+        ('gradients flush to zero, unscaled', 'tab:gray',
+         [l.gradients().zero_fraction(fmt) for l in layers]),
+    ]
+    if advice.zero_unscaled > 0:    # as the report: a loss scale only where it rescues values
+        series.append(('gradients flush to zero, loss scale 2^%d' % k, 'tab:purple',
+                       [l.gradients().zero_fraction(fmt, k) for l in layers]))
+    h = 0.8 / len(series)
+    for j, (label, color, values) in enumerate(series):
+        ax_frac.barh(y - 0.4 + h * (j + 0.5), [100 * v for v in values], height=h, color=color,
+                     label=label)
+    if not any(v for _, _, values in series for v in values):
+        ax_frac.text(0.5, 0.5, 'no value overflows or flushes to zero\nin %s in any layer'
+                     % fmt.name, ha='center', va='center', transform=ax_frac.transAxes,
+                     fontsize=9, color='dimgray')
+    ax_frac.set_xscale('symlog', linthresh=0.01)
+    ax_frac.set_xlim(0, 100)
+    ax_frac.set_xlabel('% of non-zero values (symlog)')
+    ax_frac.set_title('out of range (red labels: keep in float32, %d of %d)'
+                      % (len(flagged), len(layers)), fontsize=10)
+    ax_span.set_yticks(y)
+    ax_span.set_yticklabels(['%s (%s)' % (l.name, l.op) for l in layers], fontsize=7)
+    for tick, layer in zip(ax_span.get_yticklabels(), layers):
+        if layer.name in flagged:
+            tick.set_color('red')
+            tick.set_fontweight('bold')
+    ax_span.set_ylim(len(layers) - 0.5, -0.5)     # first layer at the top, no padding
+    for ax in (ax_span, ax_frac):
+        ax.grid(True, axis='x', alpha=0.3)
+    height = fig.get_size_inches()[1]
+    handles, labels = [], []
+    for ax in (ax_span, ax_frac):
+        hs, ls = ax.get_legend_handles_labels()
+        handles += hs
+        labels += ls
+    fig.legend(handles, labels, fontsize=7, loc='lower center', ncol=4, frameon=False)
+    fig.tight_layout(rect=(0, 0.6 / height, 1, 1))
+    return fig
+
+
+def plot_layer_ranges(report, out_png, dtype=None):
+    """Write the per-layer chart (left: log2 span of activations, weights and gradients over
+    the format's zones; right: the fractions out of range; flagged layers in red) to
+    ``out_png``. Arguments and return value as :func:`plot_gradient_histogram`."""
+    from ..plotting import save_png
+    return save_png(layer_ranges_figure(report, dtype), out_png)
+
+
+def save_report_plots(report, directory, dtype=None):
+    """Both charts of ``report`` in ``directory`` (:meth:`NumericsReport.save_plots`);
+    returns ``{'gradient_histogram': path, 'layer_ranges': path}``."""
+    os.makedirs(directory, exist_ok=True)
+    fmt = number_format(dtype or report.target_dtype)
+    return {
+        'gradient_histogram': plot_gradient_histogram(
+            report, os.path.join(directory, 'gradient_histogram.png'), fmt.name),
+        'layer_ranges': plot_layer_ranges(
+            report, os.path.join(directory, 'layer_ranges.png'), fmt.name),
+    }

@@ -1,0 +1,325 @@
+"""Model files and batches for the ``mxmp`` command: load and check a symbol and its parameters,
+convert, strip or fuse them, write them, and the float32 network and batch ``mxmp diagnose``
+runs. Every problem with the user's files raises :class:`CLIError` naming it.
+"""
+import json
+import os
+import re
+import sys
+
+from .errors import CLIError, mxnet_error_line
+
+
+def need_file(path, what):
+    """Raise CLIError unless ``path`` is an existing file (``what`` names it in the message)."""
+    if not os.path.exists(path):
+        raise CLIError('%s %s does not exist' % (what, path))
+    if not os.path.isfile(path):
+        raise CLIError('%s %s is not a file' % (what, path))
+
+
+def load_symbol(path):
+    """Load ``path`` as an MXNet Symbol; CLIError naming the problem otherwise."""
+    import mxnet as mx
+    need_file(path, 'symbol file')
+    try:
+        with open(path) as f:
+            json.load(f)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CLIError('%s is not a symbol JSON file (%s); pass the prefix-symbol.json that '
+                       'HybridBlock.export() writes' % (path, mxnet_error_line(err))) from None
+    try:
+        return mx.sym.load(path)
+    except mx.base.MXNetError as err:
+        raise CLIError('%s is not an MXNet symbol file: %s'
+                       % (path, mxnet_error_line(err))) from None
+
+
+def load_params(path, sym, data_names):
+    """Load a params file and check it against ``sym``.
+
+    Returns:
+        (arg_params, aux_params): dicts of name -> NDArray.
+
+    Raises:
+        CLIError: not a params file; parameters the symbol needs are missing (the symbol and
+            the params are not from the same model). Shapes MXNet cannot check without the
+            data shapes, or that do not fit, only warn (on stderr).
+    """
+    import mxnet as mx
+    need_file(path, 'params file')
+    try:
+        loaded = mx.nd.load(path)
+    except mx.base.MXNetError as err:
+        raise CLIError('%s is not an MXNet .params file: %s' % (path, mxnet_error_line(err))) \
+            from None
+    if not isinstance(loaded, dict):
+        raise CLIError('%s holds a list of arrays without names, not model parameters' % path)
+    args, aux = set(sym.list_arguments()), set(sym.list_auxiliary_states())
+    arg_params, aux_params = {}, {}
+    for key, value in loaded.items():
+        kind, _, name = key.partition(':')
+        if not name:
+            kind, name = ('aux' if key in aux else 'arg'), key
+        (aux_params if kind == 'aux' else arg_params)[name] = value
+    needed = [n for n in sym.list_arguments() if n not in data_names and
+              not n.endswith('_label')] + sym.list_auxiliary_states()
+    have = set(arg_params) | set(aux_params)
+    missing = [n for n in needed if n not in have]
+    if missing:
+        raise CLIError('%s does not match the symbol: %d parameter(s) the symbol needs are not '
+                       'in it (%s%s); pass the params file saved with this symbol, and the '
+                       'model\'s data inputs with --data-name'
+                       % (path, len(missing), ', '.join(missing[:4]),
+                          ', ...' if len(missing) > 4 else ''))
+    extra = sorted(have - args - aux)
+    if extra:
+        print('mxmp: warning: %s holds %d parameter(s) the symbol does not use (%s%s); they '
+              'are ignored' % (path, len(extra), ', '.join(extra[:4]),
+                               ', ...' if len(extra) > 4 else ''), file=sys.stderr)
+        arg_params = {k: v for k, v in arg_params.items() if k in args}
+        aux_params = {k: v for k, v in aux_params.items() if k in aux}
+    # Shapes can only warn: without the data shapes MXNet's partial inference fails on valid
+    # graphs, e.g. arange_like(axis=0) raises "cannot handle param.axis 0" (gluonnlp's BERT);
+    # the graph pass itself needs no shapes.
+    shapes = {k: v.shape for k, v in list(arg_params.items()) + list(aux_params.items())}
+    try:
+        sym.infer_shape_partial(**{k: v for k, v in shapes.items() if k in args})
+    except mx.base.MXNetError as err:
+        print('mxmp: warning: could not check the parameter shapes of %s against the symbol '
+              'without the data shapes (%s); going on' % (path, mxnet_error_line(err)),
+              file=sys.stderr)
+    return arg_params, aux_params
+
+
+def check_data_names(sym, data_names, arg_params):
+    """Raise CLIError naming the symbol's real inputs if a data name is not one of them."""
+    unknown = [n for n in data_names if n not in sym.list_arguments()]
+    if unknown:
+        raise CLIError('the symbol has no input named %s; its inputs are %s'
+                       % (', '.join(unknown), ', '.join(
+                           n for n in sym.list_arguments() if n not in arg_params)))
+
+
+def epoch_of(params_path):
+    """int: the NNNN of ``prefix-NNNN.params`` (0 for another file name)."""
+    m = re.search(r'-(\d+)\.params$', params_path)
+    return int(m.group(1)) if m else 0
+
+
+def save_model(prefix, epoch, sym, arg_params, aux_params):
+    """Write ``prefix-symbol.json`` (casts kept) and ``prefix-NNNN.params`` (``arg:``/``aux:``
+    keys, as ``Module.save_checkpoint``); returns the two paths."""
+    import mxnet as mx
+    sym_path, params_path = '%s-symbol.json' % prefix, '%s-%04d.params' % (prefix, epoch)
+    sym.save(sym_path, remove_amp_cast=False)
+    blob = {'arg:%s' % k: v for k, v in arg_params.items()}
+    blob.update({'aux:%s' % k: v for k, v in aux_params.items()})
+    mx.nd.save(params_path, blob)
+    return sym_path, params_path
+
+
+def strip_model(sym, arg_params, aux_params):
+    """The float32 model: ``(remove_casts(sym), arg_params, aux_params)``, arrays in float32."""
+    from .graph.strip import remove_casts
+    from .graph.params import float32_arrays
+    return remove_casts(sym), float32_arrays(arg_params), float32_arrays(aux_params)
+
+
+def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data_names):
+    """The mixed-precision model ``(graph, arg_params, aux_params)``: :func:`mxmp.convert_symbol`'s
+    graph; arrays float32 except those the graph stores or pins (``__dtype__``) to another
+    dtype, which plain MXNet needs in that dtype to bind.
+
+    Raises:
+        CLIError: the pass refused the graph (its ValueError's message).
+    """
+    from .amp.convert_policy import cast_to_graph
+    from .graph.convert import convert_symbol
+    from .graph.params import arrays_for_graph, float32_arrays
+    try:
+        out = convert_symbol(sym, dtype, cast_params=cast_params, emulate=emulate,
+                             data_names=data_names)
+    except ValueError as err:
+        raise CLIError(str(err)) from None
+    arg_params = cast_to_graph(out, arrays_for_graph(out, arg_params, dtype))
+    aux_params = cast_to_graph(out, float32_arrays(aux_params))
+    return out, arg_params, aux_params
+
+
+def fuse_model(sym, arg_params, aux_params, shapes, data_names):
+    """``sym`` fused by MXNet's oneDNN backend for inference (:func:`mxmp._src.fusion.fuse_symbol`).
+
+    Raises:
+        CLIError: a data input without a shape in ``shapes``; the backend refused the graph.
+    """
+    import mxnet as mx
+    from .fusion import fuse_symbol
+    if not all(n in shapes for n in data_names):
+        raise CLIError('--fuse needs the shape of every data input to find the patterns: '
+                       'add --shape %s=1,3,224,224 (your model\'s input shape; the fused '
+                       'graph then runs any batch size)' % data_names[0])
+    try:
+        return fuse_symbol(sym, arg_params, aux_params, shapes=shapes)
+    except mx.base.MXNetError as err:
+        raise CLIError('oneDNN fusion refused this graph (%s); convert without --fuse'
+                       % str(err).strip().splitlines()[0]) from None
+
+
+def diagnose_batch(net, args, ctx):
+    """The batch ``mxmp diagnose`` runs: ``(data, label, description)``.
+
+    Args:
+        net (gluon.Block): the float32 classifier (run once here, to check its output).
+        args (argparse.Namespace): ``rec`` (image RecordIO file; else synthetic N(0, 1) data
+            with random labels from ``seed``), ``batch_size``, ``data_shape``, ``mean_rgb``,
+            ``std_rgb``.
+        ctx (mxnet.Context): where the batch goes.
+
+    Raises:
+        CLIError: a missing RecordIO file; a model that cannot run on the batch or is not a
+            classifier (output batch x classes); labels beyond the model's classes.
+    """
+    import mxnet as mx
+    import numpy as np
+    if args.rec:
+        need_file(args.rec, 'RecordIO file')
+        data, label = read_rec_batch(args.rec, args.batch_size, args.data_shape, args.mean_rgb,
+                                     args.std_rgb, ctx)
+        source = '%s (first %d images, %s)' % (args.rec, data.shape[0], 'x'.join(
+            str(s) for s in data.shape[1:]))
+    else:
+        shape = args.data_shape or (3, 32, 32)
+        rng = np.random.RandomState(args.seed)
+        data = mx.nd.array(rng.normal(size=(args.batch_size,) + tuple(shape)), ctx=ctx)
+        label = None
+        source = 'synthetic N(0, 1) data %s' % 'x'.join(str(s) for s in data.shape)
+    try:
+        out = net(data)
+    except mx.base.MXNetError as err:
+        raise CLIError('the model cannot run on data of shape %s: %s (set --data-shape)'
+                       % (data.shape, mxnet_error_line(err))) from None
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    if out.ndim != 2:
+        raise CLIError('diagnose needs a classifier (output batch x classes); this model '
+                       'outputs shape %s' % (out.shape,))
+    classes = out.shape[1]
+    if label is None:
+        label = mx.nd.array(rng.randint(0, classes, size=(args.batch_size,)), ctx=ctx)
+    elif float(label.max().asscalar()) >= classes:
+        raise CLIError('labels of %s go up to %d but the model has %d classes'
+                       % (args.rec, int(label.max().asscalar()), classes))
+    return data, label, source
+
+
+def strip_loss_heads(sym):
+    """``sym`` with its loss-output heads (the LOSS_OUTPUT class: ``SoftmaxOutput``...)
+    replaced by their data input (``sym`` itself if there is none): diagnose computes the loss
+    itself, and a Module symbol's label is not a network input."""
+    import mxnet as mx
+    from .diagnose.capture import output_names
+    from .policy.tables import classes_for
+    loss_ops = set(classes_for('float16')['LOSS_OUTPUT'])
+    js = json.loads(sym.tojson())
+    heads, changed = [], False
+    for nid, idx, version in js['heads']:
+        node = js['nodes'][nid]
+        if node['op'] in loss_ops and node['inputs']:
+            src = node['inputs'][0]
+            heads.append([src[0], src[1], src[2]])
+            changed = True
+        else:
+            heads.append([nid, idx, version])
+    if not changed:
+        return sym
+    internals = sym.get_internals()
+    names = output_names(sym)
+    outs = []
+    for nid, idx, _ in heads:
+        name = js['nodes'][nid]['name']
+        outs.append(internals[names[name][idx]] if name in names else internals[name])
+    return outs[0] if len(outs) == 1 else mx.sym.Group(outs)
+
+
+def float32_block(sym, arg_params, aux_params, data_name='data', ctx=None):
+    """A saved graph (casts removed, loss heads stripped) and its parameters (any float dtype)
+    as an initialized float32 ``gluon.SymbolBlock`` for :func:`mxmp.diagnose`.
+
+    Raises:
+        ValueError: ``sym`` has no input ``data_name``; a parameter of the graph is in neither
+            dict.
+    """
+    import warnings
+    import mxnet as mx
+    import numpy as np
+    from mxnet import gluon
+    from .graph.strip import remove_casts
+    if data_name not in sym.list_arguments():
+        raise ValueError('the symbol has no input named %r; pass --data-name' % data_name)
+    sym = strip_loss_heads(remove_casts(sym))   # diagnose looks at the float32 graph
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        net = gluon.SymbolBlock(sym, mx.sym.var(data_name))
+    ctx = ctx or mx.cpu()
+    for name, param in net.collect_params().items():
+        value = arg_params.get(name, aux_params.get(name))
+        if value is None:
+            raise ValueError('parameter %s is missing from the parameters given' % name)
+        param.shape = value.shape
+        param.initialize(ctx=ctx)
+        if np.dtype(value.dtype) != np.float32:
+            value = mx.nd.amp_cast(value, dtype='float32')
+        param.set_data(value)
+    return net
+
+
+def first_record_shape(rec):
+    """(3, height, width) of the first image of the image RecordIO file ``rec``.
+
+    Raises:
+        ValueError: the file holds no record, is not RecordIO, or its first record is not an
+            encoded image.
+    """
+    import mxnet as mx
+    img = empty = object()
+    try:
+        reader = mx.recordio.MXRecordIO(rec, 'r')
+        item = reader.read()
+        reader.close()
+        if item is not None:
+            _, img = mx.recordio.unpack_img(item, iscolor=-1)
+    except Exception as err:  # MXNetError, cv2 errors on a file that is not RecordIO
+        raise ValueError('%s is not an image RecordIO file (%s)' % (rec, mxnet_error_line(err))) \
+            from None
+    if img is empty:
+        raise ValueError('%s holds no record' % rec)
+    if img is None:
+        raise ValueError('%s: the first record is not an encoded image' % rec)
+    return (3, img.shape[0], img.shape[1])
+
+
+def read_rec_batch(rec, batch_size, data_shape=None, mean_rgb=(0, 0, 0), std_rgb=(1, 1, 1),
+                   ctx=None):
+    """The first ``batch_size`` images of ``rec`` (``ImageRecordIter``, no shuffling, wrapping
+    around) and their labels; each channel becomes ``(pixel - mean) / std``, 0-255 scale;
+    ``data_shape`` (C, H, W) defaults to the first record's.
+
+    Returns:
+        (data, label): float32 NDArrays of shape (batch_size,) + data_shape and (batch_size,).
+
+    Raises:
+        ValueError: not an image RecordIO file, or MXNet cannot read it.
+    """
+    import mxnet as mx
+    shape = data_shape or first_record_shape(rec)
+    ctx = ctx or mx.cpu()
+    try:
+        it = mx.io.ImageRecordIter(
+            path_imgrec=rec, data_shape=shape, batch_size=batch_size,
+            shuffle=False, round_batch=True, preprocess_threads=1, verbose=False,
+            mean_r=mean_rgb[0], mean_g=mean_rgb[1], mean_b=mean_rgb[2],
+            std_r=std_rgb[0], std_g=std_rgb[1], std_b=std_rgb[2])
+        batch = next(iter(it))
+    except mx.base.MXNetError as err:
+        raise ValueError('cannot read %s: %s' % (rec, mxnet_error_line(err))) from None
+    return batch.data[0].as_in_context(ctx), batch.label[0].as_in_context(ctx)
