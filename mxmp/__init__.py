@@ -37,7 +37,7 @@ _ON_FIRST_USE = {
     'BucketingModule': 'mxmp._src.training.bucketing',
     'diagnose': 'mxmp._src.diagnose.capture',
     'NumericsReport': 'mxmp._src.diagnose.report',
-    'plot_run': 'mxmp._src.plotting.run_curves',
+    'plot_run': 'mxmp._src.plotting',
     'check_kernels': 'mxmp._src.conformance.check',
     'KernelReport': 'mxmp._src.policy.kernel_report',
     'load_kernel_report': 'mxmp._src.policy.kernel_report',

@@ -11,7 +11,7 @@ from mxnet import gluon
 from mxnet.gluon import nn
 
 import mxmp
-from mxmp._src.cli.main import main
+from mxmp.cli import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -234,7 +234,8 @@ def test_diagnose_on_a_recordio_batch_writes_report_and_plots(model, capsys, tmp
     rec = write_rec(tmp_path / 'val.rec')
     out = tmp_path / 'diag'
     code, stdout, _ = run(['diagnose', model['sym'], model['params'], '--rec', rec,
-                           '--batch-size', 8, '--steps', 2, '--out', out], capsys)
+                           '--batch-size', 8, '--steps', 2, '--out', out, '--dtype', 'float16'],
+                          capsys)
     assert code == 0
     assert 'mxmp numerics report for float16' in stdout and 'tiny_conv0_fwd' in stdout
     report = json.loads((out / 'report.json').read_text())

@@ -172,7 +172,7 @@ def test_a_report_cannot_set_another_target_dtype():
 
 
 def test_cli_prints_the_table_and_writes_a_loadable_report(tmp_path, capsys):
-    from mxmp._src.cli.main import main
+    from mxmp.cli import main
     out = str(tmp_path / 'r.json')
     assert main(['check-kernels', '--ops', 'negative', '--out', out, '--jobs', '1']) == 0
     text = capsys.readouterr().out
@@ -183,7 +183,7 @@ def test_cli_prints_the_table_and_writes_a_loadable_report(tmp_path, capsys):
 
 
 def test_cli_exit_code_4_when_an_op_fails(monkeypatch, capsys):
-    from mxmp._src.cli.main import main
+    from mxmp.cli import main
     monkeypatch.setenv('MXMP_CONFORMANCE_FAULT', 'negative=SIGSEGV')
     assert main(['check-kernels', '--ops', 'negative', '--jobs', '1']) == 4
     assert 'crash(SIGSEGV)' in capsys.readouterr().out

@@ -16,7 +16,7 @@ from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
 import mxmp
-from mxmp._src.cli.main import main
+from mxmp.cli import main
 
 KERNELS = mxmp.lp_kernels_available('bfloat16')
 EMULATE = not KERNELS

@@ -16,7 +16,7 @@ from mxnet.gluon import nn
 
 import mxmp
 from mxmp import amp
-from mxmp._src.cli.main import main
+from mxmp.cli import main
 
 SHAPE = (4, 3, 8, 8)
 REAL = mxmp.lp_kernels_available('bfloat16')

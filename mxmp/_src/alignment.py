@@ -1,38 +1,6 @@
-"""Tensor Core alignment check: which GEMM-like layers have sizes that are not multiples of 8.
-
-NVIDIA Tensor Cores multiply float16 tiles; a layer runs on them efficiently (with old
-libraries: at all) only when its matrix sizes are multiples of 8 float16 elements (16 bytes).
-The rules applied here come from NVIDIA's *Deep Learning Performance* guide
-(https://docs.nvidia.com/deeplearning/performance/):
-
-* "Matrix Multiplication Background User's Guide", *Tensor Core Requirements*: GEMM sizes
-  M, N and K should be multiples of 16 bytes, i.e. 8 float16 elements. With cuBLAS before 11.0
-  or cuDNN before 7.6.3 this was a requirement for Tensor Cores at all; newer libraries use
-  Tensor Cores anyway, but less efficiently.
-* "Linear/Fully-Connected Layers User's Guide": a fully-connected layer is three GEMMs
-  (forward, activation gradient, weight gradient) built from the batch size, the input
-  features and the output features; forward is M = output features, N = batch, K = input
-  features. All three sizes should be multiples of 8.
-* "Convolutional Layers User's Guide", *Channels In And Out*: the numbers of input and output
-  channels should be multiples of 8 for float16. Forward convolution is an implicit GEMM with
-  M = batch * output height * output width, N = output channels, K = input channels * filter
-  height * filter width. cuDNN 7.3 and later pad channel counts internally for packed NCHW
-  data (NVIDIA developer blog, "Tensor Ops Made Easier in cuDNN", 2018), so before 7.3 (and
-  for NHWC data) the channel rule decides whether Tensor Cores run; afterwards aligned
-  channels still avoid the padding copies.
-
-Grouped convolutions are one GEMM per group, so the channel rule applies to the channels *per
-group* (``in_channels / groups``, ``out_channels / groups``). Depthwise convolutions (one
-input channel per group) are a per-channel GEMM with K = filter height * filter width and
-N = channel multiplier: far below a Tensor Core tile whatever the padding, so they are
-reported as such, with no padding to apply.
-
-Deconvolution (transposed convolution) is the data-gradient GEMM of a convolution; its
-implicit GEMM has the same shape as a convolution's forward pass read from the
-deconvolution's own output: M = batch * output spatial size, N = output channels (per
-group), K = input channels (per group) * filter size.
-
-Only the shapes matter, not the dtype: run the check on the float32 model before converting.
+"""Tensor Core alignment check: the Convolution, Deconvolution and FullyConnected sizes that are not
+multiples of 8 float16 elements. Rules: NVIDIA's *Deep Learning Performance* guide
+(https://docs.nvidia.com/deeplearning/performance/), summarised in docs/cli.md.
 """
 import collections
 import dataclasses
@@ -40,8 +8,6 @@ import math
 from typing import Optional, Tuple
 
 from .graph.symbol_json import load
-
-__all__ = ['check_alignment', 'format_alignment', 'Misalignment', 'ALIGNED_OPS']
 
 #: Operators whose sizes are checked.
 ALIGNED_OPS = ('Convolution', 'Deconvolution', 'FullyConnected')
@@ -96,7 +62,6 @@ def _round_up(n, multiple):
 
 
 def _to_symbol(net_or_symbol, input_shapes):
-    """A Symbol for a Symbol or a Gluon HybridBlock (traced with one variable per input name)."""
     import mxnet as mx
     if isinstance(net_or_symbol, mx.sym.Symbol):
         return net_or_symbol
@@ -199,35 +164,25 @@ def _fc_rows(name, attrs, data, weight, out, multiple):
 
 
 def check_alignment(net_or_symbol, input_shapes, multiple=8):
-    """List the Convolution, Deconvolution and FullyConnected sizes that are not multiples of 8.
-
-    The float16 Tensor Core rules of NVIDIA's *Deep Learning Performance* guide (see the module
-    docstring): channel counts of convolutions (per group for grouped ones; the rule cuDNN
-    enforced before 7.3), the implicit-GEMM M = batch * output spatial size of convolutions, and
-    the GEMM sizes M/N/K (output features, batch, input features) of fully-connected layers.
-    Shapes come from MXNet's shape inference on the graph's internals.
+    """List the Convolution, Deconvolution and FullyConnected sizes that are not multiples of
+    ``multiple``: channels (per group), convolutions' implicit-GEMM M = batch * output spatial
+    size, fully-connected GEMM sizes (output features, batch, input features).
 
     Args:
-        net_or_symbol (mxnet.gluon.HybridBlock or mxnet.symbol.Symbol): the float32 (or
-            converted) model. A block is traced with one ``mx.sym.var`` per key of
-            ``input_shapes``, in the dict's order (as :func:`mxmp.convert` does); it need not
-            be initialized.
+        net_or_symbol (mxnet.gluon.HybridBlock or mxnet.symbol.Symbol): the model; a block is
+            traced with one ``mx.sym.var`` per key of ``input_shapes``, in order.
         input_shapes (dict of str -> tuple of int): shape of each data input, batch first,
             e.g. ``{'data': (32, 3, 224, 224)}``.
         multiple (int): the alignment in elements; default 8 (16 bytes of float16). Use 4 for
             TF32, 16 for int8.
 
     Returns:
-        list of :class:`Misalignment`, in graph order, one per misaligned size (a layer with
-        two bad sizes gives two rows); empty when every layer is aligned.
-        :func:`format_alignment` renders them as a table.
+        list of :class:`Misalignment`, one per misaligned size, in graph order.
 
     Raises:
-        TypeError: ``net_or_symbol`` is neither a HybridBlock nor a Symbol, or the block cannot
-            be traced.
+        TypeError: ``net_or_symbol`` is neither a HybridBlock nor a Symbol.
         ValueError: ``input_shapes`` is not a non-empty dict, ``multiple`` is not a positive
-            integer, or MXNet cannot infer a checked layer's shapes (the message names the
-            inputs whose shapes are missing).
+            int, or MXNet cannot infer a checked layer's shapes (the message names the inputs).
     """
     if not isinstance(input_shapes, dict) or not input_shapes:
         raise ValueError('input_shapes must be a non-empty dict of input name -> shape, e.g. '
@@ -266,15 +221,8 @@ def check_alignment(net_or_symbol, input_shapes, multiple=8):
 
 
 def format_alignment(rows):
-    """Render :func:`check_alignment` rows as a text table (one line per misaligned size).
-
-    Args:
-        rows (list of Misalignment)
-
-    Returns:
-        str: a header and one line per row with the layer, op, dimension, size and fix; or a
-        one-line message when ``rows`` is empty.
-    """
+    """str: :func:`check_alignment` rows as a table (layer, op, dimension, size, fix), or one
+    line when there are none."""
     if not rows:
         return 'Tensor Core alignment: every Convolution/Deconvolution/FullyConnected size is ' \
                'aligned'

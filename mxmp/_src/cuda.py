@@ -1,37 +1,7 @@
-"""Make the CUDA 11 libraries of the ``nvidia-*-cu11`` pip packages visible to mxnet-cu112.
-
-``mxnet-cu112==1.9.1`` (the CUDA 11.2 build of MXNet on PyPI) links against the CUDA 11
-runtime libraries by soname (``libcudart.so.11.0``, ``libcublas.so.11``, ``libcudnn.so.8``,
-...; list read from the wheel's ``libmxnet.so`` with ``readelf -d``) but does not ship them.
-NVIDIA publishes them as pip packages (``nvidia-cuda-runtime-cu11``, ``nvidia-cublas-cu11``,
-``nvidia-cudnn-cu11``, ...; mxmp's ``cu112`` extra installs them), which put each library in
-``site-packages/nvidia/<package>/lib/``. The dynamic loader does not search there, so
-``import mxnet`` fails with "libcudart.so.11.0: cannot open shared object file".
-
-Two ways to fix that, both before mxnet is imported:
-
-1. **Preload** (what mxmp does when asked, see :func:`preload_if_needed`):
-   :func:`preload_cuda_libraries` opens every library with ``ctypes.CDLL(path,
-   mode=RTLD_GLOBAL)`` in dependency order (cudart first, cuDNN's sub-libraries before
-   ``libcudnn.so.8``). When ``libmxnet.so`` is loaded afterwards, the dynamic loader finds each
-   needed soname already loaded and reuses it (glibc matches ``DT_NEEDED`` entries against
-   the sonames of loaded objects).
-2. **Environment**: put the directories on ``LD_LIBRARY_PATH`` *before the Python process
-   starts* (the loader reads it once, at process start; setting ``os.environ`` from Python is
-   too late)::
-
-       export LD_LIBRARY_PATH="$(python -m mxmp._src.cuda --print-path):$LD_LIBRARY_PATH"
-
-   ``python -m mxmp._src.cuda`` prints what is found and missing. ``python -m`` imports the mxmp
-   package (and so mxnet) first; where mxnet cannot be imported yet, run this file directly,
-   which imports neither: ``python "$(dirname "$(python -c 'import importlib.util as u;
-   print(u.find_spec("mxmp").origin)')")/cuda.py" --print-path``. A system CUDA 11.2 toolkit
-   with cuDNN 8 and NCCL 2 on ``LD_LIBRARY_PATH`` or in the ldconfig cache works as well.
-
-The GPU driver's ``libcuda.so.1`` is not a pip package: it comes with the NVIDIA driver
-(``nvidia-smi`` must work), and mxnet-cu112 needs a driver for CUDA 11.2 (>= 460).
-
-Nothing here imports mxnet, and nothing runs on ``import mxmp._src.cuda``.
+"""The CUDA 11 libraries of the ``nvidia-*-cu11`` pip packages, made visible to mxnet-cu112 1.9.1
+(which links them by soname but does not ship them) by preloading them before ``import mxnet``.
+Imports neither mxnet nor numpy: it runs first in ``mxmp/__init__.py``. How, and the
+``LD_LIBRARY_PATH`` alternative (``python -m mxmp._src.cuda --print-path``): docs/cli.md.
 """
 import argparse
 import collections
@@ -42,18 +12,11 @@ import os
 import site
 import sys
 
-__all__ = ['CudaLibrary', 'CUDA_LIBRARIES', 'OPTIONAL_CUDA_LIBRARIES', 'CudaLibrariesNotFound',
-           'find_cuda_libraries', 'missing_cuda_libraries', 'preload_cuda_libraries',
-           'cuda_library_dirs', 'should_preload', 'preload_if_needed', 'PRELOAD_ENV',
-           'CUDA_DISTRIBUTIONS']
-
 CudaLibrary = collections.namedtuple('CudaLibrary', ['soname', 'package', 'subdir'])
-CudaLibrary.__doc__ = """One shared library: its ``soname`` (file name), the pip ``package``
-that ships it and the ``subdir`` of ``site-packages/nvidia/`` it is installed in (its file is
-``site-packages/nvidia/<subdir>/lib/<soname>``)."""
+CudaLibrary.__doc__ = """A shared library ``soname``, the pip ``package`` that ships it as
+``site-packages/nvidia/<subdir>/lib/<soname>``."""
 
-#: The libraries mxnet-cu112 1.9.1 needs (its ``libmxnet.so``'s NEEDED entries, ``readelf -d``), in load order: every
-#: library comes after the ones it depends on (cuBLAS needs cuBLASLt; cuSOLVER needs cuBLAS).
+#: What mxnet-cu112 1.9.1 needs (``readelf -d libmxnet.so``: NEEDED), dependencies first.
 CUDA_LIBRARIES = (
     CudaLibrary('libcudart.so.11.0', 'nvidia-cuda-runtime-cu11', 'cuda_runtime'),
     CudaLibrary('libnvToolsExt.so.1', 'nvidia-nvtx-cu11', 'nvtx'),
@@ -67,10 +30,8 @@ CUDA_LIBRARIES = (
     CudaLibrary('libnccl.so.2', 'nvidia-nccl-cu11', 'nccl'),
 )
 
-#: Loaded when present, never reported missing: libraries that the required ones open at run
-#: time by soname (cuDNN 8's sub-libraries, NVRTC's builtins) or need on some CUDA 11
-#: releases (cuSPARSE for cuSOLVER). Each is inserted just before the first library of
-#: ``CUDA_LIBRARIES`` named in ``before``. Shell-style patterns are allowed.
+#: ``(library, before)``: loaded when present (just before ``before``), never reported missing:
+#: opened at run time by soname (cuDNN 8's sub-libraries...). Shell patterns allowed.
 OPTIONAL_CUDA_LIBRARIES = (
     (CudaLibrary('libnvrtc-builtins.so.11.*', 'nvidia-cuda-nvrtc-cu11', 'cuda_nvrtc'),
      'libcurand.so.10'),
@@ -83,11 +44,10 @@ OPTIONAL_CUDA_LIBRARIES = (
     (CudaLibrary('libcudnn_adv_train.so.8', 'nvidia-cudnn-cu11', 'cudnn'), 'libcudnn.so.8'),
 )
 
-#: Environment variable: ``1``/``true``/``yes`` forces the preload at ``import mxmp``,
-#: ``0``/``false``/``no`` prevents it; unset: preload when a CUDA build of MXNet is installed.
+#: ``1``/``true``/``yes`` forces the preload at ``import mxmp``, ``0``/``false``/``no`` prevents
+#: it; unset: preload when a distribution of :data:`CUDA_DISTRIBUTIONS` is installed.
 PRELOAD_ENV = 'MXMP_PRELOAD_CUDA'
 
-#: Distributions whose presence means "MXNet with CUDA 11.2": preload at ``import mxmp``.
 CUDA_DISTRIBUTIONS = ('mxnet-cu112',)
 
 #: cuDNN 9 also has a ``-cu11`` package; mxnet-cu112 needs cuDNN 8.
@@ -97,14 +57,8 @@ _LOADED = {}  # soname -> path (or soname, when loaded from the system search pa
 
 
 class CudaLibrariesNotFound(ImportError):
-    """The CUDA 11 libraries mxnet-cu112 needs are not all installed (or fail to load).
-
-    Attributes:
-        missing (list of CudaLibrary): every library that was not found.
-        failed (dict of str -> str): soname -> loader error, for libraries that were found but
-            could not be loaded (e.g. a dependency of theirs is missing).
-        searched (list of str): the directories that were searched.
-    """
+    """Required CUDA libraries are missing (``missing``: list of CudaLibrary) or fail to load
+    (``failed``: soname -> loader error); ``searched``: the directories searched."""
 
     def __init__(self, missing, failed=None, searched=()):
         self.missing = list(missing)
@@ -136,28 +90,7 @@ class CudaLibrariesNotFound(ImportError):
         return '\n'.join(lines)
 
 
-def _default_search_paths():
-    paths = []
-    try:
-        paths.extend(site.getsitepackages())
-    except AttributeError:  # some virtualenv versions lack it
-        pass
-    try:
-        paths.append(site.getusersitepackages())
-    except AttributeError:
-        pass
-    paths.extend(p for p in sys.path if p)
-    seen, out = set(), []
-    for p in paths:
-        p = os.path.abspath(p)
-        if p not in seen and os.path.isdir(p):
-            seen.add(p)
-            out.append(p)
-    return out
-
-
 def _locate(lib, search_paths):
-    """First file for ``lib`` under ``<path>/nvidia/<subdir>/lib/`` or directly in ``<path>``."""
     for base in search_paths:
         for directory in (os.path.join(base, 'nvidia', lib.subdir, 'lib'), base):
             hits = sorted(glob.glob(os.path.join(glob.escape(directory), lib.soname)))
@@ -168,51 +101,36 @@ def _locate(lib, search_paths):
 
 
 def _search_paths(search_paths):
-    if search_paths is None:
-        return _default_search_paths()
+    """The given directories, or site-packages, user site-packages and ``sys.path``."""
     if isinstance(search_paths, (str, os.PathLike)):
-        search_paths = [search_paths]
-    return [os.fspath(p) for p in search_paths]
+        return [os.fspath(search_paths)]
+    if search_paths is not None:
+        return [os.fspath(p) for p in search_paths]
+    paths = list(getattr(site, 'getsitepackages', list)())   # some virtualenvs lack these
+    if hasattr(site, 'getusersitepackages'):
+        paths.append(site.getusersitepackages())
+    paths = [os.path.abspath(p) for p in paths + [p for p in sys.path if p]]
+    return [p for i, p in enumerate(paths) if os.path.isdir(p) and p not in paths[:i]]
 
 
 def find_cuda_libraries(search_paths=None):
-    """Where each required CUDA library is, without loading anything.
-
-    Args:
-        search_paths (list of str or None): directories to search; each is tried as a
-            site-packages directory (``<path>/nvidia/<package>/lib/<soname>``) and as a plain
-            library directory (``<path>/<soname>``). Default: ``site.getsitepackages()``, the
-            user site-packages and ``sys.path``.
-
-    Returns:
-        collections.OrderedDict: soname -> absolute path, or None when not found, for every
-        entry of :data:`CUDA_LIBRARIES`, in load order.
-    """
+    """OrderedDict soname -> path or None of :data:`CUDA_LIBRARIES`, in load order; nothing
+    is loaded. ``search_paths`` (str or list; default site-packages and ``sys.path``): each is
+    searched as ``<path>/nvidia/<subdir>/lib/`` and as ``<path>/``."""
     paths = _search_paths(search_paths)
     return collections.OrderedDict((lib.soname, _locate(lib, paths)) for lib in CUDA_LIBRARIES)
 
 
 def missing_cuda_libraries(search_paths=None):
-    """The required CUDA libraries that are not in ``search_paths`` (nothing is loaded).
-
-    Args:
-        search_paths (list of str or None): as for :func:`find_cuda_libraries`.
-
-    Returns:
-        list of CudaLibrary: in load order; empty when every library is there. Libraries on
-        the system search path (``LD_LIBRARY_PATH``, ldconfig) are not looked for here:
-        :func:`preload_cuda_libraries` tries them.
-    """
+    """list of CudaLibrary: the required libraries not in ``search_paths`` (as
+    :func:`find_cuda_libraries`; the system search path is not looked at), in load order."""
     found = find_cuda_libraries(search_paths)
     return [lib for lib in CUDA_LIBRARIES if found[lib.soname] is None]
 
 
 def cuda_library_dirs(search_paths=None):
-    """The directories holding the found CUDA libraries, for ``LD_LIBRARY_PATH``.
-
-    Returns:
-        list of str: unique directories, in load order of the libraries they hold.
-    """
+    """list of str: the directories of the found libraries (for ``LD_LIBRARY_PATH``), in load
+    order."""
     dirs = []
     for path in find_cuda_libraries(search_paths).values():
         if path is not None and os.path.dirname(path) not in dirs:
@@ -233,39 +151,25 @@ def _load_order(search_paths):
     return order
 
 
-def _ctypes_loader(path):
-    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-
-
 def preload_cuda_libraries(search_paths=None, loader=None, system_fallback=True):
-    """Load the CUDA 11 libraries mxnet-cu112 needs, globally, before ``import mxnet``.
-
-    Every library of :data:`CUDA_LIBRARIES` (and any of :data:`OPTIONAL_CUDA_LIBRARIES` that
-    is present) is opened with ``loader(path)``, dependencies first. A required library not
-    found in ``search_paths`` is tried by its soname on the system search path
-    (``LD_LIBRARY_PATH``, the ldconfig cache) when ``system_fallback`` is True. All missing
-    libraries are collected before the error is raised, so one error lists them all.
+    """Open every library of :data:`CUDA_LIBRARIES` (and the present optional ones) with
+    ``loader``, dependencies first, before ``import mxnet``.
 
     Args:
         search_paths (list of str or None): as for :func:`find_cuda_libraries`.
-        loader (callable or None): ``loader(path_or_soname)`` opens one library and raises
-            OSError on failure; default ``ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)``
-            (RTLD_GLOBAL so that later libraries, and libmxnet.so, resolve symbols against it).
-            Tests inject a fake one.
-        system_fallback (bool): try a library that is not in ``search_paths`` by soname.
-            Default True.
+        loader (callable or None): ``loader(path_or_soname)``, raising OSError on failure;
+            default ``ctypes.CDLL(path, mode=RTLD_GLOBAL)``.
+        system_fallback (bool): try a library not in ``search_paths`` by its soname on the
+            system search path. Default True.
 
     Returns:
-        list of str: what was loaded, in order: absolute paths, or bare sonames for libraries
-        loaded from the system search path.
+        list of str: what was loaded, in order (paths, or sonames from the system path).
 
     Raises:
-        CudaLibrariesNotFound (an ImportError): one or more required libraries are missing or
-            fail to load; the message lists every one with the ``pip install`` command that
-            provides it.
+        CudaLibrariesNotFound: required libraries missing or failing to load (all listed).
     """
     paths = _search_paths(search_paths)
-    load = loader or _ctypes_loader
+    load = loader or (lambda path: ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
     loaded, missing, failed = [], [], {}
     for lib, path, required in _load_order(paths):
         if path is None:
@@ -305,17 +209,9 @@ def _installed(distribution):
 
 
 def should_preload(environ=None, is_installed=None):
-    """Whether ``import mxmp`` should preload the CUDA libraries.
-
-    Args:
-        environ (mapping or None): default ``os.environ``.
-        is_installed (callable or None): ``is_installed(distribution_name) -> bool``; default
-            looks the distribution up with ``importlib.metadata``.
-
-    Returns:
-        bool: the value of ``MXMP_PRELOAD_CUDA`` when it is set (``1``/``true``/``yes`` or
-        ``0``/``false``/``no``); otherwise True exactly when a distribution of
-        :data:`CUDA_DISTRIBUTIONS` (``mxnet-cu112``) is installed.
+    """bool: whether ``import mxmp`` preloads: :data:`PRELOAD_ENV` in ``environ`` (default
+    ``os.environ``) if set, else whether ``is_installed(name)`` (default: importlib.metadata)
+    holds for a distribution of :data:`CUDA_DISTRIBUTIONS`.
 
     Raises:
         ValueError: ``MXMP_PRELOAD_CUDA`` has another value.
@@ -335,18 +231,8 @@ def should_preload(environ=None, is_installed=None):
 
 
 def preload_if_needed(environ=None, is_installed=None, search_paths=None, loader=None):
-    """Call :func:`preload_cuda_libraries` when :func:`should_preload` says so.
-
-    Meant for the first lines of ``mxmp/__init__.py``, before anything imports mxnet. Does
-    nothing when mxnet is already imported (its libraries are loaded, or it failed: too late
-    either way) or when the libraries were preloaded before.
-
-    Returns:
-        list of str: what was loaded (empty when nothing was done).
-
-    Raises:
-        CudaLibrariesNotFound: as :func:`preload_cuda_libraries`.
-    """
+    """:func:`preload_cuda_libraries` if :func:`should_preload`, unless mxnet is imported
+    already or the libraries were preloaded; returns what was loaded (maybe nothing)."""
     if not should_preload(environ, is_installed):
         return []
     if 'mxnet' in sys.modules or (loader is None and _LOADED):

@@ -177,7 +177,8 @@ def test_table_json_and_print(planted, capsys, batch):
     assert data['recommended_float32']['float16'] == list(report.excluded_names)
     assert len(data['layers']) == len(report.layers)
     mx.random.seed(3)
-    diagnose(planted_net(), batch[0], batch[1], gluon.loss.SoftmaxCrossEntropyLoss(), steps=1)
+    diagnose(planted_net(), batch[0], batch[1], gluon.loss.SoftmaxCrossEntropyLoss(), steps=1,
+             target_dtype='float16')
     assert 'mxmp numerics report for float16' in capsys.readouterr().out
 
 
@@ -194,3 +195,16 @@ def test_bad_arguments_raise_clear_errors(batch):
         diagnose(fresh, batch[0], batch[1], loss, verbose=False)
     assert isinstance(diagnose(planted_net(), batch[0], batch[1], loss, steps=1,
                                verbose=False), NumericsReport)
+
+
+def test_target_dtype_defaults_to_bfloat16_or_the_policys_and_must_agree_with_it(batch):
+    from mxmp._src.policy.policy import Policy
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    mx.random.seed(3)
+    assert diagnose(planted_net(), batch[0], batch[1], loss, steps=1,
+                    verbose=False).target_dtype == 'bfloat16'
+    assert diagnose(planted_net(), batch[0], batch[1], loss, steps=1, verbose=False,
+                    policy=Policy('float16')).target_dtype == 'float16'
+    with pytest.raises(ValueError, match='contradicts'):
+        diagnose(planted_net(), batch[0], batch[1], loss, target_dtype='bfloat16',
+                 policy=Policy('float16'), verbose=False)

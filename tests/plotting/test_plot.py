@@ -10,7 +10,7 @@ from mxnet import gluon
 from mxnet.gluon import nn
 
 from mxmp._src.diagnose.capture import diagnose
-from mxmp._src.plotting.run_curves import plot_run, read_metrics
+from mxmp._src.plotting import plot_run, read_metrics
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
@@ -103,7 +103,8 @@ def report():
     net.initialize(mx.init.Xavier())
     rng = np.random.RandomState(0)
     return diagnose(net, mx.nd.array(rng.normal(size=(8, 8))), mx.nd.array(np.arange(8) % 4),
-                    gluon.loss.SoftmaxCrossEntropyLoss(), steps=2, verbose=False)
+                    gluon.loss.SoftmaxCrossEntropyLoss(), steps=2, verbose=False,
+                    target_dtype='float16')
 
 
 def test_diagnose_save_plots_writes_two_pngs(report, tmp_path):
@@ -114,7 +115,7 @@ def test_diagnose_save_plots_writes_two_pngs(report, tmp_path):
 
 
 def test_layer_chart_for_bfloat16(report, tmp_path):
-    from mxmp._src.plotting.report_charts import plot_layer_ranges
+    from mxmp._src.diagnose.report import plot_layer_ranges
     assert_png(plot_layer_ranges(report, str(tmp_path / 'bf16.png'), 'bfloat16'),
                min_height=250)
 
@@ -122,7 +123,7 @@ def test_layer_chart_for_bfloat16(report, tmp_path):
 # ---------------------------------------------------------------------- bfloat16 and titles
 def test_histograms_are_drawn_in_each_formats_own_range(report, tmp_path):
     from mxmp._src.diagnose.stats import BFLOAT16, FLOAT16
-    from mxmp._src.plotting.report_charts import gradient_histogram_figure
+    from mxmp._src.diagnose.report import gradient_histogram_figure
     spans = {}
     for fmt in (FLOAT16, BFLOAT16):
         fig = gradient_histogram_figure(report, fmt.name)
@@ -151,7 +152,7 @@ def test_histograms_are_drawn_in_each_formats_own_range(report, tmp_path):
 
 
 def test_layer_ranges_for_bfloat16_have_bars(report):
-    from mxmp._src.plotting.report_charts import layer_ranges_figure
+    from mxmp._src.diagnose.report import layer_ranges_figure
     fig = layer_ranges_figure(report, 'bfloat16')
     ax_span, ax_frac = fig.axes
     widths = [bar.get_width() for c in ax_span.containers for bar in c]
@@ -178,7 +179,7 @@ def test_report_table_states_the_formats_risk(report):
 
 
 def run_figure_of(path, **kw):
-    from mxmp._src.plotting.run_curves import run_figure
+    from mxmp._src.plotting import run_figure
     return run_figure(str(path), **kw)
 
 

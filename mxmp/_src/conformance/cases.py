@@ -1,27 +1,14 @@
-"""Input specs of the kernel conformance suite (:mod:`mxmp._src.conformance`): one-op graphs per op.
+"""The one-op graphs of the conformance suite (docs/conformance.md).
 
-``CASES[op]`` is a list of ``(variant, inputs, attrs)``: ``variant`` names the attribute choice
+``CASES[op]``: a list of ``(variant, inputs, attrs)``: ``variant`` names the attribute choice
 (``''`` when there is one), ``inputs`` the op's inputs in order as ``(shape, kind)``, ``attrs``
-the keyword arguments of ``mx.sym.<op>``. Sizes are those real networks use (NCHW
-``(4, 32, 16, 16)``, (batch, time, feature) ``(8, 32, 64)``): MXNet 1.9.1's bfloat16 transpose
-corrupts the heap at these sizes and not at ``(2, 3)``.
-
-Input kinds (values drawn from a seeded ``numpy.random.RandomState``):
-
-``n`` normal(0, 1); ``p`` uniform(0.5, 2) (divisors, square roots); ``c`` uniform(1.5, 3)
-(arccosh); ``m`` 0/1 mask; ``w`` normal weight or bias (float32 in both cases: the pass casts
-it); ``g`` uniform(0.5, 2) BatchNorm gamma (float32 input); ``a`` auxiliary state (BatchNorm
-moving statistics: float32, positive); ``iN`` integer indices in [0, N) held in float32;
-``IN`` the same as int32; ``lN`` sequence lengths in [1, N] (float32); ``sN`` 2 x 128 distinct
-(row, column) indices into an N x N tensor (scatter_nd).
-
-``PARAM_KINDS``: the kinds that are a layer's parameters (weights and biases, gamma, moving
-statistics): in the ``lp-params`` case they arrive stored in the target dtype, as after
-``net.cast(target)``.
-
-``NOT_TESTED[op]`` gives the reason an op has no case. Aliases (``_plus`` for
-``elemwise_add``) share their canonical op's kernel and result
-(:func:`mxmp._src.policy.tables.aliases`).
+the keyword arguments of ``mx.sym.<op>``. Input kinds (seeded ``numpy.random.RandomState``):
+``n`` normal(0, 1); ``p`` uniform(0.5, 2); ``c`` uniform(1.5, 3); ``m`` 0/1 mask; ``w`` normal
+weight or bias and ``g`` uniform(0.5, 2) gamma (float32 inputs the pass casts); ``a``
+auxiliary state (positive); ``iN`` integers in [0, N) as float32, ``IN`` as int32; ``lN``
+sequence lengths in [1, N]; ``sN`` 2 x 128 distinct (row, column) indices into N x N.
+:data:`PARAM_KINDS` arrive stored in the target dtype in the ``lp-params`` case.
+``NOT_TESTED[op]``: why an op has no case.
 """
 
 PARAM_KINDS = ('w', 'g', 'a')

@@ -1,8 +1,5 @@
-"""The conformance suite's parent side: :func:`check_kernels` and ``mxmp check-kernels``.
-
-It chooses the ops, runs each in a process forked by a zygote (:mod:`.run`) and collects the rows
-into a :class:`~mxmp._src.policy.kernel_report.KernelReport`; :mod:`mxmp._src.conformance` describes the
-cases, modes, error measure and tolerances.
+""":func:`check_kernels` and ``mxmp check-kernels``: choose the ops, run each in a process forked
+by the zygote of :mod:`.run`, collect the rows into a :class:`KernelReport` (docs/conformance.md).
 """
 import concurrent.futures
 import json
@@ -14,15 +11,9 @@ from ..dtypes import normalize_dtype
 from ..policy.kernel_report import KernelReport, machine_info
 from ..policy.tables import aliases as table_aliases
 from .cases import CASES, NOT_TESTED
-from .run import (_CASE_NAMES, _TESTED_CLASSES, EPS, _row, _Zygote, cases_of, has_params,
-    tolerances)
-
-__all__ = ['check_kernels', 'EPS', 'tolerances']
+from .run import _CASE_NAMES, _TESTED_CLASSES, _row, _Zygote, cases_of, has_params, tolerances
 
 
-# ---------------------------------------------------------------------------------------------
-# Parent side
-# ---------------------------------------------------------------------------------------------
 def _ops_to_test(policy, ops):
     """[(op, class, params only)] of the canonical ops to run, and {alias: canonical} of the
     lists. By default the ops of the tested classes, all cases, and the other ops whose case
@@ -45,35 +36,28 @@ def _ops_to_test(policy, ops):
 
 def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, jobs=2,
                   timeout=90.0, seeds=(0, 1, 2), progress=None, cases=None):
-    """Run the conformance suite on this machine.
+    """Run the conformance suite on this machine (docs/conformance.md).
 
     Args:
         target_dtype (str): ``'bfloat16'`` (default) or ``'float16'`` (emulated on a CPU).
-        ops (list of str): op names to test (any registered op; an op the policy keeps in
-            float32 is tested as if ``lp_ops=[op]``, to gather evidence for widening). Default:
-            every canonical op of the policy's LOW_PRECISION, FOLLOW and WIDEST_TYPE classes.
-        emulate (bool or None): ``True`` emulated graphs only, ``False`` real graphs only (a
-            missing kernel is then an error), ``None`` (default) real, falling back to emulated
-            where oneDNN has no kernel on this CPU.
-        policy (mxmp.Policy): the policy whose classes are tested; default ``Policy(target_dtype)``.
-        jobs (int): subprocesses run at once (default 2).
-        timeout (float): seconds one op's subprocess may take before it is stopped (verdict
-            ``error``).
-        seeds (tuple of int): seeds of the input values and head gradients; every case runs
-            once per seed and reports its largest errors (default three: verdicts rest on the
-            spread, not on one draw).
-        progress (callable): called with each finished row (a dict), e.g. to print it.
-        cases (iterable of str): run only these cases (``'lp-input'``, ``'cast'``,
-            ``'lp-params'``); default all. ``lp-params`` runs only for the attribute variants
-            with parameters.
+        ops (list of str): op names to test; an op the policy keeps in float32 is tested as if
+            ``lp_ops=[op]``. Default: every canonical op of the policy's LOW_PRECISION, FOLLOW
+            and WIDEST_TYPE classes, and the float32 ops with parameters in ``lp-params`` only.
+        emulate (bool or None): True emulated graphs only, False real graphs only, None
+            (default) real, emulated where oneDNN has no kernel on this CPU.
+        policy (mxmp.Policy): whose classes are tested; default ``Policy(target_dtype)``.
+        jobs (int): subprocesses at once, >= 1 (default 2).
+        timeout (float): seconds an op's subprocess may take (then ``crash(hang)``); 90.
+        seeds (tuple of int): seeds of inputs and head gradients; a case reports its largest
+            errors over them. Default (0, 1, 2).
+        progress (callable): called with each finished row (a dict).
+        cases (iterable of str): only these of ``'lp-input'``, ``'cast'``, ``'lp-params'``.
 
     Returns:
-        mxmp.KernelReport: the rows (op, class, variant, case, mode, forward and
-        backward error, verdict ``ok``/``wrong``/``crash(SIG...)``/``error``/``not-tested``,
-        detail) and the machine (CPU model and flags, MXNet version, real kernels or not, date).
+        mxmp.KernelReport
 
     Raises:
-        ValueError: unknown dtype or op name; ``jobs < 1``.
+        ValueError: unknown dtype, op or case; ``policy`` of another dtype; ``jobs < 1``.
     """
     target = normalize_dtype(target_dtype)
     policy = policy if policy is not None else Policy(target)
@@ -130,7 +114,7 @@ def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only=False
     """All cases of one op (``params_only``: its ``lp-params`` cases; ``cases``: only these),
     in subprocesses; a crash ends that case, the rest run anew."""
     if op not in CASES:
-        reason = NOT_TESTED.get(op, 'no input spec in mxmp/conformance/cases.py')
+        reason = NOT_TESTED.get(op, 'no input spec in mxmp/_src/conformance/cases.py')
         return [_row(op, cls, '', '', detail=reason)]
     pending = [p for p in cases_of(op, params_only) if cases is None or p[1] in cases]
     order = {p: i for i, p in enumerate(pending)}
@@ -184,7 +168,7 @@ def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only=False
 
 
 def cmd(args):
-    """``mxmp check-kernels`` (arguments from :func:`mxmp._src.cli.main.build_parser`); returns the exit code."""
+    """``mxmp check-kernels`` (arguments from :func:`mxmp.cli.build_parser`); the exit code."""
     ops = [o.strip() for o in args.ops.split(',') if o.strip()] if args.ops else None
     emulate = {'auto': None, 'yes': True, 'no': False}[args.emulate]
     report = check_kernels(args.dtype, ops=ops, emulate=emulate, jobs=args.jobs,

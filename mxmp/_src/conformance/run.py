@@ -1,9 +1,6 @@
-"""Processes of the kernel conformance suite (:mod:`mxmp._src.conformance`): zygote and child side.
-
-The zygote (:class:`_Zygote`, :func:`_serve`) is a Python process that imports MXNet once and
-forks one child per op; the child (:func:`_child`) runs the op's cases and prints one JSON line
-per case (and one ``{"start": ...}`` line before each, so the parent knows which case a crash
-interrupted). The errors and tolerances are defined in :mod:`mxmp._src.conformance`'s docstring.
+"""The conformance suite's processes: the zygote that imports MXNet once and forks one child per
+op (:class:`_Zygote`, :func:`_serve`), and the child that measures each case (:func:`_child`).
+Method, error measure and tolerances: docs/conformance.md.
 """
 import json
 import os
@@ -39,10 +36,10 @@ def cases_of(op, params_only=False):
 
 
 def tolerances(target_dtype):
-    """``(forward, backward)`` relative-error bounds for ``target_dtype`` (see mxmp._src.conformance)."""
+    """``(forward, backward)`` relative-error bounds for ``target_dtype``: ``eps`` and
+    ``2 * eps``, ``eps`` the dtype's machine epsilon (:data:`EPS`; docs/conformance.md)."""
     eps = EPS[normalize_dtype(target_dtype)]
     return eps, 2 * eps
-
 
 
 def _env():
@@ -53,12 +50,8 @@ def _env():
 
 
 class _Zygote:
-    """A Python process that imports MXNet once and forks one child per op.
-
-    Importing MXNet takes 2 s of CPU (12 s of wall time on a loaded 2-core machine); a fork
-    takes milliseconds. The forked child has its own copy of the heap, so a kernel that
-    corrupts it kills that child only; the zygote reports its exit status or signal.
-    """
+    """A Python process that imports MXNet once and forks one child per op: a kernel that
+    corrupts the child's heap kills that child only; the zygote reports its exit status."""
 
     def __init__(self):
         import tempfile
@@ -134,7 +127,6 @@ def _row(op, cls, variant, case, **kw):
            'fwd_err': None, 'bwd_err': None, 'verdict': 'not-tested', 'detail': ''}
     row.update(kw)
     return row
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,7 +255,7 @@ def _child(job):
 
 
 def _measure(op, cls, inputs, attrs, case, base, target, mode, seed):
-    """Forward and backward relative errors of one case (see the module docstring)."""
+    """``(forward error, backward error or None, note)`` of one case (docs/conformance.md)."""
     import mxnet as mx
     from ..graph.convert import convert_symbol
     from ..dtypes import mx_dtype as dtype_of

@@ -1,27 +1,27 @@
-"""Capture: run a float32 network and collect, per layer, the tensors float16/bfloat16 would hold.
-
-:func:`diagnose` traces the network to a Symbol, rewires every layer's output through
-``y + probe`` (a zero input whose gradient is d loss / d y), binds copies of the parameters and
-runs a few float32 iterations; :mod:`mxmp._src.diagnose.stats` judges what it collected and
-:class:`mxmp._src.diagnose.report.NumericsReport` holds the result. The method, in full, is in the
-docstring of :mod:`mxmp._src.diagnose`.
+""":func:`diagnose`: float32 iterations of a network with every layer's output rewired through
+``y + probe`` (a zero input whose gradient is d loss / d y); the method is in docs/diagnose.md.
 """
 import json
 
 import numpy as np
 
-from .inputs import error_line, output_names
+from ..errors import mxnet_error_line
 from .report import NumericsReport
 from .stats import FORMATS, LayerStats, TensorStats, advise_loss_scale, judge_layer, merged
 
-__all__ = ['diagnose']
+#: Suffix of the probe variables and ``+ probe`` nodes added to the traced graph (node names).
+_PROBE = '__probe__'
 
-_PROBE = '_mxmp_probe'
+
+def output_names(sym):
+    """dict: node name -> the names of its visible outputs in ``sym.get_internals()``, in order
+    (e.g. ``{'fc1': ['fc1_output'], 'split0': ['split0_output0', 'split0_output1']}``)."""
+    names = {}
+    for out in sym.get_internals().list_outputs():
+        names.setdefault(out.rsplit('_output', 1)[0], []).append(out)
+    return names
 
 
-# ---------------------------------------------------------------------------------------------
-# Capture
-# ---------------------------------------------------------------------------------------------
 def _as_nd(x, ctx):
     import mxnet as mx
     if isinstance(x, mx.nd.NDArray):
@@ -30,7 +30,8 @@ def _as_nd(x, ctx):
 
 
 def _instrument(sym, layer_names):
-    """Rewire every visible output of the named nodes through ``+ probe`` (module docstring).
+    """Rewire every visible output ``y`` of the named nodes through ``y + probe``, ``probe``
+    a new zero input whose gradient is d loss / d y.
 
     Returns (new symbol, list of (layer name, name of the node's output in the internals,
     probe variable name)). The activation is read from the node's own output, not from the
@@ -97,35 +98,31 @@ def _layer_nodes(sym, policy, data_names):
     return out
 
 
-def diagnose(net, data, label, loss_fn, target_dtype='float16', steps=3, learning_rate=0.01,
+def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rate=0.01,
              ctx=None, data_names=('data',), policy=None, underflow_tol=0.01,
              max_loss_scale=2.0 ** 24, verbose=True):
     """Run float32 iterations of ``net`` and report which layers float16/bfloat16 would break.
 
     Args:
-        net (gluon.HybridBlock): the float32 network, initialized (a deferred-initialized
-            network is completed by one forward pass on ``data``). Any HybridBlock, including a
-            ``SymbolBlock`` from ``SymbolBlock.imports``. It is not modified: the iterations
-            run on copies of its parameters.
-        data (NDArray or numpy array, or a tuple of them for several inputs): one batch,
-            float32, batch first; used for every iteration.
+        net (gluon.HybridBlock): the float32 network, initialized (deferred initialization is
+            completed by one forward pass on ``data``); a ``SymbolBlock`` works. Not modified:
+            the iterations run on copies of its parameters.
+        data (NDArray or numpy array, or a tuple of them for several inputs): one float32
+            batch, batch first; used for every iteration.
         label (NDArray or numpy array): the batch's labels, passed to ``loss_fn``.
         loss_fn (callable): ``loss_fn(output, label) -> NDArray`` of per-sample (or scalar)
-            losses, e.g. ``gluon.loss.SoftmaxCrossEntropyLoss()``; ``output`` is the float32
-            network output (a list for several outputs).
-        target_dtype (str): ``'float16'`` (default) or ``'bfloat16'``: which layers are
-            reported (those the pass would run in it) and which format the recommendation and
-            :meth:`NumericsReport.table` use. Both formats' numbers are always computed.
+            losses; ``output`` is the float32 output (a list for several outputs).
+        target_dtype (str or None): ``'bfloat16'`` or ``'float16'``: the layers reported
+            (those the pass runs in it) and the format of the recommendation and the table.
+            Default: ``policy.target_dtype`` if a policy is given, else ``'bfloat16'``.
         steps (int): iterations, >= 1. Default 3.
         learning_rate (float): SGD step between iterations on the parameter copies
-            (``w -= learning_rate * grad / batch``); 0 keeps the weights fixed. Default 0.01.
-        ctx (mx.Context): where to run; default ``mx.cpu()``.
+            (``w -= learning_rate * grad / batch``); 0 keeps the weights. Default 0.01.
+        ctx (mx.Context): default ``mx.cpu()``.
         data_names (tuple of str): the network's input names. Default ``('data',)``.
-        policy (mxmp.Policy): op classes and overrides deciding the reported layers; default
-            ``Policy(target_dtype)``.
-        underflow_tol (float): a layer is flagged when more than this fraction of its
-            activations, or of its gradients at the recommended loss scale, flushes to zero.
-            Any overflow of activations or weights flags it (rules: :func:`mxmp._src.diagnose.stats.judge_layer`). Default 0.01.
+        policy (mxmp.Policy): decides the reported layers; default ``Policy(target_dtype)``.
+        underflow_tol (float): flush-to-zero fraction above which a layer is flagged
+            (:func:`~mxmp._src.diagnose.stats.judge_layer`). Default 0.01.
         max_loss_scale (float): cap of the recommended loss scale; default 2**24 (the cap of
             mxmp's and contrib.amp's dynamic scalers).
         verbose (bool): print :meth:`NumericsReport.table`. Default True.
@@ -134,9 +131,11 @@ def diagnose(net, data, label, loss_fn, target_dtype='float16', steps=3, learnin
         NumericsReport
 
     Raises:
-        TypeError: ``net`` is not a HybridBlock or ``loss_fn`` is not callable.
-        ValueError: unknown dtype; ``steps`` < 1; the network is not initialized; its graph
-            needs inputs other than ``data_names`` and its parameters; shapes that do not fit.
+        TypeError: ``net`` is not a HybridBlock, ``policy`` not a Policy, ``loss_fn`` not
+            callable.
+        ValueError: unknown dtype; ``target_dtype`` contradicts ``policy``; ``steps`` < 1;
+            the network is not initialized; its graph needs inputs other than ``data_names``
+            and its parameters; shapes that do not fit.
     """
     import mxnet as mx
     from mxnet import autograd, gluon
@@ -146,9 +145,12 @@ def diagnose(net, data, label, loss_fn, target_dtype='float16', steps=3, learnin
         raise TypeError('diagnose needs a gluon.HybridBlock (or a SymbolBlock loaded with '
                         'gluon.SymbolBlock.imports), got %s' % type(net).__name__)
     if policy is None:
-        policy = Policy(normalize_dtype(target_dtype))
+        policy = Policy(normalize_dtype(target_dtype or 'bfloat16'))
     elif not isinstance(policy, Policy):
         raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
+    elif target_dtype is not None and normalize_dtype(target_dtype) != policy.target_dtype:
+        raise ValueError('target_dtype=%r contradicts policy.target_dtype=%r; give one of them'
+                         % (target_dtype, policy.target_dtype))
     target = policy.target_dtype
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError('steps must be an integer >= 1, got %r' % (steps,))
@@ -203,7 +205,7 @@ def diagnose(net, data, label, loss_fn, target_dtype='float16', steps=3, learnin
     except mx.base.MXNetError as err:
         raise ValueError('cannot bind the network for data shapes %s: %s'
                          % ({n: x.shape for n, x in zip(data_names, inputs)},
-                            error_line(err))) from None
+                            mxnet_error_line(err))) from None
     with autograd.pause():
         for name, arr in list(exe.arg_dict.items()) + list(exe.aux_dict.items()):
             if name in params:

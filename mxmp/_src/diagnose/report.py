@@ -1,33 +1,28 @@
-"""What :func:`mxmp._src.diagnose` returns: :class:`NumericsReport`, as a text table and as JSON.
-
-The numbers come from :mod:`mxmp._src.diagnose.stats` (formats, histograms, verdicts); the PNG
-charts of :meth:`NumericsReport.save_plots` are drawn by :mod:`mxmp._src.plotting.report_charts`,
-imported only when a plot is asked for (this module imports nothing from :mod:`mxmp._src.plotting`
-at load time, and the charts do not import this module).
-"""
+""":class:`NumericsReport`, what :func:`mxmp.diagnose` returns: its table, JSON and PNG charts
+(drawn against one number format; docs/diagnose.md)."""
 import dataclasses
 import json
+import math
 import os
 from typing import Dict, Tuple
 
-from .stats import LayerStats, LossScaleAdvice, _pct, merged, number_format
+import numpy as np
 
-__all__ = ['NumericsReport']
+from .stats import HIST_LO, LayerStats, LossScaleAdvice, _pct, merged, number_format
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class NumericsReport:
-    """What :func:`diagnose` found. Immutable; print :meth:`table`, draw :meth:`save_plots`.
+    """What :func:`mxmp.diagnose` found.
 
     Attributes:
-        target_dtype (str): the dtype the layers were chosen for and the recommendation is for.
+        target_dtype (str): the dtype the layers were chosen for.
         steps (int): float32 iterations run.
         batch_size (int): samples per iteration.
         losses (tuple of float): mean loss of each iteration.
         layers (tuple of LayerStats): in graph order.
         loss_scale (dict str -> LossScaleAdvice): per format.
-        reasons (dict str -> dict str -> tuple of str): per format, layer name -> why it should
-            stay float32 (only flagged layers).
+        reasons (dict str -> dict str -> tuple of str): per format, flagged layer -> why.
         underflow_tol (float): the flush-to-zero fraction above which a layer is flagged.
     """
     target_dtype: str
@@ -40,14 +35,12 @@ class NumericsReport:
     underflow_tol: float
 
     def recommended(self, dtype=None):
-        """Layer names to keep in float32 for ``dtype`` (default: the target dtype), in graph
-        order."""
+        """Layer names to keep in float32 for ``dtype`` (default the target), graph order."""
         return tuple(self.reasons[number_format(dtype or self.target_dtype).name])
 
     @property
     def excluded_names(self):
-        """tuple of str: the recommended layers for the target dtype, for
-        ``mxmp.Policy(excluded_names=...)``."""
+        """tuple of str: :meth:`recommended` for the target dtype."""
         return self.recommended()
 
     def policy(self, **kwargs):
@@ -63,45 +56,28 @@ class NumericsReport:
         raise KeyError('no reported layer named %r' % name)
 
     def gradients(self):
-        """TensorStats of every reported gradient (activation and weight) together."""
+        """TensorStats of every reported gradient together."""
         return merged(layer.gradients() for layer in self.layers)
 
     def table(self, dtype=None, flagged_only=False):
-        """The report as text: a header with the loss-scale advice, one row per layer.
-
-        Args:
-            dtype (str): format of the columns; default the target dtype.
-            flagged_only (bool): only the layers recommended for float32.
-
-        Returns:
-            str
-        """
+        """str: loss-scale advice and one row per layer, in ``dtype``'s format (default the
+        target dtype); ``flagged_only``: only the layers recommended for float32."""
         return _format_table(self, number_format(dtype or self.target_dtype), flagged_only)
 
     def __str__(self):
         return self.table()
 
     def save_plots(self, directory, dtype=None):
-        """Write the PNG plots (matplotlib, Agg backend) into ``directory`` (created if needed).
-
-        Files: ``gradient_histogram.png`` (gradient log2 magnitudes against the range of the
-        format, as the activation-gradient histogram of Micikevicius et al. 2018; unscaled, and
-        with the recommended loss scale where scaling rescues values) and ``layer_ranges.png``
-        (per layer: where its values lie in the format's range, and the fractions that
-        overflow or flush to zero). Both use the same format as :meth:`table`.
-
-        Args:
-            directory (str): output directory (created with its parents if needed).
-            dtype (str): the format; default the target dtype.
+        """Write ``gradient_histogram.png`` and ``layer_ranges.png`` into ``directory``
+        (created with its parents) in ``dtype``'s format (default the target dtype).
 
         Returns:
             dict str -> str: plot name -> path.
         """
-        from ..plotting.report_charts import save_report_plots
         return save_report_plots(self, directory, dtype)
 
     def to_dict(self):
-        """JSON-serialisable dict of everything in the report."""
+        """JSON-ready dict of everything in the report."""
         def tensor(t):
             return None if t is None else t.to_dict()
         return {
@@ -119,7 +95,7 @@ class NumericsReport:
         }
 
     def save_json(self, path):
-        """Write :meth:`to_dict` to ``path`` as JSON (its directory is created if needed)."""
+        """Write :meth:`to_dict` to ``path`` (its directory is created); returns ``path``."""
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, 'w') as f:
             json.dump(self.to_dict(), f, indent=1)
@@ -128,11 +104,6 @@ class NumericsReport:
 
 def _num(x):
     return '0' if x == 0 else '%.3g' % x
-
-
-def _short_pct(frac):
-    """Percent for a table cell: '0', '<0.01', '12.3', '100'."""
-    return _pct(frac, sign='')
 
 
 def _format_table(report, fmt, flagged_only):
@@ -172,17 +143,18 @@ def _format_table(report, fmt, flagged_only):
     header = ('layer', 'op', '|act|max', 'act ovf%', 'act sub%', 'act 0%', 'w ovf%', 'w 0%',
               '|grad|max', 'agrad 0%', 'agrad 0%@S', 'wgrad 0%@S', 'fp32')
     rows = [header]
+    cell = lambda frac: _pct(frac, sign='')  # noqa: E731
     for layer in report.layers:
         if flagged_only and layer.name not in reasons:
             continue
         a, g, w, wg = layer.activation, layer.act_grad, layer.weight, layer.weight_grad
-        rows.append((layer.name, layer.op, _num(a.max_abs), _short_pct(a.overflow_fraction(fmt)),
-                     _short_pct(a.subnormal_fraction(fmt)), _short_pct(a.zero_fraction(fmt)),
-                     _short_pct(w.overflow_fraction(fmt)) if w else '-',
-                     _short_pct(w.zero_fraction(fmt)) if w else '-',
-                     _num(layer.gradients().max_abs), _short_pct(g.zero_fraction(fmt)),
-                     _short_pct(g.zero_fraction(fmt, k)),
-                     _short_pct(wg.zero_fraction(fmt, k)) if wg else '-',
+        rows.append((layer.name, layer.op, _num(a.max_abs), cell(a.overflow_fraction(fmt)),
+                     cell(a.subnormal_fraction(fmt)), cell(a.zero_fraction(fmt)),
+                     cell(w.overflow_fraction(fmt)) if w else '-',
+                     cell(w.zero_fraction(fmt)) if w else '-',
+                     _num(layer.gradients().max_abs), cell(g.zero_fraction(fmt)),
+                     cell(g.zero_fraction(fmt, k)),
+                     cell(wg.zero_fraction(fmt, k)) if wg else '-',
                      '*' if layer.name in reasons else ''))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines.append('')
@@ -198,3 +170,214 @@ def _format_table(report, fmt, flagged_only):
     for name in names:
         lines.append('  %s: %s' % (name, '; '.join(reasons[name])))
     return '\n'.join(lines)
+
+
+def _count(n):
+    for unit, div in (('G', 1e9), ('M', 1e6), ('k', 1e3)):
+        if n >= div:
+            return '%.3g%s' % (n / div, unit)
+    return str(int(n))
+
+
+def _shade_format(ax, fmt, lo_edge, hi_edge, legend=True):
+    """Shade the format's zones on a log2 axis: zero, subnormal, normal, overflow."""
+    top = math.log2(fmt.max_finite)
+    zero, normal = fmt.log2_zero_below, fmt.log2_min_normal
+    label = (lambda text: text) if legend else (lambda text: None)
+    ax.axvspan(lo_edge, zero, color='red', alpha=0.12,
+               label=label('become zero in %s (< 2^%d)' % (fmt.name, zero)))
+    if normal > zero:
+        ax.axvspan(zero, normal, color='orange', alpha=0.18,
+                   label=label('%s subnormal (2^%d .. 2^%d)' % (fmt.name, zero, normal)))
+    else:   # bfloat16: the format's subnormals exist, MXNet flushes them
+        sub = int(round(math.log2(fmt.min_subnormal)))
+        if sub < normal:
+            ax.axvspan(max(sub, lo_edge), normal, facecolor='none', edgecolor='red',
+                       hatch='//', lw=0, label=label('%s subnormals (2^%d .. 2^%d), flushed to '
+                                                     'zero by MXNet' % (fmt.name, sub, normal)))
+    ax.axvspan(normal, top, color='green', alpha=0.10, label=label('%s normal range' % fmt.name))
+    ax.axvspan(top, hi_edge, color='red', alpha=0.25,
+               label=label('overflow in %s (> %g)' % (fmt.name, fmt.max_finite)))
+
+
+def _gradient_series(report):
+    act = merged(layer.act_grad for layer in report.layers)
+    weight = merged(layer.weight_grad for layer in report.layers)
+    return [(s, label, color) for s, label, color in
+            ((act, 'activation gradients', 'tab:blue'), (weight, 'weight gradients', 'tab:purple'))
+            if s is not None and s.nonzero]
+
+
+def gradient_histogram_figure(report, dtype=None):
+    """The figure of :func:`plot_gradient_histogram` (a matplotlib Figure, one Axes)."""
+    fmt = number_format(dtype or report.target_dtype)
+    from ..plotting import pyplot
+    plt = pyplot()
+    advice = report.loss_scale[fmt.name]
+    k = advice.log2_scale
+    series = _gradient_series(report)
+    scaled = bool(series) and advice.zero_unscaled > 0 and k != 0
+    used = [HIST_LO + i for s, _, _ in series for i in np.nonzero(s.hist)[0]]
+    lo_edge = fmt.log2_zero_below - 6
+    hi_edge = int(math.ceil(math.log2(fmt.max_finite))) + 4
+    if used:
+        lo_edge = min(lo_edge, min(used) - 2)
+        hi_edge = max(hi_edge, max(used) + 3 + (k if scaled else 0))
+    fig, ax = plt.subplots(figsize=(11, 6))
+    _shade_format(ax, fmt, lo_edge, hi_edge)
+    total = sum(s.nonzero for s, _, _ in series) or 1
+    bins = np.arange(HIST_LO, HIST_LO + len(series[0][0].hist)) if series else np.array([])
+    for stats, label, color in series:
+        pct = 100.0 * stats.hist / total
+        nz = pct > 0
+        ax.bar(bins[nz] + 0.5, pct[nz], width=1.0, color=color, alpha=0.55,
+               label='%s (%s values)' % (label, _count(stats.nonzero)))
+    if series:
+        combined = merged(stats for stats, _, _ in series)
+        if scaled:
+            pct = 100.0 * combined.hist / total
+            nz = pct > 0
+            ax.bar(bins[nz] + 0.5 + k, pct[nz], width=1.0, fill=False, edgecolor='black',
+                   lw=0.8, label='all gradients x loss scale 2^%d (shifted right by %d)' % (k, k))
+            scale_line = ('flushed to zero in %s: %.3g%% unscaled, %.3g%% with loss scale 2^%d'
+                          % (fmt.name, 100 * advice.zero_unscaled, 100 * advice.zero_scaled, k))
+        else:
+            scale_line = ('flushed to zero in %s: %.3g%% unscaled: no loss scale needed'
+                          % (fmt.name, 100 * advice.zero_unscaled))
+        zeros = sum(s.zeros for s, _, _ in series)
+        ax.text(0.01, 0.97, 'exact zeros not shown: %s of %s values\n%s\n%d significant bits: '
+                'relative rounding error up to 2^-%d = %.3g%%'
+                % (_count(zeros), _count(zeros + total), scale_line, fmt.significand_bits,
+                   fmt.significand_bits, 100 * fmt.unit_roundoff),
+                transform=ax.transAxes, va='top', fontsize=8,
+                bbox=dict(facecolor='white', alpha=0.8, edgecolor='none'))
+        ax.set_yscale('log')
+    else:
+        ax.text(0.5, 0.5, 'no non-zero gradient', ha='center', transform=ax.transAxes)
+    ax.set_xlim(lo_edge, hi_edge)
+    ax.set_xlabel('log2(|gradient|)')
+    ax.set_ylabel('% of non-zero gradient values')
+    ax.set_title('Gradient magnitudes vs. the %s range (%d float32 iteration(s), batch %d, '
+                 '%d layers)' % (fmt.name, report.steps, report.batch_size, len(report.layers)))
+    ax.legend(fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.13), ncol=3,
+              frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_gradient_histogram(report, out_png, dtype=None):
+    """Write the histogram of the gradients' log2 magnitudes against the range of ``dtype``
+    (``'float16'`` or ``'bfloat16'``, default the report's target dtype) to ``out_png`` (its
+    directory is created); the scaled series is drawn only where the loss scale rescues
+    values. Returns ``out_png``."""
+    from ..plotting import save_png
+    return save_png(gradient_histogram_figure(report, dtype), out_png)
+
+
+def _span(stats):
+    """(lowest, highest + 1) log2 bin of the finite non-zero values, or None."""
+    if stats is None or not stats.nonzero:
+        return None
+    idx = np.nonzero(stats.hist)[0]
+    return HIST_LO + int(idx[0]), HIST_LO + int(idx[-1]) + 1
+
+
+def layer_ranges_figure(report, dtype=None):
+    """The figure of :func:`plot_layer_ranges` (a matplotlib Figure with two Axes)."""
+    fmt = number_format(dtype or report.target_dtype)
+    from ..plotting import pyplot
+    plt = pyplot()
+    advice = report.loss_scale[fmt.name]
+    k = advice.log2_scale
+    flagged = report.reasons[fmt.name]
+    layers = report.layers
+    n = max(1, len(layers))
+    fig, (ax_span, ax_frac) = plt.subplots(1, 2, figsize=(14, 2.6 + 0.24 * n), sharey=True,
+                                           gridspec_kw={'width_ratios': [3, 2]})
+    y = np.arange(len(layers))
+
+    # left: where the values lie (log2 of the smallest and largest finite non-zero magnitude)
+    kinds = [('activations', 'tab:green', lambda l: l.activation),
+             ('weights', 'tab:brown', lambda l: l.weight),
+             ('gradients', 'tab:blue', lambda l: l.gradients())]
+    spans = [[_span(get(l)) for l in layers] for _, _, get in kinds]
+    known = [s for row in spans for s in row if s is not None]
+    lo_edge = min([fmt.log2_zero_below - 4] + [s[0] - 2 for s in known])
+    hi_edge = max([int(math.ceil(math.log2(fmt.max_finite))) + 4] + [s[1] + 2 for s in known])
+    _shade_format(ax_span, fmt, lo_edge, hi_edge, legend=False)
+    h = 0.8 / len(kinds)
+    for j, ((label, color, _), row) in enumerate(zip(kinds, spans)):
+        lefts = [s[0] if s else 0 for s in row]
+        widths = [s[1] - s[0] if s else 0 for s in row]
+        ax_span.barh(y - 0.4 + h * (j + 0.5), widths, left=lefts, height=h, color=color,
+                     label='%s (smallest to largest |x|)' % label)
+    ax_span.set_xlim(lo_edge, hi_edge)
+    ax_span.set_xlabel('log2(|x|) of the finite non-zero values; shaded: %s zero / subnormal / '
+                       'normal / overflow' % fmt.name)
+    ax_span.set_title('%s: where each layer\'s values lie (%d significant bits)'
+                      % (fmt.name, fmt.significand_bits), fontsize=10)
+
+    # right: the fractions out of range
+    series = [
+        ('activations overflow (> %g)' % fmt.max_finite, 'tab:red',
+         [l.activation.overflow_fraction(fmt) for l in layers]),
+        ('activations flush to zero', 'tab:orange', [l.activation.zero_fraction(fmt)
+                                                     for l in layers]),
+        ('gradients flush to zero, unscaled', 'tab:gray',
+         [l.gradients().zero_fraction(fmt) for l in layers]),
+    ]
+    if advice.zero_unscaled > 0:    # as the report: a loss scale only where it rescues values
+        series.append(('gradients flush to zero, loss scale 2^%d' % k, 'tab:purple',
+                       [l.gradients().zero_fraction(fmt, k) for l in layers]))
+    h = 0.8 / len(series)
+    for j, (label, color, values) in enumerate(series):
+        ax_frac.barh(y - 0.4 + h * (j + 0.5), [100 * v for v in values], height=h, color=color,
+                     label=label)
+    if not any(v for _, _, values in series for v in values):
+        ax_frac.text(0.5, 0.5, 'no value overflows or flushes to zero\nin %s in any layer'
+                     % fmt.name, ha='center', va='center', transform=ax_frac.transAxes,
+                     fontsize=9, color='dimgray')
+    ax_frac.set_xscale('symlog', linthresh=0.01)
+    ax_frac.set_xlim(0, 100)
+    ax_frac.set_xlabel('% of non-zero values (symlog)')
+    ax_frac.set_title('out of range (red labels: keep in float32, %d of %d)'
+                      % (len(flagged), len(layers)), fontsize=10)
+    ax_span.set_yticks(y)
+    ax_span.set_yticklabels(['%s (%s)' % (l.name, l.op) for l in layers], fontsize=7)
+    for tick, layer in zip(ax_span.get_yticklabels(), layers):
+        if layer.name in flagged:
+            tick.set_color('red')
+            tick.set_fontweight('bold')
+    ax_span.set_ylim(len(layers) - 0.5, -0.5)     # first layer at the top, no padding
+    for ax in (ax_span, ax_frac):
+        ax.grid(True, axis='x', alpha=0.3)
+    height = fig.get_size_inches()[1]
+    handles, labels = [], []
+    for ax in (ax_span, ax_frac):
+        hs, ls = ax.get_legend_handles_labels()
+        handles += hs
+        labels += ls
+    fig.legend(handles, labels, fontsize=7, loc='lower center', ncol=4, frameon=False)
+    fig.tight_layout(rect=(0, 0.6 / height, 1, 1))
+    return fig
+
+
+def plot_layer_ranges(report, out_png, dtype=None):
+    """Write the per-layer chart (left: log2 span of activations, weights and gradients over
+    the format's zones; right: the fractions out of range; flagged layers in red) to
+    ``out_png``. Arguments and return value as :func:`plot_gradient_histogram`."""
+    from ..plotting import save_png
+    return save_png(layer_ranges_figure(report, dtype), out_png)
+
+
+def save_report_plots(report, directory, dtype=None):
+    """Both charts of ``report`` in ``directory`` (:meth:`NumericsReport.save_plots`);
+    returns ``{'gradient_histogram': path, 'layer_ranges': path}``."""
+    os.makedirs(directory, exist_ok=True)
+    fmt = number_format(dtype or report.target_dtype)
+    return {
+        'gradient_histogram': plot_gradient_histogram(
+            report, os.path.join(directory, 'gradient_histogram.png'), fmt.name),
+        'layer_ranges': plot_layer_ranges(
+            report, os.path.join(directory, 'layer_ranges.png'), fmt.name),
+    }

@@ -1,23 +1,14 @@
-"""Number formats, per-tensor log2 histograms and per-layer verdicts of :func:`mxmp._src.diagnose`.
+"""Number formats, log2 histograms and the verdicts of :func:`mxmp.diagnose` (docs/diagnose.md).
 
-:class:`NumberFormat` (float16's and bfloat16's overflow, subnormal and flush-to-zero
-thresholds, IEEE 754 binary16 and bfloat16), :class:`TensorStats` (a log2-magnitude histogram of
-one tensor), :class:`LayerStats` (the four tensors of one layer), :class:`LossScaleAdvice` and
-the verdicts: the loss scale that keeps the gradients in range (:func:`advise_loss_scale`) and
-why a layer should stay float32 (:func:`judge_layer`). The method follows Micikevicius et al.,
-"Mixed Precision Training", ICLR 2018 (section 3.2) and NVIDIA's "Training With Mixed
-Precision" guide ("Choosing A Scaling Factor"). :mod:`mxmp._src.diagnose.capture` collects the
-tensors; :mod:`mxmp._src.diagnose.report` holds :class:`~mxmp._src.diagnose.report.NumericsReport`.
+Thresholds: IEEE 754 binary16 and bfloat16; loss-scale rule and verdicts: Micikevicius et al.,
+"Mixed Precision Training", ICLR 2018, section 3.2, and NVIDIA's "Training With Mixed
+Precision" guide, "Choosing A Scaling Factor".
 """
 import dataclasses
 import math
 from typing import Dict, Optional, Tuple
 
 import numpy as np
-
-__all__ = ['NumberFormat', 'TensorStats', 'LayerStats', 'LossScaleAdvice', 'FORMATS', 'FLOAT16',
-           'BFLOAT16', 'HIST_LO', 'HIST_HI', 'number_format', 'merged', 'advise_loss_scale',
-           'judge_layer']
 
 #: log2 histogram range: floor(log2|x|) of every finite non-zero float32 lies in [-149, 127].
 HIST_LO, HIST_HI = -149, 127
@@ -31,12 +22,9 @@ class NumberFormat:
     Attributes:
         name (str): ``'float16'`` or ``'bfloat16'``.
         max_finite (float): largest finite value; larger magnitudes overflow to inf.
-        min_normal (float): smallest normal magnitude; below it values are subnormal.
-        zero_below (float): magnitudes below this become zero in MXNet (for float16 the
-            smallest subnormal; for bfloat16 the smallest normal, see ``BFLOAT16``).
-        significand_bits (int): bits of precision, the implicit leading bit included (11 for
-            float16, 8 for bfloat16): a normal value is rounded to a relative error of at most
-            ``2**-significand_bits`` (:attr:`unit_roundoff`).
+        min_normal (float): smallest normal magnitude.
+        zero_below (float): magnitudes below this become zero in MXNet.
+        significand_bits (int): bits of precision, the implicit bit included.
         min_subnormal (float): the format's smallest subnormal magnitude.
     """
     name: str
@@ -48,66 +36,67 @@ class NumberFormat:
 
     @property
     def unit_roundoff(self) -> float:
-        """float: largest relative rounding error of a normal value, ``2**-significand_bits``
-        (round to nearest: half a unit in the last place)."""
+        """float: ``2**-significand_bits``, the largest relative rounding error."""
         return 2.0 ** -self.significand_bits
 
     @property
     def risk(self) -> str:
-        """str: what limits this format in training, in one sentence (for reports and plots)."""
+        """str: what limits this format in training, in one sentence."""
+        bits = (self.significand_bits, self.significand_bits, 100 * self.unit_roundoff)
         if self.max_finite > 1e38:
             return ('%s has float32\'s exponent range, so gradients neither underflow nor '
                     'overflow where float32 does not: precision is the risk (%d significant '
                     'bits, relative rounding error up to 2^-%d = %.3g%%: long sums and weight '
                     'updates much smaller than the weight lose digits; mxmp keeps float32 '
                     'master weights and float32 reductions for that), not underflow'
-                    % (self.name, self.significand_bits, self.significand_bits,
-                       100 * self.unit_roundoff))
+                    % ((self.name,) + bits))
         return ('%s\'s range is narrow (overflow above %g, zero below 2^%d): underflow of small '
                 'gradients is the risk, which loss scaling addresses; %d significant bits '
                 '(relative rounding error up to 2^-%d = %.3g%%)'
-                % (self.name, self.max_finite, self.log2_zero_below, self.significand_bits,
-                   self.significand_bits, 100 * self.unit_roundoff))
+                % ((self.name, self.max_finite, self.log2_zero_below) + bits))
 
     @property
     def log2_min_normal(self) -> int:
-        """int: log2 of ``min_normal``."""
         return int(round(math.log2(self.min_normal)))
 
     @property
     def log2_zero_below(self) -> int:
-        """int: log2 of ``zero_below``."""
         return int(round(math.log2(self.zero_below)))
 
 
-#: IEEE 754 binary16: max 65504, normal from 2**-14, smallest subnormal 2**-24, 11 significant
-#: bits.
+#: IEEE 754 binary16: max 65504, normal from 2**-14, smallest subnormal 2**-24, 11 bits.
 FLOAT16 = NumberFormat('float16', 65504.0, 2.0 ** -14, 2.0 ** -24, 11, 2.0 ** -24)
-#: bfloat16: float32's 8-bit exponent with 8 significant bits: max (2 - 2**-7) * 2**127
-#: (about 3.39e38), normal from 2**-126, subnormals down to 2**-133 in the format. MXNet 1.9.1's
-#: bfloat16 conversion flushes them: ``nd.amp_cast`` of 2**-127, 2**-130 and 2**-133 to bfloat16
-#: and back gives 0 (measured with real kernels and with DNNL_MAX_CPU_ISA=AVX2), as Intel's
-#: BF16 conversion instructions treat denormals as zero. So below 2**-126 counts as zero.
+#: bfloat16: max (2 - 2**-7) * 2**127, normal from 2**-126, 8 bits. Its subnormals (down to
+#: 2**-133) count as zero: MXNet 1.9.1's bfloat16 conversion flushes them (docs/diagnose.md).
 BFLOAT16 = NumberFormat('bfloat16', (2.0 - 2.0 ** -7) * 2.0 ** 127, 2.0 ** -126, 2.0 ** -126, 8,
                         2.0 ** -133)
 FORMATS = {'float16': FLOAT16, 'bfloat16': BFLOAT16}
 
 
-# ---------------------------------------------------------------------------------------------
-# Statistics of one tensor (accumulated over steps)
-# ---------------------------------------------------------------------------------------------
+def number_format(dtype):
+    """The :class:`NumberFormat` of ``dtype`` (a name, numpy dtype or NumberFormat).
+
+    Raises:
+        ValueError: not float16 or bfloat16 (from :func:`mxmp.normalize_dtype`).
+    """
+    if isinstance(dtype, NumberFormat):
+        return dtype
+    from ..dtypes import normalize_dtype
+    return FORMATS[normalize_dtype(dtype)]
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class TensorStats:
     """Magnitude statistics of one tensor, accumulated over the diagnosed steps.
 
     Attributes:
-        count (int): elements seen (all steps).
+        count (int): elements seen.
         zeros (int): exact zeros.
         nonfinite (int): inf/NaN already in float32.
         max_abs (float): largest finite magnitude (0 if none).
         hist (numpy.ndarray of int64): ``hist[i]`` counts the finite non-zero values with
             ``floor(log2|x|) == HIST_LO + i``.
-        overflow (dict str -> int): per format name, finite values with ``|x| > max_finite``.
+        overflow (dict str -> int): per format name, finite values above ``max_finite``.
     """
     count: int
     zeros: int
@@ -121,20 +110,19 @@ class TensorStats:
         """Statistics of one numpy array."""
         a = np.abs(np.asarray(array, dtype=np.float32).ravel())
         finite = np.isfinite(a)
-        nonfinite = int(a.size - np.count_nonzero(finite))
         nz = a[finite & (a > 0)]
-        zeros = int(np.count_nonzero(a[finite] == 0))
         if nz.size:
             _, exp = np.frexp(nz)
             hist = np.bincount(exp.astype(np.int64) - 1 - HIST_LO, minlength=_NBINS)
-            max_abs = float(nz.max())
         else:
-            hist, max_abs = np.zeros(_NBINS, np.int64), 0.0
+            hist = np.zeros(_NBINS, np.int64)
         overflow = {name: int(np.count_nonzero(nz > f.max_finite)) for name, f in FORMATS.items()}
-        return cls(int(a.size), zeros, nonfinite, max_abs, hist.astype(np.int64), overflow)
+        return cls(int(a.size), int(np.count_nonzero(a[finite] == 0)),
+                   int(a.size - np.count_nonzero(finite)), float(nz.max()) if nz.size else 0.0,
+                   hist.astype(np.int64), overflow)
 
     def merge(self, other):
-        """The statistics of both tensors together."""
+        """The statistics of both tensors together (``other`` may be None)."""
         if other is None:
             return self
         return TensorStats(self.count + other.count, self.zeros + other.zeros,
@@ -148,7 +136,6 @@ class TensorStats:
         return int(self.hist.sum())
 
     def _below(self, log2_threshold):
-        """Finite non-zero values with |x| < 2**log2_threshold (exact: bins are log2 floors)."""
         idx = int(log2_threshold) - HIST_LO
         return int(self.hist[:max(0, min(idx, _NBINS))].sum())
 
@@ -156,7 +143,7 @@ class TensorStats:
         return n / self.nonzero if self.nonzero else 0.0
 
     def overflow_fraction(self, fmt):
-        """Fraction of the finite non-zero values beyond ``fmt``'s largest finite value."""
+        """Fraction of the finite non-zero values above ``fmt``'s largest finite value."""
         return self._fraction(self.overflow[number_format(fmt).name])
 
     def zero_fraction(self, fmt, log2_scale=0):
@@ -170,38 +157,15 @@ class TensorStats:
                               - self._below(f.log2_zero_below - log2_scale))
 
     def to_dict(self):
-        """JSON-serialisable dict (the histogram as ``{log2 bin: count}`` of non-empty bins)."""
+        """JSON-ready dict (the histogram as ``{log2 bin: count}`` of non-empty bins)."""
         return {'count': self.count, 'zeros': self.zeros, 'nonfinite': self.nonfinite,
                 'max_abs': self.max_abs, 'overflow': dict(self.overflow),
                 'log2_hist': {int(HIST_LO + i): int(c) for i, c in enumerate(self.hist) if c}}
 
 
-def number_format(dtype):
-    """The :class:`NumberFormat` of ``dtype``.
-
-    Args:
-        dtype (str, numpy dtype or NumberFormat): ``'float16'`` or ``'bfloat16'`` (or
-            ``numpy.float16``: what :func:`mxmp.normalize_dtype` accepts); a NumberFormat is
-            returned as it is.
-
-    Raises:
-        ValueError: any other dtype (from :func:`mxmp.normalize_dtype`).
-    """
-    if isinstance(dtype, NumberFormat):
-        return dtype
-    from ..dtypes import normalize_dtype
-    return FORMATS[normalize_dtype(dtype)]
-
-
 def merged(stats):
-    """The :class:`TensorStats` of several tensors together (None items skipped).
-
-    Args:
-        stats (iterable of TensorStats or None)
-
-    Returns:
-        TensorStats, or None if every item is None.
-    """
+    """The :class:`TensorStats` of several tensors together (None items skipped; None if all
+    are)."""
     total = None
     for item in stats:
         if item is not None:
@@ -209,21 +173,17 @@ def merged(stats):
     return total
 
 
-# ---------------------------------------------------------------------------------------------
-# The tensors of one layer, and the loss-scale advice
-# ---------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, eq=False)
 class LayerStats:
     """The four tensors of one layer (graph node).
 
     Attributes:
-        name (str): node name, e.g. ``'cifarresnetv10_conv0_fwd'`` (what
-            ``Policy(excluded_names=...)`` takes).
+        name (str): node name (what ``Policy(excluded_names=...)`` takes).
         op (str): operator, e.g. ``'Convolution'``.
         params (tuple of str): the parameters counted as its weights.
         activation (TensorStats): its output(s).
         act_grad (TensorStats): d loss / d output.
-        weight (TensorStats or None): its low-precision parameters, None if it has none.
+        weight (TensorStats or None): its low-precision parameters.
         weight_grad (TensorStats or None): their gradients.
     """
     name: str
@@ -241,18 +201,16 @@ class LayerStats:
 
 @dataclasses.dataclass(frozen=True)
 class LossScaleAdvice:
-    """The loss scale that keeps the gradients of the reported layers in range for one format.
+    """The loss scale that keeps the reported gradients in range for one format.
 
     Attributes:
         dtype (str): format name.
-        log2_scale (int): ``S = 2**log2_scale`` is the largest power of two with
-            ``max_grad * S <= max finite`` (capped at the ``max_loss_scale`` of
-            :func:`diagnose`); negative if the gradients overflow even unscaled.
-        max_grad (float): largest gradient magnitude (activation and weight gradients).
-        zero_unscaled (float): fraction of the non-zero gradient values that flush to zero
-            without scaling.
-        zero_scaled (float): the same with the loss scale ``S``.
-        capped (bool): ``S`` was limited by ``max_loss_scale``, not by ``max_grad``.
+        log2_scale (int): ``S = 2**log2_scale``, the largest power of two with
+            ``max_grad * S <= max finite``, capped; negative if the gradients overflow unscaled.
+        max_grad (float): largest gradient magnitude.
+        zero_unscaled (float): fraction of the non-zero gradients that flush to zero unscaled.
+        zero_scaled (float): the same with ``S``.
+        capped (bool): ``S`` was limited by ``max_loss_scale``.
     """
     dtype: str
     log2_scale: int
@@ -263,30 +221,18 @@ class LossScaleAdvice:
 
     @property
     def scale(self) -> float:
-        """float: the loss scale ``2**log2_scale``."""
         return 2.0 ** self.log2_scale
 
     @property
     def rescued(self) -> float:
-        """float: fraction of the gradient values that the scale saves from flushing to zero."""
+        """float: fraction of the gradient values the scale saves from flushing to zero."""
         return max(0.0, self.zero_unscaled - self.zero_scaled)
 
 
-# ---------------------------------------------------------------------------------------------
-# Verdicts
-# ---------------------------------------------------------------------------------------------
 def advise_loss_scale(layers, fmt, max_loss_scale):
-    """The :class:`LossScaleAdvice` for the gradients of ``layers`` in ``fmt``.
-
-    Args:
-        layers (sequence of LayerStats)
-        fmt (NumberFormat)
-        max_loss_scale (float): cap of the scale (rounded down to a power of two).
-
-    Returns:
-        LossScaleAdvice: the largest power of two ``S`` with ``max|gradient| * S <= max
-        finite``, capped; zero fields when no non-zero gradient was seen.
-    """
+    """The :class:`LossScaleAdvice` for the gradients of ``layers`` (LayerStats) in ``fmt``
+    (NumberFormat), the scale capped at ``max_loss_scale`` rounded down to a power of two;
+    zero fields when no non-zero gradient was seen."""
     grads = merged(layer.gradients() for layer in layers)
     if grads is None or grads.nonzero == 0:
         return LossScaleAdvice(fmt.name, 0, 0.0, 0.0, 0.0, False)
@@ -294,23 +240,17 @@ def advise_loss_scale(layers, fmt, max_loss_scale):
     k = int(math.floor(math.log2(fmt.max_finite / grads.max_abs)))
     while grads.max_abs * 2.0 ** k > fmt.max_finite:   # float rounding of the log
         k -= 1
-    capped = k > cap
-    k = min(k, cap)
-    return LossScaleAdvice(fmt.name, k, grads.max_abs, grads.zero_fraction(fmt),
-                           grads.zero_fraction(fmt, k), capped)
+    return LossScaleAdvice(fmt.name, min(k, cap), grads.max_abs, grads.zero_fraction(fmt),
+                           grads.zero_fraction(fmt, min(k, cap)), k > cap)
 
 
 def judge_layer(layer, fmt, log2_scale, tol):
-    """Reasons to keep ``layer`` in float32 in ``fmt`` (empty: fine in low precision).
+    """Reasons to keep ``layer`` in float32 in ``fmt`` (empty tuple: fine in low precision).
 
-    The rules: any activation or weight beyond the largest finite value (it becomes inf and
-    inf/NaN spread through the network); more than ``tol`` of the activations flushing to
-    zero (the layer's signal is lost); more than ``tol`` of the activation or weight gradients
-    flushing to zero *with the recommended loss scale* (the updates are lost: the failure mode
-    loss scaling addresses, Micikevicius et al. 2018, section 3.2). Weights that flush to zero
-    are shown but do not flag a layer: the optimizer keeps float32 master weights, and a weight
-    below 2**-24 changes a float16 sum of normal-sized terms by less than its resolution (the
-    usual case is a bias in front of a BatchNorm, whose gradient is rounding noise).
+    Flagged: any activation or weight overflow; more than ``tol`` of the activations flushing
+    to zero; more than ``tol`` of the activation or weight gradients flushing to zero with
+    the loss scale ``2**log2_scale`` (Micikevicius et al. 2018, section 3.2). Weights that
+    flush to zero do not flag a layer: the optimizer keeps float32 master weights.
     """
     why = []
     act = layer.activation

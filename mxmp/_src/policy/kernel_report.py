@@ -1,29 +1,12 @@
-"""The result of ``mxmp check-kernels``: a table, a JSON file, and the policy it justifies.
-
-It lives with the policy because :meth:`mxmp.Policy.from_kernel_report` reads it; the suite
-that writes it (:mod:`mxmp._src.conformance`) imports it from here.
-
-A :class:`KernelReport` holds one row per (op, attribute variant, case) of the conformance
-suite (:mod:`mxmp._src.conformance`) and the machine it ran on. :meth:`KernelReport.save` writes it
-as JSON; :func:`load_kernel_report` reads and validates such a file; :meth:`KernelReport.
-policy_changes` says which ops the evidence moves:
-
-* an op with any case ``wrong``, ``crash(...)`` or ``error`` on this machine goes to float32
-  (``fp32_ops``);
-* an op the lists keep in float32 that was tested (``check_kernels(ops=[...])``) with every case
-  ``ok`` on **real** kernels may compute in the target dtype (``lp_ops``). Emulated evidence
-  widens nothing: it shows the emulation, not the kernels.
-
-:meth:`mxmp.Policy.from_kernel_report` applies them. The report records the CPU: loading one
-taken on another CPU model raises unless asked for (``allow_other_cpu=True``).
+""":class:`KernelReport`, what ``mxmp check-kernels`` writes and :meth:`mxmp.Policy.from_kernel_report`
+reads (so it lives with the policy): the rows of the conformance suite and the machine they ran
+on, as a table and a JSON file (docs/conformance.md).
 """
 import dataclasses
 import datetime
 import json
 import platform
 from typing import Dict, List
-
-__all__ = ['KernelReport', 'load_kernel_report', 'machine_info', 'FORMAT', 'VERDICTS']
 
 #: The ``format`` field of a report file, and its version.
 FORMAT = 'mxmp-kernel-report'
@@ -53,11 +36,8 @@ def _cpu():
 
 
 def machine_info(target_dtype='bfloat16'):
-    """dict: CPU model, its bfloat16-relevant flags, MXNet version, real kernels or not, date.
-
-    ``real_kernels`` is :func:`mxmp.lp_kernels_available` for ``target_dtype`` in this process;
-    ``dnnl_max_cpu_isa`` the ``DNNL_MAX_CPU_ISA`` cap in force, if any.
-    """
+    """dict: ``cpu``, its bfloat16-relevant ``flags``, ``mxnet_version``, ``real_kernels``
+    (:func:`mxmp.lp_kernels_available` of ``target_dtype`` here), ``dnnl_max_cpu_isa``, ``date``."""
     import os
     import mxnet as mx
     from ..device import lp_kernels_available
@@ -82,7 +62,7 @@ class KernelReport:
         target_dtype (str): ``'bfloat16'`` or ``'float16'``.
         machine (dict): :func:`machine_info` of the machine that ran the suite.
         rows (list of dict): keys ``op, class, variant, case, mode, fwd_err, bwd_err, verdict,
-            detail`` (errors are relative, see :mod:`mxmp._src.conformance`; None when not run).
+            detail`` (relative errors, None when not run).
         tolerances (dict): ``{'forward': float, 'backward': float}`` used for the verdicts.
         aliases (dict): alias -> canonical op, so a verdict covers every name of the op.
     """
@@ -104,12 +84,10 @@ class KernelReport:
         return out
 
     def policy_changes(self, keep32):
-        """``(lp_ops, fp32_ops)``: op names (aliases included) the evidence moves.
-
-        Args:
-            keep32 (frozenset of str): the ops a policy computes in float32 (its float32 and
-                loss-output classes); only these can move to ``lp_ops``.
-        """
+        """``(lp_ops, fp32_ops)``: op names (aliases included) the evidence moves: an op with
+        any case wrong, crashed or failed to ``fp32_ops``; an op of ``keep32`` (frozenset: the
+        ops a policy keeps float32) with every case ``ok`` on real kernels, outside the
+        lp-params case, to ``lp_ops``."""
         names_of = {}
         for alias, canon in self.aliases.items():
             names_of.setdefault(canon, {canon}).add(alias)
@@ -172,13 +150,7 @@ def _rank(kind):
 
 
 def load_kernel_report(path):
-    """Read and validate a report written by ``mxmp check-kernels --out`` (:meth:`KernelReport.save`).
-
-    Args:
-        path (str): the JSON file.
-
-    Returns:
-        KernelReport
+    """The :class:`KernelReport` in the JSON file ``path`` (:meth:`KernelReport.save`).
 
     Raises:
         ValueError: not JSON, not a kernel report, another version, or a malformed row; the

@@ -1,20 +1,13 @@
-"""Models and batches for the ``mxmp`` command: load and check a symbol and its parameters,
-convert, strip or fuse them, write them, and the one batch ``mxmp diagnose`` runs.
-
-Models are the two files that ``HybridBlock.export(prefix)`` and ``Module.save_checkpoint``
-write: ``prefix-symbol.json`` and ``prefix-NNNN.params`` (keys ``arg:name``/``aux:name``;
-files from ``save_parameters`` without the prefixes are accepted too). Every problem with the
-user's files raises :class:`mxmp._src.errors.CLIError` with a message that names it.
+"""Model files and batches for the ``mxmp`` command: load and check a symbol and its parameters,
+convert, strip or fuse them, write them, and the float32 network and batch ``mxmp diagnose``
+runs. Every problem with the user's files raises :class:`CLIError` naming it.
 """
 import json
 import os
 import re
 import sys
 
-from ..errors import CLIError, mxnet_error_line
-
-__all__ = ['need_file', 'load_symbol', 'load_params', 'check_data_names', 'epoch_of',
-           'save_model', 'convert_model', 'strip_model', 'fuse_model', 'diagnose_batch']
+from .errors import CLIError, mxnet_error_line
 
 
 def need_file(path, what):
@@ -128,26 +121,22 @@ def save_model(prefix, epoch, sym, arg_params, aux_params):
 
 def strip_model(sym, arg_params, aux_params):
     """The float32 model: ``(remove_casts(sym), arg_params, aux_params)``, arrays in float32."""
-    from ..graph.strip import remove_casts
-    from ..graph.params import float32_arrays
+    from .graph.strip import remove_casts
+    from .graph.params import float32_arrays
     return remove_casts(sym), float32_arrays(arg_params), float32_arrays(aux_params)
 
 
 def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data_names):
-    """The mixed-precision model: ``(graph, arg_params, aux_params)``.
-
-    The graph is :func:`mxmp.convert_symbol`'s; the arrays are float32 except those the graph
-    stores in ``dtype`` (``cast_params``) and those of variables the graph pins to another dtype
-    (``__dtype__``, e.g. contrib.amp's ``cast_optional_params=True``), which plain MXNet needs
-    in that dtype to bind (``SymbolBlock.imports``, ``Symbol.bind``: "Incompatible attr ...
-    expected bfloat16, got float32").
+    """The mixed-precision model ``(graph, arg_params, aux_params)``: :func:`mxmp.convert_symbol`'s
+    graph; arrays float32 except those the graph stores or pins (``__dtype__``) to another
+    dtype, which plain MXNet needs in that dtype to bind.
 
     Raises:
         CLIError: the pass refused the graph (its ValueError's message).
     """
-    from ..amp.convert_policy import cast_to_graph
-    from ..graph.convert import convert_symbol
-    from ..graph.params import arrays_for_graph, float32_arrays
+    from .amp.convert_policy import cast_to_graph
+    from .graph.convert import convert_symbol
+    from .graph.params import arrays_for_graph, float32_arrays
     try:
         out = convert_symbol(sym, dtype, cast_params=cast_params, emulate=emulate,
                              data_names=data_names)
@@ -165,7 +154,7 @@ def fuse_model(sym, arg_params, aux_params, shapes, data_names):
         CLIError: a data input without a shape in ``shapes``; the backend refused the graph.
     """
     import mxnet as mx
-    from ..fusion import fuse_symbol
+    from .fusion import fuse_symbol
     if not all(n in shapes for n in data_names):
         raise CLIError('--fuse needs the shape of every data input to find the patterns: '
                        'add --shape %s=1,3,224,224 (your model\'s input shape; the fused '
@@ -193,7 +182,6 @@ def diagnose_batch(net, args, ctx):
     """
     import mxnet as mx
     import numpy as np
-    from ..diagnose.inputs import read_rec_batch
     if args.rec:
         need_file(args.rec, 'RecordIO file')
         data, label = read_rec_batch(args.rec, args.batch_size, args.data_shape, args.mean_rgb,
@@ -222,3 +210,116 @@ def diagnose_batch(net, args, ctx):
         raise CLIError('labels of %s go up to %d but the model has %d classes'
                        % (args.rec, int(label.max().asscalar()), classes))
     return data, label, source
+
+
+def strip_loss_heads(sym):
+    """``sym`` with its loss-output heads (the LOSS_OUTPUT class: ``SoftmaxOutput``...)
+    replaced by their data input (``sym`` itself if there is none): diagnose computes the loss
+    itself, and a Module symbol's label is not a network input."""
+    import mxnet as mx
+    from .diagnose.capture import output_names
+    from .policy.tables import classes_for
+    loss_ops = set(classes_for('float16')['LOSS_OUTPUT'])
+    js = json.loads(sym.tojson())
+    heads, changed = [], False
+    for nid, idx, version in js['heads']:
+        node = js['nodes'][nid]
+        if node['op'] in loss_ops and node['inputs']:
+            src = node['inputs'][0]
+            heads.append([src[0], src[1], src[2]])
+            changed = True
+        else:
+            heads.append([nid, idx, version])
+    if not changed:
+        return sym
+    internals = sym.get_internals()
+    names = output_names(sym)
+    outs = []
+    for nid, idx, _ in heads:
+        name = js['nodes'][nid]['name']
+        outs.append(internals[names[name][idx]] if name in names else internals[name])
+    return outs[0] if len(outs) == 1 else mx.sym.Group(outs)
+
+
+def float32_block(sym, arg_params, aux_params, data_name='data', ctx=None):
+    """A saved graph (casts removed, loss heads stripped) and its parameters (any float dtype)
+    as an initialized float32 ``gluon.SymbolBlock`` for :func:`mxmp.diagnose`.
+
+    Raises:
+        ValueError: ``sym`` has no input ``data_name``; a parameter of the graph is in neither
+            dict.
+    """
+    import warnings
+    import mxnet as mx
+    import numpy as np
+    from mxnet import gluon
+    from .graph.strip import remove_casts
+    if data_name not in sym.list_arguments():
+        raise ValueError('the symbol has no input named %r; pass --data-name' % data_name)
+    sym = strip_loss_heads(remove_casts(sym))   # diagnose looks at the float32 graph
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        net = gluon.SymbolBlock(sym, mx.sym.var(data_name))
+    ctx = ctx or mx.cpu()
+    for name, param in net.collect_params().items():
+        value = arg_params.get(name, aux_params.get(name))
+        if value is None:
+            raise ValueError('parameter %s is missing from the parameters given' % name)
+        param.shape = value.shape
+        param.initialize(ctx=ctx)
+        if np.dtype(value.dtype) != np.float32:
+            value = mx.nd.amp_cast(value, dtype='float32')
+        param.set_data(value)
+    return net
+
+
+def first_record_shape(rec):
+    """(3, height, width) of the first image of the image RecordIO file ``rec``.
+
+    Raises:
+        ValueError: the file holds no record, is not RecordIO, or its first record is not an
+            encoded image.
+    """
+    import mxnet as mx
+    img = empty = object()
+    try:
+        reader = mx.recordio.MXRecordIO(rec, 'r')
+        item = reader.read()
+        reader.close()
+        if item is not None:
+            _, img = mx.recordio.unpack_img(item, iscolor=-1)
+    except Exception as err:  # MXNetError, cv2 errors on a file that is not RecordIO
+        raise ValueError('%s is not an image RecordIO file (%s)' % (rec, mxnet_error_line(err))) \
+            from None
+    if img is empty:
+        raise ValueError('%s holds no record' % rec)
+    if img is None:
+        raise ValueError('%s: the first record is not an encoded image' % rec)
+    return (3, img.shape[0], img.shape[1])
+
+
+def read_rec_batch(rec, batch_size, data_shape=None, mean_rgb=(0, 0, 0), std_rgb=(1, 1, 1),
+                   ctx=None):
+    """The first ``batch_size`` images of ``rec`` (``ImageRecordIter``, no shuffling, wrapping
+    around) and their labels; each channel becomes ``(pixel - mean) / std``, 0-255 scale;
+    ``data_shape`` (C, H, W) defaults to the first record's.
+
+    Returns:
+        (data, label): float32 NDArrays of shape (batch_size,) + data_shape and (batch_size,).
+
+    Raises:
+        ValueError: not an image RecordIO file, or MXNet cannot read it.
+    """
+    import mxnet as mx
+    shape = data_shape or first_record_shape(rec)
+    ctx = ctx or mx.cpu()
+    try:
+        it = mx.io.ImageRecordIter(
+            path_imgrec=rec, data_shape=shape, batch_size=batch_size,
+            shuffle=False, round_batch=True, preprocess_threads=1, verbose=False,
+            mean_r=mean_rgb[0], mean_g=mean_rgb[1], mean_b=mean_rgb[2],
+            std_r=std_rgb[0], std_g=std_rgb[1], std_b=std_rgb[2])
+        batch = next(iter(it))
+    except mx.base.MXNetError as err:
+        raise ValueError('cannot read %s: %s' % (rec, mxnet_error_line(err))) from None
+    return batch.data[0].as_in_context(ctx), batch.label[0].as_in_context(ctx)

@@ -1,16 +1,138 @@
-"""The ``mxmp`` command's argument parser and entry point (:func:`build_parser`, :func:`main`).
+"""The ``mxmp`` command: convert, explain, check-alignment, diagnose, plot, check-kernels.
 
-The subcommands are in :mod:`mxmp._src.cli.commands`; see :mod:`mxmp.cli` for the command line.
+``mxmp SUBCOMMAND --help`` (or ``python -m mxmp.cli``) documents each subcommand; docs/cli.md
+gives examples. Bad input raises :class:`CLIError`, which :func:`main` prints as one line
+``mxmp SUBCOMMAND: error: ...`` on stderr, exit code 1.
 """
 import argparse
+import json
 import os
 import re
 import sys
 
-from ..errors import CLIError, mxnet_error_line
-from . import commands
+from ._src.errors import CLIError, mxnet_error_line
+from ._src.model_io import (check_data_names, convert_model, diagnose_batch, epoch_of,
+                            float32_block, fuse_model, load_params, load_symbol, need_file,
+                            save_model, strip_model)
 
-__all__ = ['main', 'build_parser']
+
+def cmd_convert(args):
+    """mxmp convert: write a converted (or stripped) model."""
+    import numpy as np
+    from ._src.fusion import count_fused
+    from ._src.graph.strip import count_casts
+    if not args.strip and args.dtype is None:
+        raise CLIError('give --dtype float16 or --dtype bfloat16 (or --strip to get the '
+                       'float32 model back)')
+    sym = load_symbol(args.symbol)
+    data_names = tuple(args.data_name)
+    arg_params, aux_params = load_params(args.params, sym, data_names)
+    check_data_names(sym, data_names, arg_params)
+    epoch = epoch_of(args.params) if args.epoch is None else args.epoch
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise CLIError('output directory %s does not exist' % out_dir)
+    if args.strip:
+        out, arg_params, aux_params = strip_model(sym, arg_params, aux_params)
+        what = 'float32 (casts removed)'
+    else:
+        out, arg_params, aux_params = convert_model(sym, arg_params, aux_params, args.dtype,
+                                                    args.cast_params, args.emulate, data_names)
+        stored = sum(np.dtype(v.dtype) != np.float32
+                     for v in list(arg_params.values()) + list(aux_params.values()))
+        what = '%s%s, %d parameter(s) stored in %s' % (
+            args.dtype, ' (emulated)' if args.emulate else '', stored, args.dtype)
+    if args.fuse:
+        out = fuse_model(out, arg_params, aux_params, dict(args.shape), data_names)
+        what += '; fused for inference (%d oneDNN nodes)' % count_fused(out)
+    sym_path, params_path = save_model(args.out, epoch, out, arg_params, aux_params)
+    casts = count_casts(out)
+    print('wrote %s and %s: %s; %d amp_cast, %d amp_multicast node(s)'
+          % (sym_path, params_path, what, casts['amp_cast'], casts['amp_multicast']))
+    return 0
+
+
+def cmd_explain(args):
+    """mxmp explain: the pass's decision for every node."""
+    from ._src.graph.explain import explain, format_explain_table
+    sym = load_symbol(args.symbol)
+    try:
+        rows = explain(sym, args.dtype, cast_params=args.cast_params,
+                       data_names=tuple(args.data_name))
+    except ValueError as err:
+        raise CLIError(str(err)) from None
+    if not args.all:
+        rows = [r for r in rows if r.op != 'null']
+    if args.json:
+        print(json.dumps([{'node': r.name, 'op': r.op, 'dtype': r.dtype, 'rule': r.rule}
+                          for r in rows], indent=1))
+    else:
+        print(format_explain_table(rows))
+    return 0
+
+
+def cmd_check_alignment(args):
+    """mxmp check-alignment: Tensor Core alignment report."""
+    import dataclasses
+    from ._src.alignment import check_alignment, format_alignment
+    sym = load_symbol(args.symbol)
+    if not args.shape:
+        raise CLIError('give the input shape(s), batch first: --shape data=32,3,224,224')
+    try:
+        rows = check_alignment(sym, dict(args.shape), multiple=args.multiple)
+    except (ValueError, TypeError) as err:
+        raise CLIError(mxnet_error_line(err)) from None
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
+    else:
+        print(format_alignment(rows))
+    return 1 if (rows and args.strict) else 0
+
+
+def cmd_diagnose(args):
+    """mxmp diagnose: the numerics report of a saved model on one batch."""
+    import mxnet as mx
+    from mxnet import gluon
+    from ._src.diagnose.capture import diagnose
+    if bool(args.rec) == bool(args.synthetic):
+        raise CLIError('give either --rec FILE.rec (a batch of real images) or --synthetic')
+    sym = load_symbol(args.symbol)
+    arg_params, aux_params = load_params(args.params, sym, (args.data_name,))
+    ctx = mx.cpu()
+    net = float32_block(sym, arg_params, aux_params, args.data_name, ctx)
+    data, label, source = diagnose_batch(net, args, ctx)
+    print('diagnose: %s, %s, loss softmax cross-entropy' % (os.path.basename(args.symbol),
+                                                            source))
+    report = diagnose(net, data, label, gluon.loss.SoftmaxCrossEntropyLoss(),
+                      target_dtype=args.dtype, steps=args.steps, learning_rate=args.lr,
+                      underflow_tol=args.underflow_tol, verbose=False)
+    print(report.table(flagged_only=args.flagged_only))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        paths = report.save_plots(args.out)
+        with open(os.path.join(args.out, 'report.txt'), 'w') as f:
+            f.write(report.table() + '\n')
+        report.save_json(os.path.join(args.out, 'report.json'))
+        print('wrote %s, %s, report.txt and report.json in %s'
+              % (os.path.basename(paths['gradient_histogram']),
+                 os.path.basename(paths['layer_ranges']), args.out))
+    return 0
+
+
+def cmd_plot(args):
+    """mxmp plot: training curves of a metrics.jsonl file."""
+    from ._src.plotting import plot_run
+    need_file(args.metrics, 'metrics file')
+    path = plot_run(args.metrics, args.out, title=args.title)   # creates --out's directory
+    print('wrote %s' % path)
+    return 0
+
+
+def cmd_check_kernels(args):
+    """mxmp check-kernels: the kernel conformance run."""
+    from ._src.conformance.check import cmd
+    return cmd(args)
+
 
 _DTYPE_ALIASES = {'float16': 'float16', 'fp16': 'float16', 'half': 'float16',
                   'bfloat16': 'bfloat16', 'bf16': 'bfloat16'}
@@ -18,9 +140,6 @@ _DTYPE_ALIASES = {'float16': 'float16', 'fp16': 'float16', 'half': 'float16',
 _FASHION_MNIST_MEAN, _FASHION_MNIST_STD = (72.94,) * 3, (90.02,) * 3
 
 
-# ---------------------------------------------------------------------------------------------
-# argument types
-# ---------------------------------------------------------------------------------------------
 def _dtype(text):
     name = _DTYPE_ALIASES.get(str(text).lower())
     if name is None:
@@ -61,9 +180,6 @@ def _triple(text):
     return values
 
 
-# ---------------------------------------------------------------------------------------------
-# parser and entry point
-# ---------------------------------------------------------------------------------------------
 _FORMAT = argparse.ArgumentDefaultsHelpFormatter
 
 
@@ -84,7 +200,7 @@ _TEXTS = {
                  'Run a few float32 training iterations of a saved classifier on one batch and '
                  'report, per layer, the values that would overflow, become subnormal or flush to '
                  'zero in float16 / bfloat16, the loss scale that keeps the gradients in range and'
-                 ' the layers to keep in float32 (see mxmp._src.diagnose). Loss: softmax cross-entropy;'
+                 ' the layers to keep in float32 (docs/diagnose.md). Loss: softmax cross-entropy;'
                  ' a SoftmaxOutput head of a Module symbol is replaced by it.'),
     'plot': ('draw the training curves of a metrics.jsonl file',
              'Draw loss, accuracy, the loss-scale staircase (skipped steps marked) and the '
@@ -118,7 +234,7 @@ def build_parser():
     sub.required = True
     dtype_help = 'target dtype: float16 (NVIDIA GPUs) or bfloat16 (CPUs with oneDNN)'
 
-    c = _subparser(sub, 'convert', commands.cmd_convert)
+    c = _subparser(sub, 'convert', cmd_convert)
     c.add_argument('symbol', help='prefix-symbol.json')
     c.add_argument('params', help='prefix-NNNN.params')
     c.add_argument('--dtype', type=_dtype, help=dtype_help + ' (required unless --strip)')
@@ -144,7 +260,7 @@ def build_parser():
     c.add_argument('--shape', type=_shape, action='append', default=[], metavar='NAME=DIMS',
                    help='shape of a data input for --fuse (repeatable), e.g. data=1,3,224,224')
 
-    e = _subparser(sub, 'explain', commands.cmd_explain)
+    e = _subparser(sub, 'explain', cmd_explain)
     e.add_argument('symbol', help='prefix-symbol.json')
     e.add_argument('--dtype', type=_dtype, required=True, help=dtype_help)
     e.add_argument('--json', action='store_true', help='JSON list instead of a table')
@@ -154,7 +270,7 @@ def build_parser():
     e.add_argument('--data-name', action='append', default=None,
                    help='name of a data input (repeatable); default: data')
 
-    a = _subparser(sub, 'check-alignment', commands.cmd_check_alignment)
+    a = _subparser(sub, 'check-alignment', cmd_check_alignment)
     a.add_argument('symbol', help='prefix-symbol.json')
     a.add_argument('--shape', type=_shape, action='append', default=[], metavar='NAME=DIMS',
                    help='input shape, batch first, e.g. data=32,3,224,224 (repeatable)')
@@ -162,7 +278,7 @@ def build_parser():
     a.add_argument('--json', action='store_true', help='JSON list instead of a table')
     a.add_argument('--strict', action='store_true', help='exit code 1 if any size is misaligned')
 
-    d = _subparser(sub, 'diagnose', commands.cmd_diagnose)
+    d = _subparser(sub, 'diagnose', cmd_diagnose)
     d.add_argument('symbol', help='prefix-symbol.json (float32 model)')
     d.add_argument('params', help='prefix-NNNN.params')
     d.add_argument('--rec', help='image RecordIO file (im2rec / prepare_fashion_mnist.py); the '
@@ -170,7 +286,7 @@ def build_parser():
     d.add_argument('--synthetic', action='store_true',
                    help='random N(0,1) images and random labels instead of --rec')
     d.add_argument('--batch-size', type=int, default=32)
-    d.add_argument('--dtype', type=_dtype, default='float16', help=dtype_help)
+    d.add_argument('--dtype', type=_dtype, default='bfloat16', help=dtype_help)
     d.add_argument('--out', help='directory for report.txt, report.json and the PNG plots '
                                  '(created if needed; the plots use --dtype\'s format)')
     d.add_argument('--steps', type=int, default=3, help='float32 iterations')
@@ -189,7 +305,7 @@ def build_parser():
     d.add_argument('--flagged-only', action='store_true', help='print only the flagged layers')
     d.add_argument('--seed', type=int, default=0, help='seed of --synthetic data')
 
-    t = _subparser(sub, 'plot', commands.cmd_plot)
+    t = _subparser(sub, 'plot', cmd_plot)
     t.add_argument('metrics', help='metrics.jsonl')
     t.add_argument('--out', default='curves.png',
                    help='output PNG (its directory is created if needed)')
@@ -197,7 +313,7 @@ def build_parser():
                    help='figure title (default: the model and dtype of the run, from the '
                         'metrics file or the summary.json beside it)')
 
-    k = _subparser(sub, 'check-kernels', commands.cmd_check_kernels)
+    k = _subparser(sub, 'check-kernels', cmd_check_kernels)
     k.add_argument('--dtype', type=_dtype, default='bfloat16', help=dtype_help)
     k.add_argument('--ops', default=None, help='comma-separated op names (default: every op '
                    'of the LOW_PRECISION, FOLLOW and WIDEST_TYPE classes)')
@@ -251,3 +367,7 @@ def _clean(msg):
     msg = re.sub(r'\[\d\d:\d\d:\d\d\] \S+:\d+: ', '', msg)
     msg = msg.replace('MXNetError: ', '').replace('Check failed: ', '')
     return ' '.join(msg.split())
+
+
+if __name__ == '__main__':
+    sys.exit(main())

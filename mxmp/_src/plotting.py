@@ -1,17 +1,25 @@
-"""Training curves of a run: the JSON-lines metrics file as a PNG.
-
-:func:`plot_run` reads the JSON-lines metrics file that ``examples/train_imagenet.py`` writes
-(``--save-dir/metrics.jsonl``) and draws the loss, the accuracy, the loss-scale staircase with
-the skipped steps marked, and the learning rate. matplotlib is used with its non-interactive
-Agg backend (no display needed); it is imported only when a plot is drawn.
-"""
+"""PNG plots (matplotlib with the Agg backend, imported only when a plot is drawn): the training
+curves of a metrics file (:func:`plot_run`), and the helpers the report charts use."""
 import json
 import math
 import os
 
-from .figures import pyplot, save_png
 
-__all__ = ['read_metrics', 'read_run_info', 'run_title', 'was_scaled', 'plot_run', 'run_figure']
+def pyplot():
+    """``matplotlib.pyplot`` with the Agg backend selected (ImportError without matplotlib)."""
+    import matplotlib
+    matplotlib.use('Agg', force=True)
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_png(fig, out_png):
+    """Save ``fig`` to ``out_png`` at 100 dpi (directories created), close it, return the path."""
+    os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    pyplot().close(fig)
+    return out_png
+
 
 #: Keys accepted for accuracy, in order of preference (train_imagenet.py writes val_top1).
 ACCURACY_KEYS = ('val_top1', 'val_acc', 'val_accuracy', 'accuracy', 'acc')
@@ -19,18 +27,12 @@ TRAIN_ACCURACY_KEYS = ('train_top1', 'train_acc', 'train_accuracy')
 
 
 def read_metrics(path):
-    """Read a metrics JSON-lines file into step records and epoch records.
-
-    A *step record* has a ``loss`` or ``loss_scale`` key and a ``step`` (train_imagenet.py:
-    ``step, epoch, loss, loss_scale, skipped, lr``); an *epoch record* has none of ``loss`` /
-    ``skipped`` but an ``epoch`` (``epoch, step, val_top1, train_loss, img_per_sec``). Blank
-    lines are ignored; an incomplete last line (a run still writing) is ignored.
-
-    Args:
-        path (str): the ``.jsonl`` file.
+    """Read a metrics JSON-lines file into step records (with ``loss`` or ``skipped``) and
+    epoch records (with ``epoch`` and neither), in file order; blank lines and an incomplete
+    last line (a run still writing) are ignored.
 
     Returns:
-        tuple (list of dict, list of dict): step records, epoch records, in file order.
+        tuple (list of dict, list of dict): step records, epoch records.
 
     Raises:
         FileNotFoundError: no such file.
@@ -82,19 +84,9 @@ RUN_KEYS = ('model', 'dtype', 'emulate', 'cast_params', 'loss_scale_mode')
 
 
 def read_run_info(jsonl_path):
-    """What was trained: model, dtype, emulate, cast_params, loss_scale_mode (those known).
-
-    Taken from the first record of the metrics file that describes the run (a JSON object with
-    a ``model`` or ``dtype`` key and no step/epoch, which ``examples/train_imagenet.py``
-    writes first), else from ``summary.json`` in the same directory (written at the end of a
-    run). Unreadable files are ignored.
-
-    Args:
-        jsonl_path (str): the metrics file.
-
-    Returns:
-        dict: a subset of :data:`RUN_KEYS` (empty if nothing describes the run).
-    """
+    """dict: the :data:`RUN_KEYS` known of the run (maybe none), from the first record of
+    ``jsonl_path`` with a ``model`` or ``dtype`` key and no step/epoch/loss, else from
+    ``summary.json`` beside it. Unreadable files are ignored."""
     def pick(record):
         return {k: record[k] for k in RUN_KEYS if k in record} \
             if isinstance(record, dict) and ('model' in record or 'dtype' in record) else {}
@@ -139,20 +131,13 @@ def was_scaled(steps):
 
 
 def plot_run(jsonl_path, out_png, title=None):
-    """Draw the training curves of a run to a PNG file.
-
-    Panels: loss per step (raw and a moving average, the per-epoch mean training loss as
-    markers, skipped steps as red crosses), accuracy per epoch (validation ``val_top1`` or the
-    first of ``ACCURACY_KEYS`` found, training accuracy if logged), the loss scale per step as
-    a staircase on a log2 axis with the skipped (overflow) steps marked (only if the run scaled
-    its loss: no panel for a scale of 1 throughout, e.g. float32 or bfloat16 runs), and the
-    learning rate.
+    """Draw the training curves of a run (loss, accuracy, loss scale if it was not 1
+    throughout, learning rate) to a PNG file; the panels are listed in docs/cli.md.
 
     Args:
         jsonl_path (str): metrics file (see :func:`read_metrics`).
         out_png (str): output path; its directory (and parents) are created if needed.
-        title (str): figure title; default the model and dtype of the run
-            (:func:`read_run_info`, :func:`run_title`).
+        title (str): figure title; default the model and dtype of the run (:func:`run_title`).
 
     Returns:
         str: ``out_png``.

@@ -1,1 +1,0 @@
-"""The ``mxmp`` command line (the public face is :mod:`mxmp.cli`)."""
