@@ -19,7 +19,7 @@ from mxmp._src.graph.loss_heads import (HEAD_GRADIENT_LOSS_OPS, LOSS_SCALE_NAME,
     insert_loss_scale)
 from mxmp._src.training.module import Module
 from mxmp._src.policy.policy import LOSS_OUTPUT
-from mxmp._src.scaling.scalers import DynamicLossScaler, StaticLossScaler
+from mxmp._src.scaling import DynamicLossScaler, StaticLossScaler
 
 EMULATE = not mxmp.lp_kernels_available('bfloat16')
 BATCH, FEATURES, CLASSES = 32, 12, 4
@@ -249,7 +249,7 @@ def test_bfloat16_without_kernels_and_without_emulation_is_refused_up_front():
     if mxmp.lp_kernels_available('bfloat16'):
         pytest.skip('this CPU has bfloat16 kernels')
     with pytest.raises(RuntimeError, match='emulate=True'):
-        Module(mlp(), target_dtype='bfloat16')
+        Module(mlp(), target_dtype='bfloat16', emulate=False)
 
 
 def test_bad_arguments_raise_clear_errors():

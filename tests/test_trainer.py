@@ -15,7 +15,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 from mxnet.contrib.amp.amp import bfloat16
 
-from mxmp._src.scaling.scalers import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
+from mxmp._src.scaling import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
 from mxmp._src.training.trainer import Trainer
 
 LP_DTYPES = {'float16': np.float16, 'bfloat16': bfloat16}

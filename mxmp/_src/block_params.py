@@ -1,19 +1,11 @@
 """Parameter files of a converted network: one float32 copy per parameter, the usual names.
 
-``save_parameters`` and ``load_parameters`` of a network converted by :func:`mxmp.convert`
-use these functions (:mod:`mxmp._src.gluon`), so its checkpoint is the float32 network's checkpoint:
-
-* the keys are the structural names ``net.save_parameters`` writes for the original network
-  (``features.0.weight``, ``0.bias``: ``Block._collect_params_with_prefix`` in MXNet 1.9.1's
-  ``python/mxnet/gluon/block.py``), each parameter once;
-* the values are float32 by default, whatever dtype a parameter is stored in
-  (``cast_params=True`` stores low-precision layers' weights in bfloat16/float16): a plain
-  float32 network of the same architecture loads the file with ``net.load_parameters``, and a
-  file written by ``net.save_parameters`` loads into the converted block;
-* where an :class:`mxmp.Trainer` keeps float32 master weights for a low-precision parameter,
-  the master weight is written (the exact value the optimizer updates), not the stored
-  bfloat16/float16 rounding of it; loading a file sets those master weights to the file's
-  float32 values, so training resumes from exactly what was saved.
+``save_parameters``/``load_parameters`` of a network converted by :func:`mxmp.convert` use these
+functions, so its checkpoint is the float32 network's: the structural names
+``net.save_parameters`` writes (``Block._collect_params_with_prefix``, MXNet 1.9.1), float32
+values by default whatever dtype a parameter is stored in, and, where an :class:`mxmp.Trainer`
+keeps a float32 master weight (:func:`mxmp._src.training.master_weights.master_value`), that
+master rather than its rounding; loading sets those masters to the file's values.
 """
 import os
 
@@ -24,6 +16,7 @@ from mxnet import autograd
 from .dtypes import dtype_name, mx_dtype, normalize_dtype
 from .errors import ParameterFileError
 from .training.checkpoint import save_atomic
+from .training.master_weights import master_value, set_master_value
 
 __all__ = ['ParameterFileError', 'structural_params', 'save_block_parameters',
            'load_block_parameters']
@@ -42,26 +35,12 @@ def structural_params(block):
     return block._collect_params_with_prefix()
 
 
-def _master_first_device(param):
-    """The float32 master weight an mxmp.Trainer keeps for ``param`` (first device), or None."""
-    ref = getattr(param, '_mxmp_trainer', None)
-    trainer = ref() if ref is not None else None
-    if trainer is None:
-        return None, None
-    index = trainer._param2idx.get(param.name)
-    if index is None or trainer._params[index] is not param:
-        return None, None
-    return trainer, index
-
-
 def _value(param, dtype):
     """What to write for ``param``: its value in ``dtype`` (a name; None: its stored dtype)."""
-    trainer, index = _master_first_device(param)
-    master = trainer._masters.first_device(index) if trainer is not None else None
+    master = master_value(param) if dtype == 'float32' else None
     with autograd.pause():
-        if master is not None and dtype == 'float32':
-            value = master.copyto(mx.cpu()) if isinstance(master, mx.nd.NDArray) \
-                else mx.nd.array(master, dtype='float32')
+        if master is not None:
+            value = master.copyto(mx.cpu())
         else:
             value = param._reduce()
         if dtype is not None and dtype_name(value.dtype) != dtype:
@@ -206,11 +185,7 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
             else:
                 cast = value
             param._load_init(cast, ctx)
-            trainer, index = _master_first_device(param)
-            if trainer is not None:
-                full = value if dtype_name(value.dtype) == 'float32' else \
-                    mx.nd.amp_cast(value, dtype='float32')
-                trainer._masters.set_pending(index, full)
+            set_master_value(param, value)
 
 
 def _brief(names):

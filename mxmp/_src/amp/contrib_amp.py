@@ -50,7 +50,7 @@ from mxnet import autograd
 
 from ..dtypes import normalize_dtype
 from ..policy.policy import conditional_rules
-from ..scaling.scalers import make_loss_scaler, scale_losses
+from ..scaling import make_loss_scaler, scale_losses
 from ..training.step import Step, param_grads
 
 __all__ = ['init', 'disable', 'init_trainer', 'scale_loss', 'unscale']

@@ -7,7 +7,7 @@ between buckets the same way).
 """
 import mxnet as mx
 
-from . import module_checkpoint
+from . import module_checkpoint as files
 from .module import Module
 
 __all__ = ['BucketingModule']
@@ -31,10 +31,10 @@ class BucketingModule(mx.mod.BucketingModule):
     files). ``save_optimizer_states``/``load_optimizer_states`` are MXNet's BucketingModule's.
     """
 
-    def __init__(self, sym_gen, default_bucket_key=None, *, target_dtype='bfloat16',
-                 loss_scaler=None, cast_params=False, emulate=False, policy=None, **kwargs):
-        self._mxmp_kwargs = dict(target_dtype=target_dtype, loss_scaler=loss_scaler,
-                                 cast_params=cast_params, emulate=emulate, policy=policy)
+    def __init__(self, sym_gen, default_bucket_key=None, *, target_dtype=None,
+                 loss_scaler=None, cast_params=None, emulate='auto', policy=None, **kwargs):
+        self._precision = dict(target_dtype=target_dtype, loss_scaler=loss_scaler,
+                               cast_params=cast_params, emulate=emulate, policy=policy)
         super().__init__(sym_gen, default_bucket_key, **kwargs)
 
     def _make_module(self, bucket_key):
@@ -43,7 +43,7 @@ class BucketingModule(mx.mod.BucketingModule):
                       context=self._context, work_load_list=self._work_load_list,
                       fixed_param_names=self._fixed_param_names, state_names=self._state_names,
                       group2ctxs=self._group2ctxs, compression_params=self._compression_params,
-                      **self._mxmp_kwargs)
+                      **self._precision)
 
     def _reset_bind(self):
         # MXNet's bind creates the default bucket's Module unless one is there: put an mxmp
@@ -52,7 +52,8 @@ class BucketingModule(mx.mod.BucketingModule):
         super()._reset_bind()
         module = self._make_module(self._default_bucket_key)
         if old is not None:
-            module._step, module._rescale_grad = old._step, old._rescale_grad
+            module._share(old)
+            module._rescale_grad = old._rescale_grad
         self._buckets[self._default_bucket_key] = module
 
     def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
@@ -116,11 +117,11 @@ class BucketingModule(mx.mod.BucketingModule):
         if sym_gen is None or default_bucket_key is None:
             raise ValueError('BucketingModule.load needs the sym_gen and default_bucket_key '
                              'the model was trained with')
-        _, args, auxs = module_checkpoint.load_params(prefix, epoch, with_symbol=False)
-        state, state_file, kwargs = module_checkpoint.read_state(prefix, epoch, kwargs)
+        _, args, auxs = files.load_params(prefix, epoch, with_symbol=False)
+        state, state_file, kwargs = files.read_state(prefix, epoch, kwargs)
         mod = BucketingModule(sym_gen, default_bucket_key, **kwargs)
         default = mod._make_module(default_bucket_key)
-        module_checkpoint.set_loaded_params(default, args, auxs, state, state_file)
+        default.set_loaded(args, auxs, state, state_file)
         mod._buckets[default_bucket_key] = mod._curr_module = default
         mod.params_initialized = True
         return mod
@@ -128,4 +129,4 @@ class BucketingModule(mx.mod.BucketingModule):
     def save_checkpoint(self, prefix, epoch, remove_amp_cast=True):
         """MXNet's bucketing checkpoint (float32) plus ``prefix-%04d.mxmp.json``."""
         super().save_checkpoint(prefix, epoch, remove_amp_cast=remove_amp_cast)
-        module_checkpoint.write_mixed_precision_state(self._default_module(), prefix, epoch)
+        files.write_state(prefix, epoch, self._default_module().mixed_precision_state())

@@ -1,30 +1,26 @@
-"""Loss scalers: static, dynamic and no-op, as small immutable values.
+"""Loss scaling: the loss scalers (frozen values), the group several Trainers share, and the
+multiplication of (nested) losses.
 
-Loss scaling multiplies the loss by ``S`` before the backward pass so that small gradients stay
-representable in float16 (smallest subnormal 2**-24), and divides the gradients by ``S`` before
-the update (Micikevicius et al., "Mixed Precision Training", ICLR 2018, section 3.2; NVIDIA,
-"Training With Mixed Precision", "Choosing A Scaling Factor"). A *dynamic* scaler halves ``S``
-and skips the step on overflow (inf/NaN), and doubles ``S`` after a run of finite steps.
-
-As in google-deepmind/jmp each scaler is a frozen dataclass and :meth:`LossScaler.adjust` is
-pure: it returns a *new* scaler, so a scaler is stored, compared and checkpointed like any
-value; the owner (:mod:`mxmp._src.training.step`) keeps the current one and replaces it after every
-step. Dynamic defaults (2**16, x2 per 2000 finite steps, x0.5 on overflow) as torch's GradScaler.
+A scaler multiplies the loss by ``S`` before the backward pass and the gradients are divided by
+``S`` before the update (Micikevicius et al., "Mixed Precision Training", ICLR 2018, section
+3.2). Scalers are frozen dataclasses whose :meth:`LossScaler.adjust` returns a new scaler; the
+one mutable holder of the current scaler is a :class:`LossScaleGroup`. Dynamic defaults (2**16,
+x2 per 2000 finite steps, x0.5 on overflow) as torch's GradScaler and ``mxnet.contrib.amp``.
 """
 import dataclasses
 import math
+import weakref
 from typing import Optional
 
-from ..dtypes import normalize_dtype
-from .losses import flatten_losses, scale_losses  # noqa: F401  (part of this API)
+from mxnet import nd
+
+from .dtypes import normalize_dtype
 
 __all__ = ['LossScaler', 'NoOpLossScaler', 'StaticLossScaler', 'DynamicLossScaler',
-           'make_loss_scaler', 'from_state_dict', 'DEFAULT_STATIC_SCALE', 'scale_losses',
-           'flatten_losses']
+           'make_loss_scaler', 'from_state_dict', 'DEFAULT_STATIC_SCALE', 'LossScaleGroup',
+           'scale_losses', 'flatten_losses']
 
-#: The scale of ``make_loss_scaler('static', ...)``: 2**16, the start value of the dynamic
-#: scaler, so that ``'static'`` and ``'dynamic'`` differ only in adaptation. A static scale is
-#: never lowered: if 2**16 overflows for your model, pass a smaller number instead.
+#: The scale of ``make_loss_scaler('static', ...)``: 2**16, the dynamic scaler's start value.
 DEFAULT_STATIC_SCALE = 2.0 ** 16
 
 
@@ -42,28 +38,15 @@ def _positive_finite(name, value):
 class LossScaler:
     """Common base of the loss scalers (an immutable value; never instantiate it directly).
 
-    Every subclass provides:
-
-    * ``scale`` (float): the loss scale ``S``. The loss is multiplied by ``S`` before the
-      backward pass and the gradients are divided by ``S`` before the update.
-    * ``enabled`` (bool): False only for :class:`NoOpLossScaler`; a disabled scaler means the
-      loss is not multiplied at all (not even by 1).
-    * ``dynamic`` (bool): True if the scale reacts to overflow. The owner must then check the
-      gradients for inf/NaN on every step, skip the update on overflow, and call ``adjust``.
-    * ``adjust(finite) -> LossScaler``: the scaler to use for the next step, given whether all
-      gradients of this step were finite. Pure: ``self`` is never modified.
-    * ``state_dict() -> dict``: JSON-serialisable, with the class name under ``'class'``.
-    * ``load_state_dict(d) -> LossScaler``: a new scaler of the same class and configuration
-      carrying the saved state. Pure. ValueError if ``d`` is from another class or another
-      configuration (the message names the mismatching field).
-
-    Reference: Micikevicius et al., "Mixed Precision Training", ICLR 2018, section 3.2.
+    Every subclass provides ``scale`` (float, the loss scale ``S``), ``enabled`` (False only
+    for :class:`NoOpLossScaler`: the loss is not multiplied at all), ``dynamic`` (True if the
+    owner must check gradients for inf/NaN on every step and call ``adjust``),
+    ``adjust(finite) -> LossScaler`` (pure), ``state_dict() -> dict`` (JSON-serialisable, the
+    class name under ``'class'``) and ``load_state_dict(d) -> LossScaler`` (pure).
     """
 
-    #: Names of the dataclass fields that describe the configuration (checked on load) as
-    #: opposed to the running state. Subclasses override.
+    #: Fields describing the configuration (checked on load) / the running state (restored).
     _CONFIG_FIELDS = ()
-    #: Names of the fields that hold the running state (restored on load).
     _STATE_FIELDS = ()
     #: Fields that may be missing from a saved state (name -> value assumed).
     _OPTIONAL_FIELDS = {}
@@ -84,15 +67,8 @@ class LossScaler:
         return False
 
     def adjust(self, finite: bool) -> 'LossScaler':
-        """Return the scaler for the next step given whether this step's gradients were finite.
-
-        Args:
-            finite (bool): True if every gradient of the step was finite (no inf/NaN).
-
-        Returns:
-            LossScaler: a scaler of the same class; ``self`` itself for the static and no-op
-            scalers (they never change).
-        """
+        """The scaler for the next step given whether this step's gradients were all finite
+        (``finite``, bool); ``self`` for the static and no-op scalers."""
         del finite
         return self
 
@@ -104,14 +80,8 @@ class LossScaler:
         return d
 
     def load_state_dict(self, state: dict) -> 'LossScaler':
-        """Return a new scaler with this configuration and the running state in ``state``.
-
-        Args:
-            state (dict): as returned by :meth:`state_dict` of a scaler of the same class and
-                configuration.
-
-        Returns:
-            LossScaler: a new instance; ``self`` is unchanged.
+        """A new scaler with this configuration and the running state in ``state`` (dict, from
+        :meth:`state_dict` of a scaler of the same class and configuration).
 
         Raises:
             ValueError: ``state`` is not a dict, comes from another scaler class, has another
@@ -147,14 +117,8 @@ class LossScaler:
 
 @dataclasses.dataclass(frozen=True)
 class NoOpLossScaler(LossScaler):
-    """No loss scaling: ``scale`` is 1.0, ``enabled`` is False, every call is a no-op.
-
-    Like PyTorch's ``GradScaler(enabled=False)``: the Trainer does not multiply the loss, does
-    not check the gradients for overflow and never skips a step. The default for bfloat16 and
-    float32 training: bfloat16 has float32's 8-bit exponent, so gradients that float32
-    represents do not underflow in bfloat16 (NVIDIA mixed-precision training guide; Kalamkar
-    et al., "A Study of BFLOAT16 for Deep Learning Training", 2019).
-    """
+    """No loss scaling: ``scale`` is 1.0, ``enabled`` is False (as ``GradScaler(enabled=False)``):
+    no multiply, no overflow check, no skipped step. The default for bfloat16 and float32."""
 
     scale: float = dataclasses.field(default=1.0, init=False)
 
@@ -166,20 +130,8 @@ class NoOpLossScaler(LossScaler):
 
 @dataclasses.dataclass(frozen=True)
 class StaticLossScaler(LossScaler):
-    """A constant loss scale.
-
-    Args:
-        scale (float): the loss scale ``S``, finite and > 0. Powers of two keep the unscaling
-            exact.
-
-    Raises:
-        ValueError: ``scale`` is not a positive finite number.
-
-    The Trainer does not check gradients for overflow with a static scale (there is nothing to
-    adjust): an inf in a gradient reaches the weights. Choose ``S`` so that the largest
-    gradient times ``S`` stays below float16's maximum 65504 (NVIDIA mixed-precision training
-    guide, "Choosing A Scaling Factor"), or use :class:`DynamicLossScaler`.
-    """
+    """A constant loss scale ``scale`` (float, finite and > 0, else ValueError; powers of two
+    unscale exactly); gradients are not checked for overflow."""
 
     scale: float = DEFAULT_STATIC_SCALE
     _CONFIG_FIELDS = ('scale',)
@@ -193,46 +145,28 @@ class DynamicLossScaler(LossScaler):
     """Dynamic loss scaling: back off on overflow, grow after a run of finite steps.
 
     Args:
-        init_scale (float): first loss scale, default 2**16; must lie in
-            ``[min_scale, max_scale]``.
-        growth_factor (float): factor applied after ``growth_interval`` consecutive finite
-            steps, > 1; default 2.
-        backoff_factor (float): factor applied on overflow, in (0, 1); default 0.5.
-        growth_interval (int): number of consecutive finite steps before growing, >= 1;
-            default 2000.
-        min_scale (float): floor of the scale, > 0; default 1 (below 1 scaling would shrink
-            gradients instead of protecting them).
+        init_scale (float): first loss scale, in ``[min_scale, max_scale]``; default 2**16.
+        growth_factor (float): factor after ``growth_interval`` finite steps, > 1; default 2.
+        backoff_factor (float): factor on overflow, in (0, 1); default 0.5.
+        growth_interval (int): consecutive finite steps before growing, >= 1; default 2000.
+        min_scale (float): floor of the scale, > 0; default 1.
         max_scale (float): cap of the scale, >= min_scale; default 2**24 (contrib.amp's cap).
-        max_overflows_at_floor (int): how many consecutive overflows at ``min_scale`` the
-            owner tolerates before it raises :class:`mxmp._src.errors.LossScaleAtFloorError`
-            (naming the parameters whose gradients were inf/NaN), >= 0; 0 never raises (the
-            behaviour of PyTorch's GradScaler, which skips such steps forever). Default 10:
-            at the floor (1 by default, i.e. no scaling) lowering the scale cannot help, so a
-            run of skipped steps there means inf/NaN gradients that scaling did not cause (a
-            NaN in the forward pass, a too large learning rate, a bad batch); 10 lets a few
-            bad batches through and stops a run that would otherwise skip every step while
-            reporting success.
+        max_overflows_at_floor (int): consecutive overflows at ``min_scale`` after which the
+            owner raises :class:`mxmp.LossScaleAtFloorError`, >= 0; 0 never raises (torch's
+            behaviour); default 10.
         scale (float or None): current scale (state); None means ``init_scale``.
         counter (int): finite steps since the scale last changed (state), in
             ``[0, growth_interval)``; default 0.
-        overflows_at_floor (int): consecutive overflows that happened with the scale already
-            at ``min_scale`` (state), >= 0; default 0. A finite step resets it.
+        overflows_at_floor (int): consecutive overflows with the scale already at
+            ``min_scale`` (state), >= 0; default 0; a finite step resets it.
 
     Raises:
         ValueError: an argument is out of range; the message names it.
 
-    Rule (:meth:`adjust`), as PyTorch's GradScaler and ``mxnet.contrib.amp``:
-
-    * overflow (``finite=False``): ``scale = max(scale * backoff_factor, min_scale)``,
-      ``counter = 0`` (the owner skips the step);
-    * finite: ``counter += 1``; when ``counter == growth_interval``:
-      ``scale = min(scale * growth_factor, max_scale)`` and ``counter = 0``;
-    * ``overflows_at_floor`` counts the overflows of steps that ran at ``scale == min_scale``
-      since the last finite step (mxmp's addition; the owners raise at
-      ``max_overflows_at_floor``).
-
-    Defaults match ``torch.cuda.amp.GradScaler`` (2**16, 2, 0.5, 2000) and
-    ``mxnet/contrib/amp/loss_scaler.py`` (2**16, x2 every 2000 steps, /2, cap 2**24).
+    Rule (:meth:`adjust`), as torch's GradScaler and ``mxnet.contrib.amp``: on overflow
+    ``scale = max(scale * backoff_factor, min_scale)``, ``counter = 0``; on a finite step
+    ``counter += 1`` and at ``growth_interval``: ``scale = min(scale * growth_factor,
+    max_scale)``, ``counter = 0``.
     """
 
     init_scale: float = 2.0 ** 16
@@ -249,8 +183,6 @@ class DynamicLossScaler(LossScaler):
     _CONFIG_FIELDS = ('init_scale', 'growth_factor', 'backoff_factor', 'growth_interval',
                       'min_scale', 'max_scale', 'max_overflows_at_floor')
     _STATE_FIELDS = ('scale', 'counter', 'overflows_at_floor')
-    #: Fields added after the first release: absent from older states, they take their
-    #: defaults on load.
     _OPTIONAL_FIELDS = {'max_overflows_at_floor': 10, 'overflows_at_floor': 0}
 
     def __post_init__(self):
@@ -291,14 +223,8 @@ class DynamicLossScaler(LossScaler):
         return True
 
     def adjust(self, finite: bool) -> 'DynamicLossScaler':
-        """Return the scaler for the next step (pure; see the class docstring for the rule).
-
-        Args:
-            finite (bool): True if every gradient of the step was finite.
-
-        Returns:
-            DynamicLossScaler: a new instance with the updated ``scale`` and ``counter``.
-        """
+        """A new scaler with ``scale``, ``counter`` and ``overflows_at_floor`` updated by the
+        rule of the class docstring (``finite``: every gradient of the step was finite)."""
         if not finite:
             at_floor = self.overflows_at_floor + 1 if self.scale <= self.min_scale else 0
             return dataclasses.replace(
@@ -325,27 +251,16 @@ def make_loss_scaler(spec, target_dtype) -> LossScaler:
     """Build a loss scaler from a short specification.
 
     Args:
-        spec: one of
-
-            * ``None`` or ``'auto'``: :class:`DynamicLossScaler` with the defaults for float16,
-              :class:`NoOpLossScaler` for bfloat16 and float32 (bfloat16 has float32's
-              exponent range, so gradients do not underflow; NVIDIA mixed-precision guide);
-            * ``'dynamic'`` or ``True``: ``DynamicLossScaler()`` (any target dtype);
-            * ``'static'``: ``StaticLossScaler(DEFAULT_STATIC_SCALE)`` (2**16);
-            * ``'none'`` or ``False``: ``NoOpLossScaler()``;
-            * a positive finite number: ``StaticLossScaler(number)``;
-            * a :class:`LossScaler` instance: returned unchanged.
-
-            Strings are case-insensitive.
-        target_dtype: ``'float16'``, ``'bfloat16'`` or ``'float32'`` (or the numpy /
-            ``mxnet.contrib.amp`` dtype objects); decides what ``None``/``'auto'`` means.
-
-    Returns:
-        LossScaler
+        spec: None or ``'auto'`` (:class:`DynamicLossScaler` for float16,
+            :class:`NoOpLossScaler` for bfloat16 and float32, whose exponent ranges agree);
+            ``'dynamic'``/True; ``'static'`` (``StaticLossScaler(DEFAULT_STATIC_SCALE)``);
+            ``'none'``/False; a positive finite number (static scale); a :class:`LossScaler`
+            (returned unchanged). Strings are case-insensitive.
+        target_dtype: ``'float16'``, ``'bfloat16'`` or ``'float32'`` (or numpy / contrib.amp
+            dtype objects); decides what None/``'auto'`` means.
 
     Raises:
-        ValueError: unknown ``spec`` (the message lists the accepted ones) or unknown
-            ``target_dtype``.
+        ValueError: unknown ``spec`` (the message lists the accepted ones) or ``target_dtype``.
     """
     dtype = normalize_dtype(target_dtype, allow_float32=True)
     if isinstance(spec, LossScaler):
@@ -377,14 +292,7 @@ _CLASSES = {c.__name__: c for c in (NoOpLossScaler, StaticLossScaler, DynamicLos
 
 
 def from_state_dict(state) -> LossScaler:
-    """Rebuild the scaler a :meth:`LossScaler.state_dict` came from: class, configuration
-    and running state (:meth:`LossScaler.load_state_dict` needs a scaler of the same class).
-
-    Args:
-        state (dict): ``{'class': 'DynamicLossScaler', <field>: value, ...}``.
-
-    Returns:
-        LossScaler: a new scaler of the saved class.
+    """The scaler (class, configuration, running state) a :meth:`LossScaler.state_dict` came from.
 
     Raises:
         ValueError: ``state`` is not a dict naming one of the three scaler classes
@@ -398,3 +306,94 @@ def from_state_dict(state) -> LossScaler:
         return cls(**{k: state[k] for k in cls._CONFIG_FIELDS + cls._STATE_FIELDS if k in state})
     except (TypeError, ValueError) as err:
         raise ValueError('invalid loss scaler state: %s' % err) from None
+
+
+class LossScaleGroup:
+    """One loss scale shared by several :class:`mxmp.Trainer` s, as one torch ``GradScaler``
+    used by several optimizers (a GAN's generator and discriminator)::
+
+        group = mxmp.LossScaleGroup(mxmp.DynamicLossScaler())
+        trainer_g = mxmp.Trainer(gen.collect_params(), 'adam', loss_scaler=group)
+        trainer_d = mxmp.Trainer(disc.collect_params(), 'adam', loss_scaler=group)
+
+    Every member scales with :attr:`current`; each checks its own gradients and skips only its
+    own update on overflow; the scale changes once per iteration, when every live member has
+    stepped since the last change (``adjust(False)`` if any overflowed, else ``adjust(True)``),
+    as torch's ``scaler.update()``. A member that steps again before the others raises
+    RuntimeError. A scaler value (not a group) given to a Trainer is that Trainer's alone.
+
+    Args:
+        scaler (LossScaler): the starting scaler.
+
+    Attributes:
+        current (LossScaler): the scaler every member uses now.
+    """
+
+    def __init__(self, scaler):
+        if not isinstance(scaler, LossScaler):
+            raise TypeError('LossScaleGroup takes a LossScaler, got %r' % (scaler,))
+        self.current = scaler
+        self._members = weakref.WeakSet()   # the members, held weakly
+        self._stepped = weakref.WeakSet()   # members that stepped in this iteration
+        self._finite = True                 # no member overflowed in this iteration
+
+    def join(self, member):
+        """Add ``member`` (held through a weak reference); returns the group."""
+        self._members.add(member)
+        return self
+
+    def check_can_step(self, member):
+        """Raise RuntimeError if ``member`` already stepped in this iteration of the group."""
+        if member not in self._stepped:
+            return
+        waiting = [m for m in self._members if m not in self._stepped]
+        raise RuntimeError(
+            'this Trainer shares its loss scale with %d other Trainer(s) and has already '
+            'stepped in this iteration, while %d of them have not (%s). The shared scale '
+            'changes once per iteration, after every member of the LossScaleGroup has stepped '
+            'once (as torch: scaler.step(opt) for each optimizer, then one scaler.update()). '
+            'Step every Trainer once per iteration, or give Trainers that step at different '
+            'rates their own loss scaler objects instead of one group.'
+            % (len(self._members) - 1, len(waiting), ', '.join(_describe(m) for m in waiting)))
+
+    def stepped(self, member, finite):
+        """Record that ``member`` stepped (``finite``: its gradients had no inf/NaN); adjust
+        :attr:`current` once every member has. Returns whether the scale was adjusted."""
+        self._stepped.add(member)
+        self._finite = self._finite and bool(finite)
+        if any(m not in self._stepped for m in self._members):
+            return False
+        self.current = self.current.adjust(self._finite)
+        self._stepped, self._finite = weakref.WeakSet(), True
+        return True
+
+
+def _describe(member):
+    params = getattr(member, '_params', None) or []
+    first = params[0].name if params else 'no parameters'
+    return 'Trainer of %d parameter(s) starting with %s' % (len(params), first)
+
+
+def _walk(loss, leaf, path='loss'):
+    """Apply ``leaf`` to every NDArray of a (nested) list/tuple, keeping the nesting."""
+    if isinstance(loss, (list, tuple)):
+        return type(loss)(_walk(l, leaf, '%s[%d]' % (path, i)) for i, l in enumerate(loss))
+    if not isinstance(loss, nd.NDArray):
+        raise TypeError('scale_loss takes an NDArray or (nested) lists/tuples of NDArrays; %s '
+                        'is a %s. Compute the loss with MXNet operators (or wrap a number with '
+                        'mx.nd.array) inside autograd.record().' % (path, type(loss).__name__))
+    return leaf(loss)
+
+
+def scale_losses(loss, scale):
+    """``loss * scale`` (new NDArrays) for an NDArray or lists/tuples nesting them, with the
+    same nesting. TypeError naming the position of an element that is not an NDArray."""
+    return _walk(loss, lambda l: l * scale)
+
+
+def flatten_losses(loss):
+    """The NDArrays of a (nested) list/tuple of losses as one flat list, in order (TypeError
+    as :func:`scale_losses`)."""
+    out = []
+    _walk(loss, out.append)
+    return out
