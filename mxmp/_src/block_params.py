@@ -74,7 +74,7 @@ def save_block_parameters(block, filename, deduplicate=False, dtype='float32'):
     if deduplicate:
         last = {}     # as gluon 1.9.1: a shared Parameter is written under its last name
         for name, param in params.items():
-            last[id(param)] = name
+            last[param] = name
         params = {name: params[name] for name in last.values()}
     arrays = {}
     for name, param in params.items():
@@ -157,7 +157,7 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
         raise ParameterFileError('%s holds a list of arrays without names; save parameters '
                                  'with save_parameters (a dict by name)' % filename)
     structural, find = _lookup(block)
-    chosen = {}   # id(param) -> (rank, param, value): a structural name wins over a full one
+    chosen = {}   # param -> (rank, param, value): a structural name wins over a full one
     for key, value in loaded.items():
         param, rank = find(key)
         if param is None:
@@ -167,11 +167,11 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
                     "contains parameters %s. Set ignore_extra=True to ignore."
                     % (key, filename, _brief(structural)))
             continue
-        if id(param) not in chosen or rank < chosen[id(param)][0]:
-            chosen[id(param)] = (rank, param, value)
+        if param not in chosen or rank < chosen[param][0]:
+            chosen[param] = (rank, param, value)
     if not allow_missing:
         for name, param in structural.items():
-            if id(param) not in chosen:
+            if param not in chosen:
                 raise ParameterFileError(
                     "Parameter '%s' is missing in file '%s', which contains parameters: %s. "
                     "Set allow_missing=True to ignore missing parameters."

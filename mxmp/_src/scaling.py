@@ -1,11 +1,7 @@
-"""Loss scaling: the loss scalers (frozen values), the group several Trainers share, and the
-multiplication of (nested) losses.
-
-A scaler multiplies the loss by ``S`` before the backward pass and the gradients are divided by
-``S`` before the update (Micikevicius et al., "Mixed Precision Training", ICLR 2018, section
-3.2). Scalers are frozen dataclasses whose :meth:`LossScaler.adjust` returns a new scaler; the
-one mutable holder of the current scaler is a :class:`LossScaleGroup`. Dynamic defaults (2**16,
-x2 per 2000 finite steps, x0.5 on overflow) as torch's GradScaler and ``mxnet.contrib.amp``.
+"""Loss scaling (Micikevicius et al., "Mixed Precision Training", ICLR 2018, section 3.2): the
+loss scalers (frozen values: :meth:`LossScaler.adjust` returns a new one), the
+:class:`LossScaleGroup` that holds the current scaler of one or more Trainers, and the
+multiplication of (nested) losses. Reasons and sources: docs/training.md.
 """
 import dataclasses
 import math
@@ -34,22 +30,27 @@ def _positive_finite(name, value):
     return value
 
 
+def _integer(value, low, high=None):
+    """Whether ``value`` is an int (not a bool) in ``[low, high)``."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= low and \
+        (high is None or value < high)
+
+
+def _require(condition, message, *args):
+    """ValueError(``message % args``) unless ``condition``."""
+    if not condition:
+        raise ValueError(message % args)
+
+
 @dataclasses.dataclass(frozen=True)
 class LossScaler:
-    """Common base of the loss scalers (an immutable value; never instantiate it directly).
+    """Common base of the loss scalers (an immutable value; TypeError if instantiated): every
+    one has ``scale`` (float), ``enabled``, ``dynamic`` (the owner checks gradients on every
+    step) and the pure ``adjust``, ``state_dict`` and ``load_state_dict``."""
 
-    Every subclass provides ``scale`` (float, the loss scale ``S``), ``enabled`` (False only
-    for :class:`NoOpLossScaler`: the loss is not multiplied at all), ``dynamic`` (True if the
-    owner must check gradients for inf/NaN on every step and call ``adjust``),
-    ``adjust(finite) -> LossScaler`` (pure), ``state_dict() -> dict`` (JSON-serialisable, the
-    class name under ``'class'``) and ``load_state_dict(d) -> LossScaler`` (pure).
-    """
-
-    #: Fields describing the configuration (checked on load) / the running state (restored).
-    _CONFIG_FIELDS = ()
-    _STATE_FIELDS = ()
-    #: Fields that may be missing from a saved state (name -> value assumed).
-    _OPTIONAL_FIELDS = {}
+    _CONFIG_FIELDS = ()     # configuration fields, checked on load
+    _STATE_FIELDS = ()      # running state, restored on load
+    _OPTIONAL_FIELDS = {}   # fields a saved state may miss -> value assumed
 
     def __post_init__(self):
         if type(self) is LossScaler:  # pylint: disable=unidiomatic-typecheck
@@ -83,10 +84,8 @@ class LossScaler:
         """A new scaler with this configuration and the running state in ``state`` (dict, from
         :meth:`state_dict` of a scaler of the same class and configuration).
 
-        Raises:
-            ValueError: ``state`` is not a dict, comes from another scaler class, has another
-                configuration (the mismatching field is named), misses a key, or holds an
-                invalid state (e.g. a scale outside ``[min_scale, max_scale]``).
+        ValueError if ``state`` is not a dict, is of another class or configuration (the
+        field is named), misses a key or holds an invalid state.
         """
         if not isinstance(state, dict):
             raise ValueError('loss scaler state must be a dict, got %s' % type(state).__name__)
@@ -189,33 +188,24 @@ class DynamicLossScaler(LossScaler):
         setf = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         for name in ('init_scale', 'growth_factor', 'backoff_factor', 'min_scale', 'max_scale'):
             setf(name, _positive_finite(name, getattr(self, name)))
-        if self.growth_factor <= 1:
-            raise ValueError('growth_factor must be > 1, got %r' % self.growth_factor)
-        if self.backoff_factor >= 1:
-            raise ValueError('backoff_factor must be in (0, 1), got %r' % self.backoff_factor)
-        gi = self.growth_interval
-        if isinstance(gi, bool) or not isinstance(gi, int) or gi < 1:
-            raise ValueError('growth_interval must be an integer >= 1, got %r' % (gi,))
-        if self.max_scale < self.min_scale:
-            raise ValueError('max_scale (%r) must be >= min_scale (%r)'
-                             % (self.max_scale, self.min_scale))
-        if not self.min_scale <= self.init_scale <= self.max_scale:
-            raise ValueError('init_scale (%r) must lie in [min_scale, max_scale] = [%r, %r]'
-                             % (self.init_scale, self.min_scale, self.max_scale))
-        if self.scale is None:
-            setf('scale', self.init_scale)
-        setf('scale', _positive_finite('scale', self.scale))
-        if not self.min_scale <= self.scale <= self.max_scale:
-            raise ValueError('scale (%r) must lie in [min_scale, max_scale] = [%r, %r]'
-                             % (self.scale, self.min_scale, self.max_scale))
-        c = self.counter
-        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < self.growth_interval:
-            raise ValueError('counter must be an integer in [0, growth_interval=%d), got %r'
-                             % (self.growth_interval, c))
+        _require(self.growth_factor > 1, 'growth_factor must be > 1, got %r', self.growth_factor)
+        _require(self.backoff_factor < 1, 'backoff_factor must be in (0, 1), got %r',
+                 self.backoff_factor)
+        _require(_integer(self.growth_interval, 1),
+                 'growth_interval must be an integer >= 1, got %r', self.growth_interval)
+        _require(self.max_scale >= self.min_scale, 'max_scale (%r) must be >= min_scale (%r)',
+                 self.max_scale, self.min_scale)
+        setf('scale', _positive_finite('scale', self.init_scale if self.scale is None
+                                       else self.scale))
+        for name in ('init_scale', 'scale'):
+            _require(self.min_scale <= getattr(self, name) <= self.max_scale,
+                     '%s (%r) must lie in [min_scale, max_scale] = [%r, %r]', name,
+                     getattr(self, name), self.min_scale, self.max_scale)
+        _require(_integer(self.counter, 0, self.growth_interval), 'counter must be an integer '
+                 'in [0, growth_interval=%d), got %r', self.growth_interval, self.counter)
         for name in ('max_overflows_at_floor', 'overflows_at_floor'):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError('%s must be an integer >= 0, got %r' % (name, v))
+            _require(_integer(getattr(self, name), 0), '%s must be an integer >= 0, got %r',
+                     name, getattr(self, name))
 
     @property
     def dynamic(self) -> bool:
@@ -265,26 +255,20 @@ def make_loss_scaler(spec, target_dtype) -> LossScaler:
     dtype = normalize_dtype(target_dtype, allow_float32=True)
     if isinstance(spec, LossScaler):
         return spec
-    if spec is None:
-        spec = 'auto'
-    if isinstance(spec, bool):
-        return DynamicLossScaler() if spec else NoOpLossScaler()
-    if isinstance(spec, (int, float)):
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
         try:
             return StaticLossScaler(float(spec))
         except ValueError:
             raise ValueError('a numeric loss_scaler must be a positive finite number (the '
                              'static loss scale), got %r' % (spec,)) from None
-    if isinstance(spec, str):
-        key = spec.lower()
-        if key == 'auto':
-            return DynamicLossScaler() if dtype == 'float16' else NoOpLossScaler()
-        if key == 'dynamic':
-            return DynamicLossScaler()
-        if key == 'static':
-            return StaticLossScaler(DEFAULT_STATIC_SCALE)
-        if key == 'none':
-            return NoOpLossScaler()
+    key = {None: 'auto', True: 'dynamic', False: 'none'}[spec] if spec is None or \
+        isinstance(spec, bool) else spec.lower() if isinstance(spec, str) else None
+    if key == 'auto':
+        key = 'dynamic' if dtype == 'float16' else 'none'
+    made = {'dynamic': DynamicLossScaler, 'static': StaticLossScaler,
+            'none': NoOpLossScaler}.get(key)
+    if made is not None:
+        return made()
     raise ValueError('unknown loss_scaler %r; accepted: %s' % (spec, _SPECS))
 
 
@@ -309,24 +293,11 @@ def from_state_dict(state) -> LossScaler:
 
 
 class LossScaleGroup:
-    """One loss scale shared by several :class:`mxmp.Trainer` s, as one torch ``GradScaler``
-    used by several optimizers (a GAN's generator and discriminator)::
-
-        group = mxmp.LossScaleGroup(mxmp.DynamicLossScaler())
-        trainer_g = mxmp.Trainer(gen.collect_params(), 'adam', loss_scaler=group)
-        trainer_d = mxmp.Trainer(disc.collect_params(), 'adam', loss_scaler=group)
-
-    Every member scales with :attr:`current`; each checks its own gradients and skips only its
-    own update on overflow; the scale changes once per iteration, when every live member has
-    stepped since the last change (``adjust(False)`` if any overflowed, else ``adjust(True)``),
-    as torch's ``scaler.update()``. A member that steps again before the others raises
-    RuntimeError. A scaler value (not a group) given to a Trainer is that Trainer's alone.
-
-    Args:
-        scaler (LossScaler): the starting scaler.
-
-    Attributes:
-        current (LossScaler): the scaler every member uses now.
+    """One loss scale shared by the Trainers given it as ``loss_scaler``, as one torch
+    ``GradScaler`` used by several optimizers: each member skips only its own update on
+    overflow; :attr:`current` (LossScaler) changes once every live member has stepped since the
+    last change (``adjust(False)`` if any overflowed); a member stepping twice first raises
+    RuntimeError. ``scaler`` (LossScaler): the starting scaler; TypeError otherwise.
     """
 
     def __init__(self, scaler):

@@ -34,17 +34,9 @@ class MasterWeights:
         return key in self._masters
 
     def get(self, key, arrays, track=True):
-        """The float32 masters of ``arrays`` (the low-precision weight on each device).
-
-        Args:
-            key: hashable name of the weight.
-            arrays (list of NDArray): the low-precision weight, one array per device.
-            track (bool): re-create the masters if ``arrays`` are not the objects they were
-                created from.
-
-        Returns:
-            list of NDArray: float32, one per device, the live arrays the optimizer updates.
-        """
+        """The float32 masters (one per device, the live arrays the optimizer updates) of
+        ``arrays``, the low-precision weight ``key`` on each device; with ``track``, made
+        again if ``arrays`` are not the objects they were made from."""
         masters = self._masters.get(key)
         if masters is not None and len(masters) == len(arrays):
             sources = self._sources.get(key)
@@ -63,11 +55,8 @@ class MasterWeights:
         return masters
 
     def set_pending(self, key, value):
-        """Create the masters of ``key`` from ``value`` (float32) at the next :meth:`get`.
-
-        Any existing masters of ``key`` are dropped. ``value`` is a numpy array or NDArray
-        holding the full-precision weight (a checkpoint's float32 parameter).
-        """
+        """Make the masters of ``key`` from ``value`` (float32 numpy array or NDArray) at the
+        next :meth:`get`, dropping any existing ones."""
         self.discard(key)
         self._pending[key] = value
 
@@ -90,10 +79,7 @@ class MasterWeights:
         return self._pending.get(key)
 
     def to_numpy(self):
-        """dict key -> float32 numpy array: the first device's masters plus pending values.
-
-        With reduced gradients every device holds the same master. Host synchronisation.
-        """
+        """dict key -> float32 numpy array: the first device's masters and pending values."""
         out = {k: v[0].asnumpy() for k, v in self._masters.items()}
         for k, v in self._pending.items():
             out[k] = v.asnumpy() if isinstance(v, nd.NDArray) else np.asarray(v, np.float32)

@@ -1,13 +1,8 @@
-"""The one mixed-precision training step, shared by every wrapper mxmp has.
-
-:class:`mxmp.Trainer`, :class:`mxmp.Module`, :mod:`mxmp.amp` and :mod:`mxmp.horovod` each own
-one :class:`Step`: the loss scale (through its :class:`mxmp._src.scaling.LossScaleGroup`),
-``skipped_steps``, the stage of the current step and its losses. The order of a step:
-:meth:`Step.scale_loss`; optionally :meth:`Step.unscale` (once); :meth:`Step.check` (one overflow
-check of every gradient on every device, :func:`all_finite`; dynamic scalers only);
-:meth:`Step.apply` (skip, or optimizer calls and the write-back of low-precision weights from
-their float32 masters), which ends with :meth:`Step.end` (the scale adjusts, a skip counts, the
-stage is READY again). This module is the only caller of ``mx.nd.multi_all_finite``.
+"""The one mixed-precision training step, owned by :class:`mxmp.Trainer`, :class:`mxmp.Module`,
+:mod:`mxmp.amp` and :mod:`mxmp.horovod`: :meth:`Step.scale_loss`, optionally
+:meth:`Step.unscale`, :meth:`Step.check` (the overflow check, :func:`all_finite`, the only
+caller of ``mx.nd.multi_all_finite``), :meth:`Step.apply` and :meth:`Step.end`
+(docs/training.md).
 """
 import collections
 import enum
@@ -31,13 +26,9 @@ _FINITE_DTYPES = ('float16', 'float32', 'float64')
 def all_finite(per_device_grads):
     """Whether every gradient is free of inf and NaN: one check over all devices.
 
-    Args:
-        per_device_grads (list of list of NDArray): for each device, the (reduced) gradients
-            about to be applied. bfloat16 arrays are cast to float32 first, ``row_sparse`` ones
-            are checked through their values, integer ones are ignored; lists may be empty.
-
-    Returns:
-        bool: False if any element of any gradient is inf or NaN. One host synchronisation.
+    ``per_device_grads`` (list of list of NDArray): per device, the gradients about to be
+    applied, any float dtype or sparse (integer ones are ignored). Returns False if any element
+    is inf or NaN; one host synchronisation.
     """
     flags = []
     for grads in per_device_grads:
@@ -94,17 +85,9 @@ then ``amp_cast(master, out=weight)`` for every ``(master, weight)`` pair of ``w
 
 
 def device_update(entries):
-    """One device's optimizer call, low-precision weights routed to their float32 masters.
-
-    Args:
-        entries (iterable of tuple): ``(index, weight, grad, master)`` per weight: its
-            optimizer index, its weight and gradient on this device, and its float32 master
-            there (None for a weight updated in place).
-
-    Returns:
-        DeviceUpdate: a weight with a master is updated through it, with its gradient cast to
-        float32 (not copied if already float32), and rewritten from it afterwards.
-    """
+    """One device's :class:`DeviceUpdate` from ``(index, weight, grad, master)`` entries: a
+    weight with a float32 master (None: updated in place) is updated through it, with its
+    gradient cast to float32, and rewritten from it afterwards."""
     indices, grads, weights, writebacks = [], [], [], []
     for index, weight, grad, master in entries:
         indices.append(index)
@@ -130,16 +113,12 @@ class Step:
     """The state of one training loop between updates, and the update itself.
 
     Args:
-        scaler (mxmp.LossScaler or mxmp._src.scaling.LossScaleGroup): the starting scaler,
-            this Step's alone, or a group shared with other owners.
-        owner (object or None): the member of the group (the Trainer, named in the group's
-            errors; held weakly by the group); None: the Step itself.
+        scaler (mxmp.LossScaler or mxmp._src.scaling.LossScaleGroup): the starting scaler
+            (this Step's alone) or a group shared with other owners.
+        owner (object or None): the group's member (the Trainer; held weakly); None: the Step.
 
-    Attributes:
-        group (LossScaleGroup): holds the current scaler.
-        skipped_steps (int): steps skipped because a gradient was inf/NaN.
-        stage (Stage): READY or UNSCALED.
-        losses (list of NDArray): this step's losses, from :meth:`scale_loss`.
+    Attributes: ``group`` (LossScaleGroup), ``skipped_steps`` (int), ``stage`` (Stage),
+    ``losses`` (list of NDArray: this step's, from :meth:`scale_loss`).
     """
 
     def __init__(self, scaler, owner=None):
@@ -212,9 +191,8 @@ class Step:
 
         Args:
             calls (list of (updater, DeviceUpdate)): one per device (an updater may repeat).
-            optimizer (mx.optimizer.Optimizer): the updaters' optimizer; its ``rescale_grad``
-                is set to ``rescale_grad / loss_scale`` (``rescale_grad`` alone if scaling is
-                disabled or the stage is UNSCALED).
+            optimizer (mx.optimizer.Optimizer): its ``rescale_grad`` is set to
+                ``rescale_grad / loss_scale`` (without the scale if disabled or UNSCALED).
             rescale_grad (float): the factor without the loss scale.
             name_of (callable or None): optimizer index -> parameter name, for errors.
             forward_finite (callable or None): ``() -> bool``, whether the forward pass was
@@ -230,8 +208,6 @@ class Step:
 
         Warns:
             NonFiniteForwardWarning: the step was skipped and ``forward_finite()`` is False.
-
-        On a skip nothing of the model, the masters or the optimizer changes.
         """
         losses, self.losses = self.losses, []
         if forward_finite is None and losses:

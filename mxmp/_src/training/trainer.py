@@ -1,9 +1,6 @@
-"""mxmp.Trainer: ``gluon.Trainer`` with loss scaling, the overflow check and float32 master
-weights. It owns its :class:`~mxmp._src.training.step.Step`, its
-:class:`~mxmp._src.training.master_weights.ParameterMasters` and its
-:class:`~mxmp._src.distributed.KVStoreExchange`; its states file is
-:mod:`mxmp._src.training.checkpoint`. More in docs/training.md.
-"""
+"""mxmp.Trainer: ``gluon.Trainer`` owning a :class:`~mxmp._src.training.step.Step`, the
+:class:`~mxmp._src.training.master_weights.ParameterMasters` of its Parameters and a
+:class:`~mxmp._src.distributed.KVStoreExchange` (docs/training.md)."""
 import contextlib
 import logging
 
@@ -29,36 +26,24 @@ class Trainer(gluon.Trainer):
 
     Args:
         params, optimizer, optimizer_params, compression_params: as for ``gluon.Trainer``;
-            float16/bfloat16 Parameters get float32 master weights, which the optimizer
-            updates (``multi_precision`` has no effect on them).
+            float16/bfloat16 Parameters get float32 master weights, which the optimizer updates.
         kvstore (str or KVStore): as for ``gluon.Trainer`` (default ``'device'``); it only
-            reduces gradients; asynchronous kvstores are refused.
-        update_on_kvstore (None or False): True raises ValueError (the Trainer must see the
-            reduced gradients to check them).
+            reduces gradients. update_on_kvstore (None or False): True is refused.
         loss_scaler (keyword-only): anything :func:`mxmp.make_loss_scaler` accepts, or a
-            :class:`mxmp._src.scaling.LossScaleGroup` shared with other Trainers; default: the
-            policy's, else dynamic for float16 and none otherwise.
-        target_dtype (keyword-only, str or None): decides the default loss scaler. None: the
-            policy's; else float16 if a Parameter is float16, else bfloat16 if one is; else
-            the target dtype of the converted network of the Parameters; else float32.
+            :class:`mxmp._src.scaling.LossScaleGroup` shared with other Trainers.
+        target_dtype, policy (keyword-only): the precision; see :func:`resolve_precision`.
         grad_dtype (keyword-only, None or str): the dtype gradients travel in over the
-            kvstore (:func:`mxmp._src.distributed.check_grad_dtype`); None: their own, except
-            bfloat16 on a dist kvstore (float32).
-        policy (keyword-only, mxmp.Policy or None): where the target dtype and the loss scaler
-            come from; default: the policy of the converted network of the Parameters.
+            kvstore (:func:`mxmp._src.distributed.check_grad_dtype`).
 
     Raises:
         ValueError: ``update_on_kvstore=True``, an async kvstore, an unknown ``target_dtype``,
-            ``loss_scaler`` or ``grad_dtype``, or ``target_dtype``/``loss_scaler`` that
-            contradict ``policy``; plus what ``gluon.Trainer`` raises.
+            ``loss_scaler`` or ``grad_dtype``, arguments contradicting ``policy``; plus what
+            ``gluon.Trainer`` raises.
 
-    :meth:`step` (or :meth:`allreduce_grads`, :meth:`update`) reduces the gradients, checks
-    them once for inf/NaN (dynamic scalers: one host sync), and either skips the update (no
-    weight, master, optimizer state or count changes; the scale backs off; ``skipped_steps``
-    grows) or steps with ``rescale_grad = rescale_grad0 / (loss_scale * batch_size)``
-    (without ``loss_scale`` after :meth:`unscale`). Masters are made on first use and again
-    when a Parameter's arrays are replaced; after changing a low-precision Parameter in place,
-    call :meth:`reset_master_weights`.
+    :meth:`step` reduces the gradients, checks them once for inf/NaN (dynamic scalers: one
+    host sync) and skips the update (nothing changes but the scale and ``skipped_steps``) or
+    steps with ``rescale_grad = rescale_grad0 / (loss_scale * batch_size)``. After changing a
+    low-precision Parameter in place, call :meth:`reset_master_weights`.
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, kvstore='device',
@@ -71,10 +56,8 @@ class Trainer(gluon.Trainer):
                                                        loss_scaler)
         self._step = Step(scaler, self)
         self._masters = ParameterMasters(self._params)
-        self._exchange = distributed.KVStoreExchange(len(self._params),
-                                                     distributed.check_grad_dtype(
-                                                         grad_dtype, kv_type,
-                                                         self._step.scaler.dynamic))
+        grad_dtype = distributed.check_grad_dtype(grad_dtype, kv_type, self._step.scaler.dynamic)
+        self._exchange = distributed.KVStoreExchange(len(self._params), grad_dtype)
         self._asked_update_on_kvstore = update_on_kvstore
         if 'dist' in (kv_type or '') and all(p._data is not None for p in self._params):
             self._prepare()   # every worker's first forward uses worker 0's weights
@@ -154,15 +137,8 @@ class Trainer(gluon.Trainer):
     # ------------------------------------------------------------------ the step
     @contextlib.contextmanager
     def scale_loss(self, loss):
-        """Yield ``loss`` (NDArray or lists/tuples nesting them) times the loss scale.
-
-        Use inside ``autograd.record()``, as ``mxnet.contrib.amp.scale_loss``; yields ``loss``
-        itself when scaling is disabled.
-
-        Raises:
-            RuntimeError: scaling is enabled and autograd is not recording.
-            TypeError: an element of ``loss`` is not an NDArray (the message says which).
-        """
+        """Yield ``loss`` (NDArray or lists/tuples nesting them) times the loss scale, inside
+        ``autograd.record()`` (else RuntimeError); TypeError naming a non-NDArray element."""
         if self._step.scaler.enabled and not autograd.is_recording():
             raise RuntimeError('scale_loss() must run inside autograd.record(): the multiply '
                                'by the loss scale has to be recorded for backward(). Put the '
@@ -178,37 +154,22 @@ class Trainer(gluon.Trainer):
     def step(self, batch_size, ignore_stale_grad=False):
         """Reduce the gradients, check them, and apply one update unless they overflowed.
 
-        Args:
-            batch_size (int or float): > 0; gradients are divided by it, as gluon.Trainer.
-            ignore_stale_grad (bool): as gluon.Trainer.
-
-        Returns:
-            bool: True if the update was applied, False if it was skipped on overflow.
+        ``batch_size`` (> 0, else ValueError) and ``ignore_stale_grad`` as gluon.Trainer.
+        Returns False if the update was skipped on overflow.
 
         Raises:
-            ValueError: ``batch_size`` <= 0.
-            RuntimeError: this Trainer stepped already in this iteration of its
-                LossScaleGroup while other members have not; nothing is updated.
+            RuntimeError: this Trainer stepped already in this iteration of its LossScaleGroup.
             UserWarning: (raised, as gluon.Trainer) a stale gradient.
-            mxmp.LossScaleAtFloorError: the dynamic scale overflowed at its floor
-                ``max_overflows_at_floor`` times in a row; nothing is updated.
+            mxmp.LossScaleAtFloorError: see :meth:`mxmp._src.training.step.Step.apply`.
 
         Warns:
-            mxmp.NonFiniteForwardWarning: the step is skipped and the loss of
-                :meth:`scale_loss` was itself inf/NaN.
+            mxmp.NonFiniteForwardWarning: skipped, and the loss itself was inf/NaN.
         """
-        _check_batch_size(batch_size)
-        self._step.check_can_step()
-        self._prepare()
-        self._allreduce_grads()
-        return self._apply_update(batch_size, ignore_stale_grad)
+        return self._apply_update(batch_size, ignore_stale_grad, reduce=True)
 
     def update(self, batch_size, ignore_stale_grad=False):
         """:meth:`step` without the reduction, after :meth:`allreduce_grads` (and maybe
         :meth:`unscale` and clipping); same arguments, result and errors."""
-        _check_batch_size(batch_size)
-        self._step.check_can_step()
-        self._prepare()
         return self._apply_update(batch_size, ignore_stale_grad)
 
     def _collect(self, ignore_stale_grad):
@@ -231,7 +192,14 @@ class Trainer(gluon.Trainer):
                     per_device[dev].append((i, param, data, grad))
         return per_device
 
-    def _apply_update(self, batch_size, ignore_stale_grad):
+    def _apply_update(self, batch_size, ignore_stale_grad, reduce=False):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, float, np.number)) \
+                or not batch_size > 0:
+            raise ValueError('batch_size must be a positive number, got %r' % (batch_size,))
+        self._step.check_can_step()
+        self._prepare()
+        if reduce:
+            self._allreduce_grads()
         with autograd.pause():
             per_device = self._collect(ignore_stale_grad)
             calls = [(updater, device_update(
@@ -246,12 +214,8 @@ class Trainer(gluon.Trainer):
 
     # ------------------------------------------------------------------ master weights
     def master_weights(self, param):
-        """The float32 master weights (one NDArray per device, the live arrays the optimizer
-        updates) of a float16/bfloat16 Parameter (or its name) with a gradient.
-
-        Raises:
-            ValueError: the Parameter is not in this Trainer, or has no master weights.
-        """
+        """The float32 master weights (one per device, the live arrays the optimizer updates)
+        of a low-precision Parameter (or its name); ValueError if it has none here."""
         i = self._param_index(param)
         p = self._params[i]
         if not is_low_precision(p):
@@ -294,17 +258,8 @@ class Trainer(gluon.Trainer):
 
     def load_states(self, fname, check_names=True):
         """Load what :meth:`save_states` wrote: all of it or, on any error, nothing.
-
-        Args:
-            fname (str): the file.
-            check_names (bool): require the Parameter names to match (default True); False
-                matches by position (count, shapes and dtypes are still checked).
-
-        Raises:
-            ValueError: not an mxmp states file, truncated, corrupt, or not matching this
-                Trainer (Parameters, low-precision dtypes, loss scaler); the message says how.
-            OSError: the file cannot be read.
-        """
+        ``check_names=False`` matches Parameters by position. ValueError (the message says
+        why) if the file is not such a file, is damaged or does not match this Trainer."""
         opt_blob, masters, scaler, skipped = checkpoint.read_trainer_states(
             fname, self._params, check_names, self._step.scaler)
         self._prepare()
@@ -337,10 +292,12 @@ def _network_policy(params):
 
 
 def resolve_precision(params, policy, target_dtype, loss_scaler):
-    """``(target dtype name, loss scaler or LossScaleGroup)`` of a Trainer (see its Args).
+    """``(target dtype name, loss scaler or LossScaleGroup)`` of a Trainer over ``params``.
 
-    Raises:
-        ValueError: ``target_dtype`` or ``loss_scaler`` contradict ``policy`` (both named).
+    The target dtype: ``policy``'s; else ``target_dtype``; else float16 if a Parameter is
+    float16, bfloat16 if one is; else that of the network ``mxmp.convert`` converted the
+    Parameters for; else float32. ``loss_scaler`` defaults to the policy's (else 'auto').
+    ValueError if ``target_dtype`` or ``loss_scaler`` contradict ``policy`` (both named).
     """
     if policy is not None:
         if not isinstance(policy, Policy):
@@ -372,8 +329,3 @@ def resolve_precision(params, policy, target_dtype, loss_scaler):
         return dtype, loss_scaler
     return dtype, make_loss_scaler(spec if loss_scaler is None else loss_scaler, dtype)
 
-
-def _check_batch_size(batch_size):
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, float, np.number)) \
-            or not batch_size > 0:
-        raise ValueError('batch_size must be a positive number, got %r' % (batch_size,))
