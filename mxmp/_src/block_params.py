@@ -23,15 +23,8 @@ __all__ = ['ParameterFileError', 'structural_params', 'save_block_parameters',
 
 
 def structural_params(block):
-    """``{structural name: Parameter}`` of the original network of ``block``.
-
-    Args:
-        block (gluon.Block): any block (a converted one is the user's own block).
-
-    Returns:
-        dict str -> Parameter: the names ``block.save_parameters`` writes in plain Gluon; a
-        Parameter shared by several children appears under each of its names.
-    """
+    """dict str -> Parameter: the names ``block.save_parameters`` writes in plain Gluon (a
+    shared Parameter under each of its names)."""
     return block._collect_params_with_prefix()
 
 
@@ -53,16 +46,12 @@ def save_block_parameters(block, filename, deduplicate=False, dtype='float32'):
 
     Args:
         block (gluon.Block): a converted block, or any block.
-        filename (str or os.PathLike): the file; written atomically (a temporary file in the
-            same directory, then renamed), so a crash leaves the old file intact.
-        deduplicate (bool): as ``gluon.Block.save_parameters``: a Parameter shared by several
-            children is written once (under its last name, as Gluon) instead of under each name.
-            Default False.
-        dtype (str or None): dtype of every floating-point value in the file: ``'float32'``
-            (default; what plain MXNet networks load), ``'bfloat16'`` or ``'float16'`` (half the
-            size; load into a float32 network with ``cast_dtype=True``), or None for each
-            parameter's stored dtype. Master weights of an :class:`mxmp.Trainer` are written
-            when the file is float32.
+        filename (str or os.PathLike): the file, written atomically.
+        deduplicate (bool): as ``gluon.Block.save_parameters`` (a shared Parameter once,
+            under its last name); default False.
+        dtype (str or None): dtype of every floating-point value: ``'float32'`` (default;
+            a Trainer's master weights where it keeps them), ``'bfloat16'``, ``'float16'``,
+            or None for each parameter's stored dtype.
 
     Raises:
         ValueError: unknown ``dtype`` (the message names the accepted ones).
@@ -114,28 +103,18 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
                           cast_dtype=False, dtype_source='current'):
     """Load a parameter file into ``block`` (a converted block, or any block).
 
-    Accepts files written by ``net.save_parameters`` of the original float32 network, by
-    :func:`save_block_parameters` (any ``dtype``), by ``export`` (``arg:``/``aux:`` keys) and by
-    ``collect_params().save`` (full parameter names). Every value is cast to the dtype the
-    Parameter is stored in (``amp_cast``: round to nearest even), so a float32 file loads into
-    bfloat16/float16 weights and back. A low-precision Parameter whose float32 master weights
-    an :class:`mxmp.Trainer` keeps gets the file's value as its master too (not the rounded
-    one).
+    Accepts files of ``save_parameters`` (structural names), :func:`save_block_parameters`,
+    ``export`` (``arg:``/``aux:`` keys) and ``collect_params().save`` (full names). Every value
+    is cast (``amp_cast``) to the dtype the Parameter is stored in; a Trainer's master weight
+    of a Parameter (:func:`~mxmp._src.training.master_weights.set_master_value`) becomes the
+    file's value.
 
     Args:
         block (gluon.Block): where to load.
         filename (str): the file.
-        ctx (Context or list of Context or None): as ``gluon.Block.load_parameters``: where to
-            initialize parameters that are not initialized yet (default: their deferred
-            context, else cpu()); must match an initialized parameter's contexts.
-        allow_missing (bool): as Gluon: parameters absent from the file are left as they are
-            instead of raising. Default False.
-        ignore_extra (bool): as Gluon: keys of the file that name no parameter are ignored
-            instead of raising. Default False.
-        cast_dtype (bool): accepted for Gluon's signature; values are always cast to the
-            stored dtype (the block's dtypes are part of its conversion).
-        dtype_source (str): ``'current'`` (default). ``'saved'`` (Gluon: take the file's
-            dtypes) is refused: it would change the dtypes the converted graph was built for.
+        ctx, allow_missing, ignore_extra: as ``gluon.Block.load_parameters``.
+        cast_dtype (bool): accepted for Gluon's signature; values are always cast.
+        dtype_source (str): ``'current'`` only (the converted graph's dtypes stay).
 
     Raises:
         ParameterFileError: (ValueError and AssertionError) a parameter is missing from the

@@ -7,8 +7,6 @@ none, so bfloat16 travels as float32 there. A kvstore key keeps the dtype it was
 with (``kvstore_dist.h``: "The value size cannot be changed"): a gradient exchanged in another
 dtype than its weight uses its own key ``i + num_params``. See docs/distributed.md.
 """
-import logging
-
 import numpy as np
 from mxnet import autograd, nd
 
@@ -17,10 +15,7 @@ from .layout import to_default_layout
 
 __all__ = ['EXCHANGE_DTYPES', 'check_grad_dtype', 'check_kvstore_args', 'exchange_dtype',
            'wire_dtype', 'bytes_per_step', 'CastBuffers', 'broadcast_from_root',
-           'KVStoreExchange']
-
-# the Trainer's logger
-logger = logging.getLogger('mxmp.trainer')
+           'KVStoreExchange', 'broadcast_initial']
 
 #: Values accepted for ``grad_dtype`` (None: each gradient's own dtype, see exchange_dtype).
 EXCHANGE_DTYPES = ('float32', 'float16', 'bfloat16')
@@ -33,17 +28,12 @@ def _no_bfloat16(kv_type):
 
 
 def check_grad_dtype(grad_dtype, kv_type, dynamic_scaler):
-    """Validate a ``grad_dtype`` option; return it as a canonical name or None.
-
-    Args:
-        grad_dtype (None or str or dtype): requested exchange dtype.
-        kv_type (str or None): the kvstore type (``'device'``, ``'dist_sync'`` ...), if known.
-        dynamic_scaler (bool): whether the loss scaler is dynamic.
+    """``grad_dtype`` (None, str or dtype) as a canonical name or None, for a kvstore of type
+    ``kv_type`` and a loss scaler that is dynamic or not (``dynamic_scaler``).
 
     Raises:
         ValueError: not one of :data:`EXCHANGE_DTYPES`; ``'float16'`` without a dynamic loss
-            scaler (an overflow in the exchange would go unnoticed); ``'bfloat16'`` with a dist
-            kvstore (its parameter server aborts on bfloat16).
+            scaler; ``'bfloat16'`` with a dist kvstore or Horovod.
     """
     if grad_dtype is None:
         return None
@@ -68,17 +58,9 @@ def check_grad_dtype(grad_dtype, kv_type, dynamic_scaler):
 
 
 def exchange_dtype(own_dtype, requested, kv_type):
-    """The dtype a gradient of dtype ``own_dtype`` travels in.
-
-    Args:
-        own_dtype (str): the gradient's own dtype name (``'bfloat16'`` for contrib.amp's).
-        requested (str or None): the checked ``grad_dtype`` option (:func:`check_grad_dtype`).
-        kv_type (str or None): the kvstore type (``'horovod'`` for Horovod).
-
-    Returns:
-        str: ``requested`` for float gradients when given, else the gradient's own dtype,
-        except bfloat16 over a dist kvstore: ``'float32'``. Non-float gradients keep theirs.
-    """
+    """str: the dtype a gradient of dtype ``own_dtype`` travels in over ``kv_type`` (str or
+    None; ``'horovod'`` for Horovod): the checked ``grad_dtype`` ``requested`` for float
+    gradients, else their own; bfloat16 becomes float32 over dist kvstores and Horovod."""
     if own_dtype not in _FLOAT_DTYPES:
         return own_dtype
     out = requested or own_dtype
@@ -93,24 +75,15 @@ def wire_dtype(dtype, kv_type):
 
 
 def bytes_per_step(params, dtype_of):
-    """Gradient bytes one worker sends per step: the sum over Parameters with ``grad_req !=
-    'null'`` of elements x bytes per element of ``dtype_of(param)`` (the exchange dtype).
-    Parameters whose shape is not known yet (deferred initialisation) count 0.
-
-    Args:
-        params (iterable of gluon.Parameter): the Parameters of a Trainer.
-        dtype_of (callable): Parameter -> exchange dtype name.
-    """
+    """int: gradient bytes one worker sends per step: over ``params`` with a gradient,
+    elements x bytes of ``dtype_of(param)`` (the exchange dtype); deferred shapes count 0."""
     return int(sum(int(np.prod(p.shape)) * itemsize(dtype_of(p))
                    for p in params if p.grad_req != 'null'))
 
 
 class CastBuffers:
-    """Arrays of an exchange dtype that gradients are cast into for the reduction, and back.
-
-    One buffer list per key (a Parameter's index), allocated on first use and again when the
-    gradient's shape changes.
-    """
+    """Arrays of an exchange dtype that gradients are cast into for the reduction, and back;
+    per key, allocated on first use and again when the gradient's shape changes."""
 
     def __init__(self):
         self._buffers = {}   # key -> list of NDArray (one per device)
@@ -137,19 +110,8 @@ class CastBuffers:
 
 
 def check_kvstore_args(kvstore, update_on_kvstore):
-    """The kvstore type of a Trainer's arguments, after refusing what mxmp cannot do.
-
-    Args:
-        kvstore (str or KVStore or None): as for ``gluon.Trainer``.
-        update_on_kvstore (None or bool): as for ``gluon.Trainer``.
-
-    Returns:
-        str or None: the kvstore type (``'device'``, ``'dist_sync'`` ...).
-
-    Raises:
-        ValueError: ``update_on_kvstore=True`` or an asynchronous kvstore; the message says
-            why and what to pass instead.
-    """
+    """The kvstore type (str or None) of ``kvstore`` (as for ``gluon.Trainer``); ValueError
+    (saying why and what to pass) for ``update_on_kvstore=True`` or an async kvstore."""
     if update_on_kvstore:
         raise ValueError(
             'mxmp.Trainer cannot update on the kvstore (update_on_kvstore=True): it must '
@@ -169,20 +131,14 @@ def broadcast_from_root(entries, send, wire_dtype=None):
     """Overwrite every weight with the root worker's value, in place, and wait for it.
 
     Args:
-        entries (iterable of (key, list of NDArray)): a weight's key for the backend (a
-            kvstore key, a Horovod tensor name) and its arrays, one per device (all holding
-            the same value; the first is sent).
-        send (callable): ``send(key, wire)`` replaces the value of the NDArray ``wire`` in
-            place with the root's value of ``key`` (e.g. ``kv.init(key, wire); kv.pull(key,
-            out=wire)``, or ``hvd.broadcast_(wire, root_rank, name=key)``).
-        wire_dtype (callable or None): own dtype name -> the dtype name the weight travels in
-            (default: its own dtype).
+        entries (iterable of (key, list of NDArray)): a weight's backend key and its arrays,
+            one per device (the first is sent, as a fresh copy in the default layout).
+        send (callable): ``send(key, wire)`` replaces NDArray ``wire`` in place with the
+            root's value of ``key`` (``kv.init`` and ``kv.pull``, or ``hvd.broadcast_``).
+        wire_dtype (callable or None): own dtype name -> the dtype it travels in.
 
     Returns:
-        list: the keys broadcast, in order.
-
-    Cost: one copy (and cast) per weight, the backend's transfer, one cast per device array;
-    one host synchronisation per weight (the wait).
+        list: the keys broadcast, in order. One host synchronisation per weight.
     """
     done = []
     for key, arrays in entries:
@@ -251,13 +207,9 @@ class KVStoreExchange:
 
 
 def broadcast_initial(kv, params, index_of, masters):
-    """Give every worker worker 0's initial weights through a dist kvstore, and wait for them.
-
-    Gluon pulls them asynchronously on key ``i`` and then pushes gradients on the same key: a
-    late pull would write the summed gradient into the weight. Here each weight is waited for
-    before any gradient is pushed, travels as a fresh copy in its wire dtype (float32 for
-    bfloat16), and a low-precision Parameter travels as the root's float32 value, which also
-    becomes every worker's master weight.
+    """Give every worker worker 0's initial weights through a dist kvstore, and wait for them
+    (docs/distributed.md: a late pull would write the summed gradient into the weight). A
+    low-precision Parameter travels as the root's float32 value, every worker's master.
 
     Args:
         kv (KVStore): the dist kvstore.

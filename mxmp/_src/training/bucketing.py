@@ -1,10 +1,4 @@
-"""mxmp's BucketingModule: ``mx.mod.BucketingModule`` whose buckets are :class:`mxmp.Module` s.
-
-Every bucket shares one optimizer, one loss scaler and one set of master weights, so the
-overflow check, the skipped steps and the loss scale are those of the whole model, whatever
-bucket a batch falls in (MXNet's ``python/mxnet/module/bucketing_module.py`` shares parameters
-between buckets the same way).
-"""
+"""mxmp's BucketingModule: ``mx.mod.BucketingModule`` whose buckets are :class:`mxmp.Module` s."""
 import mxnet as mx
 
 from . import module_checkpoint as files
@@ -17,18 +11,14 @@ class BucketingModule(mx.mod.BucketingModule):
     """``mx.mod.BucketingModule`` whose buckets are :class:`Module` s.
 
     Args:
-        sym_gen, default_bucket_key, logger, context, work_load_list, fixed_param_names,
-            state_names, group2ctxs, compression_params: as for ``mx.mod.BucketingModule``.
-            ``sym_gen`` returns float32 symbols.
+        sym_gen (returning float32 symbols), default_bucket_key, **kwargs: as for
+            ``mx.mod.BucketingModule``.
         target_dtype, loss_scaler, cast_params, emulate, policy (keyword-only): as for
             :class:`Module`; every bucket is converted with them.
 
-    All buckets share one optimizer, one loss scaler (so one loss scale and one count of
-    skipped steps) and one set of master weights; :attr:`loss_scale`, :attr:`loss_scaler`
-    and :attr:`skipped_steps` read them. ``save_checkpoint`` writes MXNet's bucketing files
-    (float32 symbols from ``sym_gen``, float32 parameters) plus ``prefix-%04d.mxmp.json``.
-    :meth:`load` reads them back (plain MXNet's ``mx.mod.BucketingModule.load`` reads the same
-    files). ``save_optimizer_states``/``load_optimizer_states`` are MXNet's BucketingModule's.
+    All buckets share one optimizer, one loss scaler (one loss scale, one count of skipped
+    steps) and one set of master weights. ``save_checkpoint`` writes MXNet's bucketing files
+    (float32) plus ``prefix-%04d.mxmp.json``; :meth:`load` reads them back.
     """
 
     def __init__(self, sym_gen, default_bucket_key=None, *, target_dtype=None,
@@ -92,28 +82,10 @@ class BucketingModule(mx.mod.BucketingModule):
 
     @staticmethod
     def load(prefix, epoch, sym_gen=None, default_bucket_key=None, **kwargs):
-        """Create a BucketingModule from a checkpoint (mxmp's, or plain MXNet's).
-
-        As ``mx.mod.BucketingModule.load``, with the loss scaler, target dtype, ``cast_params``
-        and ``emulate`` taken from ``prefix-%04d.mxmp.json`` when it exists (as
-        :meth:`mxmp.Module.load`). The symbols come from ``sym_gen`` (float32; the saved
-        per-bucket symbols are float32 too, so they are not needed).
-
-        Args:
-            prefix (str), epoch (int): the files ``prefix-%04d.params`` (float32) and
-                optionally ``prefix-%04d.mxmp.json``.
-            sym_gen (callable): bucket key -> ``(symbol, data_names, label_names)``, the one
-                used for training.
-            default_bucket_key: the default bucket's key.
-            **kwargs: as for :class:`BucketingModule`.
-
-        Returns:
-            BucketingModule: parameters set (float32), not bound; ``bind`` keeps them.
-
-        Raises:
-            ValueError: ``sym_gen`` or ``default_bucket_key`` missing; a truncated or corrupt
-                params file; a state file that is malformed or of another target dtype.
-        """
+        """A BucketingModule from ``prefix-%04d.params`` and, if it exists,
+        ``prefix-%04d.mxmp.json`` (as :meth:`mxmp.Module.load`), with the ``sym_gen`` and
+        ``default_bucket_key`` used for training; parameters set, not bound. ValueError if
+        they are missing or a file is bad."""
         if sym_gen is None or default_bucket_key is None:
             raise ValueError('BucketingModule.load needs the sym_gen and default_bucket_key '
                              'the model was trained with')

@@ -1,12 +1,7 @@
-"""Checkpoint files: crash-safe writers and the binary states file of :class:`mxmp.Trainer`.
-
-:func:`write_atomic` and :func:`save_atomic` write a file so that a crash leaves either the old
-file or the new one, complete; every checkpoint file mxmp writes goes through them.
-
-The states file of :meth:`mxmp.Trainer.save_states` is a header
-(magic, payload length, SHA-256 of the payload) and a pickled payload: optimizer, master
-weights, loss scaler, skipped_steps, target dtype, and a record of every Parameter checked on
-load.
+"""Checkpoint files: the crash-safe writers every file mxmp writes goes through, and the states
+file of :meth:`mxmp.Trainer.save_states`: a header (magic, payload length, SHA-256 of the
+payload) and a pickled payload (optimizer, master weights, loss scaler, skipped_steps, target
+dtype, a record of every Parameter checked on load).
 """
 import hashlib
 import os
@@ -29,21 +24,7 @@ _HEADER = struct.Struct('<Q32s')   # payload length, sha256 of the payload
 
 
 def write_atomic(fname, data):
-    """Write ``data`` (bytes or str) to ``fname`` atomically.
-
-    A temporary file in the same directory is written, flushed and fsynced, then
-    ``os.replace``d over ``fname`` (atomic on POSIX and Windows); a crash leaves either the old
-    file or the new one, never a mix. The directory is fsynced afterwards where the platform
-    allows it, so the rename survives a power loss. A process killed while writing may leave
-    its temporary file (``.<name>.<random>.tmp``) beside ``fname``; ``fname`` itself is intact.
-
-    Args:
-        fname (str or os.PathLike): destination path.
-        data (bytes or str): the content; str is written as UTF-8.
-
-    Raises:
-        OSError: the directory is not writable; the temporary file is removed.
-    """
+    """Write ``data`` (bytes, or str as UTF-8) to ``fname`` atomically (:func:`save_atomic`)."""
     if isinstance(data, str):
         data = data.encode('utf-8')
 
@@ -54,22 +35,11 @@ def write_atomic(fname, data):
 
 
 def save_atomic(fname, save):
-    """Let ``save(path)`` write a file, then move it over ``fname`` atomically and durably.
-
-    For writers that want a path rather than bytes (``nd.save``, ``Block.save_parameters``,
-    ``gluon.Trainer.save_states``): ``save`` writes a temporary file in ``fname``'s directory,
-    which is then fsynced, ``os.replace``d over ``fname`` and followed by an fsync of the
-    directory (where the platform allows it). A crash at any point leaves either the old
-    ``fname`` or the new one, complete (POSIX rename semantics; "Files are hard",
-    https://danluu.com/file-consistency/ explains why the two fsyncs are needed).
-
-    Args:
-        fname (str or os.PathLike): destination path.
-        save (callable): ``save(tmp_path)`` writes the whole file to ``tmp_path``.
-
-    Raises:
-        whatever ``save`` raises, or OSError; the temporary file is removed and ``fname`` is
-        untouched.
+    """Let ``save(tmp_path)`` write a file, then move it over ``fname`` (str or PathLike)
+    atomically and durably: the temporary file (``.<name>.<random>.tmp``, same directory) is
+    fsynced, ``os.replace``d over ``fname``, then the directory is fsynced where possible. A
+    crash leaves the old ``fname`` or the new one, complete. On an error (what ``save`` raises,
+    or OSError) the temporary file is removed and ``fname`` is untouched.
     """
     fname = os.fspath(fname)
     directory = os.path.dirname(os.path.abspath(fname))

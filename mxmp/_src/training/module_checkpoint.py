@@ -39,21 +39,9 @@ def write_params(fname, arg_params, aux_params):
 
 
 def restore_state(scaler, state, fname):
-    """The loss scaler and skipped steps that a read ``prefix-%04d.mxmp.json`` holds.
-
-    Args:
-        scaler (mxmp.LossScaler): the Module's scaler; the saved state must match its
-            class and configuration.
-        state (dict): the file's content.
-        fname (str): the file's name, for messages.
-
-    Returns:
-        tuple ``(scaler, skipped_steps)``.
-
-    Raises:
-        ValueError: not a state file of this format/version, a missing field, or a state that
-            does not match ``scaler``.
-    """
+    """``(scaler, skipped_steps)`` from ``state``, the content of the file ``fname``; the saved
+    scaler state must match ``scaler``'s class and configuration, else ValueError (also for
+    another format or version, or a missing field)."""
     if not isinstance(state, dict) or state.get('format') != STATES_FORMAT:
         raise ValueError('%s is not an mxmp.Module state file' % fname)
     if state.get('version') != STATES_VERSION:
