@@ -56,7 +56,7 @@ from mxnet import autograd, gluon, nd
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 import mxmp  # noqa: E402  (the work tree's mxmp when not installed)
-from mxmp._src.scaling.scalers import DynamicLossScaler  # noqa: E402
+from mxmp._src.scaling import DynamicLossScaler  # noqa: E402
 from mxmp._src.training.trainer import Trainer  # noqa: E402
 
 LOG = logging.getLogger('loss_scaling_experiment')

@@ -9,7 +9,7 @@ The names and signatures are those of ``mxnet/contrib/amp/amp.py`` in MXNet 1.9.
 ``convert_hybrid_block``, ``list_lp16_ops``, ``list_fp32_ops``, ``list_lp16_fp32_ops``,
 ``list_widest_type_cast``, ``list_conditional_fp32_ops``, ``list_loss_output_functions``.
 They are built on mxmp's graph pass (:func:`mxmp.convert_symbol`, :func:`mxmp.convert`), its
-:class:`mxmp.Policy`, its loss scalers (:mod:`mxmp._src.scaling.scalers`) and its training step
+:class:`mxmp.Policy`, its loss scalers (:mod:`mxmp._src.scaling`) and its training step
 (:mod:`mxmp._src.training.step`).
 
 What differs from contrib.amp, and why (each function's docstring says more):

@@ -16,12 +16,12 @@ from ..graph.loss_heads import (LOSS_SCALE_NAME, insert_loss_scale, lp_variable_
     scaled_loss_ops)
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
-from ..scaling import make_loss_scaler
 from . import module_checkpoint as files
 from .checkpoint import write_atomic
 from .module_parts import (LossScaleInput, ModuleMasters, reduced_updates, resolve_policy,
     start_kvstore)
 from .step import Step, all_finite
+from .trainer import resolve_precision
 from .updater import Updater
 
 __all__ = ['Module']
@@ -77,9 +77,8 @@ class Module(mx.mod.Module):
         self._mp_symbol = mp_symbol
         self._masters = ModuleMasters(lp_variable_names(mp_symbol) if self._cast_params
                                       else frozenset())
-        if loss_scaler is None:
-            loss_scaler = getattr(self._policy, 'loss_scaler', 'auto')
-        self._step = Step(make_loss_scaler(loss_scaler, self._target_dtype))
+        self._step = Step(resolve_precision([], self._policy, self._target_dtype,
+                                            loss_scaler)[1])
         bound, nodes = mp_symbol, 0
         if self._step.scaler.enabled:
             bound, nodes = insert_loss_scale(mp_symbol, scaled_loss_ops(self._policy))

@@ -14,6 +14,7 @@ from ..graph.loss_heads import LOSS_SCALE_NAME
 from ..policy.policy import Policy
 from .master_weights import MasterWeights
 from .step import device_update
+from .trainer import policy_dtype
 
 __all__ = ['LossScaleInput', 'ModuleMasters', 'start_kvstore', 'reduced_updates',
            'resolve_policy']
@@ -159,12 +160,7 @@ def resolve_policy(target_dtype, policy, cast_params, emulate, contexts):
         if target == 'float32':
             return target, None, False
         policy = Policy(target)
-    elif not isinstance(policy, Policy):
-        raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
-    target = policy.target_dtype
-    if target_dtype is not None and normalize_dtype(target_dtype, True) != target:
-        raise ValueError('target_dtype=%r contradicts the policy\'s target dtype %r'
-                         % (target_dtype, target))
+    target = policy_dtype(policy, target_dtype)
     param_dtype = getattr(policy, 'param_dtype', _field_default('param_dtype'))
     if cast_params is not None and param_dtype != _field_default('param_dtype') and \
             bool(cast_params) != (param_dtype == target):

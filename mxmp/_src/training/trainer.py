@@ -16,7 +16,7 @@ from .master_weights import ParameterMasters, is_low_precision
 from .step import Stage, Step, device_update, param_grads
 from .updater import Updater
 
-__all__ = ['Trainer', 'resolve_precision']
+__all__ = ['Trainer', 'resolve_precision', 'policy_dtype']
 
 logger = logging.getLogger('mxmp.trainer')
 
@@ -291,6 +291,17 @@ def _network_policy(params):
     return next((found[d] for d in LOW_PRECISION_DTYPES if d in found), None)
 
 
+def policy_dtype(policy, target_dtype):
+    """The target dtype of ``policy`` (an mxmp.Policy, else TypeError); ValueError naming both
+    if ``target_dtype`` (None: not given) is another one."""
+    if not isinstance(policy, Policy):
+        raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
+    if target_dtype is not None and normalize_dtype(target_dtype, True) != policy.target_dtype:
+        raise ValueError('target_dtype=%r contradicts the policy\'s target dtype %r'
+                         % (target_dtype, policy.target_dtype))
+    return policy.target_dtype
+
+
 def resolve_precision(params, policy, target_dtype, loss_scaler):
     """``(target dtype name, loss scaler or LossScaleGroup)`` of a Trainer over ``params``.
 
@@ -300,12 +311,7 @@ def resolve_precision(params, policy, target_dtype, loss_scaler):
     ValueError if ``target_dtype`` or ``loss_scaler`` contradict ``policy`` (both named).
     """
     if policy is not None:
-        if not isinstance(policy, Policy):
-            raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
-        dtype = policy.target_dtype
-        if target_dtype is not None and normalize_dtype(target_dtype, True) != dtype:
-            raise ValueError('target_dtype=%r contradicts the policy\'s target dtype %r'
-                             % (target_dtype, dtype))
+        dtype = policy_dtype(policy, target_dtype)
         spec = getattr(policy, 'loss_scaler', 'auto')
         if loss_scaler is not None and spec != 'auto':
             mine = loss_scaler.current if isinstance(loss_scaler, LossScaleGroup) \
