@@ -199,3 +199,13 @@ def test_amp_scale_loss_takes_nested_lists_with_a_gluon_trainer():
             assert scale == 2.0 ** 16
             autograd.backward(flatten_losses(scaled))
     trainer.step(2)
+
+
+def test_a_scaler_value_given_to_two_trainers_is_not_shared():
+    scaler = DynamicLossScaler(init_scale=2.0 ** 10)
+    nets, (t0, t1) = pair(scaler, scaler)
+    backward(nets[0], t0, inf=True)
+    assert not t0.step(2)
+    assert (t0.loss_scale, t1.loss_scale) == (512.0, 1024.0)
+    backward(nets[0], t0)
+    assert t0.step(2)                    # alone: steps as often as it likes
