@@ -7,6 +7,7 @@ caller of ``mx.nd.multi_all_finite``), :meth:`Step.apply` and :meth:`Step.end`
 import collections
 import enum
 import warnings
+import weakref
 
 from mxnet import autograd, nd
 
@@ -123,11 +124,16 @@ class Step:
 
     def __init__(self, scaler, owner=None):
         self.group = scaler if isinstance(scaler, LossScaleGroup) else LossScaleGroup(scaler)
-        self.owner = self if owner is None else owner
+        self._owner = None if owner is None else weakref.ref(owner)   # no reference cycle
         self.group.join(self.owner)
         self.skipped_steps = 0
         self.stage = Stage.READY
         self.losses = []
+
+    @property
+    def owner(self):
+        """The group member this Step stands for: the owner given, or the Step itself."""
+        return self if self._owner is None else self._owner()
 
     @property
     def scaler(self):
