@@ -348,7 +348,7 @@ def _describe(member):
 def _walk(loss, leaf, path='loss'):
     """Apply ``leaf`` to every NDArray of a (nested) list/tuple, keeping the nesting."""
     if isinstance(loss, (list, tuple)):
-        return type(loss)(_walk(l, leaf, '%s[%d]' % (path, i)) for i, l in enumerate(loss))
+        return type(loss)(_walk(x, leaf, '%s[%d]' % (path, i)) for i, x in enumerate(loss))
     if not isinstance(loss, nd.NDArray):
         raise TypeError('scale_loss takes an NDArray or (nested) lists/tuples of NDArrays; %s '
                         'is a %s. Compute the loss with MXNet operators (or wrap a number with '
@@ -359,7 +359,7 @@ def _walk(loss, leaf, path='loss'):
 def scale_losses(loss, scale):
     """``loss * scale`` (new NDArrays) for an NDArray or lists/tuples nesting them, with the
     same nesting. TypeError naming the position of an element that is not an NDArray."""
-    return _walk(loss, lambda l: l * scale)
+    return _walk(loss, lambda x: x * scale)
 
 
 def flatten_losses(loss):
