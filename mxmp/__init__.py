@@ -25,7 +25,7 @@ from ._src.graph.convert import convert_symbol  # noqa: E402
 from ._src.graph.explain import explain, format_explain  # noqa: E402
 from ._src.graph.strip import count_casts, remove_casts  # noqa: E402
 from ._src.policy.policy import Policy  # noqa: E402
-from ._src.scaling.scalers import (DynamicLossScaler, LossScaler, NoOpLossScaler,  # noqa: E402
+from ._src.scaling import (DynamicLossScaler, LossScaler, NoOpLossScaler,  # noqa: E402
                                    StaticLossScaler, make_loss_scaler)
 from ._src.training.trainer import Trainer  # noqa: E402
 

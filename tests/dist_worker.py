@@ -22,7 +22,7 @@ only, so both runs see the same numbers:
   matches the reference only if every worker starts from rank 0's values (the initial
   broadcast of ``mxmp.Trainer`` / ``mxmp.Module.init_optimizer``);
 * ``--kvstore horovod`` (under ``horovodrun``): ``hvd.init()`` and
-  ``mxmp._src.horovod.DistributedTrainer`` instead of a kvstore, ``trainer.step(batch)`` (it
+  ``mxmp.horovod.DistributedTrainer`` instead of a kvstore, ``trainer.step(batch)`` (it
   averages over the workers itself); gluon only;
 * ``--api module``: the same MLP as a Symbol with SoftmaxOutput, trained by ``mxmp.Module``
   (parameters ``fc1_weight``, ...; MXNet's Module divides by ``batch * num_workers`` for
@@ -105,7 +105,7 @@ def train(init, steps, batch, kvstore='none', num_shards=None, seed=1, inf_step=
         steps (int): number of steps.
         batch (int): rows per worker per step.
         kvstore (str): ``'none'`` (one process on the whole global batch), a kvstore type, or
-            ``'horovod'`` (under horovodrun, :class:`mxmp._src.horovod.DistributedTrainer`).
+            ``'horovod'`` (under horovodrun, :class:`mxmp.horovod.DistributedTrainer`).
         num_shards (int or None): how many workers the global batch is made for; default the
             kvstore's ``num_workers`` (1 without a dist kvstore).
         seed (int): data seed.
@@ -124,7 +124,7 @@ def train(init, steps, batch, kvstore='none', num_shards=None, seed=1, inf_step=
         ``skipped_steps``, ``applied`` (lists per step), ``rank``, ``num_workers``.
     """
     if kvstore == 'horovod' and api != 'gluon':
-        raise ValueError("--kvstore horovod needs --api gluon (mxmp._src.horovod has no Module)")
+        raise ValueError("--kvstore horovod needs --api gluon (mxmp.horovod has no Module)")
     if kvstore == 'horovod':   # under horovodrun; imported only here
         import horovod.mxnet as hvd
         hvd.init()
@@ -176,7 +176,7 @@ def _gluon_trainer(init, kv, batch, shards, scaler, cast_params, lr, dtype, grad
     extra = {} if grad_dtype is None else {'grad_dtype': grad_dtype}
     opt = {'learning_rate': lr, 'momentum': 0.9}
     if kv == 'horovod':
-        from mxmp._src.horovod import DistributedTrainer
+        from mxmp.horovod import DistributedTrainer
         trainer = DistributedTrainer(net.collect_params(), 'sgd', opt, loss_scaler=scaler,
                                      **extra)
     else:

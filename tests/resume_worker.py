@@ -57,7 +57,7 @@ def f32(arr):
 
 
 def make_scaler(kind):
-    from mxmp._src.scaling.scalers import DynamicLossScaler
+    from mxmp._src.scaling import DynamicLossScaler
     if kind == 'dynamic':
         return DynamicLossScaler(init_scale=2.0 ** 8, growth_interval=2)
     return kind   # 'auto', 'none'

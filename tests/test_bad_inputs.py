@@ -113,7 +113,7 @@ def test_trainer_states_of_another_target_dtype_are_refused(tmp_path):
     fname = tmp_path / 'trainer.states'
     trainer.save_states(str(fname))
     from test_trainer import cast_mlp
-    from mxmp._src.scaling.scalers import DynamicLossScaler
+    from mxmp._src.scaling import DynamicLossScaler
     net16 = cast_mlp('lp_', 'float16')
     other = mxmp.Trainer(net16.collect_params(), 'sgd', {'learning_rate': .05, 'momentum': .9},
                          loss_scaler=DynamicLossScaler(init_scale=2.**6, growth_interval=4))

@@ -64,7 +64,7 @@ def example():
 
 
 def build():
-    from mxmp._src.scaling.scalers import DynamicLossScaler
+    from mxmp._src.scaling import DynamicLossScaler
     from mxmp._src.training.trainer import Trainer
     with mx.name.NameManager():
         net = nn.HybridSequential(prefix='crash_')

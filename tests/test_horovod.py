@@ -1,4 +1,4 @@
-"""mxmp._src.horovod.DistributedTrainer under ``horovodrun --gloo -np 2`` on localhost (CPU).
+"""mxmp.horovod.DistributedTrainer under ``horovodrun --gloo -np 2`` on localhost (CPU).
 
 Skipped when ``horovod.mxnet`` cannot be imported: CI does not have Horovod (building it takes
 ~10 minutes on 2 cores). Build it as docs/distributed.md says (``pip install 'cmake<4' wheel
@@ -136,7 +136,7 @@ import horovod.mxnet as hvd
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 import mxmp
-from mxmp._src.horovod import DistributedTrainer
+from mxmp.horovod import DistributedTrainer
 
 hvd.init()
 mx.random.seed(100 + hvd.rank())          # every rank draws other initial values

@@ -19,7 +19,7 @@ from mxmp._src.graph.loss_heads import (HEAD_GRADIENT_LOSS_OPS, LOSS_SCALE_NAME,
     insert_loss_scale)
 from mxmp._src.training.module import Module
 from mxmp._src.policy.policy import LOSS_OUTPUT
-from mxmp._src.scaling.scalers import DynamicLossScaler, StaticLossScaler
+from mxmp._src.scaling import DynamicLossScaler, StaticLossScaler
 
 EMULATE = not mxmp.lp_kernels_available('bfloat16')
 BATCH, FEATURES, CLASSES = 32, 12, 4
@@ -249,7 +249,7 @@ def test_bfloat16_without_kernels_and_without_emulation_is_refused_up_front():
     if mxmp.lp_kernels_available('bfloat16'):
         pytest.skip('this CPU has bfloat16 kernels')
     with pytest.raises(RuntimeError, match='emulate=True'):
-        Module(mlp(), target_dtype='bfloat16')
+        Module(mlp(), target_dtype='bfloat16', emulate=False)
 
 
 def test_bad_arguments_raise_clear_errors():
@@ -593,3 +593,17 @@ def test_bucketing_checkpoint_round_trip_keeps_parameters_and_loss_scale(tmp_pat
         np.testing.assert_array_equal(value.asnumpy(), saved[name])
     with pytest.raises(ValueError, match='sym_gen and default_bucket_key'):
         BucketingModule.load(prefix, 1)
+
+
+# ---------------------------------------------------------------------------- policy
+def test_policy_gives_the_precision_and_contradicting_shorthands_raise():
+    policy = mxmp.Policy('bfloat16')
+    mod = Module(mlp(), policy=policy, emulate=True, target_dtype='bfloat16')   # agreeing
+    assert (mod.target_dtype, mod.policy.emulate) == ('bfloat16', True)
+    with pytest.raises(ValueError, match="target_dtype='float16'.*'bfloat16'"):
+        Module(mlp(), policy=policy, target_dtype='float16', emulate=True)
+
+
+def test_emulate_auto_emulates_where_the_context_has_no_kernels():
+    mod = Module(mlp(), target_dtype='float16')       # no CPU has float16 kernels
+    assert mod.policy.emulate is True and mod.loss_scaler.dynamic

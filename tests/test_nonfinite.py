@@ -15,7 +15,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
 import mxmp
-from mxmp._src.scaling.scalers import DynamicLossScaler
+from mxmp._src.scaling import DynamicLossScaler
 from mxmp._src.training.trainer import Trainer
 from mxmp._src.errors import LossScaleAtFloorError, NonFiniteForwardWarning
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from mxnet.contrib.amp.amp import bfloat16
 
-from mxmp._src.scaling.scalers import (DEFAULT_STATIC_SCALE, DynamicLossScaler, LossScaler,
+from mxmp._src.scaling import (DEFAULT_STATIC_SCALE, DynamicLossScaler, LossScaler,
     NoOpLossScaler, StaticLossScaler, make_loss_scaler)
 
 

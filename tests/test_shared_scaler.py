@@ -1,7 +1,7 @@
 """PyTorch GradScaler habits: one loss scaler shared by several Trainers; nested loss lists.
 
-Semantics under test (mxmp._src.shared_scale, after torch/amp/grad_scaler.py): Trainers given the
-same LossScaler object use one scale; each skips only its own update when its gradients
+Semantics under test (mxmp._src.scaling.LossScaleGroup, after torch/amp/grad_scaler.py): Trainers
+given the same LossScaleGroup use one scale; each skips only its own update when its gradients
 overflow; the scale changes once per iteration, after every Trainer of the group stepped.
 """
 import gc
@@ -12,7 +12,7 @@ import pytest
 from mxnet import autograd, gluon, nd
 
 import mxmp
-from mxmp._src.scaling.scalers import DynamicLossScaler, flatten_losses
+from mxmp._src.scaling import DynamicLossScaler, LossScaleGroup, flatten_losses
 
 
 def dense(seed):
@@ -36,10 +36,12 @@ def backward(net, trainer, inf=False):
 
 
 def pair(scaler, scaler2=None):
+    """Two Trainers: sharing one LossScaleGroup of ``scaler``, or with a scaler each."""
     nets = dense(0), dense(1)
+    group = LossScaleGroup(scaler) if scaler2 is None else None
     trainers = [mxmp.Trainer(n.collect_params(), 'sgd', {'learning_rate': 0.1},
                              loss_scaler=s)
-                for n, s in zip(nets, (scaler, scaler2 or scaler))]
+                for n, s in zip(nets, (group or scaler, group or scaler2))]
     return nets, trainers
 
 
@@ -197,3 +199,13 @@ def test_amp_scale_loss_takes_nested_lists_with_a_gluon_trainer():
             assert scale == 2.0 ** 16
             autograd.backward(flatten_losses(scaled))
     trainer.step(2)
+
+
+def test_a_scaler_value_given_to_two_trainers_is_not_shared():
+    scaler = DynamicLossScaler(init_scale=2.0 ** 10)
+    nets, (t0, t1) = pair(scaler, scaler)
+    backward(nets[0], t0, inf=True)
+    assert not t0.step(2)
+    assert (t0.loss_scale, t1.loss_scale) == (512.0, 1024.0)
+    backward(nets[0], t0)
+    assert t0.step(2)                    # alone: steps as often as it likes

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from mxnet import autograd, nd
 
-from mxmp._src.distributed.broadcast import broadcast_from_root
-from mxmp._src.distributed.exchange import CastBuffers, bytes_per_step, exchange_dtype
+from mxmp._src.distributed import (CastBuffers, broadcast_from_root, bytes_per_step,
+    exchange_dtype)
 from mxmp._src.dtypes import dtype_name, mx_dtype
-from mxmp._src.scaling.scalers import (DynamicLossScaler, NoOpLossScaler, StaticLossScaler,
+from mxmp._src.scaling import (DynamicLossScaler, NoOpLossScaler, StaticLossScaler,
     from_state_dict)
-from mxmp._src.training.master_weights import device_update
-from mxmp._src.training.step import Stage, Step, apply_update
+from mxmp._src.errors import LossScaleAtFloorError
+from mxmp._src.training.step import Stage, Step, device_update
 
 MXMP = pathlib.Path(__file__).resolve().parent.parent / 'mxmp'
 
@@ -21,7 +21,7 @@ MXMP = pathlib.Path(__file__).resolve().parent.parent / 'mxmp'
 def test_multi_all_finite_is_called_in_one_module_only():
     callers = sorted(str(p.relative_to(MXMP)) for p in MXMP.rglob('*.py')
                      if re.search(r'\bmulti_all_finite\(', p.read_text()))
-    assert len(callers) == 1 and 'scaling' in callers[0], callers
+    assert callers == ['_src/training/step.py']
 
 
 @pytest.mark.parametrize('scaler', [NoOpLossScaler(), StaticLossScaler(8.0),
@@ -71,11 +71,27 @@ def test_apply_skips_on_overflow_backs_off_and_counts():
     assert opt.rescale_grad == 0.5 / 4.0 and weight.asnumpy().tolist() == [0.5, 0.0]
 
 
-def test_apply_update_keeps_the_former_api():
+def test_a_step_alone_backs_off_its_own_scaler():
     weight = nd.array([1.0])
     opt, calls = _sgd_call(weight, nd.array([np.nan]))
-    applied, scaler = apply_update(calls, opt, DynamicLossScaler(init_scale=2.0), 1.0)
+    step = Step(DynamicLossScaler(init_scale=2.0))
+    applied, scaler = step.apply(calls, opt, 1.0), step.scaler
     assert applied is False and scaler.scale == 1.0
+
+
+def test_the_step_is_ready_again_after_the_loss_scale_at_floor_error():
+    step = Step(DynamicLossScaler(init_scale=1.0, max_overflows_at_floor=1))
+    weight = nd.array([1.0])
+    step.unscale([nd.array([np.inf])])
+    opt, calls = _sgd_call(weight, nd.array([np.inf]))
+    with pytest.raises(LossScaleAtFloorError):
+        step.apply(calls, opt, 1.0)
+    assert step.stage is Stage.READY and step.skipped_steps == 0
+    grad = nd.array([2.0])
+    step.unscale([grad])                     # the next iteration: no "already called"
+    opt, calls = _sgd_call(weight, grad)
+    assert step.apply(calls, opt, 1.0) is True
+    assert weight.asnumpy().tolist() == [-1.0]
 
 
 def test_broadcast_from_root_sends_a_float32_copy_of_bfloat16_and_writes_every_device():

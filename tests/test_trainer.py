@@ -15,7 +15,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 from mxnet.contrib.amp.amp import bfloat16
 
-from mxmp._src.scaling.scalers import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
+from mxmp._src.scaling import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
 from mxmp._src.training.trainer import Trainer
 
 LP_DTYPES = {'float16': np.float16, 'bfloat16': bfloat16}
@@ -767,3 +767,16 @@ def test_states_of_another_loss_scaler_raise_and_load_nothing(saved):
     with pytest.raises(ValueError, match='growth_interval'):
         trainer.load_states(str(fname))
     assert trainer.skipped_steps == 0 and not trainer._updaters[0].states
+
+
+def test_policy_gives_target_dtype_and_default_scaler_and_contradictions_raise():
+    import mxmp
+    net = nn.Dense(2, in_units=3)
+    net.initialize()
+    params = net.collect_params()
+    t = Trainer(params, 'sgd', policy=mxmp.Policy('float16'), target_dtype='float16')
+    assert t.target_dtype == 'float16' and t.loss_scaler.dynamic
+    with pytest.raises(ValueError, match="target_dtype='bfloat16'.*'float16'"):
+        Trainer(params, 'sgd', policy=mxmp.Policy('float16'), target_dtype='bfloat16')
+    with pytest.raises(TypeError, match='mxmp.Policy'):
+        Trainer(params, 'sgd', policy='float16')

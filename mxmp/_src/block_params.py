@@ -1,19 +1,11 @@
 """Parameter files of a converted network: one float32 copy per parameter, the usual names.
 
-``save_parameters`` and ``load_parameters`` of a network converted by :func:`mxmp.convert`
-use these functions (:mod:`mxmp._src.gluon`), so its checkpoint is the float32 network's checkpoint:
-
-* the keys are the structural names ``net.save_parameters`` writes for the original network
-  (``features.0.weight``, ``0.bias``: ``Block._collect_params_with_prefix`` in MXNet 1.9.1's
-  ``python/mxnet/gluon/block.py``), each parameter once;
-* the values are float32 by default, whatever dtype a parameter is stored in
-  (``cast_params=True`` stores low-precision layers' weights in bfloat16/float16): a plain
-  float32 network of the same architecture loads the file with ``net.load_parameters``, and a
-  file written by ``net.save_parameters`` loads into the converted block;
-* where an :class:`mxmp.Trainer` keeps float32 master weights for a low-precision parameter,
-  the master weight is written (the exact value the optimizer updates), not the stored
-  bfloat16/float16 rounding of it; loading a file sets those master weights to the file's
-  float32 values, so training resumes from exactly what was saved.
+``save_parameters``/``load_parameters`` of a network converted by :func:`mxmp.convert` use these
+functions, so its checkpoint is the float32 network's: the structural names
+``net.save_parameters`` writes (``Block._collect_params_with_prefix``, MXNet 1.9.1), float32
+values by default whatever dtype a parameter is stored in, and, where an :class:`mxmp.Trainer`
+keeps a float32 master weight (:func:`mxmp._src.training.master_weights.master_value`), that
+master rather than its rounding; loading sets those masters to the file's values.
 """
 import os
 
@@ -24,44 +16,24 @@ from mxnet import autograd
 from .dtypes import dtype_name, mx_dtype, normalize_dtype
 from .errors import ParameterFileError
 from .training.checkpoint import save_atomic
+from .training.master_weights import master_value, set_master_value
 
 __all__ = ['ParameterFileError', 'structural_params', 'save_block_parameters',
            'load_block_parameters']
 
 
 def structural_params(block):
-    """``{structural name: Parameter}`` of the original network of ``block``.
-
-    Args:
-        block (gluon.Block): any block (a converted one is the user's own block).
-
-    Returns:
-        dict str -> Parameter: the names ``block.save_parameters`` writes in plain Gluon; a
-        Parameter shared by several children appears under each of its names.
-    """
+    """dict str -> Parameter: the names ``block.save_parameters`` writes in plain Gluon (a
+    shared Parameter under each of its names)."""
     return block._collect_params_with_prefix()
-
-
-def _master_first_device(param):
-    """The float32 master weight an mxmp.Trainer keeps for ``param`` (first device), or None."""
-    ref = getattr(param, '_mxmp_trainer', None)
-    trainer = ref() if ref is not None else None
-    if trainer is None:
-        return None, None
-    index = trainer._param2idx.get(param.name)
-    if index is None or trainer._params[index] is not param:
-        return None, None
-    return trainer, index
 
 
 def _value(param, dtype):
     """What to write for ``param``: its value in ``dtype`` (a name; None: its stored dtype)."""
-    trainer, index = _master_first_device(param)
-    master = trainer._masters.first_device(index) if trainer is not None else None
+    master = master_value(param) if dtype == 'float32' else None
     with autograd.pause():
-        if master is not None and dtype == 'float32':
-            value = master.copyto(mx.cpu()) if isinstance(master, mx.nd.NDArray) \
-                else mx.nd.array(master, dtype='float32')
+        if master is not None:
+            value = master.copyto(mx.cpu())
         else:
             value = param._reduce()
         if dtype is not None and dtype_name(value.dtype) != dtype:
@@ -74,16 +46,12 @@ def save_block_parameters(block, filename, deduplicate=False, dtype='float32'):
 
     Args:
         block (gluon.Block): a converted block, or any block.
-        filename (str or os.PathLike): the file; written atomically (a temporary file in the
-            same directory, then renamed), so a crash leaves the old file intact.
-        deduplicate (bool): as ``gluon.Block.save_parameters``: a Parameter shared by several
-            children is written once (under its last name, as Gluon) instead of under each name.
-            Default False.
-        dtype (str or None): dtype of every floating-point value in the file: ``'float32'``
-            (default; what plain MXNet networks load), ``'bfloat16'`` or ``'float16'`` (half the
-            size; load into a float32 network with ``cast_dtype=True``), or None for each
-            parameter's stored dtype. Master weights of an :class:`mxmp.Trainer` are written
-            when the file is float32.
+        filename (str or os.PathLike): the file, written atomically.
+        deduplicate (bool): as ``gluon.Block.save_parameters`` (a shared Parameter once,
+            under its last name); default False.
+        dtype (str or None): dtype of every floating-point value: ``'float32'`` (default;
+            a Trainer's master weights where it keeps them), ``'bfloat16'``, ``'float16'``,
+            or None for each parameter's stored dtype.
 
     Raises:
         ValueError: unknown ``dtype`` (the message names the accepted ones).
@@ -95,7 +63,7 @@ def save_block_parameters(block, filename, deduplicate=False, dtype='float32'):
     if deduplicate:
         last = {}     # as gluon 1.9.1: a shared Parameter is written under its last name
         for name, param in params.items():
-            last[id(param)] = name
+            last[param] = name
         params = {name: params[name] for name in last.values()}
     arrays = {}
     for name, param in params.items():
@@ -135,28 +103,18 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
                           cast_dtype=False, dtype_source='current'):
     """Load a parameter file into ``block`` (a converted block, or any block).
 
-    Accepts files written by ``net.save_parameters`` of the original float32 network, by
-    :func:`save_block_parameters` (any ``dtype``), by ``export`` (``arg:``/``aux:`` keys) and by
-    ``collect_params().save`` (full parameter names). Every value is cast to the dtype the
-    Parameter is stored in (``amp_cast``: round to nearest even), so a float32 file loads into
-    bfloat16/float16 weights and back. A low-precision Parameter whose float32 master weights
-    an :class:`mxmp.Trainer` keeps gets the file's value as its master too (not the rounded
-    one).
+    Accepts files of ``save_parameters`` (structural names), :func:`save_block_parameters`,
+    ``export`` (``arg:``/``aux:`` keys) and ``collect_params().save`` (full names). Every value
+    is cast (``amp_cast``) to the dtype the Parameter is stored in; a Trainer's master weight
+    of a Parameter (:func:`~mxmp._src.training.master_weights.set_master_value`) becomes the
+    file's value.
 
     Args:
         block (gluon.Block): where to load.
         filename (str): the file.
-        ctx (Context or list of Context or None): as ``gluon.Block.load_parameters``: where to
-            initialize parameters that are not initialized yet (default: their deferred
-            context, else cpu()); must match an initialized parameter's contexts.
-        allow_missing (bool): as Gluon: parameters absent from the file are left as they are
-            instead of raising. Default False.
-        ignore_extra (bool): as Gluon: keys of the file that name no parameter are ignored
-            instead of raising. Default False.
-        cast_dtype (bool): accepted for Gluon's signature; values are always cast to the
-            stored dtype (the block's dtypes are part of its conversion).
-        dtype_source (str): ``'current'`` (default). ``'saved'`` (Gluon: take the file's
-            dtypes) is refused: it would change the dtypes the converted graph was built for.
+        ctx, allow_missing, ignore_extra: as ``gluon.Block.load_parameters``.
+        cast_dtype (bool): accepted for Gluon's signature; values are always cast.
+        dtype_source (str): ``'current'`` only (the converted graph's dtypes stay).
 
     Raises:
         ParameterFileError: (ValueError and AssertionError) a parameter is missing from the
@@ -178,7 +136,7 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
         raise ParameterFileError('%s holds a list of arrays without names; save parameters '
                                  'with save_parameters (a dict by name)' % filename)
     structural, find = _lookup(block)
-    chosen = {}   # id(param) -> (rank, param, value): a structural name wins over a full one
+    chosen = {}   # param -> (rank, param, value): a structural name wins over a full one
     for key, value in loaded.items():
         param, rank = find(key)
         if param is None:
@@ -188,11 +146,11 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
                     "contains parameters %s. Set ignore_extra=True to ignore."
                     % (key, filename, _brief(structural)))
             continue
-        if id(param) not in chosen or rank < chosen[id(param)][0]:
-            chosen[id(param)] = (rank, param, value)
+        if param not in chosen or rank < chosen[param][0]:
+            chosen[param] = (rank, param, value)
     if not allow_missing:
         for name, param in structural.items():
-            if id(param) not in chosen:
+            if param not in chosen:
                 raise ParameterFileError(
                     "Parameter '%s' is missing in file '%s', which contains parameters: %s. "
                     "Set allow_missing=True to ignore missing parameters."
@@ -206,11 +164,7 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
             else:
                 cast = value
             param._load_init(cast, ctx)
-            trainer, index = _master_first_device(param)
-            if trainer is not None:
-                full = value if dtype_name(value.dtype) == 'float32' else \
-                    mx.nd.amp_cast(value, dtype='float32')
-                trainer._masters.set_pending(index, full)
+            set_master_value(param, value)
 
 
 def _brief(names):

@@ -9,7 +9,7 @@ The names and signatures are those of ``mxnet/contrib/amp/amp.py`` in MXNet 1.9.
 ``convert_hybrid_block``, ``list_lp16_ops``, ``list_fp32_ops``, ``list_lp16_fp32_ops``,
 ``list_widest_type_cast``, ``list_conditional_fp32_ops``, ``list_loss_output_functions``.
 They are built on mxmp's graph pass (:func:`mxmp.convert_symbol`, :func:`mxmp.convert`), its
-:class:`mxmp.Policy`, its loss scalers (:mod:`mxmp._src.scaling.scalers`) and its training step
+:class:`mxmp.Policy`, its loss scalers (:mod:`mxmp._src.scaling`) and its training step
 (:mod:`mxmp._src.training.step`).
 
 What differs from contrib.amp, and why (each function's docstring says more):
@@ -50,7 +50,7 @@ from mxnet import autograd
 
 from ..dtypes import normalize_dtype
 from ..policy.policy import conditional_rules
-from ..scaling.scalers import make_loss_scaler, scale_losses
+from ..scaling import make_loss_scaler, scale_losses
 from ..training.step import Step, param_grads
 
 __all__ = ['init', 'disable', 'init_trainer', 'scale_loss', 'unscale']

@@ -1,13 +1,7 @@
-"""mxmp's BucketingModule: ``mx.mod.BucketingModule`` whose buckets are :class:`mxmp.Module` s.
-
-Every bucket shares one optimizer, one loss scaler and one set of master weights, so the
-overflow check, the skipped steps and the loss scale are those of the whole model, whatever
-bucket a batch falls in (MXNet's ``python/mxnet/module/bucketing_module.py`` shares parameters
-between buckets the same way).
-"""
+"""mxmp's BucketingModule: ``mx.mod.BucketingModule`` whose buckets are :class:`mxmp.Module` s."""
 import mxnet as mx
 
-from . import module_checkpoint
+from . import module_checkpoint as files
 from .module import Module
 
 __all__ = ['BucketingModule']
@@ -17,24 +11,20 @@ class BucketingModule(mx.mod.BucketingModule):
     """``mx.mod.BucketingModule`` whose buckets are :class:`Module` s.
 
     Args:
-        sym_gen, default_bucket_key, logger, context, work_load_list, fixed_param_names,
-            state_names, group2ctxs, compression_params: as for ``mx.mod.BucketingModule``.
-            ``sym_gen`` returns float32 symbols.
+        sym_gen (returning float32 symbols), default_bucket_key, **kwargs: as for
+            ``mx.mod.BucketingModule``.
         target_dtype, loss_scaler, cast_params, emulate, policy (keyword-only): as for
             :class:`Module`; every bucket is converted with them.
 
-    All buckets share one optimizer, one loss scaler (so one loss scale and one count of
-    skipped steps) and one set of master weights; :attr:`loss_scale`, :attr:`loss_scaler`
-    and :attr:`skipped_steps` read them. ``save_checkpoint`` writes MXNet's bucketing files
-    (float32 symbols from ``sym_gen``, float32 parameters) plus ``prefix-%04d.mxmp.json``.
-    :meth:`load` reads them back (plain MXNet's ``mx.mod.BucketingModule.load`` reads the same
-    files). ``save_optimizer_states``/``load_optimizer_states`` are MXNet's BucketingModule's.
+    All buckets share one optimizer, one loss scaler (one loss scale, one count of skipped
+    steps) and one set of master weights. ``save_checkpoint`` writes MXNet's bucketing files
+    (float32) plus ``prefix-%04d.mxmp.json``; :meth:`load` reads them back.
     """
 
-    def __init__(self, sym_gen, default_bucket_key=None, *, target_dtype='bfloat16',
-                 loss_scaler=None, cast_params=False, emulate=False, policy=None, **kwargs):
-        self._mxmp_kwargs = dict(target_dtype=target_dtype, loss_scaler=loss_scaler,
-                                 cast_params=cast_params, emulate=emulate, policy=policy)
+    def __init__(self, sym_gen, default_bucket_key=None, *, target_dtype=None,
+                 loss_scaler=None, cast_params=None, emulate='auto', policy=None, **kwargs):
+        self._precision = dict(target_dtype=target_dtype, loss_scaler=loss_scaler,
+                               cast_params=cast_params, emulate=emulate, policy=policy)
         super().__init__(sym_gen, default_bucket_key, **kwargs)
 
     def _make_module(self, bucket_key):
@@ -43,7 +33,7 @@ class BucketingModule(mx.mod.BucketingModule):
                       context=self._context, work_load_list=self._work_load_list,
                       fixed_param_names=self._fixed_param_names, state_names=self._state_names,
                       group2ctxs=self._group2ctxs, compression_params=self._compression_params,
-                      **self._mxmp_kwargs)
+                      **self._precision)
 
     def _reset_bind(self):
         # MXNet's bind creates the default bucket's Module unless one is there: put an mxmp
@@ -52,7 +42,8 @@ class BucketingModule(mx.mod.BucketingModule):
         super()._reset_bind()
         module = self._make_module(self._default_bucket_key)
         if old is not None:
-            module._step, module._rescale_grad = old._step, old._rescale_grad
+            module._share(old)
+            module._rescale_grad = old._rescale_grad
         self._buckets[self._default_bucket_key] = module
 
     def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
@@ -91,36 +82,18 @@ class BucketingModule(mx.mod.BucketingModule):
 
     @staticmethod
     def load(prefix, epoch, sym_gen=None, default_bucket_key=None, **kwargs):
-        """Create a BucketingModule from a checkpoint (mxmp's, or plain MXNet's).
-
-        As ``mx.mod.BucketingModule.load``, with the loss scaler, target dtype, ``cast_params``
-        and ``emulate`` taken from ``prefix-%04d.mxmp.json`` when it exists (as
-        :meth:`mxmp.Module.load`). The symbols come from ``sym_gen`` (float32; the saved
-        per-bucket symbols are float32 too, so they are not needed).
-
-        Args:
-            prefix (str), epoch (int): the files ``prefix-%04d.params`` (float32) and
-                optionally ``prefix-%04d.mxmp.json``.
-            sym_gen (callable): bucket key -> ``(symbol, data_names, label_names)``, the one
-                used for training.
-            default_bucket_key: the default bucket's key.
-            **kwargs: as for :class:`BucketingModule`.
-
-        Returns:
-            BucketingModule: parameters set (float32), not bound; ``bind`` keeps them.
-
-        Raises:
-            ValueError: ``sym_gen`` or ``default_bucket_key`` missing; a truncated or corrupt
-                params file; a state file that is malformed or of another target dtype.
-        """
+        """A BucketingModule from ``prefix-%04d.params`` and, if it exists,
+        ``prefix-%04d.mxmp.json`` (as :meth:`mxmp.Module.load`), with the ``sym_gen`` and
+        ``default_bucket_key`` used for training; parameters set, not bound. ValueError if
+        they are missing or a file is bad."""
         if sym_gen is None or default_bucket_key is None:
             raise ValueError('BucketingModule.load needs the sym_gen and default_bucket_key '
                              'the model was trained with')
-        _, args, auxs = module_checkpoint.load_params(prefix, epoch, with_symbol=False)
-        state, state_file, kwargs = module_checkpoint.read_state(prefix, epoch, kwargs)
+        _, args, auxs = files.load_params(prefix, epoch, with_symbol=False)
+        state, state_file, kwargs = files.read_state(prefix, epoch, kwargs)
         mod = BucketingModule(sym_gen, default_bucket_key, **kwargs)
         default = mod._make_module(default_bucket_key)
-        module_checkpoint.set_loaded_params(default, args, auxs, state, state_file)
+        default.set_loaded(args, auxs, state, state_file)
         mod._buckets[default_bucket_key] = mod._curr_module = default
         mod.params_initialized = True
         return mod
@@ -128,4 +101,4 @@ class BucketingModule(mx.mod.BucketingModule):
     def save_checkpoint(self, prefix, epoch, remove_amp_cast=True):
         """MXNet's bucketing checkpoint (float32) plus ``prefix-%04d.mxmp.json``."""
         super().save_checkpoint(prefix, epoch, remove_amp_cast=remove_amp_cast)
-        module_checkpoint.write_mixed_precision_state(self._default_module(), prefix, epoch)
+        files.write_state(prefix, epoch, self._default_module().mixed_precision_state())

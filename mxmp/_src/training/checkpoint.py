@@ -1,12 +1,7 @@
-"""Checkpoint files: crash-safe writers and the binary states file of :class:`mxmp.Trainer`.
-
-:func:`write_atomic` and :func:`save_atomic` write a file so that a crash leaves either the old
-file or the new one, complete; every checkpoint file mxmp writes goes through them.
-
-The states file of :meth:`mxmp.Trainer.save_states` (:class:`StatesFileMixin`) is a header
-(magic, payload length, SHA-256 of the payload) and a pickled payload: optimizer, master
-weights, loss scaler, skipped_steps, target dtype, and a record of every Parameter checked on
-load.
+"""Checkpoint files: the crash-safe writers every file mxmp writes goes through, and the states
+file of :meth:`mxmp.Trainer.save_states`: a header (magic, payload length, SHA-256 of the
+payload) and a pickled payload (optimizer, master weights, loss scaler, skipped_steps, target
+dtype, a record of every Parameter checked on load).
 """
 import hashlib
 import os
@@ -17,10 +12,10 @@ import tempfile
 import numpy as np
 
 from ..dtypes import dtype_name
-from .step import Stage
+from .master_weights import is_low_precision
 
 __all__ = ['write_atomic', 'save_atomic', 'pack_states', 'read_states', 'check_param_records',
-           'StatesFileMixin']
+           'param_records', 'read_trainer_states']
 
 #: Header of the states file written by :meth:`mxmp.Trainer.save_states`.
 _MAGIC = b'MXMP-TRAINER-STATES\x00'
@@ -29,21 +24,7 @@ _HEADER = struct.Struct('<Q32s')   # payload length, sha256 of the payload
 
 
 def write_atomic(fname, data):
-    """Write ``data`` (bytes or str) to ``fname`` atomically.
-
-    A temporary file in the same directory is written, flushed and fsynced, then
-    ``os.replace``d over ``fname`` (atomic on POSIX and Windows); a crash leaves either the old
-    file or the new one, never a mix. The directory is fsynced afterwards where the platform
-    allows it, so the rename survives a power loss. A process killed while writing may leave
-    its temporary file (``.<name>.<random>.tmp``) beside ``fname``; ``fname`` itself is intact.
-
-    Args:
-        fname (str or os.PathLike): destination path.
-        data (bytes or str): the content; str is written as UTF-8.
-
-    Raises:
-        OSError: the directory is not writable; the temporary file is removed.
-    """
+    """Write ``data`` (bytes, or str as UTF-8) to ``fname`` atomically (:func:`save_atomic`)."""
     if isinstance(data, str):
         data = data.encode('utf-8')
 
@@ -54,22 +35,11 @@ def write_atomic(fname, data):
 
 
 def save_atomic(fname, save):
-    """Let ``save(path)`` write a file, then move it over ``fname`` atomically and durably.
-
-    For writers that want a path rather than bytes (``nd.save``, ``Block.save_parameters``,
-    ``gluon.Trainer.save_states``): ``save`` writes a temporary file in ``fname``'s directory,
-    which is then fsynced, ``os.replace``d over ``fname`` and followed by an fsync of the
-    directory (where the platform allows it). A crash at any point leaves either the old
-    ``fname`` or the new one, complete (POSIX rename semantics; "Files are hard",
-    https://danluu.com/file-consistency/ explains why the two fsyncs are needed).
-
-    Args:
-        fname (str or os.PathLike): destination path.
-        save (callable): ``save(tmp_path)`` writes the whole file to ``tmp_path``.
-
-    Raises:
-        whatever ``save`` raises, or OSError; the temporary file is removed and ``fname`` is
-        untouched.
+    """Let ``save(tmp_path)`` write a file, then move it over ``fname`` (str or PathLike)
+    atomically and durably: the temporary file (``.<name>.<random>.tmp``, same directory) is
+    fsynced, ``os.replace``d over ``fname``, then the directory is fsynced where possible. A
+    crash leaves the old ``fname`` or the new one, complete. On an error (what ``save`` raises,
+    or OSError) the temporary file is removed and ``fname`` is untouched.
     """
     fname = os.fspath(fname)
     directory = os.path.dirname(os.path.abspath(fname))
@@ -173,99 +143,45 @@ def check_param_records(fname, saved, mine, check_names):
                              % (fname, k, m['name'], s['dtype'], m['dtype']))
 
 
-class StatesFileMixin:
-    """:meth:`save_states` and :meth:`load_states` of :class:`mxmp.Trainer` (a mixin)."""
+def param_records(params):
+    """The record of every Parameter a states file holds: name, shape, dtype, has masters."""
+    return [{'name': p.name, 'shape': [int(s) for s in p.shape],
+             'dtype': dtype_name(p.dtype), 'master': is_low_precision(p)} for p in params]
 
-    def _param_records(self):
-        return [{'name': p.name, 'shape': [int(s) for s in p.shape],
-                 'dtype': dtype_name(p.dtype), 'master': self._is_low_precision(p)}
-                for p in self._params]
 
-    def save_states(self, fname):
-        """Save optimizer states, master weights, loss scaler and skipped_steps to ``fname``.
+def read_trainer_states(fname, params, check_names, scaler):
+    """Read and validate a states file of :meth:`mxmp.Trainer.save_states` for a Trainer of
+    ``params`` whose scaler is ``scaler``.
 
-        The file is written atomically: a temporary file in the same directory, flushed and
-        fsynced, then ``os.replace``d over ``fname``; a crash leaves the old file intact.
-        Format: a header (magic, payload length, SHA-256 of the payload) and a pickled payload
-        (MXNet's own ``Trainer.save_states`` pickles too: load only files you trust). Holds the
-        optimizer (with its update counts and learning-rate schedule) and the states of the
-        first device, as ``gluon.Trainer.save_states`` does: with reduced gradients every
-        device holds the same states. Model parameters are not included: save them with
-        ``net.save_parameters`` at the same step.
+    Returns:
+        tuple ``(optimizer blob, {index: float32 numpy master}, loss scaler, skipped_steps)``.
 
-        Args:
-            fname (str): path of the states file.
-
-        Cost: copies every optimizer state and master weight to host memory (host sync).
-        """
-        self._prepare()
-        self._ensure_all_masters()
-        masters = self._masters.to_numpy()
-        write_atomic(fname, pack_states({
-            'params': self._param_records(),
-            'optimizer': self._updaters[0].get_states(dump_optimizer=True),
-            'master_weights': masters,
-            'loss_scaler': self._step.scaler.state_dict(),
-            'skipped_steps': self._step.skipped_steps,
-            'target_dtype': self._target_dtype,
-        }))
-
-    def load_states(self, fname, check_names=True):
-        """Load what :meth:`save_states` wrote: all of it, or nothing.
-
-        Everything is read and validated before anything changes: on any error the Trainer is
-        untouched.
-
-        Args:
-            fname (str): path written by :meth:`save_states`.
-            check_names (bool): require the Parameter names to match the file (default True).
-                Gluon names carry per-process counters (``dense0_``, ``dense1_``); pass False to
-                match Parameters by position only (count, shapes and dtypes are still checked).
-
-        Raises:
-            ValueError: the file is not an mxmp states file, is truncated or corrupt (SHA-256
-                mismatch), or does not match this Trainer: another number of Parameters, other
-                names (with ``check_names``), shapes or low-precision dtypes, or another loss
-                scaler class/configuration. The message names the problem.
-            OSError: the file cannot be read.
-        """
-        fname = os.fspath(fname)
-        state = read_states(fname)
-        try:
-            saved_params = state['params']
-            masters = state['master_weights']
-            scaler_state = state['loss_scaler']
-            skipped = int(state['skipped_steps'])
-            opt_blob = state['optimizer']
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError('%s misses a field: %s' % (fname, err)) from None
-        try:
-            check_param_records(fname, saved_params, self._param_records(), check_names)
-        except (KeyError, TypeError, AttributeError) as err:
-            raise ValueError('%s: malformed Parameter records: %r' % (fname, err)) from None
-        records = self._param_records()
-        for i, rec in enumerate(records):
-            if not rec['master']:
-                continue
-            arr = masters.get(i) if isinstance(masters, dict) else None
-            if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or \
-                    (0 not in rec['shape'] and list(arr.shape) != rec['shape']):
-                raise ValueError('%s: the master weight of Parameter %d (%s) is missing or has '
-                                 'the wrong shape/dtype' % (fname, i, rec['name']))
-        scaler = self._step.scaler.load_state_dict(scaler_state)
-
-        # Validated: apply.
-        self._prepare()
-        for updater in self._updaters:
-            updater.set_states(opt_blob)
-            updater.optimizer = self._updaters[0].optimizer
-        self._optimizer = self._updaters[0].optimizer
-        self._optimizer.param_dict = {i: p for i, p in enumerate(self._params)}
-        self._masters.clear()
-        for i, rec in enumerate(records):
-            if rec['master']:
-                self._masters.set_pending(i, masters[i])
-        self._ensure_all_masters()
-        self._step.scaler = scaler
-        self._step.skipped_steps = skipped
-        self._step.stage = Stage.READY
+    Raises:
+        ValueError: as :meth:`mxmp.Trainer.load_states`.
+    """
+    fname = os.fspath(fname)
+    state = read_states(fname)
+    try:
+        saved_params = state['params']
+        masters = state['master_weights']
+        scaler_state = state['loss_scaler']
+        skipped = int(state['skipped_steps'])
+        opt_blob = state['optimizer']
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError('%s misses a field: %s' % (fname, err)) from None
+    records = param_records(params)
+    try:
+        check_param_records(fname, saved_params, records, check_names)
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ValueError('%s: malformed Parameter records: %r' % (fname, err)) from None
+    out = {}
+    for i, rec in enumerate(records):
+        if not rec['master']:
+            continue
+        arr = masters.get(i) if isinstance(masters, dict) else None
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or \
+                (0 not in rec['shape'] and list(arr.shape) != rec['shape']):
+            raise ValueError('%s: the master weight of Parameter %d (%s) is missing or has '
+                             'the wrong shape/dtype' % (fname, i, rec['name']))
+        out[i] = arr
+    return opt_blob, out, scaler.load_state_dict(scaler_state), skipped

@@ -1,78 +1,331 @@
-"""Mixed-precision Symbolic Module: ``mx.mod.Module`` with mxmp's pass and dynamic loss scaling.
-
-:class:`Module` is ``mx.mod.Module`` (MXNet 1.9.1, ``python/mxnet/module/module.py``) whose
-symbol goes through :func:`mxmp.convert_symbol`, with the three pieces of mixed-precision
-training (Micikevicius et al., "Mixed Precision Training", ICLR 2018; NVIDIA, "Training With
-Mixed Precision" guide) that ``mxnet.contrib.amp`` gives Module users only in part (a static
-loss scale through ``SoftmaxOutput(grad_scale=...)``):
-
-1. **dynamic loss scaling without rebinding**: a *loss-scale node* sits in front of the loss
-   outputs (:mod:`mxmp._src.graph.loss_heads`). It is an identity in the forward pass and
-   multiplies the backward signal by the loss scale ``S``, which lives in an input array of
-   the executors (the state ``__mxmp_loss_scale__``) that :meth:`Module.update` rewrites when
-   ``S`` changes;
-2. **overflow check**: after the kvstore has reduced the gradients, every gradient on every
-   context is checked for inf/NaN; on overflow the update is skipped (weights, master
-   weights and optimizer state stay bit-identical) and ``S`` backs off; otherwise the
-   optimizer steps with ``rescale_grad = rescale_grad0 / S`` where ``rescale_grad0`` is what
-   ``Module.init_optimizer`` sets (``1/batch_size``, times ``num_workers`` for dist_sync);
-3. **float32 master weights** when ``cast_params=True``: as in :class:`mxmp.Trainer`
-   (:mod:`mxmp._src.training.module_master_weights`).
-
-The check of 2 and the update and write-back of 3 are mxmp's one training step,
-:class:`mxmp._src.training.step.Step`, which :class:`mxmp.Trainer` runs too; the Module hands it
-the reduced gradients.
-
-Checkpoints (:mod:`mxmp._src.training.module_checkpoint`): :meth:`Module.save_checkpoint` writes the
-float32 symbol (no casts, no loss-scale node) and float32 parameters (the master weights) that
-plain MXNet loads, plus ``prefix-%04d.mxmp.json`` with the loss scaler and skipped steps;
-:meth:`Module.load` restores all of it, and loads plain-MXNet checkpoints too.
+"""mxmp.Module: ``mx.mod.Module`` whose symbol goes through :func:`mxmp.convert_symbol`, with
+dynamic loss scaling without rebinding (a loss-scale node before the loss outputs,
+:mod:`mxmp._src.graph.loss_heads`), the overflow check and float32 master weights of mxmp's one
+training step (:class:`mxmp._src.training.step.Step`). Its parts are in
+:mod:`mxmp._src.training.module_parts`, its files in :mod:`mxmp._src.training.module_checkpoint`.
 """
 import logging
 from operator import attrgetter
 
 import mxnet as mx
+from mxnet import nd
 
-from ..device import lp_kernels_available
-from ..dtypes import normalize_dtype
+from ..distributed import check_kvstore_args
 from ..graph.convert import convert_symbol
-from ..graph.strip import remove_casts
-from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.loss_heads import (LOSS_SCALE_NAME, insert_loss_scale, lp_variable_names,
     scaled_loss_ops)
-from ..policy.policy import Policy
-from ..scaling.overflow import all_finite
-from ..scaling.scalers import make_loss_scaler
-from . import module_checkpoint
-from .module_kvstore import reduced_updates, start_kvstore
-from .module_loss_scale import LossScaleInputModule
-from .module_master_weights import MasterWeightsModule
+from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
+from ..graph.strip import remove_casts
+from . import module_checkpoint as files
+from .checkpoint import write_atomic
+from .module_parts import (LossScaleInput, ModuleMasters, reduced_updates, resolve_policy,
+    start_kvstore)
+from .step import Step, all_finite
+from .trainer import resolve_precision
 from .updater import Updater
-from .step import Step, StepOwnerMixin
 
 __all__ = ['Module']
 
 
-def _resolve_policy(target_dtype, policy, emulate, context):
-    """``(target dtype, policy or None)`` of a Module; checks the contexts' kernels."""
-    if policy is not None:
-        if not isinstance(policy, Policy):
-            raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
-        if emulate and not policy.emulate:
-            policy = policy.replace(emulate=True)
-        target = policy.target_dtype
-    else:
-        target = normalize_dtype(target_dtype, allow_float32=True)
-        policy = None if target == 'float32' else Policy(target, emulate=emulate)
-    contexts = [context] if isinstance(context, mx.Context) else list(context)
-    if policy is not None and not policy.emulate:
-        for ctx in contexts:
-            if not lp_kernels_available(target, ctx):
-                raise RuntimeError(
-                    '%s has no %s kernels (oneDNN needs AVX-512 for bfloat16; CPUs have no '
-                    'float16 GEMM). Pass emulate=True to run the same numerics with '
-                    'float32 kernels, or target_dtype="float32".' % (ctx, target))
-    return target, policy
+class Module(mx.mod.Module):
+    """``mx.mod.Module`` training in mixed precision with dynamic loss scaling.
+
+    Args:
+        symbol (mx.sym.Symbol): the float32 network with its loss output(s).
+        target_dtype (str or None): ``'bfloat16'`` (None without a policy), ``'float16'`` or
+            ``'float32'`` (no conversion).
+        loss_scaler: as :func:`mxmp.make_loss_scaler`; default: the policy's, else 'auto'.
+        cast_params, emulate, policy: :func:`~mxmp._src.training.module_parts.resolve_policy`
+            (defaults None, 'auto', ``Policy(target_dtype)``).
+        pad_stem ('auto', True or False): as :func:`mxmp.convert`, applied at :meth:`bind`.
+        Others: as for ``mx.mod.Module`` (keyword-only after ``label_names``).
+
+    Raises:
+        ValueError: unknown ``target_dtype``, ``loss_scaler`` or ``pad_stem``; a symbol that
+            already holds the loss-scale input; what ``resolve_policy`` raises.
+
+    Unlike ``mx.mod.Module``: :attr:`symbol` is the float32 graph; the optimizer runs in the
+    Module (a kvstore only reduces gradients; async kvstores are refused); :meth:`update`
+    returns whether the step was applied; ``out_grads`` and input gradients are unscaled.
+    """
+
+    _rescale_grad = None   # rescale_grad0 (init_optimizer): the factor without the loss scale
+
+    def __init__(self, symbol, data_names=('data',), label_names=('softmax_label',), *,
+                 target_dtype=None, loss_scaler=None, cast_params=None, emulate='auto',
+                 policy=None, pad_stem='auto', state_names=None, logger=logging, context=None,
+                 **module_kwargs):
+        if not isinstance(symbol, mx.sym.Symbol):
+            raise TypeError('mxmp.Module needs an mx.sym.Symbol, got %s; for a Gluon block use '
+                            'mxmp.convert(block) and mxmp.Trainer' % type(symbol).__name__)
+        if LOSS_SCALE_NAME in symbol.list_arguments():
+            raise ValueError('the symbol already holds the loss-scale input %r: pass the '
+                             'float32 graph (module.symbol), not module.mxmp_symbol'
+                             % LOSS_SCALE_NAME)
+        self._pad_stem = check_pad_stem(pad_stem)
+        context = mx.cpu() if context is None else context
+        contexts = [context] if isinstance(context, mx.Context) else list(context)
+        self._target_dtype, self._policy, self._cast_params = resolve_policy(
+            target_dtype, policy, cast_params, emulate, contexts)
+        self._fp32_symbol = remove_casts(symbol)
+        data_names = list(data_names) if data_names is not None else []
+        label_names = list(label_names) if label_names is not None else []
+        state_names = list(state_names) if state_names is not None else []
+        mp_symbol = self._fp32_symbol if self._policy is None else convert_symbol(
+            self._fp32_symbol, policy=self._policy, cast_params=self._cast_params,
+            data_names=data_names + label_names + state_names)
+        self._mp_symbol = mp_symbol
+        self._masters = ModuleMasters(lp_variable_names(mp_symbol) if self._cast_params
+                                      else frozenset())
+        self._step = Step(resolve_precision([], self._policy, self._target_dtype,
+                                            loss_scaler)[1])
+        bound, nodes = mp_symbol, 0
+        if self._step.scaler.enabled:
+            bound, nodes = insert_loss_scale(mp_symbol, scaled_loss_ops(self._policy))
+            if nodes:
+                state_names = state_names + [LOSS_SCALE_NAME]
+        self._scale_input = LossScaleInput(nodes)
+        super().__init__(bound, data_names, label_names, logger=logger, context=context,
+                         state_names=state_names, **module_kwargs)
+
+    symbol = property(attrgetter('_fp32_symbol'), doc='mx.sym.Symbol: the float32 network.')
+    mxmp_symbol = property(attrgetter('_symbol'), doc='mx.sym.Symbol: the bound graph.')
+    target_dtype = property(attrgetter('_target_dtype'), doc='str: the target dtype.')
+    policy = property(attrgetter('_policy'), doc='mxmp.Policy or None (float32).')
+    cast_params = property(attrgetter('_cast_params'), doc='bool: low-precision weights.')
+    loss_scaler = property(lambda self: self._step.scaler,
+                           doc='mxmp.LossScaler: the current loss scaler.')
+    loss_scale = property(lambda self: float(self._step.scaler.scale),
+                          doc='float: the current loss scale (1.0 when scaling is disabled).')
+    skipped_steps = property(lambda self: self._step.skipped_steps,
+                             doc='int: updates skipped because a gradient was inf/NaN.')
+    loss_scale_nodes = property(lambda self: self._scale_input.nodes, doc='int: loss-scale '
+                                'nodes in the bound graph (0 when scaling is disabled).')
+
+    def _share(self, other):   # buckets: one loss scaler, skipped count and set of masters
+        self._step, self._masters = other._step, other._masters
+
+    def _write_loss_scale(self, force=False):
+        self._scale_input.write(self._exec_group if self.binded else None, self.loss_scale, force)
+
+    # ------------------------------------------------------------------ Module API
+    def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
+             force_rebind=False, shared_module=None, grad_req='write'):
+        """As ``mx.mod.Module.bind``; a re-bind keeps the (float32 master) parameters."""
+        if self.binded and not force_rebind:
+            return super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
+                                force_rebind, shared_module, grad_req)
+        if self.binded and self.params_initialized and self._params_dirty:
+            self._sync_params_from_devices()
+        if shared_module is not None and not isinstance(shared_module, Module):
+            raise ValueError('an mxmp.Module can share memory only with another mxmp.Module '
+                             '(got %s)' % type(shared_module).__name__)
+        fresh = self._arg_params is None
+        if wants_padding(self._pad_stem, self._policy, self._context[0]):
+            self._symbol = pad_stem(self._symbol, {d[0]: tuple(d[1]) for d in data_shapes})
+        super().bind(data_shapes, label_shapes, for_training, inputs_need_grad, force_rebind,
+                     shared_module, grad_req)
+        if shared_module is not None:
+            self._share(shared_module)
+        elif fresh and not self.params_initialized:
+            for name in self._masters.lp_names:   # initializers cannot fill bfloat16
+                arr = self._arg_params[name]
+                self._arg_params[name] = nd.zeros(arr.shape, dtype='float32')
+        elif self.params_initialized:
+            self._masters.written(self._arg_params, self._exec_group)
+        self._write_loss_scale(force=True)
+        return None
+
+    def init_optimizer(self, kvstore='local', optimizer='sgd',
+                       optimizer_params=(('learning_rate', 0.01),), force_init=False):
+        """As ``mx.mod.Module.init_optimizer``; the optimizer runs in the Module."""
+        assert self.binded and self.params_initialized, \
+            'call bind and init_params before init_optimizer'
+        if self.optimizer_initialized and not force_init:
+            self.logger.warning('optimizer already initialized, ignoring...')
+            return
+        check_kvstore_args(kvstore, None)
+        if self._params_dirty:
+            self._sync_params_from_devices()
+        kv, _ = mx.model._create_kvstore(kvstore, len(self._context), self._arg_params)
+        batch_size = self._exec_group.batch_size
+        if kv and 'dist' in kv.type and '_sync' in kv.type:
+            batch_size *= kv.num_workers
+        self._optimizer = _create_optimizer(self, optimizer, optimizer_params, batch_size)
+        self._rescale_grad = self._optimizer.rescale_grad
+        self._kvstore, self._update_on_kvstore = kv, False
+        if kv:
+            self.logger.info('mxmp.Module: update_on_kvstore=False on the %r kvstore: it only '
+                             'reduces the gradients', kv.type)
+            if start_kvstore(kv, self._exec_group.param_names, self._arg_params,
+                             self._compression_params):
+                self.set_params(self._arg_params, self._aux_params, force_init=True)
+        self._updater = Updater(self._optimizer)
+        self.optimizer_initialized = True
+        if self._preload_opt_states is not None:
+            self.load_optimizer_states(self._preload_opt_states)
+            self._preload_opt_states = None
+
+    def borrow_optimizer(self, shared_module):
+        """Share the optimizer, loss scaler and master weights of another mxmp.Module."""
+        if not isinstance(shared_module, Module):
+            raise ValueError('an mxmp.Module can borrow the optimizer only from another '
+                             'mxmp.Module (got %s)' % type(shared_module).__name__)
+        super().borrow_optimizer(shared_module)
+        self._share(shared_module)
+        self._rescale_grad = shared_module._rescale_grad
+
+    def update(self):
+        """Reduce, check and apply the gradients; False if skipped (as mxmp.Trainer.step)."""
+        assert self.binded and self.params_initialized and self.optimizer_initialized
+        self._params_dirty = True
+        group, ndev = self._exec_group, len(self._context)
+        applied = self._step.apply(
+            reduced_updates(group, self._kvstore, self._masters, self._updater),
+            self._optimizer, self._rescale_grad,
+            name_of=lambda idx: group.param_names[idx // ndev],
+            forward_finite=lambda: all_finite(group.get_outputs(merge_multi_context=False)))
+        self._write_loss_scale()
+        return applied
+
+    # ------------------------------------------------------------------ the loss-scale input
+    def reshape(self, data_shapes, label_shapes=None):
+        """As ``mx.mod.Module.reshape``."""
+        super().reshape(data_shapes, label_shapes)
+        self._write_loss_scale()
+
+    def forward(self, data_batch, is_train=None):
+        """As ``mx.mod.Module.forward`` (outputs bit-identical to no loss scaling)."""
+        self._write_loss_scale()
+        super().forward(data_batch, is_train)
+
+    def backward(self, out_grads=None):
+        """As ``mx.mod.Module.backward``; ``out_grads`` are multiplied by the loss scale."""
+        self._write_loss_scale()
+        if out_grads is not None and self.loss_scaler.enabled:
+            if isinstance(out_grads, nd.NDArray):
+                out_grads = [out_grads]
+            out_grads = [g * self.loss_scale for g in out_grads]
+        super().backward(out_grads)
+
+    def get_input_grads(self, merge_multi_context=True):
+        """As ``mx.mod.Module.get_input_grads``, divided by the loss scale."""
+        grads = super().get_input_grads(merge_multi_context)
+        if not self.loss_scaler.enabled:
+            return grads
+        if merge_multi_context:
+            return [g / self.loss_scale for g in grads]
+        return [[g / self.loss_scale for g in per_ctx] for per_ctx in grads]
+
+    def get_states(self, merge_multi_context=True):
+        """As ``mx.mod.Module.get_states``, without the loss-scale input."""
+        states = super().get_states(merge_multi_context)
+        return states[:-1] if self._scale_input.nodes else states
+
+    def set_states(self, states=None, value=None):
+        """As ``mx.mod.Module.set_states``; the loss-scale input is kept."""
+        super().set_states(states, value)
+        self._write_loss_scale(force=True)
+
+    # ------------------------------------------------------------------ master weights
+    def master_weights(self, name):
+        """The float32 masters (one per context) of low-precision parameter ``name``."""
+        if name not in self._masters.lp_names:
+            raise ValueError('parameter %r has no master weights: only the parameters stored '
+                             'in the target dtype (cast_params=True) have them: %s'
+                             % (name, sorted(self._masters.lp_names)))
+        if not (self.binded and self.params_initialized):
+            raise ValueError('bind and initialize the Module before asking for master weights')
+        return self._masters.of(name, self._exec_group)
+
+    def init_params(self, initializer=mx.init.Uniform(0.01), arg_params=None, aux_params=None,
+                    allow_missing=False, force_init=False, allow_extra=False):
+        """As ``mx.mod.Module.init_params``; master weights follow."""
+        again = not self.params_initialized or force_init
+        super().init_params(initializer, arg_params, aux_params, allow_missing, force_init,
+                            allow_extra)
+        if again:
+            self._masters.written(self._arg_params, self._exec_group)
+
+    def set_params(self, arg_params, aux_params, allow_missing=False, force_init=True,
+                   allow_extra=False):
+        """As ``mx.mod.Module.set_params`` (float32 values); master weights follow."""
+        ignored = self.params_initialized and not force_init
+        super().set_params(arg_params, aux_params, allow_missing, force_init, allow_extra)
+        if allow_missing and not ignored:
+            self._masters.written(arg_params, self._exec_group)
+
+    def _sync_params_from_devices(self):
+        # BatchNorm's moving statistics are written outside the engine's tracking: wait
+        nd.waitall()
+        super()._sync_params_from_devices()
+        self._masters.to_host(self._arg_params)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_optimizer_states(self, fname):
+        """Write the optimizer and its states (MXNet's format) to ``fname`` atomically."""
+        assert self.optimizer_initialized
+        write_atomic(fname, self._updater.get_states(dump_optimizer=True))
+
+    def load_optimizer_states(self, fname):
+        """Load what :meth:`save_optimizer_states` (or plain MXNet) wrote, optimizer included."""
+        assert self.optimizer_initialized
+        with open(fname, 'rb') as fin:
+            self._updater.set_states(fin.read())
+        self._optimizer = self._updater.optimizer
+
+    def mixed_precision_state(self):
+        """dict: what ``prefix-%04d.mxmp.json`` holds (JSON-serialisable)."""
+        return {'format': files.STATES_FORMAT, 'version': files.STATES_VERSION,
+                'target_dtype': self._target_dtype, 'cast_params': self._cast_params,
+                'emulate': bool(self._policy is not None and self._policy.emulate),
+                'loss_scaler': self.loss_scaler.state_dict(),
+                'skipped_steps': self.skipped_steps}
+
+    def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True):
+        """Write ``prefix-symbol.json`` (float32, or with its casts), ``prefix-%04d.params``
+        (float32), optionally ``-%04d.states``, and ``-%04d.mxmp.json``, atomically."""
+        sym = self.symbol if remove_amp_cast else self._mp_symbol
+        write_atomic('%s-symbol.json' % prefix, sym.tojson(remove_amp_cast=remove_amp_cast))
+        param_name = '%s-%04d.params' % (prefix, epoch)
+        files.write_params(param_name, *self.get_params())
+        if save_optimizer_states:
+            self.save_optimizer_states('%s-%04d.states' % (prefix, epoch))
+        files.write_state(prefix, epoch, self.mixed_precision_state())
+        self.logger.info('Saved checkpoint to "%s" (loss scale %g, %d skipped steps)',
+                         param_name, self.loss_scale, self.skipped_steps)
+
+    def checkpoint_callback(self, prefix, period=1, save_optimizer_states=False):
+        """An ``epoch_end_callback``: :meth:`save_checkpoint` every ``period`` epochs."""
+        period = int(max(1, period))
+
+        def _callback(iter_no, sym=None, arg=None, aux=None):   # pylint: disable=unused-argument
+            if (iter_no + 1) % period == 0:
+                self.save_checkpoint(prefix, iter_no + 1, save_optimizer_states)
+        return _callback
+
+    def set_loaded(self, args, auxs, state, state_file):
+        """Give this unbound Module loaded parameters and state (None: none)."""
+        self._arg_params, self._aux_params = files.float32_params(args), auxs
+        self.params_initialized = True
+        if state is not None:
+            self._step.scaler, self._step.skipped_steps = files.restore_state(
+                self._step.scaler, state, state_file)
+            self._write_loss_scale(force=True)
+
+    @staticmethod
+    def load(prefix, epoch, load_optimizer_states=False, **kwargs):
+        """A Module from a checkpoint (mxmp's, or plain MXNet's), parameters set, not bound;
+        ``kwargs`` as for :class:`Module`, defaulting to the JSON file's settings;
+        ``load_optimizer_states``: load ``prefix-%04d.states`` at ``init_optimizer``.
+        ValueError for a bad file or another target dtype than the saved one."""
+        sym, args, auxs = files.load_params(prefix, epoch, with_symbol=True)
+        state, state_file, kwargs = files.read_state(prefix, epoch, kwargs)
+        mod = Module(sym, **kwargs)
+        mod.set_loaded(args, auxs, state, state_file)
+        if load_optimizer_states:
+            mod._preload_opt_states = '%s-%04d.states' % (prefix, epoch)
+        return mod
 
 
 def _create_optimizer(module, optimizer, optimizer_params, batch_size):
@@ -98,282 +351,3 @@ def _create_optimizer(module, optimizer, optimizer_params, batch_size):
     raise TypeError('optimizer must be a name or an mx.optimizer.Optimizer, got %s'
                     % type(optimizer).__name__)
 
-
-def _doc(func):
-    """Decorator: the method's docstring is ``func``'s (the function the method calls, where
-    the documentation lives once)."""
-    def decorate(method):
-        method.__doc__ = func.__doc__
-        return method
-    return decorate
-
-
-class Module(StepOwnerMixin, MasterWeightsModule, LossScaleInputModule):
-    """``mx.mod.Module`` training in mixed precision with dynamic loss scaling.
-
-    Args:
-        symbol (mx.sym.Symbol): the float32 network with its loss output(s), as for
-            ``mx.mod.Module`` (a graph already converted by mxmp is accepted: its casts are
-            stripped first).
-        data_names, label_names (sequence of str): as for ``mx.mod.Module``; default
-            ``('data',)`` and ``('softmax_label',)``.
-        target_dtype (str): ``'bfloat16'`` (default; CPUs with oneDNN), ``'float16'`` (NVIDIA
-            GPUs) or ``'float32'`` (no conversion: plain float32 training, with loss scaling
-            if asked). Ignored when ``policy`` is given.
-        loss_scaler: anything :func:`mxmp._src.scaling.scalers.make_loss_scaler` accepts: None/'auto'
-            (default: dynamic for float16, none for bfloat16/float32, since bfloat16 has
-            float32's exponent range), 'dynamic', 'static', 'none', a number (static scale)
-            or a :class:`mxmp.LossScaler`.
-        cast_params (bool): store the weights of low-precision layers in the target dtype on
-            the contexts (no cast per iteration) and keep float32 master weights for them
-            (:mod:`mxmp._src.training.master_weights`); default False (float32 weights, one
-            in-graph cast each).
-            ``get_params`` and checkpoints always hold the float32 master weights.
-        emulate (bool): float32 kernels with low-precision rounding (``mxmp._src.graph``), for
-            machines without low-precision kernels (``mxmp.lp_kernels_available``); default
-            False.
-        policy (mxmp.Policy or None): op classes and overrides; default
-            ``Policy(target_dtype, emulate=emulate)``.
-        pad_stem ('auto', True or False): at :meth:`bind`, when the data shapes are known,
-            feed a Convolution whose data is an input with an odd channel count (an image
-            network's 3-channel stem) a zero channel more and its weight a zero column, in the
-            graph (the same function and parameters; :mod:`mxmp._src.graph.stem`). Default
-            ``'auto'``: for bfloat16 where the real kernels run, as :func:`mxmp.convert`.
-        state_names, logger, context, work_load_list, fixed_param_names, group2ctxs,
-            compression_params: as for ``mx.mod.Module`` (keyword-only here).
-
-    Raises:
-        ValueError: unknown ``target_dtype``, ``loss_scaler`` or ``pad_stem``; a symbol that
-            already holds the loss-scale input.
-        RuntimeError: a context has no kernels for the target dtype and ``emulate`` is False
-            (the message names the fix).
-
-    Differences from ``mx.mod.Module`` (MXNet 1.9.1):
-
-    * :attr:`symbol` is the float32 graph (what callbacks such as ``mx.callback.do_checkpoint``
-      save); the bound graph, casts and loss-scale node included, is :attr:`mxmp_symbol`;
-    * the optimizer always runs in the Module (``update_on_kvstore`` is False, logged at INFO;
-      a kvstore only reduces the gradients, in float32), so asynchronous kvstores are refused;
-      every worker checks the same reduced gradients, so all skip the same steps; on a dist
-      kvstore :meth:`init_optimizer` gives every worker worker 0's parameters;
-    * :meth:`update` returns whether the step was applied (False: skipped on overflow);
-    * :meth:`backward` multiplies user ``out_grads`` by the loss scale, and
-      :meth:`get_input_grads` divides input gradients by it, so both are in the user's units;
-    * :meth:`get_states` / :meth:`set_states` leave the loss-scale state out.
-
-    Costs per step with a dynamic scaler: one overflow check (one ``multi_all_finite`` per 200
-    gradients per context) and one host synchronisation; with ``cast_params`` a float32
-    gradient copy per low-precision weight and context. The loss-scale node adds three
-    elementwise ops on the loss inputs (e.g. the logits).
-
-    BucketingModule: see :class:`mxmp._src.training.bucketing.BucketingModule`.
-    """
-
-    _rescale_grad = None   # rescale_grad0 (init_optimizer): the factor without the loss scale
-
-    def __init__(self, symbol, data_names=('data',), label_names=('softmax_label',), *,
-                 target_dtype='bfloat16', loss_scaler=None, cast_params=False, emulate=False,
-                 policy=None, pad_stem='auto', state_names=None, logger=logging, context=None,
-                 **module_kwargs):
-        if not isinstance(symbol, mx.sym.Symbol):
-            raise TypeError('mxmp.Module needs an mx.sym.Symbol, got %s; for a Gluon block use '
-                            'mxmp.convert(block) and mxmp.Trainer' % type(symbol).__name__)
-        if LOSS_SCALE_NAME in symbol.list_arguments():
-            raise ValueError('the symbol already holds the loss-scale input %r: pass the '
-                             'float32 graph (module.symbol), not module.mxmp_symbol'
-                             % LOSS_SCALE_NAME)
-        self._pad_stem = check_pad_stem(pad_stem)
-        context = mx.cpu() if context is None else context
-        target, policy = _resolve_policy(target_dtype, policy, emulate, context)
-        self._target_dtype = target
-        self._policy = policy
-        self._cast_params = bool(cast_params) and policy is not None
-        self._fp32_symbol = remove_casts(symbol)
-        data_names = list(data_names) if data_names is not None else []
-        label_names = list(label_names) if label_names is not None else []
-        state_names = list(state_names) if state_names is not None else []
-        if policy is None:
-            mp_symbol = self._fp32_symbol
-        else:
-            mp_symbol = convert_symbol(self._fp32_symbol, policy=policy,
-                                       cast_params=self._cast_params,
-                                       data_names=data_names + label_names + state_names)
-            # convert_symbol pins every parameter's dtype (__dtype__): behind a cast the
-            # executors could not infer it.
-        self._mp_symbol = mp_symbol
-        self._lp_names = lp_variable_names(mp_symbol) if self._cast_params else frozenset()
-        self._step = Step(make_loss_scaler(loss_scaler, target))   # shared by buckets
-        self._scale_nodes = 0
-        bound = mp_symbol
-        if self._step.scaler.enabled:
-            bound, self._scale_nodes = insert_loss_scale(mp_symbol, scaled_loss_ops(policy))
-            if self._scale_nodes:
-                state_names = state_names + [LOSS_SCALE_NAME]
-        super().__init__(bound, data_names, label_names, logger=logger, context=context,
-                         state_names=state_names, **module_kwargs)
-
-    # ------------------------------------------------------------------ properties
-    symbol = property(attrgetter('_fp32_symbol'), doc='mx.sym.Symbol: the float32 network '
-                      '(no casts, no loss-scale node).')
-    mxmp_symbol = property(attrgetter('_symbol'), doc='mx.sym.Symbol: the graph the executors '
-                           'run (casts and loss-scale node).')
-    target_dtype = property(attrgetter('_target_dtype'),
-                            doc="str: ``'float16'``, ``'bfloat16'`` or ``'float32'``.")
-    policy = property(attrgetter('_policy'),
-                      doc='mxmp.Policy or None (float32): the policy of the pass.')
-    cast_params = property(attrgetter('_cast_params'), doc='bool: whether low-precision '
-                           'weights are stored in the target dtype.')
-
-    # ------------------------------------------------------------------ Module API
-    def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
-             force_rebind=False, shared_module=None, grad_req='write'):
-        """Bind the executors, as ``mx.mod.Module.bind``.
-
-        On a re-bind the current (float32 master) parameters are carried over. With
-        ``shared_module`` (bucketing) the loss scaler, skipped steps and master weights are
-        shared with it. Arguments as ``mx.mod.Module.bind``.
-        """
-        if self.binded and not force_rebind:
-            return super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
-                                force_rebind, shared_module, grad_req)
-        if self.binded and self.params_initialized and self._params_dirty:
-            self._sync_params_from_devices()
-        if shared_module is not None and not isinstance(shared_module, Module):
-            raise ValueError('an mxmp.Module can share memory only with another mxmp.Module '
-                             '(got %s)' % type(shared_module).__name__)
-        fresh = self._arg_params is None
-        if wants_padding(self._pad_stem, self._policy, self._context[0]):
-            self._symbol = pad_stem(self._symbol, {d[0]: tuple(d[1]) for d in data_shapes})
-        super().bind(data_shapes, label_shapes, for_training, inputs_need_grad, force_rebind,
-                     shared_module, grad_req)
-        if shared_module is not None:
-            self._step = shared_module._step
-        else:
-            self._params_bound(fresh)
-        self._write_loss_scale(force=True)
-        return None
-
-    def init_optimizer(self, kvstore='local', optimizer='sgd',
-                       optimizer_params=(('learning_rate', 0.01),), force_init=False):
-        """Install the optimizer, as ``mx.mod.Module.init_optimizer``, updating in the Module.
-
-        As MXNet does, ``rescale_grad`` defaults to ``1/batch_size`` (``batch_size`` times
-        the number of workers for ``dist_sync``); each update divides it by the loss scale.
-        Unlike MXNet the optimizer never runs on the kvstore (``update_on_kvstore`` False:
-        mxmp must see the reduced gradients to check them); the kvstore reduces float32
-        gradients only.
-
-        Args:
-            kvstore (str, KVStore or None): default ``'local'`` (no kvstore with one context).
-            optimizer (str or mx.optimizer.Optimizer): default ``'sgd'``.
-            optimizer_params (dict or sequence of pairs): default learning_rate 0.01.
-            force_init (bool): re-create an installed optimizer.
-
-        Raises:
-            ValueError: an asynchronous kvstore (it needs the update on the kvstore).
-            TypeError: ``optimizer`` is neither a name nor an Optimizer.
-        """
-        assert self.binded and self.params_initialized, \
-            'call bind and init_params before init_optimizer'
-        if self.optimizer_initialized and not force_init:
-            self.logger.warning('optimizer already initialized, ignoring...')
-            return
-        kv_type = kvstore if isinstance(kvstore, str) else getattr(kvstore, 'type', '')
-        if 'async' in (kv_type or ''):
-            raise ValueError('mxmp.Module does not support the asynchronous kvstore %r: it '
-                             'updates on the kvstore, where overflow cannot be checked. Use '
-                             "'local', 'device' or 'dist_sync'." % (kv_type,))
-        if self._params_dirty:
-            self._sync_params_from_devices()
-        kv, _ = mx.model._create_kvstore(kvstore, len(self._context), self._arg_params)
-        batch_size = self._exec_group.batch_size
-        if kv and 'dist' in kv.type and '_sync' in kv.type:
-            batch_size *= kv.num_workers
-        optimizer = _create_optimizer(self, optimizer, optimizer_params, batch_size)
-        self._rescale_grad = optimizer.rescale_grad
-        self._optimizer = optimizer
-        self._kvstore = kv
-        self._update_on_kvstore = False
-        if kv:
-            start_kvstore(self, kv)
-        self._updater = Updater(optimizer)  # SGD on a CPU: one weight per kernel call (updater.py)
-        self.optimizer_initialized = True
-        if self._preload_opt_states is not None:
-            self.load_optimizer_states(self._preload_opt_states)
-            self._preload_opt_states = None
-
-    def borrow_optimizer(self, shared_module):
-        """Share the optimizer, loss scaler and master weights of another mxmp.Module."""
-        if not isinstance(shared_module, Module):
-            raise ValueError('an mxmp.Module can borrow the optimizer only from another '
-                             'mxmp.Module (got %s)' % type(shared_module).__name__)
-        super().borrow_optimizer(shared_module)
-        self._step = shared_module._step
-        self._rescale_grad = shared_module._rescale_grad
-
-    def update(self):
-        """Reduce the gradients, check them for overflow, and update or skip.
-
-        After ``forward``/``backward`` (``Module.fit`` calls it for every batch). Gradients
-        are reduced across contexts (and workers) by the kvstore, in float32; then one
-        overflow check covers every gradient on every context (dynamic loss scaler only);
-        on overflow nothing changes but the loss scale (backed off) and :attr:`skipped_steps`;
-        otherwise the optimizer steps with ``rescale_grad = rescale_grad0 / loss_scale``,
-        updating master weights for low-precision parameters and writing them back.
-
-        Returns:
-            bool: True if the update was applied, False if it was skipped on overflow.
-
-        Raises:
-            mxmp._src.errors.LossScaleAtFloorError: the loss scale stayed at its floor for
-                ``max_overflows_at_floor`` consecutive overflows (the message names the
-                parameters whose gradients were inf/NaN); nothing is updated.
-
-        Warns:
-            mxmp._src.errors.NonFiniteForwardWarning: the update is skipped and the outputs of
-                the forward pass were themselves inf/NaN (not an overflow from scaling).
-        """
-        assert self.binded and self.params_initialized and self.optimizer_initialized
-        self._params_dirty = True
-        group, ndev = self._exec_group, len(self._context)
-        applied = self._step.apply(
-            reduced_updates(self), self._optimizer, self._rescale_grad,
-            name_of=lambda idx: group.param_names[idx // ndev],
-            forward_finite=lambda: all_finite(group.get_outputs(merge_multi_context=False)))
-        self._write_loss_scale()
-        return applied
-
-    # ------------------------------------------------------------------ checkpoints
-    @_doc(module_checkpoint.save_optimizer_states)
-    def save_optimizer_states(self, fname):
-        assert self.optimizer_initialized
-        module_checkpoint.save_optimizer_states(self, fname)
-
-    @_doc(module_checkpoint.load_optimizer_states)
-    def load_optimizer_states(self, fname):
-        assert self.optimizer_initialized
-        module_checkpoint.load_optimizer_states(self, fname)
-
-    @_doc(module_checkpoint.mixed_precision_state)
-    def mixed_precision_state(self):
-        return module_checkpoint.mixed_precision_state(self)
-
-    @_doc(module_checkpoint.save_checkpoint)
-    def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True):
-        module_checkpoint.save_checkpoint(self, prefix, epoch, save_optimizer_states,
-                                          remove_amp_cast)
-
-    @_doc(module_checkpoint.checkpoint_callback)
-    def checkpoint_callback(self, prefix, period=1, save_optimizer_states=False):
-        return module_checkpoint.checkpoint_callback(self, prefix, period, save_optimizer_states)
-
-    def _restore_state(self, state, fname):
-        self._step.scaler, self._step.skipped_steps = module_checkpoint.restore_state(
-            self._step.scaler, state, fname)
-        self._write_loss_scale(force=True)
-
-    @staticmethod
-    @_doc(module_checkpoint.load_module)
-    def load(prefix, epoch, load_optimizer_states=False, **kwargs):
-        return module_checkpoint.load_module(Module, prefix, epoch, load_optimizer_states,
-                                             kwargs)

@@ -1,95 +1,138 @@
-"""The one mixed-precision training step, shared by every wrapper mxmp has.
-
-:class:`mxmp.Trainer`, :class:`mxmp.Module`, :mod:`mxmp.amp` (a ``gluon.Trainer``'s
-``_amp_loss_scaler`` hook) and :mod:`mxmp._src.horovod` each own one :class:`Step`. It holds what
-lives from step to step (the loss scaler, ``skipped_steps``, the float32 master weights, the
-stage of the current step and its losses) and does what follows the gradient reduction in
-mixed-precision training (Micikevicius et al., "Mixed Precision Training", ICLR 2018; NVIDIA,
-"Training With Mixed Precision"), in this order:
-
-1. :meth:`Step.scale_loss`: the loss times the loss scale (kept to tell a NaN in the forward
-   pass from an overflow caused by scaling);
-2. :meth:`Step.unscale` (optional, e.g. before clipping): the gradients divided by the scale in
-   place, once (stage :attr:`Stage.UNSCALED`, as PyTorch's ``GradScaler.unscale_``);
-3. :meth:`Step.check`: one overflow check of every gradient on every device
-   (:func:`mxmp._src.scaling.overflow.all_finite`; dynamic scalers only; one host sync);
-4. :meth:`Step.apply`: skip (overflow) or step: ``rescale_grad = rescale_grad0 / scale``
-   (without the scale after :meth:`Step.unscale`), the optimizer calls, the write-back of
-   float16/bfloat16 weights from their float32 masters; then :meth:`Step.end`: the scaler
-   adjusts (once per iteration of a shared scale, :mod:`mxmp._src.scaling.shared`), a skip counts
-   in ``skipped_steps``, and the stage is :attr:`Stage.READY` again.
-
-The ``gluon.Trainer`` hook of :mod:`mxmp.amp` decides only skip-or-step (gluon runs the
-optimizer): it calls :meth:`Step.check` and :meth:`Step.end`, the same code.
+"""The one mixed-precision training step, owned by :class:`mxmp.Trainer`, :class:`mxmp.Module`,
+:mod:`mxmp.amp` and :mod:`mxmp.horovod`: :meth:`Step.scale_loss`, optionally
+:meth:`Step.unscale`, :meth:`Step.check` (the overflow check, :func:`all_finite`, the only
+caller of ``mx.nd.multi_all_finite``), :meth:`Step.apply` and :meth:`Step.end`
+(docs/training.md).
 """
+import collections
 import enum
 import warnings
 import weakref
 
 from mxnet import autograd, nd
 
+from ..dtypes import dtype_name
 from ..errors import LossScaleAtFloorError, NonFiniteForwardWarning
-from ..scaling.losses import flatten_losses, scale_losses
-from ..scaling.overflow import all_finite, nonfinite_names
-from ..scaling.shared import group_for
-from .master_weights import MasterWeights
+from ..scaling import LossScaleGroup, flatten_losses, scale_losses
 
-__all__ = ['Stage', 'Step', 'StepOwnerMixin', 'apply_update', 'param_grads']
+__all__ = ['Stage', 'Step', 'DeviceUpdate', 'device_update', 'param_grads', 'all_finite',
+           'nonfinite_names', 'MAX_FINITE_ARRAYS']
+
+#: ``mx.nd.multi_all_finite`` takes at most 200 arrays per call (MultiAllFiniteKernelParam::N
+#: in MXNet's src/operator/contrib/all_finite-inl.h), of one dtype, and has no bfloat16 kernel.
+MAX_FINITE_ARRAYS = 200
+_FINITE_DTYPES = ('float16', 'float32', 'float64')
 
 
-class Stage(enum.Enum):
-    """Where a step is between two updates (as ``OptState`` in ``torch/amp/grad_scaler.py``).
+def all_finite(per_device_grads):
+    """Whether every gradient is free of inf and NaN: one check over all devices.
 
-    * ``READY``: the gradients (if any) are scaled by the loss scale; the update divides by it;
-    * ``UNSCALED``: :meth:`Step.unscale` divided them already; the update leaves the scale out
-      of ``rescale_grad``, and a second ``unscale`` is an error.
+    ``per_device_grads`` (list of list of NDArray): per device, the gradients about to be
+    applied, any float dtype or sparse (integer ones are ignored). Returns False if any element
+    is inf or NaN; one host synchronisation.
     """
-    READY = 'ready'
-    UNSCALED = 'unscaled'
+    flags = []
+    for grads in per_device_grads:
+        if not grads:
+            continue
+        groups = {}
+        for g in grads:
+            if g.stype == 'row_sparse':
+                g = g.data
+            name = dtype_name(g.dtype)
+            if name not in _FINITE_DTYPES:
+                if name == 'bfloat16':
+                    g, name = nd.amp_cast(g, dtype='float32'), 'float32'
+                else:
+                    continue   # integer gradients cannot overflow to inf/NaN
+            groups.setdefault(name, []).append(g)
+        flag = nd.ones((1,), ctx=grads[0].context, dtype='float32')
+        for arrays in groups.values():
+            for start in range(0, len(arrays), MAX_FINITE_ARRAYS):
+                chunk = arrays[start:start + MAX_FINITE_ARRAYS]
+                nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False,
+                                    out=flag)
+        flags.append(flag)
+    if not flags:
+        return True
+    if len(flags) > 1:
+        ctx = flags[0].context
+        flags = [nd.min(nd.concat(*[f.as_in_context(ctx) for f in flags], dim=0))]
+    return bool(flags[0].asscalar() > 0)
+
+
+def nonfinite_names(calls, name_of):
+    """Sorted names (``name_of(optimizer index)``) of the parameters whose gradient holds
+    inf/NaN on some device of ``calls`` (as for :meth:`Step.apply`); one sync per gradient."""
+    names = set()
+    for _, update in calls:
+        for index, grad in zip(update.indices, update.grads):
+            if not all_finite([[grad]]):
+                names.add(str(name_of(index)))
+    return sorted(names)
 
 
 def param_grads(params):
-    """The gradient arrays of every device of the Parameters that have one (a generator).
-
-    Args:
-        params (iterable of gluon.Parameter): Parameters with ``grad_req == 'null'`` or no
-            gradient arrays yet are left out.
-    """
+    """The gradient arrays on every device of the Parameters that have one (a generator)."""
     for param in params:
         if param.grad_req != 'null' and param._grad is not None:
             yield from param.list_grad()
+
+
+DeviceUpdate = collections.namedtuple('DeviceUpdate', ['indices', 'grads', 'weights',
+                                                       'writebacks'])
+DeviceUpdate.__doc__ = """The optimizer call of one device: ``updater(indices, grads, weights)``,
+then ``amp_cast(master, out=weight)`` for every ``(master, weight)`` pair of ``writebacks``."""
+
+
+def device_update(entries):
+    """One device's :class:`DeviceUpdate` from ``(index, weight, grad, master)`` entries: a
+    weight with a float32 master (None: updated in place) is updated through it, with its
+    gradient cast to float32, and rewritten from it afterwards."""
+    indices, grads, weights, writebacks = [], [], [], []
+    for index, weight, grad, master in entries:
+        indices.append(index)
+        if master is None:
+            grads.append(grad)
+            weights.append(weight)
+        else:
+            grads.append(grad if dtype_name(grad.dtype) == 'float32'
+                         else nd.amp_cast(grad, dtype='float32'))
+            weights.append(master)
+            writebacks.append((master, weight))
+    return DeviceUpdate(indices, grads, weights, writebacks)
+
+
+class Stage(enum.Enum):
+    """``READY``: the gradients are scaled and the update divides by the scale; ``UNSCALED``:
+    :meth:`Step.unscale` divided them already (as ``OptState`` in torch's grad_scaler.py)."""
+    READY = 'ready'
+    UNSCALED = 'unscaled'
 
 
 class Step:
     """The state of one training loop between updates, and the update itself.
 
     Args:
-        scaler (mxmp.LossScaler): the starting loss scaler.
-        owner (object or None): the wrapper this step belongs to (a Trainer), which joins the
-            scale group (:mod:`mxmp._src.scaling.shared`) and is named in its errors; held through
-            a weak reference. None: the Step itself.
-        shared (bool): ``scaler`` is the object the user passed and is shared with every other
-            owner given the same object (one loss scale updated once per iteration).
+        scaler (mxmp.LossScaler or mxmp._src.scaling.LossScaleGroup): the starting scaler
+            (this Step's alone) or a group shared with other owners.
+        owner (object or None): the group's member (the Trainer; held weakly); None: the Step.
 
-    Attributes:
-        masters (MasterWeights): float32 master weights, by the owner's key.
-        skipped_steps (int): steps skipped because a gradient was inf/NaN.
-        stage (Stage): READY or UNSCALED.
-        losses (list of NDArray): this step's losses, from :meth:`scale_loss`.
-        group (mxmp._src.scaling.shared.ScaleGroup): the (possibly shared) current scaler.
+    Attributes: ``group`` (LossScaleGroup), ``skipped_steps`` (int), ``stage`` (Stage),
+    ``losses`` (list of NDArray: this step's, from :meth:`scale_loss`).
     """
 
-    def __init__(self, scaler, owner=None, shared=False):
-        self._owner = None if owner is None else weakref.ref(owner)
-        self.group = group_for(scaler, self if owner is None else owner, shared)
-        self.masters = MasterWeights()
+    def __init__(self, scaler, owner=None):
+        self.group = scaler if isinstance(scaler, LossScaleGroup) else LossScaleGroup(scaler)
+        self._owner = None if owner is None else weakref.ref(owner)   # no reference cycle
+        self.group.join(self.owner)
         self.skipped_steps = 0
         self.stage = Stage.READY
         self.losses = []
 
     @property
     def owner(self):
-        """The owner given at construction (or this Step)."""
+        """The group member this Step stands for: the owner given, or the Step itself."""
         return self if self._owner is None else self._owner()
 
     @property
@@ -102,30 +145,18 @@ class Step:
         self.group.current = value
 
     def scale_loss(self, loss):
-        """The loss times the loss scale (``loss`` itself when scaling is disabled).
-
-        Args:
-            loss (NDArray, or lists/tuples of NDArrays nested to any depth).
-
-        Returns:
-            the same nesting of new NDArrays; the flat losses are kept in :attr:`losses`.
-
-        Raises:
-            TypeError: an element is not an NDArray (the message says which).
-        """
+        """The loss (an NDArray or lists/tuples nesting them) times the loss scale, with the
+        same nesting; ``loss`` itself when scaling is disabled. Keeps the flat losses in
+        :attr:`losses`. TypeError naming an element that is not an NDArray."""
         scaler = self.scaler
         if not scaler.enabled:
             return loss
-        scale = float(scaler.scale)
         self.losses = flatten_losses(loss)
-        return scale_losses(loss, scale)
+        return scale_losses(loss, float(scaler.scale))
 
     def unscale(self, grads):
-        """Divide ``grads`` (NDArrays, e.g. :func:`param_grads`) by the loss scale, in place.
-
-        A no-op when scaling is disabled. Gradients are divided in their own dtype (float16
-        values below 2**-24 after division flush to zero); inf/NaN stay and :meth:`check`
-        still sees them. Cost: one division per array, no host sync.
+        """Divide ``grads`` (NDArrays) by the loss scale in place, in their own dtype; a no-op
+        when scaling is disabled; inf/NaN stay for :meth:`check`.
 
         Raises:
             RuntimeError: the gradients were unscaled already in this step.
@@ -144,8 +175,7 @@ class Step:
         self.stage = Stage.UNSCALED
 
     def check_can_step(self):
-        """Raise RuntimeError if the owner already stepped in this iteration of a shared
-        scale (:meth:`mxmp._src.scaling.shared.ScaleGroup.check_can_step`)."""
+        """RuntimeError if the owner already stepped in this iteration of a shared scale."""
         self.group.check_can_step(self.owner)
 
     def check(self, per_device_grads):
@@ -154,8 +184,8 @@ class Step:
         return not self.scaler.dynamic or all_finite(per_device_grads)
 
     def end(self, finite):
-        """Close the step: adjust the scaler (once per iteration of its group), count a skip,
-        and go back to :attr:`Stage.READY`. ``finite`` (bool): the result of :meth:`check`."""
+        """Close the step: the group adjusts the scaler (once per iteration), a skip counts,
+        and the stage is READY again. ``finite`` (bool): the result of :meth:`check`."""
         self.group.stepped(self.owner, finite)
         if not finite:
             self.skipped_steps += 1
@@ -166,36 +196,24 @@ class Step:
         """Check for overflow, then run the optimizer on every device, or skip the step.
 
         Args:
-            calls (list of (updater, DeviceUpdate)): one per device (an updater may repeat:
-                the Module uses one updater with per-device indices); see
-                :func:`mxmp._src.training.master_weights.device_update`.
-            optimizer (mx.optimizer.Optimizer): the optimizer the updaters run; its
-                ``rescale_grad`` is set here.
-            rescale_grad (float): the factor without the loss scale (``1/batch_size`` times
-                the user's own factor).
-            name_of (callable or None): optimizer index -> parameter name, for the message of
-                :class:`LossScaleAtFloorError` (default: the index itself).
-            forward_finite (callable or None): ``forward_finite() -> bool``, whether the loss
-                (or the outputs) of this step were finite; called only on an overflow (it may
-                synchronise with the host). Default: the losses of :meth:`scale_loss`.
+            calls (list of (updater, DeviceUpdate)): one per device (an updater may repeat).
+            optimizer (mx.optimizer.Optimizer): its ``rescale_grad`` is set to
+                ``rescale_grad / loss_scale`` (without the scale if disabled or UNSCALED).
+            rescale_grad (float): the factor without the loss scale.
+            name_of (callable or None): optimizer index -> parameter name, for errors.
+            forward_finite (callable or None): ``() -> bool``, whether the forward pass was
+                finite; called only on an overflow. Default: the losses of :meth:`scale_loss`.
 
         Returns:
-            bool: False if the step was skipped because a gradient was inf/NaN (only checked
-            with a dynamic scaler).
+            bool: False if the step was skipped because a gradient was inf/NaN.
 
         Raises:
-            LossScaleAtFloorError: the step overflowed and the scaler has now seen
-                ``max_overflows_at_floor`` consecutive overflows at its ``min_scale``
-                (:attr:`mxmp.DynamicLossScaler.stuck_at_floor`); nothing was updated, and the
-                scaler and ``skipped_steps`` are left as they were.
+            LossScaleAtFloorError: the step overflowed with the scale stuck at its floor
+                (:attr:`mxmp.DynamicLossScaler.stuck_at_floor`); nothing was updated, the
+                scaler and ``skipped_steps`` are unchanged and the stage is READY again.
 
         Warns:
             NonFiniteForwardWarning: the step was skipped and ``forward_finite()`` is False.
-
-        On a step: ``optimizer.rescale_grad = rescale_grad / loss_scale`` (``rescale_grad``
-        alone if scaling is disabled or :attr:`Stage.UNSCALED`), then every updater call, then
-        the write-backs of low-precision weights from their masters. On a skip nothing of the
-        model, the masters or the optimizer (states, update counts, ``rescale_grad``) changes.
         """
         losses, self.losses = self.losses, []
         if forward_finite is None and losses:
@@ -211,6 +229,7 @@ class Step:
                     'lower loss scale will not fix it; check the batch (inputs, labels), the '
                     'learning rate, and log/exp/division/sqrt in the model'), stacklevel=3)
             if getattr(new, 'stuck_at_floor', False):
+                self.stage = Stage.READY
                 names = nonfinite_names(calls, name_of or (lambda i: i))
                 raise LossScaleAtFloorError(
                     'the loss scale has been at its floor (min_scale=%g) for %d consecutive '
@@ -237,44 +256,3 @@ class Step:
                     nd.amp_cast(master, dtype=weight.dtype, out=weight)
         self.end(True)
         return True
-
-
-class StepOwnerMixin:
-    """``loss_scaler``, ``loss_scale`` and ``skipped_steps`` of a wrapper whose :class:`Step` is
-    ``self._step`` (:class:`mxmp.Trainer`; :class:`mxmp.Module` may use it too)."""
-
-    @property
-    def loss_scaler(self):
-        """mxmp.LossScaler: the current loss scaler (a new value after every step; shared with
-        the other owners given the same scaler object, see :mod:`mxmp._src.scaling.shared`)."""
-        return self._step.scaler
-
-    @property
-    def loss_scale(self) -> float:
-        """float: the current loss scale ``S`` (1.0 when scaling is disabled)."""
-        return float(self._step.scaler.scale)
-
-    @property
-    def skipped_steps(self) -> int:
-        """int: number of steps skipped because a gradient was inf/NaN."""
-        return self._step.skipped_steps
-
-
-def apply_update(calls, optimizer, scaler, rescale_grad, unscaled=False, name_of=None,
-                 forward_finite=None):
-    """:meth:`Step.apply` for a caller that keeps the scaler itself (the former API).
-
-    Args:
-        scaler (mxmp.LossScaler): the current loss scaler.
-        unscaled (bool): the gradients were already divided by the loss scale.
-        Others as :meth:`Step.apply` (same errors and warnings).
-
-    Returns:
-        tuple (applied, scaler): whether the step was applied, and the scaler for the next
-        step (``scaler.adjust(applied)``).
-    """
-    step = Step(scaler)
-    if unscaled:
-        step.stage = Stage.UNSCALED
-    applied = step.apply(calls, optimizer, rescale_grad, name_of, forward_finite)
-    return applied, step.scaler

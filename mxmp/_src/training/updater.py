@@ -1,33 +1,6 @@
-"""The optimizer's updater of mxmp's Trainer and Module: SGD on a CPU updates one array per call.
-
-``mx.optimizer.SGD`` updates dense weights with MXNet's aggregated kernels
-(``multi_sgd_mom_update``, ``multi_sgd_update``), ``MXNET_OPTIMIZER_AGGREGATION_SIZE`` (default
-4) weights per call. On a CPU the aggregated kernel's time grows with the number of weights in a
-call times the largest of them, so the same kernel called with one weight at a time is faster,
-with the same numbers. Measured on MXNet 1.9.1 (AMD EPYC Zen 4) with ``OMP_NUM_THREADS=T python -m
-benchmarks.optimizer_update`` (ResNet-50's 193 float32 weight arrays, 25.6 M values; median of
-5 calls per variant; three runs at T=1, one at T=2):
-
-* ``multi_sgd_mom_update``, 4 weights per call (MXNet's default): 162.1 / 93.6 / 132.2 ms at
-  T=1, 130.0 at T=2;
-* ``multi_sgd_mom_update``, 1 weight per call (this updater): 61.3 / 65.0 / 63.3 ms, 83.1;
-  bit-identical to the default in every run;
-* ``sgd_mom_update``, one weight per call: 59.2 / 35.5 / 37.8 ms, 54.6. Faster still, but not
-  used: it reads ``lr`` and ``wd`` as scalar parameters through a float parser that is not
-  correctly rounded and lands one float32 ulp away for some values (the script counts 175 of
-  2,000 random learning rates in [1e-6, 1], and 0 for the aggregated kernel's ``lrs``; 0.1,
-  0.01 and 1e-4 parse exactly); with the script's learning rate its results differ from the
-  default's in every run.
-
-:class:`Updater` is ``mx.optimizer.Updater`` that, for an ``mx.optimizer.SGD`` (exactly that
-class: a subclass may change the update) whose weights and gradients are dense float32 arrays on
-a CPU, does what MXNet's Updater and ``SGD._update_impl`` do (states created on first use, the
-update counted for each chunk of ``aggregate_num`` weights before that chunk's learning rates
-are read, so schedulers and stale parameters see the same step, ``lr_mult``/``wd_mult``,
-``rescale_grad``, ``momentum``, ``clip_gradient``), and then calls the aggregated kernel once per
-weight. Every other case (GPUs, other optimizers, float16 weights with ``multi_precision``,
-sparse arrays) goes to ``mx.optimizer.Updater`` unchanged. Its states, ``get_states`` and
-``set_states`` are the base class's, so state files load either way.
+"""The optimizer's updater of mxmp's Trainer and Module: ``mx.optimizer.SGD`` on dense float32
+CPU arrays calls MXNet's aggregated kernel once per weight (the same numbers, faster on a CPU;
+measurements in docs/training.md); every other case is ``mx.optimizer.Updater`` unchanged.
 """
 import numpy as np
 import mxnet as mx
@@ -53,16 +26,9 @@ def runs_single_array(optimizer, weights, grads):
 
 
 class Updater(mx.optimizer.Updater):
-    """``mx.optimizer.Updater`` whose SGD updates on a CPU run one weight per kernel call.
-
-    Args:
-        optimizer (mx.optimizer.Optimizer): any optimizer; only ``mx.optimizer.SGD`` on dense
-            float32 CPU arrays takes the one-weight path (:func:`runs_single_array`).
-
-    Called as the base class: ``updater(index, grad, weight)`` with an index and two NDArrays, or
-    three lists. The weights, momenta, update counts and learning rates are bit-identical to
-    MXNet's Updater (tests/test_updater.py).
-    """
+    """``mx.optimizer.Updater`` whose SGD updates on a CPU run one weight per kernel call
+    (:func:`runs_single_array`), bit-identical to MXNet's: weights, states, update counts and
+    learning rates. Called as the base class, with an index or lists; same states format."""
 
     def __call__(self, index, grad, weight):
         if isinstance(index, (list, tuple)):

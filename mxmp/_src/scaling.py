@@ -1,0 +1,370 @@
+"""Loss scaling (Micikevicius et al., "Mixed Precision Training", ICLR 2018, section 3.2): the
+loss scalers (frozen values: :meth:`LossScaler.adjust` returns a new one), the
+:class:`LossScaleGroup` that holds the current scaler of one or more Trainers, and the
+multiplication of (nested) losses. Reasons and sources: docs/training.md.
+"""
+import dataclasses
+import math
+import weakref
+from typing import Optional
+
+from mxnet import nd
+
+from .dtypes import normalize_dtype
+
+__all__ = ['LossScaler', 'NoOpLossScaler', 'StaticLossScaler', 'DynamicLossScaler',
+           'make_loss_scaler', 'from_state_dict', 'DEFAULT_STATIC_SCALE', 'LossScaleGroup',
+           'scale_losses', 'flatten_losses']
+
+#: The scale of ``make_loss_scaler('static', ...)``: 2**16, the dynamic scaler's start value.
+DEFAULT_STATIC_SCALE = 2.0 ** 16
+
+
+def _positive_finite(name, value):
+    """Return ``value`` as a float; ValueError naming ``name`` unless it is finite and > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError('%s must be a positive finite number, got %r' % (name, value))
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError('%s must be a positive finite number, got %r' % (name, value))
+    return value
+
+
+def _integer(value, low, high=None):
+    """Whether ``value`` is an int (not a bool) in ``[low, high)``."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= low and \
+        (high is None or value < high)
+
+
+def _require(condition, message, *args):
+    """ValueError(``message % args``) unless ``condition``."""
+    if not condition:
+        raise ValueError(message % args)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossScaler:
+    """Common base of the loss scalers (an immutable value; TypeError if instantiated): every
+    one has ``scale`` (float), ``enabled``, ``dynamic`` (the owner checks gradients on every
+    step) and the pure ``adjust``, ``state_dict`` and ``load_state_dict``."""
+
+    _CONFIG_FIELDS = ()     # configuration fields, checked on load
+    _STATE_FIELDS = ()      # running state, restored on load
+    _OPTIONAL_FIELDS = {}   # fields a saved state may miss -> value assumed
+
+    def __post_init__(self):
+        if type(self) is LossScaler:  # pylint: disable=unidiomatic-typecheck
+            raise TypeError('LossScaler is the abstract base; use NoOpLossScaler, '
+                            'StaticLossScaler or DynamicLossScaler (or make_loss_scaler)')
+
+    @property
+    def enabled(self) -> bool:
+        """bool: whether the loss is scaled at all (False only for NoOpLossScaler)."""
+        return True
+
+    @property
+    def dynamic(self) -> bool:
+        """bool: whether the scale changes with overflow (only DynamicLossScaler)."""
+        return False
+
+    def adjust(self, finite: bool) -> 'LossScaler':
+        """The scaler for the next step given whether this step's gradients were all finite
+        (``finite``, bool); ``self`` for the static and no-op scalers."""
+        del finite
+        return self
+
+    def state_dict(self) -> dict:
+        """Return the scaler as a JSON-serialisable dict: ``{'class': name, <field>: value}``."""
+        d = {'class': type(self).__name__}
+        for name in self._CONFIG_FIELDS + self._STATE_FIELDS:
+            d[name] = getattr(self, name)
+        return d
+
+    def load_state_dict(self, state: dict) -> 'LossScaler':
+        """A new scaler with this configuration and the running state in ``state`` (dict, from
+        :meth:`state_dict` of a scaler of the same class and configuration).
+
+        ValueError if ``state`` is not a dict, is of another class or configuration (the
+        field is named), misses a key or holds an invalid state.
+        """
+        if not isinstance(state, dict):
+            raise ValueError('loss scaler state must be a dict, got %s' % type(state).__name__)
+        cls = state.get('class')
+        if cls != type(self).__name__:
+            raise ValueError('loss scaler state is for %r but this scaler is %r; create the '
+                             'Trainer with the same loss_scaler as the run that saved it'
+                             % (cls, type(self).__name__))
+        state = dict(self._OPTIONAL_FIELDS, **state)
+        for name in self._CONFIG_FIELDS + self._STATE_FIELDS:
+            if name not in state:
+                raise ValueError('loss scaler state for %s misses the key %r'
+                                 % (type(self).__name__, name))
+        for name in self._CONFIG_FIELDS:
+            mine, theirs = getattr(self, name), state[name]
+            if isinstance(theirs, bool) or not isinstance(theirs, (int, float)) or \
+                    float(theirs) != float(mine):
+                raise ValueError('loss scaler configuration mismatch: %s is %r in the saved '
+                                 'state but %r in this %s' % (name, theirs, mine,
+                                                              type(self).__name__))
+        if not self._STATE_FIELDS:
+            return self
+        try:
+            return dataclasses.replace(self, **{n: state[n] for n in self._STATE_FIELDS})
+        except (TypeError, ValueError) as err:
+            raise ValueError('invalid loss scaler state %r: %s' % (state, err)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOpLossScaler(LossScaler):
+    """No loss scaling: ``scale`` is 1.0, ``enabled`` is False (as ``GradScaler(enabled=False)``):
+    no multiply, no overflow check, no skipped step. The default for bfloat16 and float32."""
+
+    scale: float = dataclasses.field(default=1.0, init=False)
+
+    @property
+    def enabled(self) -> bool:
+        """bool: always False."""
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticLossScaler(LossScaler):
+    """A constant loss scale ``scale`` (float, finite and > 0, else ValueError; powers of two
+    unscale exactly); gradients are not checked for overflow."""
+
+    scale: float = DEFAULT_STATIC_SCALE
+    _CONFIG_FIELDS = ('scale',)
+
+    def __post_init__(self):
+        object.__setattr__(self, 'scale', _positive_finite('scale', self.scale))
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicLossScaler(LossScaler):
+    """Dynamic loss scaling: back off on overflow, grow after a run of finite steps.
+
+    Args:
+        init_scale (float): first loss scale, in ``[min_scale, max_scale]``; default 2**16.
+        growth_factor (float): factor after ``growth_interval`` finite steps, > 1; default 2.
+        backoff_factor (float): factor on overflow, in (0, 1); default 0.5.
+        growth_interval (int): consecutive finite steps before growing, >= 1; default 2000.
+        min_scale (float): floor of the scale, > 0; default 1.
+        max_scale (float): cap of the scale, >= min_scale; default 2**24 (contrib.amp's cap).
+        max_overflows_at_floor (int): consecutive overflows at ``min_scale`` after which the
+            owner raises :class:`mxmp.LossScaleAtFloorError`, >= 0; 0 never raises (torch's
+            behaviour); default 10.
+        scale (float or None): current scale (state); None means ``init_scale``.
+        counter (int): finite steps since the scale last changed (state), in
+            ``[0, growth_interval)``; default 0.
+        overflows_at_floor (int): consecutive overflows with the scale already at
+            ``min_scale`` (state), >= 0; default 0; a finite step resets it.
+
+    Raises:
+        ValueError: an argument is out of range; the message names it.
+
+    Rule (:meth:`adjust`), as torch's GradScaler and ``mxnet.contrib.amp``: on overflow
+    ``scale = max(scale * backoff_factor, min_scale)``, ``counter = 0``; on a finite step
+    ``counter += 1`` and at ``growth_interval``: ``scale = min(scale * growth_factor,
+    max_scale)``, ``counter = 0``.
+    """
+
+    init_scale: float = 2.0 ** 16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    min_scale: float = 1.0
+    max_scale: float = 2.0 ** 24
+    max_overflows_at_floor: int = 10
+    scale: Optional[float] = None
+    counter: int = 0
+    overflows_at_floor: int = 0
+
+    _CONFIG_FIELDS = ('init_scale', 'growth_factor', 'backoff_factor', 'growth_interval',
+                      'min_scale', 'max_scale', 'max_overflows_at_floor')
+    _STATE_FIELDS = ('scale', 'counter', 'overflows_at_floor')
+    _OPTIONAL_FIELDS = {'max_overflows_at_floor': 10, 'overflows_at_floor': 0}
+
+    def __post_init__(self):
+        setf = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        for name in ('init_scale', 'growth_factor', 'backoff_factor', 'min_scale', 'max_scale'):
+            setf(name, _positive_finite(name, getattr(self, name)))
+        _require(self.growth_factor > 1, 'growth_factor must be > 1, got %r', self.growth_factor)
+        _require(self.backoff_factor < 1, 'backoff_factor must be in (0, 1), got %r',
+                 self.backoff_factor)
+        _require(_integer(self.growth_interval, 1),
+                 'growth_interval must be an integer >= 1, got %r', self.growth_interval)
+        _require(self.max_scale >= self.min_scale, 'max_scale (%r) must be >= min_scale (%r)',
+                 self.max_scale, self.min_scale)
+        setf('scale', _positive_finite('scale', self.init_scale if self.scale is None
+                                       else self.scale))
+        for name in ('init_scale', 'scale'):
+            _require(self.min_scale <= getattr(self, name) <= self.max_scale,
+                     '%s (%r) must lie in [min_scale, max_scale] = [%r, %r]', name,
+                     getattr(self, name), self.min_scale, self.max_scale)
+        _require(_integer(self.counter, 0, self.growth_interval), 'counter must be an integer '
+                 'in [0, growth_interval=%d), got %r', self.growth_interval, self.counter)
+        for name in ('max_overflows_at_floor', 'overflows_at_floor'):
+            _require(_integer(getattr(self, name), 0), '%s must be an integer >= 0, got %r',
+                     name, getattr(self, name))
+
+    @property
+    def dynamic(self) -> bool:
+        """bool: always True."""
+        return True
+
+    def adjust(self, finite: bool) -> 'DynamicLossScaler':
+        """A new scaler with ``scale``, ``counter`` and ``overflows_at_floor`` updated by the
+        rule of the class docstring (``finite``: every gradient of the step was finite)."""
+        if not finite:
+            at_floor = self.overflows_at_floor + 1 if self.scale <= self.min_scale else 0
+            return dataclasses.replace(
+                self, scale=max(self.scale * self.backoff_factor, self.min_scale), counter=0,
+                overflows_at_floor=at_floor)
+        counter = self.counter + 1
+        if counter >= self.growth_interval:
+            return dataclasses.replace(
+                self, scale=min(self.scale * self.growth_factor, self.max_scale), counter=0,
+                overflows_at_floor=0)
+        return dataclasses.replace(self, counter=counter, overflows_at_floor=0)
+
+    @property
+    def stuck_at_floor(self) -> bool:
+        """bool: ``overflows_at_floor`` reached ``max_overflows_at_floor`` (never if it is 0)."""
+        return 0 < self.max_overflows_at_floor <= self.overflows_at_floor
+
+
+_SPECS = ("None/'auto' (dynamic for float16, none for bfloat16/float32), 'dynamic', "
+          "'static', 'none'/False, a positive number (static scale) or a LossScaler instance")
+
+
+def make_loss_scaler(spec, target_dtype) -> LossScaler:
+    """Build a loss scaler from a short specification.
+
+    Args:
+        spec: None or ``'auto'`` (:class:`DynamicLossScaler` for float16,
+            :class:`NoOpLossScaler` for bfloat16 and float32, whose exponent ranges agree);
+            ``'dynamic'``/True; ``'static'`` (``StaticLossScaler(DEFAULT_STATIC_SCALE)``);
+            ``'none'``/False; a positive finite number (static scale); a :class:`LossScaler`
+            (returned unchanged). Strings are case-insensitive.
+        target_dtype: ``'float16'``, ``'bfloat16'`` or ``'float32'`` (or numpy / contrib.amp
+            dtype objects); decides what None/``'auto'`` means.
+
+    Raises:
+        ValueError: unknown ``spec`` (the message lists the accepted ones) or ``target_dtype``.
+    """
+    dtype = normalize_dtype(target_dtype, allow_float32=True)
+    if isinstance(spec, LossScaler):
+        return spec
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        try:
+            return StaticLossScaler(float(spec))
+        except ValueError:
+            raise ValueError('a numeric loss_scaler must be a positive finite number (the '
+                             'static loss scale), got %r' % (spec,)) from None
+    key = {None: 'auto', True: 'dynamic', False: 'none'}[spec] if spec is None or \
+        isinstance(spec, bool) else spec.lower() if isinstance(spec, str) else None
+    if key == 'auto':
+        key = 'dynamic' if dtype == 'float16' else 'none'
+    made = {'dynamic': DynamicLossScaler, 'static': StaticLossScaler,
+            'none': NoOpLossScaler}.get(key)
+    if made is not None:
+        return made()
+    raise ValueError('unknown loss_scaler %r; accepted: %s' % (spec, _SPECS))
+
+
+_CLASSES = {c.__name__: c for c in (NoOpLossScaler, StaticLossScaler, DynamicLossScaler)}
+
+
+def from_state_dict(state) -> LossScaler:
+    """The scaler (class, configuration, running state) a :meth:`LossScaler.state_dict` came from.
+
+    Raises:
+        ValueError: ``state`` is not a dict naming one of the three scaler classes
+            (``'unknown loss scaler state ...'``), or its fields are invalid (``'invalid loss
+            scaler state: ...'``, the scaler's own message follows).
+    """
+    if not isinstance(state, dict) or state.get('class') not in _CLASSES:
+        raise ValueError('unknown loss scaler state %r' % (state,))
+    cls = _CLASSES[state['class']]
+    try:
+        return cls(**{k: state[k] for k in cls._CONFIG_FIELDS + cls._STATE_FIELDS if k in state})
+    except (TypeError, ValueError) as err:
+        raise ValueError('invalid loss scaler state: %s' % err) from None
+
+
+class LossScaleGroup:
+    """One loss scale shared by the Trainers given it as ``loss_scaler``, as one torch
+    ``GradScaler`` used by several optimizers: each member skips only its own update on
+    overflow; :attr:`current` (LossScaler) changes once every live member has stepped since the
+    last change (``adjust(False)`` if any overflowed); a member stepping twice first raises
+    RuntimeError. ``scaler`` (LossScaler): the starting scaler; TypeError otherwise.
+    """
+
+    def __init__(self, scaler):
+        if not isinstance(scaler, LossScaler):
+            raise TypeError('LossScaleGroup takes a LossScaler, got %r' % (scaler,))
+        self.current = scaler
+        self._members = weakref.WeakSet()   # the members, held weakly
+        self._stepped = weakref.WeakSet()   # members that stepped in this iteration
+        self._finite = True                 # no member overflowed in this iteration
+
+    def join(self, member):
+        """Add ``member`` (held through a weak reference); returns the group."""
+        self._members.add(member)
+        return self
+
+    def check_can_step(self, member):
+        """Raise RuntimeError if ``member`` already stepped in this iteration of the group."""
+        if member not in self._stepped:
+            return
+        waiting = [m for m in self._members if m not in self._stepped]
+        raise RuntimeError(
+            'this Trainer shares its loss scale with %d other Trainer(s) and has already '
+            'stepped in this iteration, while %d of them have not (%s). The shared scale '
+            'changes once per iteration, after every member of the LossScaleGroup has stepped '
+            'once (as torch: scaler.step(opt) for each optimizer, then one scaler.update()). '
+            'Step every Trainer once per iteration, or give Trainers that step at different '
+            'rates their own loss scaler objects instead of one group.'
+            % (len(self._members) - 1, len(waiting), ', '.join(_describe(m) for m in waiting)))
+
+    def stepped(self, member, finite):
+        """Record that ``member`` stepped (``finite``: its gradients had no inf/NaN); adjust
+        :attr:`current` once every member has. Returns whether the scale was adjusted."""
+        self._stepped.add(member)
+        self._finite = self._finite and bool(finite)
+        if any(m not in self._stepped for m in self._members):
+            return False
+        self.current = self.current.adjust(self._finite)
+        self._stepped, self._finite = weakref.WeakSet(), True
+        return True
+
+
+def _describe(member):
+    params = getattr(member, '_params', None) or []
+    first = params[0].name if params else 'no parameters'
+    return 'Trainer of %d parameter(s) starting with %s' % (len(params), first)
+
+
+def _walk(loss, leaf, path='loss'):
+    """Apply ``leaf`` to every NDArray of a (nested) list/tuple, keeping the nesting."""
+    if isinstance(loss, (list, tuple)):
+        return type(loss)(_walk(x, leaf, '%s[%d]' % (path, i)) for i, x in enumerate(loss))
+    if not isinstance(loss, nd.NDArray):
+        raise TypeError('scale_loss takes an NDArray or (nested) lists/tuples of NDArrays; %s '
+                        'is a %s. Compute the loss with MXNet operators (or wrap a number with '
+                        'mx.nd.array) inside autograd.record().' % (path, type(loss).__name__))
+    return leaf(loss)
+
+
+def scale_losses(loss, scale):
+    """``loss * scale`` (new NDArrays) for an NDArray or lists/tuples nesting them, with the
+    same nesting. TypeError naming the position of an element that is not an NDArray."""
+    return _walk(loss, lambda x: x * scale)
+
+
+def flatten_losses(loss):
+    """The NDArrays of a (nested) list/tuple of losses as one flat list, in order (TypeError
+    as :func:`scale_losses`)."""
+    out = []
+    _walk(loss, out.append)
+    return out

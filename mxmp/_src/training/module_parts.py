@@ -1,0 +1,188 @@
+"""The parts :class:`mxmp.Module` owns: the loss-scale input of its executors, the float32
+master weights of its low-precision parameters, its kvstore (which only reduces gradients), and
+the resolution of its precision arguments.
+"""
+import dataclasses
+import logging
+
+from mxnet import nd
+
+from ..device import lp_kernels_available
+from ..distributed import broadcast_from_root
+from ..dtypes import is_low_precision, normalize_dtype
+from ..graph.loss_heads import LOSS_SCALE_NAME
+from ..policy.policy import Policy
+from .master_weights import MasterWeights
+from .step import device_update
+from .trainer import policy_dtype
+
+__all__ = ['LossScaleInput', 'ModuleMasters', 'start_kvstore', 'reduced_updates',
+           'resolve_policy']
+
+
+class LossScaleInput:
+    """The input :data:`~mxmp._src.graph.loss_heads.LOSS_SCALE_NAME` (shape ``(1,)``, float32)
+    that :func:`~mxmp._src.graph.loss_heads.insert_loss_scale` gives the bound graph: the loss
+    scale, multiplied into the gradient of every loss op, kept current without rebinding.
+
+    Args:
+        nodes (int): the number of loss-scale nodes of the bound graph (0: no input).
+    """
+
+    def __init__(self, nodes):
+        self.nodes = nodes
+        self._written = None   # (arrays written, value) of the last write
+
+    def write(self, exec_group, scale, force=False):
+        """Write ``scale`` (float) into the input of every executor of ``exec_group`` (None:
+        not bound) if it or the executors changed since the last write, or with ``force``."""
+        if not self.nodes or exec_group is None:
+            return
+        arrays = [e.arg_dict[LOSS_SCALE_NAME] for e in exec_group.execs]
+        if self._written is not None and not force:
+            old_arrays, old_scale = self._written
+            if old_scale == scale and len(old_arrays) == len(arrays) and \
+                    all(a is b for a, b in zip(old_arrays, arrays)):
+                return
+        for arr in arrays:
+            arr[:] = scale
+        self._written = (arrays, scale)
+
+
+class ModuleMasters(MasterWeights):
+    """float32 master weights of a Module's parameters stored in low precision, by name.
+
+    Args:
+        lp_names (frozenset of str): the parameters stored in the target dtype
+            (``cast_params``); empty: no masters.
+    """
+
+    def __init__(self, lp_names):
+        super().__init__()
+        self.lp_names = lp_names
+
+    def of(self, name, exec_group):
+        """The masters (one float32 NDArray per context) of parameter ``name``."""
+        arrays = exec_group.param_arrays[exec_group.param_names.index(name)]
+        return self.get(name, arrays, track=False)
+
+    def written(self, values, exec_group):
+        """The device parameters were just written from ``values`` (dict name -> float32
+        array, or None): masters made again from them, so no precision is lost."""
+        if values is None:
+            return
+        for name in self.lp_names:
+            if name in values and name in exec_group.param_names:
+                self.set_pending(name, values[name])
+                self.of(name, exec_group)
+
+    def to_host(self, arg_params):
+        """Copy every master (first context) into ``arg_params`` (the host parameters)."""
+        for name in self.lp_names:
+            master = self.first_device(name)
+            if isinstance(master, nd.NDArray):
+                master.copyto(arg_params[name])
+
+
+def start_kvstore(kv, names, arg_params, compression_params):
+    """Give the kvstore ``kv`` the parameters ``names`` of ``arg_params`` (it only reduces
+    gradients); on a dist kvstore every worker's ``arg_params`` become worker 0's (the
+    root-rank broadcast, waited for before any gradient is pushed). Returns whether it did."""
+    if compression_params:
+        kv.set_gradient_compression(compression_params)
+    for name in names:
+        kv.init(name, arg_params[name])
+    if 'dist' not in kv.type:
+        return False
+    broadcast_from_root([(name, [arg_params[name]]) for name in names],
+                        lambda name, wire: kv.pull(name, out=wire))
+    return True
+
+
+def reduced_updates(exec_group, kv, masters, updater):
+    """The optimizer calls of one step, after the reduction of the gradients.
+
+    Args:
+        exec_group: the Module's executor group.
+        kv (KVStore or None): reduces the gradients across contexts and workers
+            (``pushpull``; ``push`` and ``pull`` for sparse ones); low-precision gradients are
+            cast to float32 first.
+        masters (ModuleMasters): low-precision weights are updated through them.
+        updater: the Module's updater; optimizer index ``i * num_contexts + k``.
+
+    Returns:
+        list of ``(updater, DeviceUpdate)``, one per context, for
+        :meth:`mxmp._src.training.step.Step.apply`.
+    """
+    ndev = len(exec_group.contexts)
+    per_ctx = [[] for _ in range(ndev)]
+    for i, (name, weights, grads) in enumerate(zip(exec_group.param_names,
+                                                   exec_group.param_arrays,
+                                                   exec_group.grad_arrays)):
+        if grads[0] is None:
+            continue
+        low = name in masters.lp_names and is_low_precision(weights[0].dtype)
+        if low:
+            grads = [nd.amp_cast(g, dtype='float32') for g in grads]
+        if kv:
+            if grads[0].stype == 'default' and weights[0].stype == 'default':
+                kv.pushpull(name, grads, priority=-i)
+            else:
+                kv.push(name, grads, priority=-i)
+                kv.pull(name, out=grads, priority=-i)
+        mine = masters.get(name, weights, track=False) if low else [None] * ndev
+        for k in range(ndev):
+            per_ctx[k].append((i * ndev + k, weights[k], grads[k], mine[k]))
+    return [(updater, device_update(entries)) for entries in per_ctx]
+
+
+def _field_default(name):
+    """The default of field ``name`` of :class:`mxmp.Policy` (None if it has no such field)."""
+    field = {f.name: f for f in dataclasses.fields(Policy)}.get(name)
+    return None if field is None else field.default
+
+
+def resolve_policy(target_dtype, policy, cast_params, emulate, contexts):
+    """``(target dtype, policy or None, cast_params)`` of a Module's arguments.
+
+    ``cast_params`` (None, True, False) and ``emulate`` ('auto', True, False) are shorthands
+    for the policy's ``param_dtype`` and ``emulate``; ``emulate='auto'`` emulates where a
+    context has no kernels for the target dtype (:func:`mxmp.lp_kernels_available`), with one
+    warning.
+
+    Raises:
+        TypeError: ``policy`` is not an mxmp.Policy.
+        ValueError: ``target_dtype``, ``cast_params`` or ``emulate`` contradict ``policy``.
+        RuntimeError: ``emulate`` is False and a context has no kernels for the target dtype.
+    """
+    if policy is None:
+        target = normalize_dtype('bfloat16' if target_dtype is None else target_dtype, True)
+        if target == 'float32':
+            return target, None, False
+        policy = Policy(target)
+    target = policy_dtype(policy, target_dtype)
+    param_dtype = getattr(policy, 'param_dtype', _field_default('param_dtype'))
+    if cast_params is not None and param_dtype != _field_default('param_dtype') and \
+            bool(cast_params) != (param_dtype == target):
+        raise ValueError('cast_params=%r contradicts the policy\'s param_dtype %r'
+                         % (cast_params, param_dtype))
+    cast = bool(cast_params) if cast_params is not None else param_dtype == target
+    own = policy.emulate if policy.emulate != _field_default('emulate') else 'auto'
+    if emulate != 'auto' and own != 'auto' and bool(emulate) != bool(own):
+        raise ValueError('emulate=%r contradicts the policy\'s emulate %r' % (emulate, own))
+    choice = own if emulate == 'auto' else emulate
+    missing = [ctx for ctx in contexts if not lp_kernels_available(target, ctx)]
+    if choice == 'auto':
+        choice = bool(missing)
+        if missing:
+            logging.getLogger('mxmp.module').warning(
+                'mxmp.Module: %s has no %s kernels; the Module emulates %s numerics with '
+                'float32 kernels (emulate=True)', missing[0], target, target)
+    elif missing and not choice:
+        raise RuntimeError(
+            '%s has no %s kernels (oneDNN needs AVX-512 for bfloat16; CPUs have no '
+            'float16 GEMM). Pass emulate=True to run the same numerics with '
+            'float32 kernels, or target_dtype="float32".' % (missing[0], target))
+    if policy.emulate != choice:
+        policy = policy.replace(emulate=bool(choice))
+    return target, policy, cast
