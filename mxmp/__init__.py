@@ -25,8 +25,8 @@ from ._src.graph.convert import convert_symbol  # noqa: E402
 from ._src.graph.explain import explain, format_explain  # noqa: E402
 from ._src.graph.strip import count_casts, remove_casts  # noqa: E402
 from ._src.policy.policy import Policy  # noqa: E402
-from ._src.scaling import (DynamicLossScaler, LossScaler, NoOpLossScaler,  # noqa: E402
-                                   StaticLossScaler, make_loss_scaler)
+from ._src.scaling import (DynamicLossScaler, LossScaleGroup, LossScaler,  # noqa: E402
+                           NoOpLossScaler, StaticLossScaler, make_loss_scaler)
 from ._src.training.trainer import Trainer  # noqa: E402
 
 __version__ = '0.1.0'
@@ -61,7 +61,8 @@ def __getattr__(name):
 __all__ = ['convert', 'converted_graph', 'convert_symbol', 'remove_casts', 'count_casts',
            'explain', 'format_explain', 'Policy', 'AmpListConflict', 'normalize_dtype',
            'lp_kernels_available', 'Trainer', 'LossScaler', 'DynamicLossScaler',
-           'StaticLossScaler', 'NoOpLossScaler', 'make_loss_scaler', 'LossScaleAtFloorError',
+           'StaticLossScaler', 'NoOpLossScaler', 'make_loss_scaler', 'LossScaleGroup',
+           'LossScaleAtFloorError',
            'NonFiniteForwardWarning', 'Module', 'BucketingModule', 'amp', 'diagnose',
            'NumericsReport', 'plot_run', 'check_kernels', 'KernelReport', 'load_kernel_report',
            'check_alignment', 'format_alignment', 'Misalignment', 'preload_cuda_libraries',
