@@ -12,14 +12,10 @@ BatchNorm: results differ from the unfused graph (and from emulation, which is b
 the unfused real kernels) by bfloat16-sized amounts. Only the unfused graph is bit-identical to
 emulation (pin ``MXNET_SUBGRAPH_BACKEND=NONE`` for executors, or ``fuse_inference=False``).
 
-Stale state: a fused node keeps state between calls. Measured on MXNet 1.9.1
-[avx512_bf16]: a fused FullyConnected keeps its first weights for good, and a fused
-Convolution + BatchNorm re-folds only when its weight or bias changes, not when BatchNorm's
-gamma, beta or running statistics do. :class:`FusedInference` therefore rebuilds its graph
-after anything that may change the parameters: a forward under ``autograd.record()`` through
-any converted block, ``Parameter.set_data`` (and so ``load_parameters``) on a converted block's
-parameters, a parameter array replaced (``initialize(force_reinit=True)``, ``cast``), and
-``hybridize()``.
+Stale state: a fused node keeps state between calls (docs/pass.md), so :class:`FusedInference`
+rebuilds its graph when a parameter array was replaced and when the hook module
+(:mod:`mxmp._src.gluon`) calls :meth:`FusedInference.reset`: after a forward under
+``autograd.record()``, ``Parameter.set_data`` (so ``load_parameters``) and ``hybridize()``.
 
 Weights cast in the graph: when a converted block keeps its weights in float32
 (``cast_params=False``), each low-precision weight reaches its convolution through an
@@ -33,7 +29,7 @@ import logging
 
 from .graph.symbol_json import load
 
-__all__ = ['BACKEND', 'fuse_symbol', 'count_fused', 'FusedInference', 'parameters_changed']
+__all__ = ['BACKEND', 'fuse_symbol', 'count_fused', 'FusedInference']
 
 logger = logging.getLogger(__name__)
 
@@ -41,15 +37,6 @@ logger = logging.getLogger(__name__)
 BACKEND = 'MKLDNN'
 #: Prefix of the op names of fused nodes.
 FUSED_PREFIX = '_sg_mkldnn_'
-
-# Bumped whenever converted parameters may have changed (see the module docstring).
-_GENERATION = [0]
-
-
-def parameters_changed():
-    """Mark every fused inference graph stale: it is rebuilt before its next call."""
-    _GENERATION[0] += 1
-
 
 def count_fused(sym):
     """Number of fused oneDNN nodes (ops named ``_sg_mkldnn_*``) in ``sym`` (mxnet.sym.Symbol)."""
@@ -95,20 +82,6 @@ def unsafe_outputs(sym):
             if (h[0], h[1]) in consumed and nodes['nodes'][h[0]]['op'] != 'null']
 
 
-def _watch(param):
-    """Wrap this Parameter instance's ``set_data`` so that it marks fused graphs stale."""
-    if getattr(param, '_mxmp_watched', False):
-        return
-    original = param.set_data
-
-    def set_data(data):
-        parameters_changed()
-        return original(data)
-
-    param.set_data = set_data
-    param._mxmp_watched = True
-
-
 class FusedInference:
     """The fused inference graph of a ``gluon.SymbolBlock`` that shares its Parameters.
 
@@ -130,11 +103,9 @@ class FusedInference:
         self.precast = precast
         self.twin = None
         self.refused = None  # the reason, once fusion was refused
-        self._key = None
+        self._key = None   # the parameters' arrays the twin was built on
         self._precast = None  # precast()'s result, computed once
         self._params = list(block.collect_params().values())
-        for param in self._params:
-            _watch(param)
 
     def reset(self):
         """Drop the fused graph (rebuilt on the next call)."""
@@ -147,16 +118,18 @@ class FusedInference:
         return self.twin._cached_graph[1] if self.twin is not None and \
             self.twin._cached_op is not None else None
 
-    def _state(self):
-        return (_GENERATION[0],) + tuple(id(p._data[0]) if p._data else None
-                                         for p in self._params)
+    def _arrays(self):
+        return [p._data[0] if p._data else None for p in self._params]
+
+    def _current(self):
+        """Whether the twin was built on the arrays the parameters hold now (by identity)."""
+        return self.twin is not None and all(a is b for a, b in zip(self._arrays(), self._key))
 
     def __call__(self, *args):
         """Run the fused graph on NDArrays; None when fusion was refused (use the unfused one)."""
         if self.refused is not None:
             return None
-        key = self._state()
-        if self.twin is not None and key == self._key:
+        if self._current():
             return self.twin(*args)
         unsafe = unsafe_outputs(self.block._cached_graph[1])
         if unsafe:
@@ -183,7 +156,7 @@ class FusedInference:
                            self.block.name, self.refused)
             self.reset()
             return None
-        self.twin, self._key = twin, self._state()  # after _build: deferred init done
+        self.twin, self._key = twin, self._arrays()  # after _build: deferred init done
         return out
 
     def _build(self, args):

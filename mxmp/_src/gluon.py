@@ -33,7 +33,6 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from .dtypes import normalize_dtype
-from .fusion import parameters_changed
 from .graph.strip import remove_casts
 from .graph.params import float32_arrays
 from .graph.stem import check_option as check_pad_stem
@@ -284,7 +283,7 @@ def _call_cached_op(self, *args):
     recording = autograd.is_recording()
     built.before_call(ctx, recording)
     if recording:
-        parameters_changed()  # a training step follows: fused state goes stale
+        _reset_fused()  # a training step follows: fused state goes stale
     elif not self._backend and built.fuses(ctx):
         out = built.fused(*flat)
         if out is not None:
@@ -347,6 +346,18 @@ def _load_parameters(self, filename, ctx=None, allow_missing=False, ignore_extra
                                  dtype_source=dtype_source)
 
 
+def _reset_fused():
+    """Drop every fused inference graph: the parameters may change (rebuilt at next use)."""
+    for built in list(_BUILT.values()):
+        if built.fused is not None:
+            built.fused.reset()
+
+
+def _set_data(self, data):
+    _reset_fused()
+    return _ORIGINAL['Parameter.set_data'](self, data)
+
+
 _WRAPPERS = {'_build_cache': _build_cache, '_call_cached_op': _call_cached_op, 'forward': _forward,
              'export': _export, 'save_parameters': _save_parameters,
              'load_parameters': _load_parameters}
@@ -363,6 +374,8 @@ def install():
         _ORIGINAL[name] = getattr(gluon.HybridBlock, name)
         wrapper.__doc__ = _ORIGINAL[name].__doc__
         setattr(gluon.HybridBlock, name, wrapper)
+    _ORIGINAL['Parameter.set_data'] = gluon.Parameter.set_data
+    gluon.Parameter.set_data = _set_data
 
 
 def uninstall():
@@ -372,7 +385,9 @@ def uninstall():
     (``hybridize()``); after that they run in float32.
     """
     for name, original in _ORIGINAL.items():
-        if name in ('save_parameters', 'load_parameters'):
+        if name == 'Parameter.set_data':
+            gluon.Parameter.set_data = original
+        elif name in ('save_parameters', 'load_parameters'):
             delattr(gluon.HybridBlock, name)   # inherited from gluon.Block
         else:
             setattr(gluon.HybridBlock, name, original)
