@@ -1,15 +1,14 @@
-"""What happens when Gluon builds or runs the graph of a network in mixed precision.
+"""The work done when Gluon builds or runs a converted network's graph (no hook of its own:
+:mod:`mxmp._src.gluon` calls it): :class:`Conversion` (the settings), :func:`rewrite` (the pass
+on a traced graph), :class:`BuiltGraph` (per-call state) and the oneDNN-fused inference twin
+(:class:`FusedInference`, :func:`fuse_symbol`).
 
-:mod:`mxmp._src.gluon` hooks MXNet's graph cache; this module is the work done there, without any
-hook of its own:
-
-* :class:`Conversion` -- the settings a network is converted with (frozen data): the
-  :class:`mxmp.Policy`, ``cast_params``, ``emulate``, ``fuse_inference``, ``pad_stem``.
-* :func:`rewrite` -- the graph pass applied to the float32 graph MXNet just traced for a block,
-  with that call's inputs: their dtypes, the context (kernels or emulation), the data shapes
-  (stem padding), the Parameters the graph stores in the target dtype (cast then).
-* :class:`BuiltGraph` -- the state of one built graph: the grouped weights to bring back to
-  oneDNN's default layout before each call, and the oneDNN-fused twin for inference.
+Fusion (MXNet 1.9.1's ``'MKLDNN'`` subgraph backend) is inference-only; a fused convolution
+folds BatchNorm into its weight before rounding, so fused results differ from unfused ones by
+bfloat16-sized amounts. Fused nodes keep state between calls, so the twin is rebuilt when a
+parameter array was replaced or the hook module calls :meth:`FusedInference.reset` (training
+calls, ``Parameter.set_data``). A block keeping float32 weights gets a twin of its
+``cast_params=True`` graph fed with target-dtype copies. Measurements: docs/pass.md.
 """
 import dataclasses
 import logging
@@ -20,17 +19,16 @@ from typing import Union
 import mxnet as mx
 from mxnet import autograd
 
-from .device import lp_kernels_available
+from .device import lp_kernels_available, to_default_layout
 from .dtypes import dtype_name, from_mshadow_enum, mx_dtype
-from .fusion import FusedInference
 from .graph.convert import convert_symbol
 from .graph.strip import count_casts
 from .graph.stem import pad_stem as pad_stem_of, padded_convolutions, wants_padding
 from .graph.symbol_json import CAST_OPS, cast_param_names, load
-from .layout import to_default_layout
 from .policy.policy import Policy
 
-__all__ = ['Conversion', 'rewrite', 'BuiltGraph', 'unrounded_values']
+__all__ = ['Conversion', 'rewrite', 'BuiltGraph', 'unrounded_values', 'BACKEND', 'fuse_symbol',
+           'count_fused', 'FusedInference']
 
 logger = logging.getLogger('mxmp.gluon')
 
@@ -44,18 +42,14 @@ _EMULATION_SAID = set()   # (dtype, context) pairs already logged
 
 @dataclasses.dataclass(frozen=True)
 class Conversion:
-    """How a network is converted (see :func:`mxmp.convert` for each field).
+    """How a network is converted (:func:`mxmp.convert` describes each field).
 
     Attributes:
-        policy (mxmp.Policy): target dtype and op classes.
-        cast_params (bool): low-precision layers' weights stored in the target dtype.
-        emulate ('auto' or bool): 'auto': emulate where the call's context has no kernels.
+        policy (mxmp.Policy): every precision setting (``emulate`` may be ``'auto'``).
         fuse_inference ('auto' or bool): oneDNN-fused graph for inference calls on a CPU.
         pad_stem ('auto' or bool): pad an odd-channel NCHW stem by one zero channel.
     """
     policy: Policy
-    cast_params: bool = False
-    emulate: Union[str, bool] = 'auto'
     fuse_inference: Union[str, bool] = 'auto'
     pad_stem: Union[str, bool] = 'auto'
 
@@ -65,29 +59,27 @@ class Conversion:
         return self.policy.target_dtype
 
     def policy_on(self, ctx):
-        """The policy for a graph that runs on ``ctx`` (mx.Context), emulation decided.
+        """The policy for a graph that runs on ``ctx`` (mx.Context), ``emulate`` a bool: the one
+        place ``'auto'`` is resolved (emulate where ``ctx`` has no kernels, logged once).
 
         Raises:
             RuntimeError: ``emulate=False`` and ``ctx`` has no kernels for the target dtype.
         """
-        dtype = self.target_dtype
-        if self.emulate == 'auto':
-            emulate = self.policy.emulate or not lp_kernels_available(dtype, ctx)
-            if emulate and not self.policy.emulate and (dtype, str(ctx)) not in _EMULATION_SAID:
+        dtype, emulate = self.target_dtype, self.policy.emulate
+        if emulate == 'auto':
+            emulate = not lp_kernels_available(dtype, ctx)
+            if emulate and (dtype, str(ctx)) not in _EMULATION_SAID:
                 _EMULATION_SAID.add((dtype, str(ctx)))
                 logger.warning('mxmp: %s has no %s kernels; the network emulates %s numerics '
                                'with float32 kernels (same results, float32 speed)',
                                ctx, dtype, dtype)
-            return self.policy.replace(emulate=emulate) if emulate != self.policy.emulate \
-                else self.policy
-        if not self.emulate and not self.policy.emulate and not lp_kernels_available(dtype, ctx):
+            return self.policy.replace(emulate=emulate)
+        if not emulate and not lp_kernels_available(dtype, ctx):
             # Checked up front: MXNet would fail asynchronously, far from the cause.
             raise RuntimeError(
                 '%s has no %s kernels (oneDNN needs AVX-512 for bfloat16; CPUs have no float16 '
                 'GEMM). Convert with emulate=True (or the default emulate=\'auto\') to run the '
                 'same numerics with float32 kernels.' % (ctx, dtype))
-        if self.emulate and not self.policy.emulate:
-            return self.policy.replace(emulate=True)
         return self.policy
 
 
@@ -126,8 +118,7 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
               for s in inputs if s.attr('__dtype__')}
     dtypes.update({n: a.dtype for n, a in zip(names, flat) if isinstance(a, mx.nd.NDArray)})
     shapes = {n: a.shape for n, a in zip(names, flat) if isinstance(a, mx.nd.NDArray)}
-    converted = convert_symbol(sym, policy=policy, data_dtypes=dtypes,
-                               cast_params=conversion.cast_params, data_names=names)
+    converted = convert_symbol(sym, policy=policy, data_dtypes=dtypes, data_names=names)
     if shapes and wants_padding(conversion.pad_stem, policy, ctx):
         converted = pad_stem_of(converted, shapes)
     params = block.collect_params()
@@ -176,12 +167,12 @@ class BuiltGraph:
         self.unrounded = []   # Parameters whose float32 values _UNROUNDED may still hold
         if conversion.fuse_inference is not False:
             precast = None
-            if not conversion.cast_params and not policy.emulate:
+            if not policy.cast_params and not policy.emulate:
                 precast = self._precast
             self.fused = FusedInference(block, precast)
 
     def _precast(self, args):
-        """The fused graph's own graph: weights taken in the target dtype (see mxmp._src.fusion)."""
+        """The fused graph's own graph: weights taken in the target dtype (see the module docstring)."""
         graph = convert_symbol(self.float32_symbol, policy=self.policy,
                                data_dtypes=self._data_dtypes, cast_params=True,
                                data_names=self._data_names)
@@ -300,3 +291,148 @@ def cast_deferred(params):
         if dtype is not None and param._data is not None:
             del _DEFERRED_CASTS[param]
             _cast_parameter(param, dtype)
+
+
+#: MXNet's oneDNN subgraph backend.
+BACKEND = 'MKLDNN'
+#: Prefix of the op names of fused nodes.
+FUSED_PREFIX = '_sg_mkldnn_'
+
+def count_fused(sym):
+    """Number of fused oneDNN nodes (ops named ``_sg_mkldnn_*``) in ``sym`` (mxnet.sym.Symbol)."""
+    return sum(1 for n in load(sym)['nodes'] if n['op'].startswith(FUSED_PREFIX))
+
+
+def fuse_symbol(sym, arg_params=None, aux_params=None, shapes=None, ctx=None):
+    """``sym`` (an inference graph) partitioned by oneDNN's fusion (``optimize_for('MKLDNN')``).
+
+    Args:
+        sym (mxnet.sym.Symbol): the graph (casts allowed).
+        arg_params, aux_params (dict of str -> NDArray): its parameters (shapes and dtypes).
+        shapes (dict of str -> tuple of int): data input shapes; without them nothing fuses.
+        ctx (mxnet.Context): default ``mx.cpu()``.
+
+    Returns:
+        mxnet.sym.Symbol: the fused graph (inference only; plain MXNet with oneDNN runs it).
+
+    Raises:
+        mxnet.base.MXNetError: the backend refused the graph.
+    """
+    return sym.optimize_for(BACKEND, dict(arg_params or {}), dict(aux_params or {}),
+                            ctx or mx.cpu(), shape_dict=dict(shapes or {}))
+
+
+def unsafe_outputs(sym):
+    """Names of ``sym``'s outputs that another node also consumes (list of str): MXNet 1.9.1's
+    fusion can return a wrong value for them (docs/pass.md), so such graphs are not fused."""
+    nodes = load(sym)
+    consumed = {(i[0], i[1]) for n in nodes['nodes'] for i in n.get('inputs', [])}
+    return [nodes['nodes'][h[0]]['name'] for h in nodes['heads']
+            if (h[0], h[1]) in consumed and nodes['nodes'][h[0]]['op'] != 'null']
+
+
+class FusedInference:
+    """The fused inference graph of a ``gluon.SymbolBlock`` that shares its Parameters.
+
+    A second ``SymbolBlock`` on the same Symbol and the same ``Parameter`` objects, hybridized
+    with ``backend='MKLDNN'`` and the block's own flags (``static_alloc``...). Built on first
+    use; rebuilt when the parameters may have changed; if MXNet refuses the fusion (an error, or
+    no fused node in the result) it logs one line and :meth:`__call__` returns None from then on.
+
+    Args:
+        block (mxnet.gluon.SymbolBlock): the block (its ``_cached_graph`` and ``_flags``).
+        precast (callable): ``precast(args)`` (the first call's input NDArrays) returns
+            ``(symbol, names, dtype)``: a graph that takes the weights ``names`` (set of str) as
+            ``dtype`` arrays instead of casting them, run with copies of the weights cast to
+            ``dtype``. Default None: the block's own graph and parameters.
+    """
+
+    def __init__(self, block, precast=None):
+        self.block = block
+        self.precast = precast
+        self.twin = None
+        self.refused = None  # the reason, once fusion was refused
+        self._key = None   # the parameters' arrays the twin was built on
+        self._precast = None  # precast()'s result, computed once
+        self._params = list(block.collect_params().values())
+
+    def reset(self):
+        """Drop the fused graph (rebuilt on the next call)."""
+        self.twin = None
+        self._key = None
+
+    @property
+    def symbol(self):
+        """The fused Symbol, or None before the first fused call (or after a refusal)."""
+        return self.twin._cached_graph[1] if self.twin is not None and \
+            self.twin._cached_op is not None else None
+
+    def _arrays(self):
+        return [p._data[0] if p._data else None for p in self._params]
+
+    def _current(self):
+        """Whether the twin was built on the arrays the parameters hold now (by identity)."""
+        return self.twin is not None and all(a is b for a, b in zip(self._arrays(), self._key))
+
+    def __call__(self, *args):
+        """Run the fused graph on NDArrays; None when fusion was refused (use the unfused one)."""
+        if self.refused is not None:
+            return None
+        if self._current():
+            return self.twin(*args)
+        unsafe = unsafe_outputs(self.block._cached_graph[1])
+        if unsafe:
+            self.refused = ('output %s also feeds another node, where MXNet\'s fusion can '
+                            'return a wrong value' % ', '.join(unsafe))
+            logger.warning('%s: not fused (%s); inference runs the unfused graph',
+                           self.block.name, self.refused)
+            return None
+        self.reset()  # the old fused graph's memory can go before the new one is made
+        try:
+            twin = self._build(args)
+            out = twin(*args)
+            for o in (out if isinstance(out, (list, tuple)) else [out]):
+                o.wait_to_read()  # a refusal surfaces here, not later and far from the cause
+            fused = count_fused(twin._cached_graph[1])
+        except Exception as err:  # pylint: disable=broad-except  (logged, then unfused)
+            self.refused = '%s: %s' % (type(err).__name__, str(err).strip().splitlines()[0]
+                                       if str(err).strip() else '')
+        else:
+            if fused == 0:
+                self.refused = 'no fusible pattern in the graph'
+        if self.refused is not None:
+            logger.warning('%s: oneDNN fusion refused (%s); inference runs the unfused graph',
+                           self.block.name, self.refused)
+            self.reset()
+            return None
+        self.twin, self._key = twin, self._arrays()  # after _build: deferred init done
+        return out
+
+    def _build(self, args):
+        from mxnet import gluon
+        inputs, sym = self.block._cached_graph
+        # typed inputs: the SymbolBlock infers its Parameters' dtypes from them
+        inputs = [mx.sym.var(s.name, dtype=a.dtype) for s, a in zip(inputs, args)]
+        params = self.block.collect_params()
+        if self.precast is not None:
+            if any(p._deferred_init for p in self._params):
+                # Shapes come from the first batch (as the block's own first call would do).
+                self.block._deferred_infer_shape(*args)
+                for p in self._params:
+                    p._finish_deferred_init()
+            if self._precast is None:
+                self._precast = self.precast(args)
+            sym, names, dtype = self._precast
+            shared, params = params, gluon.ParameterDict()
+            for name, param in shared.items():
+                if name not in names:
+                    params._params[name] = param
+                    continue
+                copy = gluon.Parameter(name, shape=param.shape, dtype=dtype, grad_req='null')
+                with autograd.pause():
+                    copy._init_impl(mx.nd.amp_cast(param.data(param.list_ctx()[0]), dtype=dtype),
+                                    param.list_ctx())
+                params._params[name] = copy
+        twin = gluon.SymbolBlock(sym, inputs, params=params)
+        twin.hybridize(backend=BACKEND, **dict(self.block._flags))
+        return twin

@@ -1,45 +1,7 @@
-"""``mxnet.contrib.amp``'s API on top of mxmp (the implementation of :mod:`mxmp.amp`).
-
-::
-
-    from mxnet.contrib import amp        ->      from mxmp import amp
-
-The names and signatures are those of ``mxnet/contrib/amp/amp.py`` in MXNet 1.9.1: ``init``,
-``init_trainer``, ``scale_loss``, ``unscale``, ``convert_symbol``, ``convert_model``,
-``convert_hybrid_block``, ``list_lp16_ops``, ``list_fp32_ops``, ``list_lp16_fp32_ops``,
-``list_widest_type_cast``, ``list_conditional_fp32_ops``, ``list_loss_output_functions``.
-They are built on mxmp's graph pass (:func:`mxmp.convert_symbol`, :func:`mxmp.convert`), its
-:class:`mxmp.Policy`, its loss scalers (:mod:`mxmp._src.scaling.scalers`) and its training step
-(:mod:`mxmp._src.training.step`).
-
-What differs from contrib.amp, and why (each function's docstring says more):
-
-* ``init()`` is a **process-wide switch**, as contrib.amp's is: every Gluon HybridBlock whose
-  graph is built afterwards (hybridized, then called) computes in mixed precision through
-  mxmp's pass, in training and in inference, with no convert call. It does not patch MXNet's
-  operators (contrib.amp replaces ``mx.sym.*``/``mx.nd.*`` functions, which breaks
-  ``mx.sym.arange``, ``mx.sym.random.*`` and imperative code that mixes the outputs of patched
-  layers with float32 tensors, such as GluonCV YOLO3's target generator): it hooks where Gluon
-  builds a block's graph (:mod:`mxmp._src.gluon`). Imperative calls of blocks that are not
-  hybridized run in float32, and mxmp warns once with the fix (``net.hybridize()``).
-  It may run before or after the network is built; :func:`disable` turns it off.
-  ``mxmp.convert(net)`` is the per-network alternative.
-* Where the context has no kernels for the target dtype (bfloat16 on a CPU without AVX-512
-  oneDNN kernels, float16 on any CPU) the networks **emulate** its numerics with float32
-  kernels, and say so once in a warning.
-* The op lists are mxmp's (``amp.lists.symbol_fp16`` / ``symbol_bf16`` hold them under
-  contrib.amp's names; every op is in one list). The convert calls treat their list arguments
-  as contrib.amp does: ``target_dtype_ops``, ``fp32_ops`` and ``conditional_fp32_ops``
-  *replace* the default lists, an op left out of every list runs in its data's dtype with its
-  parameters stored in that dtype, and an op in two lists raises :class:`AmpListConflict`
-  (a ValueError and an AssertionError). The lists given to :func:`init` *add to* the
-  defaults. mxmp's native :class:`mxmp.Policy` adds and moves (``lp_ops``/``fp32_ops``).
-* Loss scaling follows mxmp's defaults: dynamic for float16 (start 2**16, x2 after 2000 finite
-  steps, /2 and skip on overflow), none for bfloat16 (float32's exponent range; contrib.amp
-  scales bfloat16 too). The overflow check covers every device, not only the first.
-* The loss-output functions (``SoftmaxOutput``, ...) are not wrapped to scale their gradient:
-  for the Symbolic Module use ``mxmp.Module``.
-* ``convert_bucketing_module`` and ``list_lp16_use_fp32_params`` are not offered.
+"""``mxnet.contrib.amp``'s API on mxmp (the implementation of :mod:`mxmp.amp`): ``init``,
+``init_trainer``, ``scale_loss``, ``unscale`` and the convert calls, with the names and
+signatures of MXNet 1.9.1's ``mxnet/contrib/amp/amp.py``. What differs from contrib.amp and
+why: docs/from_contrib_amp.md.
 """
 import contextlib
 import dataclasses
@@ -89,10 +51,9 @@ def _conditional(value):
     return () if value is None else conditional_rules(value, 'conditional_fp32_ops', tuple)
 
 
-def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names,
-            emulate=False):
-    """The mxmp Policy of a convert call (:func:`mxmp._src.amp.convert_policy.policy_for`)."""
-    from .convert_policy import policy_for
+def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names):
+    """The mxmp Policy of a convert call (:func:`mxmp._src.amp.convert.policy_for`)."""
+    from .convert import policy_for
     if excluded_sym_names is not None and (isinstance(excluded_sym_names, str) or
                                            not isinstance(excluded_sym_names, (list, tuple,
                                                                                set))):
@@ -103,7 +64,7 @@ def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excl
         None if target_dtype_ops is None else _names(target_dtype_ops, 'target_dtype_ops'),
         None if fp32_ops is None else _names(fp32_ops, 'fp32_ops'),
         None if conditional_fp32_ops is None else _conditional(conditional_fp32_ops),
-        excluded_names=set(excluded_sym_names or ()), emulate=emulate,
+        excluded_names=set(excluded_sym_names or ()),
         init_lp=_CONFIG.lp_ops, init_fp32=_CONFIG.fp32_ops,
         init_conditional=_CONFIG.conditional_fp32_ops)
 
@@ -251,8 +212,8 @@ def init_trainer(optimizer_or_trainer):
         config['update_on_kvstore'] = False
     dtype = _CONFIG.target_dtype
     if dtype is None:
-        from ..gluon import target_dtype_of
-        marks = {target_dtype_of(p) for p in trainer._params}
+        from ..gluon import policy_of
+        marks = {policy_of(p).target_dtype for p in trainer._params if policy_of(p)}
         dtype = 'float16' if 'float16' in marks else ('bfloat16' if 'bfloat16' in marks
                                                        else 'float16')
     trainer._amp_loss_scaler = _TrainerLossScaler(make_loss_scaler(None, dtype))

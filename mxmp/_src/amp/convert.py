@@ -1,12 +1,22 @@
-"""The convert calls of :mod:`mxmp.amp` (``mxnet.contrib.amp``'s ``convert_symbol``,
-``convert_model``, ``convert_hybrid_block``) on mxmp's graph pass, with the defaults recorded by
-:func:`mxmp.amp.init` (:mod:`mxmp._src.amp.contrib_amp`)."""
+"""The convert calls of :mod:`mxmp.amp` on mxmp's graph pass, with contrib.amp's meaning of the
+op lists (:func:`policy_for`) and contrib.amp's list names (:func:`contrib_lists`), computed from
+mxmp's op classes.
+
+``mxnet.contrib.amp.convert_symbol`` (MXNet 1.9.1): each list given replaces its default, the
+lists must be disjoint and hold only ops some list can take, and an op in no list runs in its
+data's dtype with its parameters stored in that dtype (``Policy.follow_params``).
+"""
 import logging
 import warnings
 
+import numpy as np
+
+from ..errors import AmpListConflict
+from ..policy.tables import classes_for
 from .contrib_amp import _dtype, _policy  # noqa: F401  (mxmp.amp re-exports _policy)
 
-__all__ = ['convert_symbol', 'convert_model', 'convert_hybrid_block']
+__all__ = ['convert_symbol', 'convert_model', 'convert_hybrid_block', 'policy_for',
+           'check_lists', 'cast_to_graph', 'contrib_lists', 'module_names']
 
 logger = logging.getLogger('mxmp.amp')
 
@@ -56,7 +66,7 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
     if data_names is None:
         data_names = _undeclared_inputs(sym)
     return _convert(sym, policy=policy, data_names=tuple(data_names),
-                    cast_params=bool(cast_optional_params))
+                    cast_params=True if cast_optional_params else None)
 
 
 def _undeclared_inputs(sym):
@@ -91,7 +101,6 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
     out = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                          excluded_sym_names, data_names, cast_optional_params)
-    from .convert_policy import cast_to_graph
     return out, cast_to_graph(out, arg_params), cast_to_graph(out, aux_params)
 
 
@@ -151,6 +160,165 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', UserWarning)   # SymbolBlock cannot type its inputs yet
         copy = gluon.SymbolBlock(sym, list(inputs), params=block.collect_params())
-    policy = _policy(_dtype(target_dtype), target_dtype_ops, fp32_ops, conditional_fp32_ops,
+    policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names)
-    return convert(copy, policy=policy, cast_params=bool(cast_optional_params))
+    return convert(copy, policy=policy, cast_params=True if cast_optional_params else None)
+
+
+def policy_for(dtype, lp_ops, fp32_ops, conditional, excluded_names=(), emulate='auto',
+               init_lp=(), init_fp32=(), init_conditional=()):
+    """The Policy of a convert call, with contrib.amp's meaning of the op lists.
+
+    As in ``mxnet.contrib.amp.convert_symbol`` (MXNet 1.9.1), a list given to the call
+    *replaces* its default: ``lp_ops`` is then exactly the set of ops run in the target dtype,
+    ``fp32_ops`` exactly the float32 ops (loss outputs stay float32 whatever it says),
+    ``conditional`` exactly the conditional rules. A default op that the given lists leave out
+    follows its data, its parameters stored in the data's dtype (``follow_params``).
+
+    Args:
+        dtype (str): ``'float16'`` or ``'bfloat16'``.
+        lp_ops, fp32_ops (tuple of str or None): the call's lists; None: the default list plus
+            ``init_lp`` / ``init_fp32`` (what :func:`mxmp.amp.init` recorded).
+        conditional (tuple of (str, str, tuple of str)) or None: the call's rules; None: the
+            default rules plus ``init_conditional``.
+        excluded_names (iterable of str): node names kept in float32.
+        emulate ('auto' or bool): see :class:`mxmp.Policy`.
+
+    Returns:
+        mxmp.Policy
+
+    Raises:
+        AmpListConflict: see :func:`check_lists`.
+    """
+    from ..policy.policy import Policy
+    classes = classes_for(dtype)
+    base_lp, base_fp32 = set(classes['LOW_PRECISION']), set(classes['FLOAT32'])
+    init_lp, init_fp32 = set(init_lp), set(init_fp32)
+    lp = (base_lp - init_fp32) | init_lp if lp_ops is None else set(lp_ops)
+    fp32 = (base_fp32 - init_lp) | init_fp32 if fp32_ops is None else set(fp32_ops)
+    if conditional is None:
+        rules = tuple((op, attr, tuple(values)) for op, attr, values
+                      in contrib_lists(dtype)['conditional']) + tuple(init_conditional)
+    else:
+        rules = tuple(conditional)
+    check_lists(dtype, lp, fp32, {op for op, _, _ in rules},
+                (lp_ops is None, fp32_ops is None, conditional is None))
+    follow = ((base_lp - lp) | (base_fp32 - fp32)) - lp - fp32
+    return Policy(dtype, lp_ops=lp - base_lp, fp32_ops=fp32 - base_fp32 - classes['LOSS_OUTPUT'],
+                  excluded_names=excluded_names, emulate=emulate, follow_ops=follow,
+                  conditional_fp32=rules, follow_params=True)
+
+
+def check_lists(dtype, lp, fp32, cond_ops, defaults):
+    """contrib.amp's checks of the three op lists: disjoint, and only ops a list can take.
+
+    Args:
+        dtype (str): the target dtype.
+        lp, fp32, cond_ops (set of str): the effective low-precision, float32 and conditional
+            op names.
+        defaults (tuple of 3 bool): which of the three lists are the defaults (for the message).
+
+    Raises:
+        AmpListConflict: an op in two lists; a widest-type op (``elemwise_add``, ...) or an
+            unregistered name in a list. The message names the ops and lists.
+    """
+    named = {'target_dtype_ops': lp, 'fp32_ops': fp32, 'conditional_fp32_ops': cond_ops}
+    default = dict(zip(named, defaults))
+    for a, b in (('target_dtype_ops', 'fp32_ops'), ('target_dtype_ops', 'conditional_fp32_ops'),
+                 ('fp32_ops', 'conditional_fp32_ops')):
+        common = sorted(named[a] & named[b])
+        if common:
+            note = ''.join('; %s was not given, so it is the default list' % n
+                           for n in (a, b) if default[n])
+            raise AmpListConflict(
+                'Ops cannot be in two or more lists: %s in both %s and %s%s. Put each op in '
+                'one list.' % (', '.join(common), a, b, note))
+    lists = contrib_lists(dtype)
+    allowed = set(lists['lp16']) | set(lists['lp16_fp32']) | set(lists['fp32']) | {
+        op for op, _, _ in lists['conditional']}
+    for name, ops in named.items():
+        illegal = sorted(ops - allowed)
+        if illegal:
+            widest = sorted(set(illegal) & set(lists['widest']))
+            why = ('%s cast all their inputs to the widest dtype among them '
+                   '(amp.list_widest_type_cast), which no list changes' % ', '.join(widest)
+                   if widest else 'MXNet registers no op named %s' % ', '.join(illegal))
+            raise AmpListConflict('%s cannot take %s: %s. Choose ops from amp.list_lp16_ops, '
+                                  'amp.list_fp32_ops, amp.list_lp16_fp32_ops or '
+                                  'amp.list_conditional_fp32_ops.'
+                                  % (name, ', '.join(illegal), why))
+
+
+def cast_to_graph(sym, params):
+    """A new dict: each array cast to its variable's ``__dtype__`` in ``sym`` (if it has one).
+
+    Args:
+        sym (Symbol): a converted graph.
+        params (dict of str -> NDArray): arrays named as the graph's variables.
+    """
+    import mxnet as mx
+    from ..dtypes import from_mshadow_enum, mx_dtype
+    from ..graph.symbol_json import FLOAT_DTYPES, load
+    from ..device import to_default_layout
+    wanted = {n['name']: from_mshadow_enum(n.get('attrs', {}).get('__dtype__'))
+              for n in load(sym)['nodes'] if n['op'] == 'null'}
+    out = {}
+    for name, value in params.items():
+        dtype = wanted.get(name)
+        if dtype in FLOAT_DTYPES and np.dtype(value.dtype) != np.dtype(mx_dtype(dtype)):
+            to_default_layout([value])   # amp_cast fails on weights oneDNN reordered in place
+            value = mx.nd.amp_cast(value, dtype=mx_dtype(dtype))
+        out[name] = value
+    return out
+
+
+def contrib_lists(target_dtype):
+    """contrib.amp's lists for ``'float16'`` or ``'bfloat16'``, from mxmp's op classes.
+
+    Returns:
+        dict with keys ``'lp16'``, ``'lp16_fp32'``, ``'fp32'``, ``'widest'`` (sorted lists of op
+        names), ``'conditional'`` (sorted list of ``(op, attribute, sorted list of values)``)
+        and ``'loss'`` (sorted list of loss-output op names). A new dict on every call.
+
+    Raises:
+        ValueError: another dtype name.
+    """
+    classes = classes_for(target_dtype)
+    rules = classes['CONDITIONAL_FLOAT32']
+    conditional = sorted((op, attr, sorted(values)) for op, attrs in rules.items()
+                         for attr, values in attrs.items())
+    cond_ops = set(rules)
+
+    def listed(*names):
+        return sorted(set().union(*(classes[n] for n in names)) - cond_ops)
+
+    return {'lp16': listed('LOW_PRECISION'), 'lp16_fp32': listed('FOLLOW'),
+            'fp32': listed('FLOAT32', 'LOSS_OUTPUT'), 'widest': listed('WIDEST_TYPE'),
+            'conditional': conditional, 'loss': sorted(classes['LOSS_OUTPUT'])}
+
+
+def module_names(target_dtype):
+    """The module-level names of contrib.amp's ``lists/symbol_fp16.py`` or ``symbol_bf16.py``.
+
+    ``symbol_fp16`` and ``symbol_bf16`` are this dict for their dtype.
+
+    Args:
+        target_dtype (str): ``'float16'`` or ``'bfloat16'``.
+
+    Returns:
+        dict: ``FP16_FUNCS``/``BF16_FUNCS`` (ops that run in the target dtype: mxmp's
+        LOW_PRECISION class), ``FP16_FP32_FUNCS``/``BF16_FP32_FUNCS`` (ops that run in the dtype
+        of their inputs: FOLLOW), ``FP32_FUNCS`` (FLOAT32 and LOSS_OUTPUT), ``WIDEST_TYPE_CASTS``
+        (float inputs cast to the widest of their dtypes: WIDEST_TYPE),
+        ``CONDITIONAL_FP32_FUNCS`` ((op, attribute, values): float32 for those values, else
+        follows) and ``LOSS_OUTPUT_FUNCTIONS`` (loss heads, also in FP32_FUNCS): sorted lists
+        as :func:`contrib_lists` gives them.
+
+    Raises:
+        ValueError: another dtype name.
+    """
+    lists = contrib_lists(target_dtype)
+    prefix = {'float16': 'FP16', 'bfloat16': 'BF16'}[target_dtype]
+    return {prefix + '_FUNCS': lists['lp16'], prefix + '_FP32_FUNCS': lists['lp16_fp32'],
+            'FP32_FUNCS': lists['fp32'], 'WIDEST_TYPE_CASTS': lists['widest'],
+            'CONDITIONAL_FP32_FUNCS': lists['conditional'], 'LOSS_OUTPUT_FUNCTIONS': lists['loss']}

@@ -18,7 +18,7 @@ the gradient sum after a round: a late pull would write the summed gradient into
 from mxnet import autograd, nd
 
 from ..dtypes import dtype_name, mx_dtype
-from ..layout import to_default_layout
+from ..device import to_default_layout
 
 __all__ = ['broadcast_from_root']
 

@@ -12,7 +12,7 @@ import logging
 from mxnet import autograd, nd
 
 from ..dtypes import dtype_name
-from ..layout import to_default_layout
+from ..device import to_default_layout
 from .broadcast import broadcast_from_root
 from .exchange import bytes_per_step, exchange_dtype, wire_dtype
 

@@ -14,7 +14,7 @@ import numpy as np
 from mxnet import autograd, nd
 
 from ..dtypes import LOW_PRECISION_DTYPES, dtype_name
-from ..layout import to_default_layout
+from ..device import to_default_layout
 
 __all__ = ['MasterWeights', 'DeviceUpdate', 'device_update', 'MasterWeightsMixin']
 

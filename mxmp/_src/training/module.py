@@ -58,14 +58,14 @@ def _resolve_policy(target_dtype, policy, emulate, context):
     if policy is not None:
         if not isinstance(policy, Policy):
             raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
-        if emulate and not policy.emulate:
+        if emulate and policy.emulate is not True:
             policy = policy.replace(emulate=True)
         target = policy.target_dtype
     else:
         target = normalize_dtype(target_dtype, allow_float32=True)
         policy = None if target == 'float32' else Policy(target, emulate=emulate)
     contexts = [context] if isinstance(context, mx.Context) else list(context)
-    if policy is not None and not policy.emulate:
+    if policy is not None and policy.emulate is not True:
         for ctx in contexts:
             if not lp_kernels_available(target, ctx):
                 raise RuntimeError(

@@ -75,7 +75,7 @@ def mixed_precision_state(module):
     policy = module.policy
     return {'format': STATES_FORMAT, 'version': STATES_VERSION,
             'target_dtype': module.target_dtype, 'cast_params': module.cast_params,
-            'emulate': bool(policy is not None and policy.emulate),
+            'emulate': bool(policy is not None and policy.emulate is True),
             'loss_scaler': module.loss_scaler.state_dict(),
             'skipped_steps': module.skipped_steps}
 

@@ -310,8 +310,8 @@ def infer_target_dtype(params):
     for name in _LOW_PRECISION:
         if name in names:
             return name
-    from ..gluon import target_dtype_of
-    marks = {target_dtype_of(p) for p in params}
+    from ..gluon import policy_of
+    marks = {policy_of(p).target_dtype for p in params if policy_of(p)}
     for name in _LOW_PRECISION:
         if name in marks:
             return name

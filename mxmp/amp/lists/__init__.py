@@ -15,7 +15,7 @@ inputs here; contrib.amp casts them to float32), and the shape is contrib.amp's:
 """
 from ..._src.dtypes import normalize_dtype
 from . import symbol_bf16, symbol_fp16
-from ..._src.amp.names import contrib_lists, module_names
+from ..._src.amp.convert import contrib_lists, module_names
 
 __all__ = ['contrib_lists', 'module_names', 'symbol_fp16', 'symbol_bf16', 'list_lp16_ops',
            'list_fp32_ops', 'list_lp16_fp32_ops', 'list_widest_type_cast',
