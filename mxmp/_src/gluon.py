@@ -39,11 +39,8 @@ _WARNED = set()
 
 
 def conversion_of(block):
-    """The :class:`Conversion` that applies to ``block``'s next graph, or None.
-
-    A block converted by :func:`convert` (or inside one) has its own; any other HybridBlock
-    follows the process-wide switch of :func:`mxmp.amp.init` (:func:`set_global`).
-    """
+    """The :class:`Conversion` of ``block``'s next graph: its own (:func:`convert`), else the
+    switch's (:func:`set_global`), else None."""
     return _CONVERTED.get(block, _GLOBAL[0])
 
 
@@ -57,8 +54,7 @@ def converted_graph(block):
     """The mixed-precision Symbol a converted, hybridized ``block`` runs (casts included).
 
     Raises:
-        RuntimeError: the block has not built a graph since its last cache clear (call it
-            once), or it is not converted.
+        RuntimeError: no graph built since the last cache clear, or the block is not converted.
     """
     built = _BUILT.get(block)
     if built is None or not block._cached_graph:
@@ -75,12 +71,8 @@ def fused_graph(block):
 
 
 def set_global(conversion):
-    """Turn the process-wide switch on (a :class:`Conversion`) or off (None).
-
-    While on, every HybridBlock that builds a graph afterwards (and is not converted by
-    :func:`convert` with its own settings) runs in mixed precision with ``conversion``.
-    Graphs already built keep their precision until their cache is cleared (``hybridize()``).
-    """
+    """Turn the process-wide switch on (a :class:`Conversion`) or off (None): HybridBlocks not
+    converted by :func:`convert` build their next graphs with it."""
     if conversion is not None:
         install()
     _GLOBAL[0] = conversion
@@ -310,10 +302,7 @@ _WRAPPERS = {'_build_cache': _build_cache, '_call_cached_op': _call_cached_op, '
 
 
 def install():
-    """Replace HybridBlock's methods with mxmp's wrappers (see the module docstring).
-
-    Idempotent; :func:`convert` and :func:`mxmp.amp.init` call it.
-    """
+    """Replace MXNet's methods with mxmp's wrappers (module docstring); idempotent."""
     if _ORIGINAL:
         return
     for name, wrapper in _WRAPPERS.items():
@@ -325,11 +314,8 @@ def install():
 
 
 def uninstall():
-    """Put MXNet's methods back and forget every conversion and the amp.init switch.
-
-    Blocks converted before keep the graph they built until their cache is cleared
-    (``hybridize()``); after that they run in float32.
-    """
+    """Put MXNet's methods back and forget every conversion and the switch (graphs already
+    built run until their cache is cleared)."""
     for name, original in _ORIGINAL.items():
         if name == 'Parameter.set_data':
             gluon.Parameter.set_data = original

@@ -91,23 +91,10 @@ def _context(args):
 
 
 def rewrite(block, conversion, inputs, sym, args, ctx=None):
-    """The mixed-precision graph of ``block`` for the graph MXNet just traced.
-
-    Args:
-        block (gluon.HybridBlock): the block whose graph it is (its Parameters).
-        conversion (Conversion): the settings.
-        inputs (list of Symbol): the graph's data variables, in call order (``data`` or
-            ``data0``, ``data1``, ...: MXNet's names).
-        sym (Symbol): the float32 graph MXNet traced.
-        args (tuple): the call's inputs (NDArrays, possibly nested; None for absent ones);
-            empty for a SymbolBlock converted before its first call (float32 inputs, or the
-            ``__dtype__`` of its input variables).
-        ctx (mx.Context): where it runs; default: the inputs' context, else the current one.
-
-    Returns:
-        BuiltGraph: the converted Symbol and its per-call state. Parameters the graph stores
-        in the target dtype (``cast_params=True``) are cast now; their float32 values are kept
-        for the master weights (:func:`unrounded_values`).
+    """The :class:`BuiltGraph` of ``block`` (a HybridBlock) for the float32 graph ``sym`` MXNet
+    just traced with data variables ``inputs``, called with ``args`` (NDArrays, nested, None for
+    absent ones; empty for a SymbolBlock converted before its first call) on ``ctx`` (default:
+    the inputs' context). Parameters get the dtypes the converted graph declares (cast now).
     """
     from mxnet.gluon.block import _flatten
     flat = [a for a in _flatten(args, 'input')[0] if a is not None]
@@ -123,11 +110,7 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
         converted = pad_stem_of(converted, shapes)
     params = block.collect_params()
     lp_names = cast_param_names(converted)
-    # Every Parameter takes the dtype the converted graph declares for its variable: the target
-    # dtype where cast_params stores it so (rounded), float32 where the pass stores a Parameter
-    # that arrived in low precision (net.cast('bfloat16') first) in float32 -- a float32 op that
-    # needs it as a graph variable (Deconvolution's weight) or an emulated graph -- (widened
-    # exactly).
+    # Every Parameter takes the dtype the converted graph declares for its variable.
     for node in load(converted)['nodes']:
         declared = from_mshadow_enum(node.get('attrs', {}).get('__dtype__')) \
             if node['op'] == 'null' else None
@@ -172,7 +155,7 @@ class BuiltGraph:
             self.fused = FusedInference(block, precast)
 
     def _precast(self, args):
-        """The fused graph's own graph: weights taken in the target dtype (see the module docstring)."""
+        """The twin's graph: weights taken in the target dtype (module docstring)."""
         graph = convert_symbol(self.float32_symbol, policy=self.policy,
                                data_dtypes=self._data_dtypes, cast_params=True,
                                data_names=self._data_names)
@@ -193,16 +176,13 @@ class BuiltGraph:
         return bool(option)
 
     def before_call(self, ctx, recording):
-        """Work before each call on ``ctx``: grouped weights back to the default layout; at the
-        first call outside ``autograd.record()`` (inference before any training step), the
-        float32 values kept for master weights are dropped (inference needs no masters)."""
+        """Before each call on ``ctx``: grouped weights back to the default layout; the first
+        call outside ``autograd.record()`` drops the float32 values kept for master weights."""
         if not recording and self.unrounded:
             for param in self.unrounded:
                 _UNROUNDED.pop(param, None)
             self.unrounded = []
-        # A float32 inference forward (of this block before conversion, or of another block
-        # sharing these Parameters) may have left a weight in oneDNN's blocked layout, where
-        # the graph's amp_cast fails for grouped convolutions (mxmp/layout.py).
+        # A float32 inference forward may have left a weight in oneDNN's blocked layout.
         arrays = []
         for param in self._grouped:
             if param._data is not None:
@@ -214,13 +194,8 @@ class BuiltGraph:
 
 
 def _grouped_weights_cast_in_graph(sym):
-    """Names of the variables that the converted graph casts (``amp_cast``/``amp_multicast``)
-    and that feed, through that cast, the weight input of a grouped Convolution/Deconvolution.
-
-    Only those break on oneDNN's blocked layout (one dimension more than the array, see
-    :mod:`mxmp._src.layout`); bringing every cast weight back on every call would put a host sync per
-    weight on the training path for nothing (dense weights' blocked layouts cast fine).
-    """
+    """Names of the variables the graph casts into the weight of a grouped Convolution or
+    Deconvolution: the only casts oneDNN's blocked layout breaks (docs/pass.md)."""
     nodes = load(sym)['nodes']
     casts = {nid: {i for i, _, _ in n['inputs'] if nodes[i]['op'] == 'null'}
              for nid, n in enumerate(nodes) if n['op'] in CAST_OPS}
@@ -233,15 +208,9 @@ def _grouped_weights_cast_in_graph(sym):
 
 
 def unrounded_values(param):
-    """The float32 arrays ``param`` held before ``cast_params`` rounded it, or None.
-
-    Kept from the conversion until a Trainer takes them or the network's first inference call
-    (outside ``autograd.record()``) drops them. Taken once (the entry is dropped): :class:`mxmp.Trainer` makes the master weights from
-    them, so training starts from the exact float32 weights (a pretrained or fine-tuned model
-    keeps them), not from their bfloat16/float16 rounding. None as well when the Parameter's
-    value changed since (``set_data``, ``load_parameters``): its rounding no longer matches
-    them (one comparison per device, once).
-    """
+    """The float32 arrays (one per device) ``param`` held before ``cast_params`` rounded it,
+    taken once (the Trainers' master weights start from them); None once taken, after the
+    network's first inference call, or when the Parameter's value changed since."""
     arrays = _UNROUNDED.pop(param, None)
     if arrays is None or param._data is None or len(arrays) != len(param._data):
         return None
@@ -255,18 +224,10 @@ def unrounded_values(param):
 
 
 def _cast_parameter(param, dtype):
-    """``Parameter.cast`` with ``amp_cast``, which rounds to nearest even.
-
-    ``NDArray.astype`` to bfloat16 does not round the same way as ``amp_cast`` (the sums of a
-    cast conv weight differ in the third digit), and on a weight that oneDNN has reordered it
-    gives arrays whose size does not match their oneDNN descriptor. The float32 arrays are
-    kept for the master weights (:func:`unrounded_values`).
-    """
+    """``Parameter.cast`` with ``amp_cast`` (round to nearest even; docs/pass.md); float32
+    arrays are kept for :func:`unrounded_values`. Deferred Parameters are cast once MXNet has
+    initialized them in float32 (:func:`cast_deferred`)."""
     if param._data is None:
-        # Deferred: MXNet's _build_cache initializes it right after the graph is built, in
-        # the dtype the Parameter has then; its initializers cannot fill bfloat16 arrays
-        # ("Output type must be float16, float32, float64"), so it is initialized in float32
-        # first and cast once MXNet has initialized it (cast_deferred, after _build_cache).
         _DEFERRED_CASTS[param] = dtype
         return
     param._dtype = dtype
@@ -332,19 +293,15 @@ def unsafe_outputs(sym):
 
 
 class FusedInference:
-    """The fused inference graph of a ``gluon.SymbolBlock`` that shares its Parameters.
-
-    A second ``SymbolBlock`` on the same Symbol and the same ``Parameter`` objects, hybridized
-    with ``backend='MKLDNN'`` and the block's own flags (``static_alloc``...). Built on first
-    use; rebuilt when the parameters may have changed; if MXNet refuses the fusion (an error, or
-    no fused node in the result) it logs one line and :meth:`__call__` returns None from then on.
+    """The fused inference twin of a block: a ``SymbolBlock`` on its graph and Parameters,
+    hybridized with ``backend='MKLDNN'`` and the block's flags; built at first use, rebuilt
+    after :meth:`reset` or when a parameter array was replaced. If MXNet refuses the fusion it
+    logs one line and :meth:`__call__` returns None from then on.
 
     Args:
-        block (mxnet.gluon.SymbolBlock): the block (its ``_cached_graph`` and ``_flags``).
-        precast (callable): ``precast(args)`` (the first call's input NDArrays) returns
-            ``(symbol, names, dtype)``: a graph that takes the weights ``names`` (set of str) as
-            ``dtype`` arrays instead of casting them, run with copies of the weights cast to
-            ``dtype``. Default None: the block's own graph and parameters.
+        block (mxnet.gluon.HybridBlock): the block (its ``_cached_graph`` and ``_flags``).
+        precast (callable or None): ``precast(args)`` returns ``(symbol, names, dtype)``: a
+            graph taking the weights ``names`` as ``dtype`` arrays, run with cast copies.
     """
 
     def __init__(self, block, precast=None):
