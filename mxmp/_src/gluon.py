@@ -24,7 +24,7 @@ from .graph.stem import check_option as check_pad_stem
 from .gluon_graph import Conversion, cast_deferred, rewrite
 from .policy.policy import resolve_policy
 
-__all__ = ['convert', 'conversion_of', 'policy_of', 'converted_graph', 'fused_graph',
+__all__ = ['convert', 'policy_of', 'converted_graph', 'fused_graph',
            'set_global', 'install', 'uninstall', 'Conversion']
 
 logger = logging.getLogger('mxmp.gluon')
@@ -36,12 +36,6 @@ _GLOBAL = [None]                           # the Conversion of mxmp.amp.init, or
 _ORIGINAL = {}                             # method name -> MXNet's function
 _LOCAL = threading.local()                 # imperative call depth (the amp.init warning)
 _WARNED = set()
-
-
-def conversion_of(block):
-    """The :class:`Conversion` of ``block``'s next graph: its own (:func:`convert`), else the
-    switch's (:func:`set_global`), else None."""
-    return _CONVERTED.get(block, _GLOBAL[0])
 
 
 def policy_of(param):

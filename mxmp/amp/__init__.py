@@ -4,10 +4,8 @@
 
     from mxnet.contrib import amp        ->      from mxmp import amp
 
-The names and signatures are those of ``mxnet/contrib/amp/amp.py`` in MXNet 1.9.1. The
-implementation is :mod:`mxmp._src.amp.contrib_amp` (``init`` and the loss scaling of Trainers,
-on :mod:`mxmp._src.training.step`) and :mod:`mxmp._src.amp.convert` (the convert calls); its docstring
-says what differs from contrib.amp and why. This module re-exports them.
+The names and signatures are those of ``mxnet/contrib/amp/amp.py`` in MXNet 1.9.1; what
+differs and why: docs/from_contrib_amp.md.
 """
 from .._src.amp.contrib_amp import (_TrainerLossScaler, disable, init, init_trainer, scale_loss,
     unscale)

@@ -73,19 +73,12 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
          fp32_ops=None):
     """Switch mixed precision on for every Gluon network built or hybridized afterwards.
 
-    Same signature as ``mxnet.contrib.amp.init``, and like it a process-wide switch: every
-    HybridBlock (not SymbolBlocks) whose graph MXNet builds from now on -- at its first
-    hybridized call and after every cache clear (``hybridize()``, ``set_nms()``...) -- runs
-    mxmp's pass with this dtype and these op lists, in training and inference; outputs are
-    float32. Then train as with contrib.amp: :func:`init_trainer`, :func:`scale_loss`,
-    ``trainer.step``. Unlike contrib.amp no operator function is replaced, so ``mx.sym.*``
-    and imperative ``mx.nd`` code keep working, and it may run before or after the network is
-    built; a graph already built keeps its precision until its cache is cleared. A block that
-    is not hybridized runs imperatively in float32 (warned once: hybridize it). Calling
-    ``init`` again replaces the settings; :func:`disable` turns the switch off. The settings
-    are also the defaults of the ``convert_*`` calls. Where the context has no kernels for
-    the target dtype the networks emulate its numerics (warned once). Networks converted
-    with :func:`mxmp.convert` keep their own settings.
+    Same signature as ``mxnet.contrib.amp.init``, a process-wide switch: every HybridBlock
+    (not SymbolBlocks, not blocks :func:`mxmp.convert` converted) whose graph MXNet builds from
+    now on runs mxmp's pass with this dtype and these lists (emulated where the context has no
+    kernels, warned once); outputs are float32. A block that is not hybridized runs in float32
+    (warned once). Calling ``init`` again replaces the settings, which are also the defaults
+    of the ``convert_*`` calls.
 
     Args:
         target_dtype: ``'float16'`` or ``'bfloat16'`` (or ``numpy.float16`` /
@@ -125,18 +118,9 @@ def disable():
 # Loss scaling with a gluon.Trainer
 # ---------------------------------------------------------------------------------------------
 class _TrainerLossScaler(Step):
-    """The object :func:`init_trainer` puts in ``trainer._amp_loss_scaler``.
-
-    ``gluon.Trainer._update`` (MXNet 1.9.1, ``python/mxnet/gluon/trainer.py``) reads that
-    attribute and skips the update when ``has_overflow(params)`` is True; this is the hook
-    contrib.amp uses, and the only thing mxmp attaches. It is the training step
-    (:class:`mxmp._src.training.step.Step`: ``scaler``, ``skipped_steps``, its check and its end)
-    with gluon running the optimizer; the scale itself is an immutable
-    :class:`mxmp.LossScaler`, replaced after every check.
-
-    Args:
-        scaler (mxmp.LossScaler): the starting loss scaler.
-    """
+    """The training step (:class:`mxmp._src.training.step.Step`) :func:`init_trainer` puts in
+    ``trainer._amp_loss_scaler``, which ``gluon.Trainer._update`` (MXNet 1.9.1) asks
+    ``has_overflow(params)`` before each update. ``scaler``: the starting mxmp.LossScaler."""
 
     @property
     def loss_scale(self):
@@ -184,16 +168,10 @@ def init_trainer(optimizer_or_trainer):
     * ``mxmp.Trainer``: nothing to do; it scales, checks and skips by itself (its
       ``loss_scaler`` argument chooses the scaling). Recommended: it also keeps float32 master
       weights, which a Trainer over bfloat16 Parameters needs (``cast_optional_params=True``).
-    * ``gluon.Trainer``: a loss scaler is attached as ``trainer._amp_loss_scaler``, the
-      attribute that ``gluon.Trainer`` itself checks before every update (MXNet 1.9.1
-      ``gluon/trainer.py``, ``_update``): a step whose gradients hold inf/NaN on any device is
-      skipped and the scale backs off. No method is replaced. Scaling is dynamic for float16
-      and off for bfloat16 (the dtype recorded by :func:`init`, else the target dtype
-      of the network :func:`convert_hybrid_block` converted, else float16).
-      If the Trainer left ``update_on_kvstore`` to MXNet, it is set to False (the update must
-      come after the check, as in mxmp.Trainer); an explicit ``update_on_kvstore=True`` is an
-      error. The optimizer must support the Parameters' dtype (MXNet's optimizers fail on
-      bfloat16 weights: use mxmp.Trainer with ``cast_optional_params=True``).
+    * ``gluon.Trainer``: a loss scaler goes in ``trainer._amp_loss_scaler``, which the Trainer
+      checks before every update: a step with inf/NaN gradients on any device is skipped.
+      Dynamic scaling for float16, none for bfloat16 (:func:`init`'s dtype, else the
+      converted network's, else float16). ``update_on_kvstore`` left to MXNet becomes False.
 
     Raises:
         TypeError: not a Trainer (a bare Optimizer is refused, as in contrib.amp).

@@ -40,20 +40,13 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
             (:func:`list_conditional_fp32_ops`); matching nodes compute in float32, the
             others follow their data.
         excluded_sym_names (list of str): node names kept in float32.
-        data_names (list of str): the graph's data inputs (never stored in low precision,
-            typed float32); the others are parameters. Default (None), as in contrib.amp:
-            every input without a ``__dtype__`` attribute, so in a graph built with ``mx.sym``
-            alone every input is data and ``cast_optional_params`` stores nothing (give the
-            names, or use :func:`convert_model`, which takes the inputs not in its parameter
-            dicts). ``[]``: every input is a parameter.
-        cast_optional_params (bool): give the parameters whose every consumer runs in the
-            target dtype that dtype in the graph (``cast_params=True``); cast their arrays to
-            match, as :func:`convert_model` does.
+        data_names (list of str): the graph's data inputs; the others are parameters.
+            Default, as in contrib.amp: every input without a ``__dtype__`` attribute.
+        cast_optional_params (bool): ``cast_params=True`` (the caller casts the arrays, as
+            :func:`convert_model` does).
 
     Returns:
-        Symbol: the mixed-precision graph with float32 outputs. It is the real graph, never
-        the emulated one. Save it with ``sym.save(path, remove_amp_cast=False)`` to keep the
-        casts (MXNet strips them by default).
+        Symbol: the real (never emulated) mixed-precision graph, float32 outputs.
 
     Raises:
         AmpListConflict: an op in two lists (the default lists included), or a widest-type
@@ -70,8 +63,7 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
 
 
 def _undeclared_inputs(sym):
-    """The inputs of ``sym`` without a ``__dtype__`` attribute: contrib.amp's data inputs
-    when ``data_names`` is not given (``mxnet.contrib.amp.convert_symbol``, MXNet 1.9.1)."""
+    """The inputs of ``sym`` without a ``__dtype__`` attribute (contrib.amp's data inputs)."""
     from ..graph.symbol_json import load
     return [n['name'] for n in load(sym)['nodes']
             if n['op'] == 'null' and '__dtype__' not in n.get('attrs', {})]
@@ -107,31 +99,14 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
 def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
                          cast_optional_params=False):
-    """Return a mixed-precision copy of a HybridBlock's graph that shares its Parameters.
+    """Return a mixed-precision copy of a HybridBlock's graph that *shares* its Parameters.
 
     Same signature as ``mxnet.contrib.amp.convert_hybrid_block`` except the defaults of
-    ``target_dtype`` (:func:`init`'s dtype, else ``'float16'``) and ``ctx`` (None: where the
-    parameters are; contrib.amp defaults to ``gpu(0)``). As in contrib.amp the result is a new
-    ``gluon.SymbolBlock`` and ``block`` keeps computing in float32; unlike it, the result
-    *shares* the block's Parameters (no copy) and trains. To make the network itself compute
-    in mixed precision (its methods, training outputs and every graph it builds), use
-    :func:`init` or :func:`mxmp.convert` instead.
-
-    * the block need not be hybridized or run first; its input names are those of its cached
-      graph if it has one, else ``('data',)``;
-    * where ``ctx`` has no kernels for the target dtype (``mxmp.lp_kernels_available``) the
-      result emulates its numerics with float32 kernels (warned once).
-
-    Args:
-        block (gluon.HybridBlock): the float32 block (a SymbolBlock too), initialized or not.
-        ctx (mx.Context): context to move the (shared) parameters to, if given.
-        cast_optional_params (bool): store low-precision weights in the target dtype now
-            (shared: ``block`` sees them in that dtype too); train with ``mxmp.Trainer``, which
-            keeps float32 master weights.
-        Others as :func:`convert_symbol`.
-
-    Returns:
-        gluon.SymbolBlock: converted as by :func:`mxmp.convert`; float32 outputs.
+    ``target_dtype`` (:func:`init`'s, else ``'float16'``) and ``ctx`` (None: where the
+    parameters are). The result is a new ``gluon.SymbolBlock`` converted by
+    :func:`mxmp.convert` (inputs: the block's cached graph's, else ``('data',)``; emulated
+    where ``ctx`` has no kernels); ``block`` keeps computing in float32.
+    ``cast_optional_params=True`` stores the shared low-precision weights in the target dtype.
 
     Raises:
         TypeError: not a HybridBlock, or a block that cannot be traced.
@@ -167,25 +142,11 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
 
 def policy_for(dtype, lp_ops, fp32_ops, conditional, excluded_names=(), emulate='auto',
                init_lp=(), init_fp32=(), init_conditional=()):
-    """The Policy of a convert call, with contrib.amp's meaning of the op lists.
-
-    As in ``mxnet.contrib.amp.convert_symbol`` (MXNet 1.9.1), a list given to the call
-    *replaces* its default: ``lp_ops`` is then exactly the set of ops run in the target dtype,
-    ``fp32_ops`` exactly the float32 ops (loss outputs stay float32 whatever it says),
-    ``conditional`` exactly the conditional rules. A default op that the given lists leave out
-    follows its data, its parameters stored in the data's dtype (``follow_params``).
-
-    Args:
-        dtype (str): ``'float16'`` or ``'bfloat16'``.
-        lp_ops, fp32_ops (tuple of str or None): the call's lists; None: the default list plus
-            ``init_lp`` / ``init_fp32`` (what :func:`mxmp.amp.init` recorded).
-        conditional (tuple of (str, str, tuple of str)) or None: the call's rules; None: the
-            default rules plus ``init_conditional``.
-        excluded_names (iterable of str): node names kept in float32.
-        emulate ('auto' or bool): see :class:`mxmp.Policy`.
-
-    Returns:
-        mxmp.Policy
+    """The Policy of a convert call, with contrib.amp's meaning of the op lists: a list given
+    (not None) *replaces* its default (``lp_ops``, ``fp32_ops``: tuples of op names;
+    ``conditional``: ``(op, attr, values)`` rules); None takes the default plus what
+    :func:`mxmp.amp.init` recorded (``init_*``). A default op the given lists leave out follows
+    its data, its parameters stored in the data's dtype (``follow_params``).
 
     Raises:
         AmpListConflict: see :func:`check_lists`.
@@ -210,17 +171,11 @@ def policy_for(dtype, lp_ops, fp32_ops, conditional, excluded_names=(), emulate=
 
 
 def check_lists(dtype, lp, fp32, cond_ops, defaults):
-    """contrib.amp's checks of the three op lists: disjoint, and only ops a list can take.
-
-    Args:
-        dtype (str): the target dtype.
-        lp, fp32, cond_ops (set of str): the effective low-precision, float32 and conditional
-            op names.
-        defaults (tuple of 3 bool): which of the three lists are the defaults (for the message).
+    """contrib.amp's checks of the effective op sets ``lp``, ``fp32``, ``cond_ops`` of
+    ``dtype``; ``defaults`` (3 bools) says which are the default lists, for the message.
 
     Raises:
-        AmpListConflict: an op in two lists; a widest-type op (``elemwise_add``, ...) or an
-            unregistered name in a list. The message names the ops and lists.
+        AmpListConflict: an op in two lists; a widest-type or unregistered op in a list.
     """
     named = {'target_dtype_ops': lp, 'fp32_ops': fp32, 'conditional_fp32_ops': cond_ops}
     default = dict(zip(named, defaults))
@@ -273,15 +228,10 @@ def cast_to_graph(sym, params):
 
 
 def contrib_lists(target_dtype):
-    """contrib.amp's lists for ``'float16'`` or ``'bfloat16'``, from mxmp's op classes.
-
-    Returns:
-        dict with keys ``'lp16'``, ``'lp16_fp32'``, ``'fp32'``, ``'widest'`` (sorted lists of op
-        names), ``'conditional'`` (sorted list of ``(op, attribute, sorted list of values)``)
-        and ``'loss'`` (sorted list of loss-output op names). A new dict on every call.
-
-    Raises:
-        ValueError: another dtype name.
+    """contrib.amp's lists of ``target_dtype`` from mxmp's op classes: a new dict of sorted
+    lists ``'lp16'``, ``'lp16_fp32'``, ``'fp32'``, ``'widest'``, ``'loss'`` (op names) and
+    ``'conditional'`` (``(op, attribute, sorted values)``). Raises ValueError for another
+    dtype.
     """
     classes = classes_for(target_dtype)
     rules = classes['CONDITIONAL_FLOAT32']
@@ -298,24 +248,10 @@ def contrib_lists(target_dtype):
 
 
 def module_names(target_dtype):
-    """The module-level names of contrib.amp's ``lists/symbol_fp16.py`` or ``symbol_bf16.py``.
-
-    ``symbol_fp16`` and ``symbol_bf16`` are this dict for their dtype.
-
-    Args:
-        target_dtype (str): ``'float16'`` or ``'bfloat16'``.
-
-    Returns:
-        dict: ``FP16_FUNCS``/``BF16_FUNCS`` (ops that run in the target dtype: mxmp's
-        LOW_PRECISION class), ``FP16_FP32_FUNCS``/``BF16_FP32_FUNCS`` (ops that run in the dtype
-        of their inputs: FOLLOW), ``FP32_FUNCS`` (FLOAT32 and LOSS_OUTPUT), ``WIDEST_TYPE_CASTS``
-        (float inputs cast to the widest of their dtypes: WIDEST_TYPE),
-        ``CONDITIONAL_FP32_FUNCS`` ((op, attribute, values): float32 for those values, else
-        follows) and ``LOSS_OUTPUT_FUNCTIONS`` (loss heads, also in FP32_FUNCS): sorted lists
-        as :func:`contrib_lists` gives them.
-
-    Raises:
-        ValueError: another dtype name.
+    """The module-level names of contrib.amp's ``lists/symbol_fp16.py`` (``target_dtype``
+    float16) or ``symbol_bf16.py``: ``FP16_FUNCS``/``BF16_FUNCS`` (LOW_PRECISION),
+    ``*_FP32_FUNCS`` (FOLLOW), ``FP32_FUNCS`` (FLOAT32, LOSS_OUTPUT), ``WIDEST_TYPE_CASTS``,
+    ``CONDITIONAL_FP32_FUNCS``, ``LOSS_OUTPUT_FUNCTIONS``, from :func:`contrib_lists`.
     """
     lists = contrib_lists(target_dtype)
     prefix = {'float16': 'FP16', 'bfloat16': 'BF16'}[target_dtype]

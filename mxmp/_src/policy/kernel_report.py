@@ -1,21 +1,7 @@
-"""The result of ``mxmp check-kernels``: a table, a JSON file, and the policy it justifies.
-
-It lives with the policy because :meth:`mxmp.Policy.from_kernel_report` reads it; the suite
-that writes it (:mod:`mxmp._src.conformance`) imports it from here.
-
-A :class:`KernelReport` holds one row per (op, attribute variant, case) of the conformance
-suite (:mod:`mxmp._src.conformance`) and the machine it ran on. :meth:`KernelReport.save` writes it
-as JSON; :func:`load_kernel_report` reads and validates such a file; :meth:`KernelReport.
-policy_changes` says which ops the evidence moves:
-
-* an op with any case ``wrong``, ``crash(...)`` or ``error`` on this machine goes to float32
-  (``fp32_ops``);
-* an op the lists keep in float32 that was tested (``check_kernels(ops=[...])``) with every case
-  ``ok`` on **real** kernels may compute in the target dtype (``lp_ops``). Emulated evidence
-  widens nothing: it shows the emulation, not the kernels.
-
-:meth:`mxmp.Policy.from_kernel_report` applies them. The report records the CPU: loading one
-taken on another CPU model raises unless asked for (``allow_other_cpu=True``).
+"""The result of ``mxmp check-kernels`` (:class:`KernelReport`: rows, machine, JSON file) and
+the policy changes it justifies (read by :meth:`mxmp.Policy.from_kernel_report`): an op with a
+``wrong``, ``crash(...)`` or ``error`` case goes to float32; a float32 op ``ok`` in every case on
+real kernels may compute in the target dtype (emulated evidence widens nothing).
 """
 import dataclasses
 import datetime
@@ -53,11 +39,8 @@ def _cpu():
 
 
 def machine_info(target_dtype='bfloat16'):
-    """dict: CPU model, its bfloat16-relevant flags, MXNet version, real kernels or not, date.
-
-    ``real_kernels`` is :func:`mxmp.lp_kernels_available` for ``target_dtype`` in this process;
-    ``dnnl_max_cpu_isa`` the ``DNNL_MAX_CPU_ISA`` cap in force, if any.
-    """
+    """dict: ``cpu``, bfloat16-relevant ``flags``, ``mxnet_version``, ``real_kernels``
+    (:func:`mxmp.lp_kernels_available`), ``dnnl_max_cpu_isa`` and ``date``."""
     import os
     import mxnet as mx
     from ..device import lp_kernels_available
@@ -172,17 +155,10 @@ def _rank(kind):
 
 
 def load_kernel_report(path):
-    """Read and validate a report written by ``mxmp check-kernels --out`` (:meth:`KernelReport.save`).
-
-    Args:
-        path (str): the JSON file.
-
-    Returns:
-        KernelReport
+    """The :class:`KernelReport` of the JSON file ``path`` (:meth:`KernelReport.save`).
 
     Raises:
-        ValueError: not JSON, not a kernel report, another version, or a malformed row; the
-            message names the file, the problem and how to get a valid file.
+        ValueError: not JSON, not a kernel report, another version, or a malformed row.
     """
     fix = 'write one with `mxmp check-kernels --out FILE` on the machine it describes'
     try:
