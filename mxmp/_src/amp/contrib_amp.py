@@ -144,7 +144,7 @@ class _TrainerLossScaler(Step):
         return not finite
 
 
-def _is_mxmp_trainer(obj):
+def _is_native_trainer(obj):
     from ..training.trainer import Trainer
     return isinstance(obj, Trainer)
 
@@ -179,7 +179,7 @@ def init_trainer(optimizer_or_trainer):
     """
     _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
-    if _is_mxmp_trainer(trainer):
+    if _is_native_trainer(trainer):
         return
     config = getattr(trainer, '_kvstore_params', {})
     if config.get('update_on_kvstore') or (trainer._kv_initialized and
@@ -198,6 +198,14 @@ def init_trainer(optimizer_or_trainer):
     trainer._amp_original_scale = trainer._scale
 
 
+def _scaler_of(trainer):
+    scaler = getattr(trainer, '_amp_loss_scaler', None)
+    if not isinstance(scaler, _TrainerLossScaler):
+        raise RuntimeError('the loss scaler is not set up: call mxmp.amp.init_trainer(trainer) '
+                           'after creating the Trainer')
+    return scaler
+
+
 @contextlib.contextmanager
 def scale_loss(loss, optimizer_or_trainer):
     """Context manager yielding the loss times the loss scale (``autograd.backward`` it).
@@ -210,27 +218,19 @@ def scale_loss(loss, optimizer_or_trainer):
                 autograd.backward(scaled_loss)
         trainer.step(batch_size)
 
-    With a ``gluon.Trainer`` the Trainer's gradient rescale is set to divide by the scale
-    (``trainer._scale``, as contrib.amp does), so ``step`` applies unscaled gradients. With an
-    ``mxmp.Trainer`` this is ``trainer.scale_loss(loss)``.
-
-    Args:
-        loss (NDArray, or lists/tuples of NDArrays nested to any depth)
-        optimizer_or_trainer: a Trainer passed to :func:`init_trainer`.
+    ``loss``: an NDArray or nested lists/tuples of them. A ``gluon.Trainer``'s ``_scale``
+    is set to divide by the scale, as contrib.amp does; an ``mxmp.Trainer`` scales itself.
 
     Raises:
         RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
     """
     _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
-    if _is_mxmp_trainer(trainer):
+    if _is_native_trainer(trainer):
         with trainer.scale_loss(loss) as scaled:
             yield scaled
         return
-    scaler = getattr(trainer, '_amp_loss_scaler', None)
-    if not isinstance(scaler, _TrainerLossScaler):
-        raise RuntimeError('the loss scaler is not set up: call mxmp.amp.init_trainer(trainer) '
-                           'after creating the Trainer')
+    scaler = _scaler_of(trainer)
     scale = scaler.loss_scale
     trainer._scale = trainer._amp_original_scale / scale
     if not scaler.scaler.enabled:
@@ -242,10 +242,8 @@ def scale_loss(loss, optimizer_or_trainer):
 def unscale(optimizer_or_trainer):
     """Divide the gradients by the loss scale in place (before clipping them).
 
-    Same signature as ``mxnet.contrib.amp.unscale``. Call between ``backward`` and ``step``;
-    that step then applies the gradients as they are (``trainer._scale`` is restored to its
-    value before :func:`scale_loss`; contrib.amp sets it to 1). inf/NaN stay and the step's
-    overflow check still sees them. With an ``mxmp.Trainer`` this is ``trainer.unscale()``.
+    Same signature as ``mxnet.contrib.amp.unscale``; call between ``backward`` and ``step``
+    (``trainer._scale`` is restored to its value before :func:`scale_loss`). inf/NaN stay.
 
     Raises:
         TypeError: not a Trainer.
@@ -253,13 +251,10 @@ def unscale(optimizer_or_trainer):
     """
     _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
-    if _is_mxmp_trainer(trainer):
+    if _is_native_trainer(trainer):
         trainer.unscale()
         return
-    scaler = getattr(trainer, '_amp_loss_scaler', None)
-    if not isinstance(scaler, _TrainerLossScaler):
-        raise RuntimeError('the loss scaler is not set up: call mxmp.amp.init_trainer(trainer) '
-                           'after creating the Trainer')
+    _scaler_of(trainer)
     factor = trainer._scale / trainer._amp_original_scale   # 1 / loss scale
     if factor != 1.0:
         with autograd.pause():

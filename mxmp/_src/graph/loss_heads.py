@@ -20,7 +20,7 @@ __all__ = ['insert_loss_scale', 'scaled_loss_ops', 'lp_variable_names', 'LOSS_SC
            'HEAD_GRADIENT_LOSS_OPS', 'NAMED_LOSS_OPS']
 
 #: Name of the input variable (a Module *state*, shape ``(1,)``, float32) holding the scale.
-LOSS_SCALE_NAME = '__mxmp_loss_scale__'
+LOSS_SCALE_NAME = '__mxmp_loss_scale__'   # a graph variable name, not a side channel
 #: Loss ops that always get the loss-scale node, whatever the policy says.
 NAMED_LOSS_OPS = frozenset(('SoftmaxOutput', 'LinearRegressionOutput',
                             'LogisticRegressionOutput', 'MAERegressionOutput', 'MakeLoss'))
@@ -82,7 +82,7 @@ def insert_loss_scale(sym, loss_ops=None):
                                       'attrs': {'__shape__': '(1,)',
                                                 '__dtype__': MSHADOW_ENUM['float32'],
                                                 MARK: 'loss_scale'}}))
-            attrs = {MARK: 'loss_scale'}
+            attrs = {MARK: 'loss_scale'}   # node names below: graph names, not side channels
             stop = add({'op': 'BlockGrad', 'name': unique(base + '_mxmp_stop'),
                         'attrs': dict(attrs), 'inputs': [list(entry)]})
             diff = add({'op': 'elemwise_sub', 'name': unique(base + '_mxmp_zero'),

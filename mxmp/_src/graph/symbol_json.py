@@ -18,9 +18,9 @@ __all__ = ['MARK', 'ROUND_MARK', 'PINNED', 'CAST_OPS', 'FLOAT_DTYPES', 'load', '
            'mutable_inputs']
 
 #: Attribute key that marks the nodes and variables mxmp wrote.
-MARK = '__mxmp__'
+MARK = '__mxmp__'   # a graph attribute key, not a side channel
 #: Attribute key of the arithmetic rounding nodes of bfloat16 emulation: the target dtype.
-ROUND_MARK = '__mxmp_round__'
+ROUND_MARK = '__mxmp_round__'   # a graph attribute key
 #: MARK value of a variable whose ``__dtype__`` :func:`pin_variable_dtypes` wrote.
 PINNED = 'pinned'
 #: MARK value (a prefix) of a variable stored in the target dtype by ``cast_params=True``.
@@ -32,7 +32,7 @@ _FLOAT32_PARAM = 'float32_param'
 #: Attribute key of the nodes :func:`mxmp._src.graph.stem.pad_stem` adds (value: the padded
 #: convolution's name), and of a weight variable whose ``__shape__`` it wrote (value
 #: ``'shape:'`` + the ``__shape__`` it had before, empty if none).
-STEM_MARK = '__mxmp_stem__'
+STEM_MARK = '__mxmp_stem__'   # a graph attribute key
 #: STEM_MARK value prefix of a variable whose ``__shape__`` :func:`mxmp._src.graph.stem.pad_stem`
 #: wrote.
 STEM_SHAPE = 'shape:'
