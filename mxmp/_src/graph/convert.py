@@ -8,8 +8,8 @@ produced. How and why: docs/pass.md.
 """
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, MSHADOW_ENUM
 from .plan import plan, prepare
-from .symbol_json import (MARK, ROUND_MARK, cast_origin, cast_param_mark, dump,
-    float32_param_mark, infer_dtypes, pin_variable_dtypes)
+from .symbol_json import (MARK, ROUND_MARK, cast_origin, dump, infer_dtypes,
+    pin_variable_dtypes, storage_mark)
 
 __all__ = ['convert_symbol']
 
@@ -119,10 +119,7 @@ class _Builder:
             new = dict(node)
             if decision.stored_dtype is not None:
                 attrs = dict(node.get('attrs', {}))
-                # The mark keeps the variable's own __dtype__ (if any) for remove_casts.
-                mark = float32_param_mark if decision.stored_dtype == 'float32' \
-                    else cast_param_mark
-                attrs[MARK] = mark(attrs)
+                attrs[MARK] = storage_mark(decision.stored_dtype, attrs)
                 attrs['__dtype__'] = MSHADOW_ENUM[decision.stored_dtype]
                 new['attrs'] = attrs
             self.nodes.append(new)

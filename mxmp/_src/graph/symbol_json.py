@@ -12,8 +12,8 @@ import numpy as np
 from ..dtypes import LOW_PRECISION_DTYPES, MSHADOW_ENUM, dtype_name
 
 __all__ = ['MARK', 'ROUND_MARK', 'PINNED', 'CAST_OPS', 'FLOAT_DTYPES', 'load', 'dump',
-           'is_cast_param', 'cast_param_names', 'cast_param_mark', 'cast_param_original',
-           'is_float32_param', 'float32_param_names', 'float32_param_mark',
+           'is_cast_param', 'cast_param_names', 'storage_mark', 'cast_param_original',
+           'is_float32_param', 'float32_param_names',
            'cast_origin', 'pin_variable_dtypes', 'infer_dtypes', 'node_output_dtypes',
            'mutable_inputs']
 
@@ -25,16 +25,11 @@ ROUND_MARK = '__mxmp_round__'   # a graph attribute key
 PINNED = 'pinned'
 #: MARK value (a prefix) of a variable stored in the target dtype by ``cast_params=True``.
 _CAST_PARAM = 'cast_param'
-#: MARK value (a prefix) of a variable declared in low precision (``__dtype__``) that the pass
-#: stores in float32, because an input MXNet needs as a graph variable takes it in float32
-#: (:mod:`mxmp._src.graph.plan`, "storage rules").
+#: MARK value (a prefix) of a low-precision variable the pass stores in float32.
 _FLOAT32_PARAM = 'float32_param'
-#: Attribute key of the nodes :func:`mxmp._src.graph.stem.pad_stem` adds (value: the padded
-#: convolution's name), and of a weight variable whose ``__shape__`` it wrote (value
-#: ``'shape:'`` + the ``__shape__`` it had before, empty if none).
+#: Attribute key of the nodes ``pad_stem`` adds (value: the padded convolution's name), and of
+#: a weight whose ``__shape__`` it wrote (value :data:`STEM_SHAPE` + its former ``__shape__``).
 STEM_MARK = '__mxmp_stem__'   # a graph attribute key
-#: STEM_MARK value prefix of a variable whose ``__shape__`` :func:`mxmp._src.graph.stem.pad_stem`
-#: wrote.
 STEM_SHAPE = 'shape:'
 #: MXNet's mixed-precision cast operators.
 CAST_OPS = ('amp_cast', 'amp_multicast')
@@ -66,51 +61,39 @@ def dump(js):
 
 
 def is_cast_param(node):
-    """bool: whether a node of the graph JSON is a variable that ``convert_symbol(...,
-    cast_params=True)`` stores in the target dtype (mxmp's :data:`MARK` says so)."""
+    """bool: whether a JSON node is a variable the pass stores in the target dtype."""
     return node['op'] == 'null' and node.get('attrs', {}).get(MARK, '').startswith(_CAST_PARAM)
 
 
+def is_float32_param(node):
+    """bool: whether a JSON node is a low-precision variable the pass stores in float32."""
+    return node['op'] == 'null' and \
+        node.get('attrs', {}).get(MARK, '').startswith(_FLOAT32_PARAM + ':')
+
+
 def cast_param_names(sym):
-    """frozenset of str: the variables of ``sym`` (an mxnet Symbol, or its graph JSON dict) that
-    ``convert_symbol(..., cast_params=True)`` stores in the target dtype: their arrays must be
-    cast to it."""
+    """frozenset of the variables of ``sym`` (a Symbol or its JSON dict) stored in the target
+    dtype: their arrays must be cast to it."""
     js = sym if isinstance(sym, dict) else load(sym)
     return frozenset(n['name'] for n in js['nodes'] if is_cast_param(n))
 
 
 def float32_param_names(sym):
-    """frozenset of str: the variables of ``sym`` (an mxnet Symbol, or its graph JSON dict)
-    declared in low precision that the converted graph stores in float32 instead: their
-    arrays (e.g. the Parameters of a block after ``net.cast('bfloat16')``) must be cast to
-    float32."""
+    """frozenset of the variables of ``sym`` (a Symbol or its JSON dict) declared in low
+    precision that the graph stores in float32: their arrays must be cast to float32."""
     js = sym if isinstance(sym, dict) else load(sym)
     return frozenset(n['name'] for n in js['nodes'] if is_float32_param(n))
 
 
-def is_float32_param(node):
-    """bool: whether a node of the graph JSON is a low-precision variable the pass stores in
-    float32 (mxmp's :data:`MARK` says so)."""
-    return node['op'] == 'null' and \
-        node.get('attrs', {}).get(MARK, '').startswith(_FLOAT32_PARAM + ':')
-
-
-def float32_param_mark(attrs):
-    """The :data:`MARK` value of a variable the pass stores in float32 though its
-    ``__dtype__`` (in ``attrs``) is a low-precision dtype; :func:`cast_param_original` gives
-    that ``__dtype__`` back."""
-    return '%s:%s' % (_FLOAT32_PARAM, attrs.get('__dtype__', ''))
-
-
-def cast_param_mark(attrs):
-    """The :data:`MARK` value of a ``cast_params`` variable: it keeps the variable's own
-    ``__dtype__`` (if any, from ``attrs``), which :func:`cast_param_original` gives back."""
-    return '%s:%s' % (_CAST_PARAM, attrs.get('__dtype__', ''))
+def storage_mark(stored_dtype, attrs):
+    """The :data:`MARK` value of a variable the pass stores in ``stored_dtype``; it keeps the
+    variable's own ``__dtype__`` (from ``attrs``) for :func:`cast_param_original`."""
+    kind = _FLOAT32_PARAM if stored_dtype == 'float32' else _CAST_PARAM
+    return '%s:%s' % (kind, attrs.get('__dtype__', ''))
 
 
 def cast_param_original(attrs):
-    """The ``__dtype__`` a variable whose storage mxmp chose (``cast_params``, or float32
-    for a low-precision variable) had before mxmp set it ('' for none)."""
+    """The ``__dtype__`` a variable had before the pass chose its storage ('' for none)."""
     return attrs[MARK].partition(':')[2]
 
 
