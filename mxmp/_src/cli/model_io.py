@@ -159,7 +159,7 @@ def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data
 
 
 def fuse_model(sym, arg_params, aux_params, shapes, data_names):
-    """``sym`` fused by MXNet's oneDNN backend for inference (:func:`mxmp._src.fusion.fuse_symbol`).
+    """``sym`` fused by oneDNN for inference (:func:`mxmp._src.gluon_graph.fuse_symbol`).
 
     Raises:
         CLIError: a data input without a shape in ``shapes``; the backend refused the graph.

@@ -10,7 +10,7 @@ Each weight travels as a fresh copy in its *wire dtype*, never as the live array
 would abort a dist kvstore's parameter server and Horovod has no bfloat16 (float32 travels
 instead, :func:`mxmp._src.distributed.exchange.wire_dtype`), and a weight a forward pass left in
 oneDNN's blocked layout is brought back to the default layout first (``amp_cast`` and the
-kvstore fail on it, :mod:`mxmp._src.layout`). The values are then cast back into every device's
+kvstore fail on it, :mod:`mxmp._src.device`). The values are then cast back into every device's
 array, and the broadcast is waited for before returning, so that no gradient is pushed on a
 key whose weight pull is still pending (on a dist kvstore the server's value of a key becomes
 the gradient sum after a round: a late pull would write the summed gradient into the weight).
