@@ -101,6 +101,8 @@ class Policy:
             set_(field, frozenset(value))
         if self.emulate not in ('auto', True, False):
             raise ValueError("emulate=%r: use 'auto', True or False" % (self.emulate,))
+        if self.emulate != 'auto':
+            set_('emulate', bool(self.emulate))
         set_('follow_params', bool(self.follow_params))
         param = normalize_dtype(self.param_dtype, allow_float32=True)
         if param not in ('float32', self.target_dtype):
