@@ -6,6 +6,7 @@ why: docs/from_contrib_amp.md.
 import contextlib
 import dataclasses
 import logging
+import warnings
 from typing import Optional, Tuple
 
 from mxnet import autograd
@@ -15,7 +16,8 @@ from ..policy.policy import conditional_rules
 from ..scaling.scalers import make_loss_scaler, scale_losses
 from ..training.step import Step, param_grads
 
-__all__ = ['init', 'disable', 'init_trainer', 'scale_loss', 'unscale']
+__all__ = ['init', 'disable', 'init_trainer', 'scale_loss', 'unscale', 'convert_symbol',
+           'convert_model', 'convert_hybrid_block']
 
 logger = logging.getLogger('mxmp.amp')
 
@@ -53,7 +55,7 @@ def _conditional(value):
 
 def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names):
     """The mxmp Policy of a convert call (:func:`mxmp._src.amp.convert.policy_for`)."""
-    from .convert import policy_for
+    from .lists import policy_for
     if excluded_sym_names is not None and (isinstance(excluded_sym_names, str) or
                                            not isinstance(excluded_sym_names, (list, tuple,
                                                                                set))):
@@ -112,6 +114,129 @@ def disable():
     from ..gluon import set_global
     _CONFIG = _Config()
     set_global(None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The convert calls
+# ---------------------------------------------------------------------------------------------
+def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
+                   conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
+                   cast_optional_params=False):
+    """Add cast nodes to a float32 Symbol (:func:`mxmp.convert_symbol`).
+
+    Same signature as ``mxnet.contrib.amp.convert_symbol`` except that ``target_dtype``
+    defaults to the dtype recorded by :func:`mxmp.amp.init` (else ``'float16'``).
+
+    Args:
+        sym (Symbol): the float32 graph.
+        target_dtype (str): ``'float16'`` or ``'bfloat16'``.
+        target_dtype_ops, fp32_ops (list of str): replace the default low-precision /
+            float32 lists (None: the defaults, :func:`list_lp16_ops`, :func:`list_fp32_ops`,
+            with :func:`init`'s additions); loss outputs stay float32. An op that ends up in
+            no list runs in the dtype of its data, its parameters stored in that dtype.
+        conditional_fp32_ops (list of (op, attr, values)): replace the default rules
+            (:func:`list_conditional_fp32_ops`); matching nodes compute in float32, the
+            others follow their data.
+        excluded_sym_names (list of str): node names kept in float32.
+        data_names (list of str): the graph's data inputs; the others are parameters.
+            Default, as in contrib.amp: every input without a ``__dtype__`` attribute.
+        cast_optional_params (bool): ``cast_params=True`` (the caller casts the arrays, as
+            :func:`convert_model` does).
+
+    Returns:
+        Symbol: the real (never emulated) mixed-precision graph, float32 outputs.
+
+    Raises:
+        AmpListConflict: an op in two lists (the default lists included), or a widest-type
+            or unregistered op in a list; a ValueError and an AssertionError.
+        ValueError: unknown dtype; malformed lists; an already converted graph.
+    """
+    from ..graph.convert import convert_symbol as _convert
+    policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                     excluded_sym_names)
+    if data_names is None:
+        data_names = _undeclared_inputs(sym)
+    return _convert(sym, policy=policy, data_names=tuple(data_names),
+                    cast_params=True if cast_optional_params else None)
+
+
+def _undeclared_inputs(sym):
+    """The inputs of ``sym`` without a ``__dtype__`` attribute (contrib.amp's data inputs)."""
+    from ..graph.symbol_json import load
+    return [n['name'] for n in load(sym)['nodes']
+            if n['op'] == 'null' and '__dtype__' not in n.get('attrs', {})]
+
+
+def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_ops=None,
+                  fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
+                  cast_optional_params=False):
+    """Convert a float32 model (symbol and parameters) for mixed-precision inference.
+
+    Same signature and return value as ``mxnet.contrib.amp.convert_model`` (``target_dtype``
+    defaults to :func:`init`'s). The inputs that are not in ``arg_params``/``aux_params`` are
+    the data inputs. Unlike contrib.amp the given dicts are not modified: new dicts are
+    returned.
+
+    Returns:
+        tuple (Symbol, dict, dict): the converted graph, and the parameters, each cast to the
+        dtype the graph gives its variable (``__dtype__``, as contrib.amp): the target dtype
+        where ``cast_optional_params=True`` stores it so, float32 otherwise.
+
+    Raises:
+        TypeError: ``arg_params``/``aux_params`` are not dicts.
+        ValueError: as :func:`convert_symbol`.
+    """
+    if not isinstance(arg_params, dict) or not isinstance(aux_params, dict):
+        raise TypeError('arg_params and aux_params must be dicts of name -> NDArray')
+    data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
+    out = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                         excluded_sym_names, data_names, cast_optional_params)
+    from ..graph.strip import cast_to_graph
+    return out, cast_to_graph(out, arg_params), cast_to_graph(out, aux_params)
+
+
+def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
+                         conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
+                         cast_optional_params=False):
+    """Return a mixed-precision copy of a HybridBlock's graph that *shares* its Parameters.
+
+    Same signature as ``mxnet.contrib.amp.convert_hybrid_block`` except the defaults of
+    ``target_dtype`` (:func:`init`'s, else ``'float16'``) and ``ctx`` (None: where the
+    parameters are). The result is a new ``gluon.SymbolBlock`` converted by
+    :func:`mxmp.convert` (inputs: the block's cached graph's, else ``('data',)``; emulated
+    where ``ctx`` has no kernels); ``block`` keeps computing in float32.
+    ``cast_optional_params=True`` stores the shared low-precision weights in the target dtype.
+
+    Raises:
+        TypeError: not a HybridBlock, or a block that cannot be traced.
+        ValueError: as :func:`convert_symbol`.
+    """
+    import mxnet as mx
+    from mxnet import gluon
+    from ..gluon import convert
+    if not isinstance(block, gluon.HybridBlock):
+        raise TypeError('block must be a gluon.HybridBlock, got %s' % type(block).__name__)
+    if ctx is not None:
+        block.collect_params().reset_ctx(ctx)
+    cached = getattr(block, '_cached_graph', None)
+    if isinstance(block, gluon.SymbolBlock):
+        inputs, sym = cached
+    else:
+        inputs = list(cached[0]) if cached else [mx.sym.var('data')]
+        try:
+            sym = block(*inputs)
+        except Exception as err:  # any failure of hybrid_forward on Symbols
+            raise TypeError('could not trace %s into a Symbol (%s: %s): its hybrid_forward '
+                            'must use only F.* operators' % (block.name, type(err).__name__,
+                                                             err)) from err
+        if isinstance(sym, (list, tuple)):
+            sym = mx.sym.Group(list(sym))
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', UserWarning)   # SymbolBlock cannot type its inputs yet
+        copy = gluon.SymbolBlock(sym, list(inputs), params=block.collect_params())
+    policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                     excluded_sym_names)
+    return convert(copy, policy=policy, cast_params=True if cast_optional_params else None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -145,7 +145,7 @@ def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data
     Raises:
         CLIError: the pass refused the graph (its ValueError's message).
     """
-    from ..amp.convert import cast_to_graph
+    from ..graph.strip import cast_to_graph
     from ..graph.convert import convert_symbol
     from ..graph.strip import arrays_for_graph, float32_arrays
     try:

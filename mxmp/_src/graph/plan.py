@@ -319,7 +319,7 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
 
 
 class ExplainRow(NamedTuple):
-    """Node ``name`` of operator ``op`` computes in ``dtype`` (None: no float output) by ``rule``."""
+    """Node ``name`` of operator ``op`` computes in ``dtype`` (None: no float work) by ``rule``."""
     name: str
     op: str
     dtype: Optional[str]

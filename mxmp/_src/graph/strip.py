@@ -3,12 +3,12 @@ arrays that go with a converted or stripped graph."""
 import numpy as np
 
 from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum, mx_dtype
-from .symbol_json import (CAST_OPS, MARK, PINNED, ROUND_MARK, STEM_MARK, STEM_SHAPE,
+from .symbol_json import (CAST_OPS, FLOAT_DTYPES, MARK, PINNED, ROUND_MARK, STEM_MARK, STEM_SHAPE,
     cast_origin, cast_param_names, cast_param_original, dump, is_cast_param, is_float32_param,
     load)
 
 __all__ = ['remove_casts', 'converted_dtype', 'count_casts', 'cast_origins', 'strip',
-           'previous_conversion', 'float32_arrays', 'arrays_for_graph']
+           'previous_conversion', 'float32_arrays', 'arrays_for_graph', 'cast_to_graph']
 
 
 def _without_dtype(node, attrs, original=''):
@@ -155,4 +155,21 @@ def arrays_for_graph(sym, arrays, target_dtype):
     out = float32_arrays(arrays)
     for name in cast_param_names(sym).intersection(out):
         out[name] = mx.nd.amp_cast(out[name], dtype=mx_dtype(target_dtype))
+    return out
+
+
+def cast_to_graph(sym, params):
+    """A new dict: each array of ``params`` (named as ``sym``'s variables) cast to its
+    variable's ``__dtype__`` in the converted graph ``sym``, if it has one (``amp_cast``)."""
+    import mxnet as mx
+    from ..device import to_default_layout
+    wanted = {n['name']: from_mshadow_enum(n.get('attrs', {}).get('__dtype__'))
+              for n in load(sym)['nodes'] if n['op'] == 'null'}
+    out = {}
+    for name, value in params.items():
+        dtype = wanted.get(name)
+        if dtype in FLOAT_DTYPES and np.dtype(value.dtype) != np.dtype(mx_dtype(dtype)):
+            to_default_layout([value])   # amp_cast fails on weights oneDNN reordered in place
+            value = mx.nd.amp_cast(value, dtype=mx_dtype(dtype))
+        out[name] = value
     return out

@@ -5,7 +5,7 @@ fp32, widest-type and conditional lists; ``FP32_FUNCS`` includes the loss output
 """
 from ..._src.dtypes import normalize_dtype
 from . import symbol_bf16, symbol_fp16
-from ..._src.amp.convert import contrib_lists, module_names
+from ..._src.amp.lists import contrib_lists, module_names
 
 __all__ = ['contrib_lists', 'module_names', 'symbol_fp16', 'symbol_bf16', 'list_lp16_ops',
            'list_fp32_ops', 'list_lp16_fp32_ops', 'list_widest_type_cast',
