@@ -139,7 +139,7 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
         ctxs = [c for p in block.collect_params().values() if p._ctx_list for c in p._ctx_list]
         _convert_graph(block, conversion, (), ctxs[0] if ctxs else None)
     elif policy.cast_params:
-        cast_params_now(block, policy)
+        _cast_params_now(block, policy)
     if not block._active:
         logger.info('mxmp.convert: hybridizing %s (mixed precision runs in its graph)',
                     block.name)
@@ -147,7 +147,7 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
     return block
 
 
-def cast_params_now(block, policy):
+def _cast_params_now(block, policy):
     """Store the weights ``policy`` (``param_dtype`` the target dtype) stores in low precision
     now, found on ``block`` traced with one input ``data`` (else at its first graph), so that
     what runs before the first call sees their final dtypes."""
