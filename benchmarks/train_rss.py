@@ -164,7 +164,7 @@ def _padded(net, x, args, get_model):
     """A copy of ``net`` (initialized on the 3-channel images ``x``) whose stem convolution takes
     ``args.pad_channels`` input channels: the weights of ``net``, the stem's with zero columns."""
     import mxnet as mx
-    from mxmp._src.layout import to_default_layout
+    from mxmp._src.device import to_default_layout
     net(mx.nd.array(x[:1]))  # finishes the deferred initialization with 3 channels (one
     # image: the peak RSS stays that of the training steps)
     mx.nd.waitall()

@@ -22,7 +22,7 @@ from ._src.dtypes import normalize_dtype  # noqa: E402
 from ._src.errors import AmpListConflict, LossScaleAtFloorError, NonFiniteForwardWarning  # noqa: E402,E501
 from ._src.gluon import convert, converted_graph  # noqa: E402
 from ._src.graph.convert import convert_symbol  # noqa: E402
-from ._src.graph.explain import explain, format_explain  # noqa: E402
+from ._src.graph.plan import explain, format_explain  # noqa: E402
 from ._src.graph.strip import count_casts, remove_casts  # noqa: E402
 from ._src.policy.policy import Policy  # noqa: E402
 from ._src.scaling import (DynamicLossScaler, LossScaleGroup, LossScaler,  # noqa: E402

@@ -19,7 +19,7 @@ from ._src.model_io import (check_data_names, convert_model, diagnose_batch, epo
 def cmd_convert(args):
     """mxmp convert: write a converted (or stripped) model."""
     import numpy as np
-    from ._src.fusion import count_fused
+    from ._src.gluon_graph import count_fused
     from ._src.graph.strip import count_casts
     if not args.strip and args.dtype is None:
         raise CLIError('give --dtype float16 or --dtype bfloat16 (or --strip to get the '
@@ -54,7 +54,7 @@ def cmd_convert(args):
 
 def cmd_explain(args):
     """mxmp explain: the pass's decision for every node."""
-    from ._src.graph.explain import explain, format_explain_table
+    from ._src.graph.plan import explain, format_explain_table
     sym = load_symbol(args.symbol)
     try:
         rows = explain(sym, args.dtype, cast_params=args.cast_params,

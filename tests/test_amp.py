@@ -297,7 +297,7 @@ def test_every_op_is_in_exactly_one_list(dtype):
     assert 'Activation' not in amp.list_lp16_fp32_ops(dtype)
     assert 'Activation' in [op for op, _, _ in amp.list_conditional_fp32_ops(dtype)]
     registered = {op for op in mx.operator.get_all_registered_operators()
-                  if mxmp._src.policy.coverage.excluded_reason(op) is None}
+                  if mxmp._src.policy.tables.excluded_reason(op) is None}
     assert registered - set(everything) == set()
 
 

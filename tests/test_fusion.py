@@ -1,4 +1,4 @@
-"""Fused inference (mxmp._src.fusion): oneDNN's fused graph for inference calls, the unfused one for
+"""Fused inference (mxmp._src.gluon_graph): oneDNN's fused graph for inference calls, the unfused one for
 training; structure and numerics on any machine (fusion exists for float32 too), bfloat16
 numerics where the real kernels run, stale-state protection, refusal, and `mxmp convert --fuse`.
 """
@@ -220,7 +220,7 @@ def test_a_graph_without_fusible_patterns_runs_unfused_with_a_log_line(caplog):
 
     block = mxmp.convert(Scale(), policy=fp32_policy(), fuse_inference=True)
     block.hybridize(static_alloc=True, static_shape=True)
-    with caplog.at_level(logging.WARNING, logger='mxmp._src.fusion'):
+    with caplog.at_level(logging.WARNING, logger='mxmp.gluon'):
         out = block(data()).asnumpy()
         block(data())
     np.testing.assert_array_equal(out, np.maximum(data().asnumpy(), 0) * 2)
@@ -286,7 +286,7 @@ def test_an_output_that_also_feeds_another_node_is_never_fused(caplog):
     ref = [o.asnumpy() for o in net(x)]
     block = mxmp.convert(net, policy=fp32_policy(), fuse_inference=True)
     block.hybridize(static_alloc=True, static_shape=True)
-    with caplog.at_level(logging.WARNING, logger='mxmp._src.fusion'):
+    with caplog.at_level(logging.WARNING, logger='mxmp.gluon'):
         logits, prob = block(x)
     assert fused_symbol(block) is None
     assert any('also feeds another node' in r.getMessage() for r in caplog.records)

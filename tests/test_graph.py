@@ -49,7 +49,7 @@ def run(sym, args, aux=None, ctx=mx.cpu()):
 
 def infer_types(sym, **given):
     """{output or argument name: dtype name}, every untyped input taken as float32."""
-    from mxmp._src.graph.infer import infer_dtypes as _infer_dtypes
+    from mxmp._src.graph.symbol_json import infer_dtypes as _infer_dtypes
     js = json.loads(sym.tojson(remove_amp_cast=False))
     names = [n['name'] for n in js['nodes']]
     return {names[nid] if k == 0 else '%s:%d' % (names[nid], k): d

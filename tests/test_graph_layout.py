@@ -5,7 +5,7 @@ import numpy as np
 
 import mxmp
 from mxmp._src.dtypes import dtype_name
-from mxmp._src.graph import params, strip, symbol_json
+from mxmp._src.graph import strip, symbol_json
 from test_graph import conv_bn_relu_fc_softmax, nodes_of
 
 
@@ -26,10 +26,10 @@ def test_arrays_for_graph_cast_the_stored_parameters_only():
     out = mxmp.convert_symbol(sym, 'bfloat16', cast_params=True)
     arrays = {'conv_weight': mx.nd.ones((8, 1, 3, 3)), 'bn_gamma': mx.nd.ones((8,)),
               'fc_weight': mx.nd.ones((10, 8), dtype='float16')}
-    got = params.arrays_for_graph(out, arrays, 'bfloat16')
+    got = strip.arrays_for_graph(out, arrays, 'bfloat16')
     assert {k: dtype_name(v.dtype) for k, v in got.items()} == {
         'conv_weight': 'bfloat16', 'bn_gamma': 'float32', 'fc_weight': 'bfloat16'}
-    back = params.float32_arrays(got)
+    back = strip.float32_arrays(got)
     assert {dtype_name(v.dtype) for v in back.values()} == {'float32'}
     assert back['bn_gamma'] is got['bn_gamma']   # float32 arrays are not copied
     np.testing.assert_array_equal(back['conv_weight'].asnumpy(), np.ones((8, 1, 3, 3)))

@@ -13,7 +13,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.contrib.amp.amp import bfloat16
 
 import mxmp
-from mxmp._src.layout import to_default_layout
+from mxmp._src.device import to_default_layout
 
 EMULATE = not mxmp.lp_kernels_available('bfloat16')
 EPS = 2.0 ** -8   # bfloat16's relative rounding error (8 significant bits)

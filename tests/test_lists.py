@@ -21,7 +21,7 @@ import mxnet as mx
 from mxnet.base import OpHandle, _LIB, c_array_buf, c_str, c_str_array, check_call, mx_uint, py_str
 from mxnet.contrib.amp.amp import bfloat16
 
-import mxmp._src.policy.coverage
+
 import mxmp._src.policy.tables
 from mxmp._src.policy.tables import table
 
@@ -33,7 +33,7 @@ MODULES = {t: types.SimpleNamespace(**table(t)) for t in ('float16', 'bfloat16')
 TARGETS = tuple(MODULES)
 CLASSES = mxmp._src.policy.tables.OP_CLASSES
 REGISTERED = sorted(mx.operator.get_all_registered_operators())
-CLASSIFIED = [name for name in REGISTERED if mxmp._src.policy.coverage.excluded_reason(name) is None]
+CLASSIFIED = [name for name in REGISTERED if mxmp._src.policy.tables.excluded_reason(name) is None]
 MX_DTYPE_ENUM = {'float32': 0, 'float16': 2, 'int32': 4, 'bfloat16': 12}
 
 
@@ -117,7 +117,7 @@ def test_every_registered_op_is_classified_or_excluded_by_a_rule(target):
 @pytest.mark.parametrize('target', TARGETS)
 def test_excluded_ops_are_in_no_class(target):
     module = MODULES[target]
-    both = [name for name in REGISTERED if mxmp._src.policy.coverage.excluded_reason(name) is not None
+    both = [name for name in REGISTERED if mxmp._src.policy.tables.excluded_reason(name) is not None
             and any(name in getattr(module, cls) for cls in CLASSES)]
     assert not both
 
@@ -151,10 +151,10 @@ def test_every_listed_name_is_a_registered_op(target):
 
 
 def test_each_exclusion_rule_matches_registered_ops():
-    for prefix, reason in mxmp._src.policy.coverage.EXCLUDED_PREFIXES:
+    for prefix, reason in mxmp._src.policy.tables.EXCLUDED_PREFIXES:
         assert reason and any(name.startswith(prefix) for name in REGISTERED), prefix
-    counts = {prefix: sum(1 for n in REGISTERED if mxmp._src.policy.coverage.excluded_reason(n) == reason)
-              for prefix, reason in mxmp._src.policy.coverage.EXCLUDED_PREFIXES}
+    counts = {prefix: sum(1 for n in REGISTERED if mxmp._src.policy.tables.excluded_reason(n) == reason)
+              for prefix, reason in mxmp._src.policy.tables.EXCLUDED_PREFIXES}
     assert counts == {'_backward_': 265, '_contrib_backward_': 4, '_np_': 25, '_npi_': 207,
                       '_npx_': 54, 'amp_': 2}
 
@@ -164,8 +164,8 @@ def test_legacy_cumsum_is_classified_under_its_numpy_canonical_name():
     data = mx.sym.var('data')
     ops = [n['op'] for n in json.loads(mx.sym.cumsum(data).tojson())['nodes']]
     assert '_np_cumsum' in ops
-    assert mxmp._src.policy.coverage.excluded_reason('_np_cumsum') is None
-    assert mxmp._src.policy.coverage.excluded_reason('_np_sum') is not None
+    assert mxmp._src.policy.tables.excluded_reason('_np_cumsum') is None
+    assert mxmp._src.policy.tables.excluded_reason('_np_sum') is not None
     for target in TARGETS:
         assert _class_of(target, '_np_cumsum') == 'FLOAT32'
 

@@ -20,7 +20,7 @@ import pytest
 import mxmp
 from mxmp._src.conformance.check import check_kernels
 from mxmp._src.dtypes import MSHADOW_ENUM
-from mxmp._src.graph.params import arrays_for_graph
+from mxmp._src.graph.strip import arrays_for_graph
 from mxmp._src.graph.symbol_json import MARK, float32_param_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,7 +98,7 @@ _TRAIN = textwrap.dedent('''
     import sys, json
     import numpy as np, mxnet as mx, mxmp
     from mxmp._src.dtypes import MSHADOW_ENUM, mx_dtype
-    from mxmp._src.graph.params import arrays_for_graph
+    from mxmp._src.graph.strip import arrays_for_graph
     sys.path.insert(0, sys.argv[1])
     from tests.test_lp_params import deconv_graph
     lp, emulate = 'bfloat16', not mxmp.lp_kernels_available('bfloat16')

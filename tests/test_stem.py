@@ -190,7 +190,7 @@ def test_auto_pads_with_real_bfloat16_kernels_within_bfloat16_tolerance(cast_par
     np.testing.assert_allclose(out, ref_out, rtol=1e-2, atol=1e-2)
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-2, atol=1e-2)
     # inference: fused by default here, from the padded graph also when the fused graph is
-    # its own (cast_params=False: target-dtype weight copies, mxmp._src.fusion)
+    # its own (cast_params=False: target-dtype weight copies, mxmp._src.gluon_graph)
     np.testing.assert_allclose(block(x).asnumpy(), plain(x).asnumpy(), rtol=1e-2, atol=1e-2)
     assert mxmp._src.gluon.fused_graph(block) is not None
     assert padded_convolutions(mxmp._src.gluon.fused_graph(block)) == ['net_conv0_fwd']

@@ -1,22 +1,20 @@
-"""What the hardware can run: a probe for low-precision kernels.
+"""What the device does: whether it has low-precision kernels (:func:`lp_kernels_available`),
+and bringing arrays oneDNN reordered back to the default layout (:func:`to_default_layout`).
 
-MXNet 1.9.1 has float16 Convolution/FullyConnected only on NVIDIA GPUs ("FP16 gemm on cpu not
-implemented!"), and bfloat16 ones only through oneDNN on CPUs with AVX-512 (oneDNN 2.x needs
-``avx512_core`` for bfloat16; on an AVX2-only CPU a bfloat16 Convolution fails with "could not
-create a primitive descriptor iterator", measured on the project's AMD EPYC AVX2 machines).
-Where the kernels are missing, ``emulate=True`` runs the same numerics with float32 kernels.
+MXNet 1.9.1 has float16 Convolution/FullyConnected only on NVIDIA GPUs and bfloat16 ones only
+through oneDNN on CPUs with AVX-512. Details and measurements: docs/pass.md.
 """
 import contextlib
+import ctypes
 import functools
 import os
 
 from .dtypes import normalize_dtype
 
-__all__ = ['lp_kernels_available', 'MISSING_KERNEL_MESSAGE']
+__all__ = ['lp_kernels_available', 'MISSING_KERNEL_MESSAGE', 'to_default_layout']
 
-#: The MXNet error text of a missing oneDNN low-precision kernel (measured with
-#: ``DNNL_MAX_CPU_ISA=AVX2``: bfloat16 Convolution and FullyConnected both raise it, from
-#: mkldnn_convolution.cc and mkldnn_fully_connected.cc).
+#: MXNet's error text of a missing oneDNN low-precision kernel (bfloat16 Convolution and
+#: FullyConnected without AVX-512).
 MISSING_KERNEL_MESSAGE = 'could not create a primitive descriptor iterator'
 
 
@@ -40,20 +38,10 @@ def _quiet_stderr():
 def lp_kernels_available(target_dtype, ctx=None):
     """Whether ``ctx`` runs Convolution and FullyConnected in ``target_dtype``.
 
-    The answer comes from running a 1x1 Convolution and a FullyConnected (forward and backward)
-    on tiny fresh arrays once per (dtype, context); a genuine answer is cached for the process.
-
-    The probe cannot be poisoned by other work: it waits only on its own arrays (never
-    ``nd.waitall()``), so a failure still pending from another computation (MXNet reports
-    errors asynchronously, at the next wait) neither reaches the probe nor is consumed by it;
-    the user's next ``waitall`` still raises it. MXNet passes an error only along data
-    dependencies: measured with an ``amp_cast`` failing in the background, the probe's own
-    ``wait_to_read`` saw nothing while a ``waitall`` raised, and cleared, the unrelated error.
-    Only oneDNN's missing-kernel error (:data:`MISSING_KERNEL_MESSAGE`) means "no kernels";
-    on a CPU any other error of the probe is raised, not cached. It runs in this process
-    (0.03 s) rather than in a subprocess (2.7-4.5 s to start Python and MXNet, measured on a
-    2-core machine), and so sees the same MXNet and oneDNN settings (``DNNL_MAX_CPU_ISA`` is
-    read once, when MXNet loads) as the computations it answers for.
+    Probed once per (dtype, context) in this process: a 1x1 Convolution and a FullyConnected,
+    forward and backward, on tiny arrays of its own (it waits on those only, so errors pending
+    from other computations are neither seen nor consumed). Only
+    :data:`MISSING_KERNEL_MESSAGE` means "no kernels"; the answer is cached.
 
     Args:
         target_dtype (str): ``'float16'`` or ``'bfloat16'``.
@@ -97,12 +85,8 @@ def _probe(dtype, device_type, device_id):
                 y = nd.Convolution(x, w, kernel=(1, 1), num_filter=8, no_bias=True)
                 z = nd.FullyConnected(y, fw, num_hidden=4, no_bias=True)
             z.backward()
-            # Only the probe's own results: never nd.waitall(), which would raise (and clear)
-            # an error pending from someone else's computation. Every one is waited on, also
-            # after the first fails: an error left pending on one of them would be raised by
-            # the user's next nd.waitall() (measured with bulk execution off,
-            # MXNET_EXEC_BULK_EXEC_TRAIN=0, under DNNL_MAX_CPU_ISA=AVX2: a float32 training
-            # step then failed with the probe's "could not create a primitive descriptor").
+            # Each of the probe's own results is waited on, also after one fails (never
+            # nd.waitall()): an error left pending would surface in the user's next wait.
             errors = []
             for a in (y, z, x.grad, w.grad, fw.grad):
                 try:
@@ -116,3 +100,30 @@ def _probe(dtype, device_type, device_id):
             return False
         raise
     return True
+
+
+def to_default_layout(arrays):
+    """Reorder each CPU NDArray that oneDNN holds in a blocked layout back to the default one,
+    in place (same objects, values, shape, dtype), through the C API's ``MXNDArrayGetData``.
+
+    An inference Convolution leaves its weight in oneDNN's blocked layout, where ``amp_cast``
+    fails for grouped weights (docs/pass.md). Default-layout, sparse and GPU arrays are left
+    alone; each CPU array is waited on first.
+
+    Args:
+        arrays (NDArray or iterable of NDArray, None entries allowed): the arrays.
+
+    Raises:
+        mxnet.base.MXNetError: a pending computation that writes one of the arrays failed
+            (raised by ``wait_to_read``; the error is that computation's, not this function's).
+    """
+    from mxnet import nd
+    from mxnet.base import _LIB, check_call
+    if isinstance(arrays, nd.NDArray):
+        arrays = (arrays,)
+    pointer = ctypes.c_void_p()
+    for arr in arrays:
+        if arr is None or arr.stype != 'default' or arr.context.device_type == 'gpu':
+            continue
+        arr.wait_to_read()
+        check_call(_LIB.MXNDArrayGetData(arr.handle, ctypes.byref(pointer)))

@@ -11,7 +11,7 @@ import numpy as np
 from mxnet import autograd, nd
 
 from .dtypes import dtype_name, itemsize, mx_dtype, normalize_dtype
-from .layout import to_default_layout
+from .device import to_default_layout
 
 __all__ = ['EXCHANGE_DTYPES', 'check_grad_dtype', 'check_kvstore_args', 'exchange_dtype',
            'wire_dtype', 'bytes_per_step', 'CastBuffers', 'broadcast_from_root',

@@ -1,10 +1,5 @@
-"""Dtype names: one spelling for every dtype mxmp handles, and mshadow's dtype enum.
-
-MXNet names bfloat16 by a numpy structured dtype (``mxnet.contrib.amp.amp.bfloat16``, whose
-field is named ``'bfloat16'``); everything in mxmp speaks of dtypes by their canonical string
-name instead (``'float32'``, ``'float16'``, ``'bfloat16'``, ...). This module converts both ways
-and is the only place that knows the enum numbers a graph's ``__dtype__`` attribute uses.
-It imports numpy only (MXNet is imported where an MXNet dtype object is asked for).
+"""Dtype names: mxmp's canonical strings (``'bfloat16'`` for MXNet's numpy structured bfloat16
+dtype), MXNet's dtype objects and mshadow's enum of ``__dtype__`` attributes. Imports numpy only.
 """
 import numpy as np
 
@@ -25,13 +20,7 @@ _ITEMSIZE = {'float16': 2, 'bfloat16': 2, 'float32': 4, 'float64': 8}
 
 
 def dtype_name(dtype):
-    """Canonical name of an MXNet/numpy dtype: ``'bfloat16'`` for MXNet's bfloat16.
-
-    Args:
-        dtype: a dtype name, numpy dtype or type, MXNet's bfloat16 dtype, or None.
-
-    Returns:
-        str or None: ``'float32'``, ``'bfloat16'``, ...; None for None.
+    """Canonical name (str) of a dtype name, numpy dtype or MXNet's bfloat16; None for None.
 
     Raises:
         TypeError: ``dtype`` is not a dtype numpy understands.
@@ -52,19 +41,11 @@ def is_low_precision(dtype):
 
 
 def normalize_dtype(dtype, allow_float32=False):
-    """Return the canonical name of a target dtype.
-
-    Args:
-        dtype: ``'float16'``, ``'bfloat16'``, ``numpy.float16``, or MXNet's bfloat16 dtype
-            (``mxnet.contrib.amp.amp.bfloat16``, a numpy structured dtype); ``'float32'`` and
-            ``numpy.float32`` too when ``allow_float32`` is True.
-        allow_float32 (bool): accept float32 (used where "no mixed precision" is a valid answer).
-
-    Returns:
-        str: ``'float16'``, ``'bfloat16'`` (or ``'float32'``).
+    """``'float16'`` or ``'bfloat16'`` (or ``'float32'`` with ``allow_float32``) for any
+    spelling of it (name in any case, numpy type, MXNet's bfloat16).
 
     Raises:
-        ValueError: for any other dtype; the message names the accepted ones.
+        ValueError: any other dtype; the message names the accepted ones.
     """
     accepted = TARGET_DTYPES + (('float32',) if allow_float32 else ())
     if isinstance(dtype, str):

@@ -1,10 +1,5 @@
-"""Every exception and warning mxmp raises, and the one-line reason of an MXNet error.
-
-The exceptions subclass what code written for plain MXNet or ``mxnet.contrib.amp`` already
-catches (``AssertionError`` where contrib.amp asserted, ``ImportError`` for missing libraries),
-and their messages name the fix. This module imports nothing from MXNet, so that it can be
-used before MXNet loads (``mxmp._src.cuda``).
-"""
+"""Every exception and warning mxmp raises (subclassing what code for MXNet or contrib.amp
+already catches), and the one-line reason of an MXNet error. Imports nothing from MXNet."""
 from .cuda import CudaLibrariesNotFound
 
 __all__ = ['AmpListConflict', 'LossScaleAtFloorError', 'NonFiniteForwardWarning',
@@ -12,23 +7,13 @@ __all__ = ['AmpListConflict', 'LossScaleAtFloorError', 'NonFiniteForwardWarning'
 
 
 class AmpListConflict(ValueError, AssertionError):
-    """An op is put in two op classes at once (e.g. in both ``lp_ops`` and ``fp32_ops``).
-
-    A ``ValueError`` (what mxmp raises for bad arguments) and an ``AssertionError`` (what
-    ``mxnet.contrib.amp`` 1.9.1 raised for the same conflicts, from ``assert`` statements in
-    ``convert_symbol``), so code written for either catches it. The message names the ops
-    and the lists.
-    """
+    """An op put in two op classes at once; a ValueError and an AssertionError (what
+    contrib.amp 1.9.1 asserted)."""
 
 
 class LossScaleAtFloorError(RuntimeError):
-    """The dynamic loss scale sat at its floor for ``max_overflows_at_floor`` overflows in a row.
-
-    Raised by the training step (so by ``mxmp.Trainer.step``/``update`` and
-    ``mxmp.Module.update``) instead of skipping yet another step: at the floor the scale cannot
-    go lower, so the inf/NaN gradients are not an overflow that scaling causes. The message
-    names the parameters whose gradients were inf/NaN on the last step and says whether the
-    forward pass (the loss) was already non-finite.
+    """The dynamic loss scale sat at its floor for ``max_overflows_at_floor`` overflows in a
+    row (raised by the training step instead of skipping yet another step).
 
     Attributes:
         parameters (list of str): names of the parameters with inf/NaN gradients (any device).
@@ -43,25 +28,13 @@ class LossScaleAtFloorError(RuntimeError):
 
 
 class NonFiniteForwardWarning(RuntimeWarning):
-    """A step was skipped because the forward pass itself gave inf/NaN (the loss or the
-    outputs), not because the loss scale made the gradients overflow.
-
-    Issued by the training step on every such step (Python's warning filters decide how
-    often it is shown; ``warnings.simplefilter('error', NonFiniteForwardWarning)`` turns it
-    into an exception). Lowering the loss scale does not fix it: look at the inputs and
-    labels of the batch, the learning rate, and ops like log/exp/division/sqrt in the model.
-    The weights and optimizer states are untouched by the skipped step; BatchNorm running
-    statistics are updated by the forward/backward pass itself and may hold the NaN.
-    """
+    """A step was skipped because the forward pass itself gave inf/NaN (loss or outputs), not
+    because the loss scale made gradients overflow; issued on every such step."""
 
 
 class ParameterFileError(ValueError, AssertionError):
-    """A parameter file does not match the block (a missing or unknown parameter).
-
-    Both a ValueError (mxmp's convention for bad input) and an AssertionError (what
-    ``gluon.Block.load_parameters`` raises for a missing parameter), so code written for
-    either keeps working.
-    """
+    """A parameter file does not match the block; a ValueError and an AssertionError (what
+    ``gluon.Block.load_parameters`` raises)."""
 
 
 class CLIError(Exception):
@@ -73,17 +46,8 @@ _TRACEBACK_LINES = ('File ', '[bt]', 'Traceback', 'Stack trace', '>>>')
 
 
 def mxnet_error_line(err, limit=None):
-    """The informative line of an exception; an MXNetError's text starts with a C++ traceback.
-
-    Args:
-        err (BaseException): any exception (an ``mxnet.base.MXNetError`` most often).
-        limit (int or None): cut the line to at most this many characters (default: whole).
-
-    Returns:
-        str: the last line of the text that is not part of a traceback, without the prefixes
-        ``'MXNetError: '`` and ``'Check failed: '``; the exception's class name if there is no
-        such line.
-    """
+    """The last line of ``err``'s text that is not part of a traceback, without the prefixes
+    ``'MXNetError: '`` and ``'Check failed: '`` (else the class name), cut to ``limit`` chars."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     out = type(err).__name__
     for line in reversed(lines):

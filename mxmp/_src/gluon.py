@@ -1,28 +1,15 @@
 """Mixed precision inside the user's own Gluon network: :func:`convert` and the process-wide
 switch of :func:`mxmp.amp.init`.
 
-**This is the one module of mxmp that hooks MXNet.** MXNet 1.9.1's Gluon builds a hybridized
-block's graph when it needs one (``HybridBlock._get_graph``: at the first call, in the training
-mode and with the input structure of that call, and again after every cache clear --
-``hybridize()``, ``cast()``, a child replaced, model methods such as GluonCV's ``set_nms``).
-To put every graph MXNet builds through mxmp's pass, :func:`install` replaces these methods of
-``mxnet.gluon.HybridBlock`` with wrappers that call the originals:
-
-* ``_get_graph``: the traced float32 graph of a converted block is rewritten by the pass
-  (:func:`mxmp._src.gluon_graph.rewrite`) before MXNet builds its CachedOp from it;
-* ``_call_cached_op``: per call, grouped weights back to oneDNN's default layout, and the
-  oneDNN-fused graph for inference (``fuse_inference``);
-* ``forward``: a converted block that is not hybridized raises with the fix; under
-  :func:`mxmp.amp.init` an imperative call warns once that it runs in float32;
-* ``export``, ``save_parameters``, ``load_parameters``: files plain MXNet loads (float32
-  parameters, casts and emulation nodes removed; master weights written;
-  :func:`mxmp._src.block_params.save_block_parameters` says more, and its ``dtype`` argument is
-  ``save_parameters``'s third one on a converted block).
-
-Blocks that are neither converted nor covered by the switch run MXNet's code unchanged (one
-dictionary look-up per call). :func:`uninstall` puts MXNet's methods back and forgets every
-conversion. Which blocks are converted is kept here, in weak dictionaries keyed by the block
-itself: nothing is stamped on the block.
+**The one module of mxmp that hooks MXNet.** :func:`install` replaces these methods with
+wrappers that call the originals: ``HybridBlock._build_cache`` (the traced graph of a converted
+block goes through the pass, :func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op``
+(grouped weights back to the default layout; the fused inference twin), ``forward`` (a converted
+block that is not hybridized raises; under ``amp.init`` an imperative call warns once),
+``export``/``save_parameters``/``load_parameters`` (files plain MXNet loads, float32), and
+``Parameter.set_data`` (fused graphs are rebuilt). :func:`uninstall` puts MXNet's methods back
+and forgets every conversion. Which blocks are converted is kept here, in weak dictionaries
+keyed by the block or Parameter: nothing is stamped on MXNet's objects.
 """
 import logging
 import threading
@@ -32,51 +19,36 @@ import weakref
 import mxnet as mx
 from mxnet import autograd, gluon
 
-from .dtypes import normalize_dtype
-from .fusion import parameters_changed
-from .graph.strip import remove_casts
-from .graph.params import float32_arrays
+from .graph.strip import float32_arrays, remove_casts
 from .graph.stem import check_option as check_pad_stem
 from .gluon_graph import Conversion, cast_deferred, rewrite
-from .policy.policy import Policy
+from .policy.policy import resolve_policy
 
-__all__ = ['convert', 'conversion_of', 'converted_graph', 'fused_graph', 'set_global',
-           'install', 'uninstall', 'Conversion']
+__all__ = ['convert', 'policy_of', 'converted_graph', 'fused_graph',
+           'set_global', 'install', 'uninstall', 'Conversion']
 
 logger = logging.getLogger('mxmp.gluon')
 
 _CONVERTED = weakref.WeakKeyDictionary()   # block -> Conversion (mxmp.convert)
 _BUILT = weakref.WeakKeyDictionary()       # block -> BuiltGraph of its current graph
-_PARAM_DTYPE = weakref.WeakKeyDictionary()  # Parameter -> target dtype of its network
+_PARAM_POLICY = weakref.WeakKeyDictionary()  # Parameter -> Policy of its network
 _GLOBAL = [None]                           # the Conversion of mxmp.amp.init, or None
 _ORIGINAL = {}                             # method name -> MXNet's function
 _LOCAL = threading.local()                 # imperative call depth (the amp.init warning)
 _WARNED = set()
 
 
-def conversion_of(block):
-    """The :class:`Conversion` that applies to ``block``'s next graph, or None.
-
-    A block converted by :func:`convert` (or inside one) has its own; any other HybridBlock
-    follows the process-wide switch of :func:`mxmp.amp.init` (:func:`set_global`).
-    """
-    return _CONVERTED.get(block, _GLOBAL[0])
-
-
-def target_dtype_of(param):
-    """The target dtype (str) of the converted network ``param`` belongs to, or None.
-
-    :class:`mxmp.Trainer` uses it to choose its default loss scaler.
-    """
-    return _PARAM_DTYPE.get(param)
+def policy_of(param):
+    """The :class:`mxmp.Policy` of the converted network ``param`` (a Parameter) belongs to, or
+    None; the Trainers read their defaults (loss scaler, target dtype) from it."""
+    return _PARAM_POLICY.get(param)
 
 
 def converted_graph(block):
     """The mixed-precision Symbol a converted, hybridized ``block`` runs (casts included).
 
     Raises:
-        RuntimeError: the block has not built a graph since its last cache clear (call it
-            once), or it is not converted.
+        RuntimeError: no graph built since the last cache clear, or the block is not converted.
     """
     built = _BUILT.get(block)
     if built is None or not block._cached_graph:
@@ -93,94 +65,58 @@ def fused_graph(block):
 
 
 def set_global(conversion):
-    """Turn the process-wide switch on (a :class:`Conversion`) or off (None).
-
-    While on, every HybridBlock that builds a graph afterwards (and is not converted by
-    :func:`convert` with its own settings) runs in mixed precision with ``conversion``.
-    Graphs already built keep their precision until their cache is cleared (``hybridize()``).
-    """
+    """Turn the process-wide switch on (a :class:`Conversion`) or off (None): HybridBlocks not
+    converted by :func:`convert` build their next graphs with it."""
     if conversion is not None:
         install()
     _GLOBAL[0] = conversion
 
 
-def convert(block, target_dtype=None, cast_params=False, emulate='auto', policy=None,
+def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=None,
             fuse_inference='auto', pad_stem='auto'):
     """Make ``block`` compute in mixed precision, in place, and return it.
 
-    Every graph MXNet builds for the block from now on -- in either training mode, for any
-    input structure, after every cache clear (``hybridize()``, ``set_nms()``,
-    ``reset_class()``, ``_clear_cached_op()``) -- goes through mxmp's graph pass
-    (:func:`mxmp.convert_symbol`): low-precision layers run in the target dtype, fragile ops
-    in float32, outputs are float32. The block stays the user's own object: its methods,
-    attributes, children, Parameters and parameter names are unchanged, and a Trainer over
-    ``block.collect_params()`` trains it.
+    Every graph MXNet builds for the block from now on (either training mode, any input
+    structure, after every cache clear) goes through :func:`mxmp.convert_symbol`. The block
+    stays the user's object (methods, children, Parameters and their names unchanged); a
+    Trainer over ``block.collect_params()`` trains it.
 
     Args:
-        block (mxnet.gluon.HybridBlock): any hybridizable block, initialized or not (e.g. a
-            GluonCV model-zoo network). Hybridized here (default flags) if it is not yet; a
-            later call while it is not hybridized raises.
-        target_dtype (str): ``'bfloat16'`` (CPUs with oneDNN) or ``'float16'`` (NVIDIA GPUs).
-            Default: the ``policy``'s, else ``'bfloat16'``.
-        cast_params (bool): store the weights of low-precision layers (Convolution,
-            FullyConnected, ...) in the target dtype, rounded to nearest even: now where the
-            block traces with one input named ``data`` (else when its first graph is built),
-            once MXNet has initialized them where their shapes wait for the first batch. Train with :class:`mxmp.Trainer`: it keeps float32 master
-            weights, made from the float32 values the Parameters held before the cast (kept
-            until the first training step, or dropped at the first inference call).
-            BatchNorm's gamma, beta and running statistics stay float32. Default False: weights
-            stay float32 with one in-graph cast each.
-        emulate ('auto', True or False): run low-precision numerics with float32 kernels
-            (values rounded through the target dtype; see :mod:`mxmp._src.graph`). ``'auto'``
-            (default): where the call's context has no kernels for the target dtype
-            (:func:`mxmp.lp_kernels_available`: bfloat16 on CPUs without AVX-512, float16 on
-            any CPU), logged once as a warning. False: such a call raises RuntimeError.
-        policy (mxmp.Policy): op classes and overrides (``lp_ops``, ``fp32_ops``,
-            ``excluded_names``); default ``Policy(target_dtype)``.
-        fuse_inference ('auto', True or False): inference calls (outside ``autograd.record()``
-            and ``autograd.train_mode()``, CPU) run a second graph made by MXNet's oneDNN
-            fusion (Convolution + BatchNorm + ReLU (+ add) as one kernel), sharing the
-            Parameters; training always runs the unfused graph. ``'auto'`` (default): where
-            the real low-precision kernels run (not emulated) and ``MXNET_SUBGRAPH_BACKEND``
-            is not ``NONE``. ``True``: on every CPU. ``False``: never. Fusion folds BatchNorm
-            into the weights before rounding, so fused outputs differ from unfused ones by
-            bfloat16-sized amounts. See :mod:`mxmp._src.fusion`.
-        pad_stem ('auto', True or False): feed a Convolution whose data is an input with an
-            odd channel count (the 3-channel stem of an NCHW image network) one zero channel
-            more (``Concat`` in the graph: the same function; the Parameter keeps its shape).
-            oneDNN then runs its blocked bfloat16 kernels on the stem. ``'auto'`` (default):
-            for bfloat16 where the real kernels run. See :mod:`mxmp._src.graph.stem`.
+        block (mxnet.gluon.HybridBlock): initialized or not; hybridized here if it is not.
+        target_dtype (str): shorthand for ``policy.target_dtype`` (default ``'bfloat16'``).
+        cast_params (bool): shorthand for ``policy.param_dtype``: True stores the weights of
+            low-precision layers in the target dtype (rounded to nearest even; cast once they
+            are initialized); train with :class:`mxmp.Trainer`, which keeps float32 master
+            weights made from the values before the cast. Default: float32 weights.
+        emulate ('auto', True or False): shorthand for ``policy.emulate``; ``'auto'``: emulate
+            where the call's context has no kernels (warned once); False there raises
+            RuntimeError at the call.
+        policy (mxmp.Policy): every precision setting; default ``Policy(target_dtype)``.
+        fuse_inference ('auto', True or False): inference calls on a CPU run a oneDNN-fused
+            twin graph sharing the Parameters. ``'auto'``: where the real kernels run and
+            ``MXNET_SUBGRAPH_BACKEND`` is not ``NONE``.
+        pad_stem ('auto', True or False): feed an odd-channel NCHW stem Convolution one zero
+            channel more (:mod:`mxmp._src.graph.stem`); ``'auto'``: bfloat16 on real kernels.
 
     Returns:
-        mxnet.gluon.HybridBlock: ``block`` itself. Its outputs are float32. ``export()`` writes
-        a float32 model plain MXNet loads (``remove_amp_cast=False`` keeps the casts);
-        ``save_parameters`` writes float32 values under the usual names (master weights of an
-        :class:`mxmp.Trainer` where it keeps them) and ``load_parameters`` takes float32
-        checkpoints.
+        mxnet.gluon.HybridBlock: ``block``, with float32 outputs; ``export`` and
+        ``save_parameters`` write float32 files plain MXNet loads.
 
     Raises:
-        TypeError: ``block`` is not a HybridBlock (the message names the fix).
-        ValueError: unknown dtype; ``target_dtype`` contradicts ``policy``; bad
-            ``emulate``, ``fuse_inference`` or ``pad_stem``; the block was already converted
-            with other settings (converting again with the same settings changes nothing).
+        TypeError: ``block`` is not a HybridBlock.
+        ValueError: unknown dtype; a shorthand contradicting ``policy``; bad ``emulate``,
+            ``fuse_inference`` or ``pad_stem``; the block was converted with other settings.
     """
     if not isinstance(block, gluon.HybridBlock):
         raise TypeError(
             'mxmp.convert needs a gluon.HybridBlock, got %s (a plain gluon.Block cannot be '
             'traced into a graph). Write it as a HybridBlock with hybrid_forward(self, F, x), or '
             'convert its HybridBlock children one by one.' % type(block).__name__)
-    for name, value in (('emulate', emulate), ('fuse_inference', fuse_inference)):
-        if value not in ('auto', True, False):
-            raise ValueError("%s=%r: use 'auto', True or False" % (name, value))
+    if fuse_inference not in ('auto', True, False):
+        raise ValueError("fuse_inference=%r: use 'auto', True or False" % (fuse_inference,))
     check_pad_stem(pad_stem)
-    if policy is None:
-        policy = Policy(normalize_dtype(target_dtype or 'bfloat16'))
-    elif target_dtype is not None and normalize_dtype(target_dtype) != policy.target_dtype:
-        raise ValueError('target_dtype=%r contradicts policy.target_dtype=%r: give one of them'
-                         % (target_dtype, policy.target_dtype))
-    if emulate is True and not policy.emulate:
-        policy = policy.replace(emulate=True)
-    conversion = Conversion(policy, bool(cast_params), emulate, fuse_inference, pad_stem)
+    policy = resolve_policy(policy, target_dtype, cast_params, emulate)
+    conversion = Conversion(policy, fuse_inference, pad_stem)
     previous = _CONVERTED.get(block)
     if previous is not None:
         if previous == conversion:
@@ -196,14 +132,14 @@ def convert(block, target_dtype=None, cast_params=False, emulate='auto', policy=
             child._clear_cached_op()
     block.apply(register)
     for param in block.collect_params().values():
-        _PARAM_DTYPE[param] = policy.target_dtype
+        _PARAM_POLICY[param] = policy
     if isinstance(block, gluon.SymbolBlock):
         # Its graph is fixed: convert it now (Parameters stored in the target dtype are cast
         # now too), on the context of its Parameters.
         ctxs = [c for p in block.collect_params().values() if p._ctx_list for c in p._ctx_list]
         _convert_graph(block, conversion, (), ctxs[0] if ctxs else None)
-    elif cast_params:
-        cast_params_now(block, policy)
+    elif policy.cast_params:
+        _cast_params_now(block, policy)
     if not block._active:
         logger.info('mxmp.convert: hybridizing %s (mixed precision runs in its graph)',
                     block.name)
@@ -211,15 +147,10 @@ def convert(block, target_dtype=None, cast_params=False, emulate='auto', policy=
     return block
 
 
-def cast_params_now(block, policy):
-    """Store the low-precision layers' weights of ``block`` in the target dtype right away.
-
-    So that what follows ``convert(cast_params=True)`` before the first call (a Trainer's
-    ``load_states`` of a checkpoint, ``collect_params()`` dtypes) sees them as they will be.
-    The weights are found on the graph traced with one input named ``data`` in the current
-    training mode; a block that cannot be traced so is cast when its first graph is built.
-    Uninitialized Parameters are cast once MXNet initializes them.
-    """
+def _cast_params_now(block, policy):
+    """Store the weights ``policy`` (``param_dtype`` the target dtype) stores in low precision
+    now, found on ``block`` traced with one input ``data`` (else at its first graph), so that
+    what runs before the first call sees their final dtypes."""
     from .dtypes import mx_dtype
     from .graph.convert import convert_symbol
     from .graph.symbol_json import cast_param_names
@@ -227,7 +158,7 @@ def cast_params_now(block, policy):
     try:
         out = block(mx.sym.var('data'))
         sym = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
-        names = cast_param_names(convert_symbol(sym, policy=policy, cast_params=True))
+        names = cast_param_names(convert_symbol(sym, policy=policy))
     except Exception:  # pylint: disable=broad-except  (other inputs: cast at the first call)
         return
     params = block.collect_params()
@@ -257,7 +188,7 @@ def _convert_graph(block, conversion, args, ctx=None):
     built = rewrite(block, conversion, inputs, sym, args, ctx)
     if conversion is _GLOBAL[0]:
         for param in block.collect_params().values():
-            _PARAM_DTYPE.setdefault(param, conversion.target_dtype)
+            _PARAM_POLICY.setdefault(param, conversion.policy)
     _BUILT[block] = built
     block._cached_graph = inputs, built.symbol
 
@@ -284,7 +215,7 @@ def _call_cached_op(self, *args):
     recording = autograd.is_recording()
     built.before_call(ctx, recording)
     if recording:
-        parameters_changed()  # a training step follows: fused state goes stale
+        _reset_fused()  # a training step follows: fused state goes stale
     elif not self._backend and built.fuses(ctx):
         out = built.fused(*flat)
         if out is not None:
@@ -347,37 +278,47 @@ def _load_parameters(self, filename, ctx=None, allow_missing=False, ignore_extra
                                  dtype_source=dtype_source)
 
 
+def _reset_fused():
+    """Drop every fused inference graph: the parameters may change (rebuilt at next use)."""
+    for built in list(_BUILT.values()):
+        if built.fused is not None:
+            built.fused.reset()
+
+
+def _set_data(self, data):
+    _reset_fused()
+    return _ORIGINAL['Parameter.set_data'](self, data)
+
+
 _WRAPPERS = {'_build_cache': _build_cache, '_call_cached_op': _call_cached_op, 'forward': _forward,
              'export': _export, 'save_parameters': _save_parameters,
              'load_parameters': _load_parameters}
 
 
 def install():
-    """Replace HybridBlock's methods with mxmp's wrappers (see the module docstring).
-
-    Idempotent; :func:`convert` and :func:`mxmp.amp.init` call it.
-    """
+    """Replace MXNet's methods with mxmp's wrappers (module docstring); idempotent."""
     if _ORIGINAL:
         return
     for name, wrapper in _WRAPPERS.items():
         _ORIGINAL[name] = getattr(gluon.HybridBlock, name)
         wrapper.__doc__ = _ORIGINAL[name].__doc__
         setattr(gluon.HybridBlock, name, wrapper)
+    _ORIGINAL['Parameter.set_data'] = gluon.Parameter.set_data
+    gluon.Parameter.set_data = _set_data
 
 
 def uninstall():
-    """Put MXNet's methods back and forget every conversion and the amp.init switch.
-
-    Blocks converted before keep the graph they built until their cache is cleared
-    (``hybridize()``); after that they run in float32.
-    """
+    """Put MXNet's methods back and forget every conversion and the switch (graphs already
+    built run until their cache is cleared)."""
     for name, original in _ORIGINAL.items():
-        if name in ('save_parameters', 'load_parameters'):
+        if name == 'Parameter.set_data':
+            gluon.Parameter.set_data = original
+        elif name in ('save_parameters', 'load_parameters'):
             delattr(gluon.HybridBlock, name)   # inherited from gluon.Block
         else:
             setattr(gluon.HybridBlock, name, original)
     _ORIGINAL.clear()
     _CONVERTED.clear()
     _BUILT.clear()
-    _PARAM_DTYPE.clear()
+    _PARAM_POLICY.clear()
     _GLOBAL[0] = None

@@ -1,15 +1,14 @@
-"""What happens when Gluon builds or runs the graph of a network in mixed precision.
+"""The work done when Gluon builds or runs a converted network's graph (no hook of its own:
+:mod:`mxmp._src.gluon` calls it): :class:`Conversion` (the settings), :func:`rewrite` (the pass
+on a traced graph), :class:`BuiltGraph` (per-call state) and the oneDNN-fused inference twin
+(:class:`FusedInference`, :func:`fuse_symbol`).
 
-:mod:`mxmp._src.gluon` hooks MXNet's graph cache; this module is the work done there, without any
-hook of its own:
-
-* :class:`Conversion` -- the settings a network is converted with (frozen data): the
-  :class:`mxmp.Policy`, ``cast_params``, ``emulate``, ``fuse_inference``, ``pad_stem``.
-* :func:`rewrite` -- the graph pass applied to the float32 graph MXNet just traced for a block,
-  with that call's inputs: their dtypes, the context (kernels or emulation), the data shapes
-  (stem padding), the Parameters the graph stores in the target dtype (cast then).
-* :class:`BuiltGraph` -- the state of one built graph: the grouped weights to bring back to
-  oneDNN's default layout before each call, and the oneDNN-fused twin for inference.
+Fusion (MXNet 1.9.1's ``'MKLDNN'`` subgraph backend) is inference-only; a fused convolution
+folds BatchNorm into its weight before rounding, so fused results differ from unfused ones by
+bfloat16-sized amounts. Fused nodes keep state between calls, so the twin is rebuilt when a
+parameter array was replaced or the hook module calls :meth:`FusedInference.reset` (training
+calls, ``Parameter.set_data``). A block keeping float32 weights gets a twin of its
+``cast_params=True`` graph fed with target-dtype copies. Measurements: docs/pass.md.
 """
 import dataclasses
 import logging
@@ -20,17 +19,16 @@ from typing import Union
 import mxnet as mx
 from mxnet import autograd
 
-from .device import lp_kernels_available
+from .device import lp_kernels_available, to_default_layout
 from .dtypes import dtype_name, from_mshadow_enum, mx_dtype
-from .fusion import FusedInference
 from .graph.convert import convert_symbol
 from .graph.strip import count_casts
 from .graph.stem import pad_stem as pad_stem_of, padded_convolutions, wants_padding
 from .graph.symbol_json import CAST_OPS, cast_param_names, load
-from .layout import to_default_layout
 from .policy.policy import Policy
 
-__all__ = ['Conversion', 'rewrite', 'BuiltGraph', 'unrounded_values']
+__all__ = ['Conversion', 'rewrite', 'BuiltGraph', 'unrounded_values', 'BACKEND', 'fuse_symbol',
+           'count_fused', 'FusedInference']
 
 logger = logging.getLogger('mxmp.gluon')
 
@@ -39,23 +37,18 @@ logger = logging.getLogger('mxmp.gluon')
 # values (unrounded_values). Keyed by the Parameter object itself, weakly.
 _UNROUNDED = weakref.WeakKeyDictionary()
 
-_EMULATION_SAID = set()   # (dtype, context) pairs already logged
 
 
 @dataclasses.dataclass(frozen=True)
 class Conversion:
-    """How a network is converted (see :func:`mxmp.convert` for each field).
+    """How a network is converted (:func:`mxmp.convert` describes each field).
 
     Attributes:
-        policy (mxmp.Policy): target dtype and op classes.
-        cast_params (bool): low-precision layers' weights stored in the target dtype.
-        emulate ('auto' or bool): 'auto': emulate where the call's context has no kernels.
+        policy (mxmp.Policy): every precision setting (``emulate`` may be ``'auto'``).
         fuse_inference ('auto' or bool): oneDNN-fused graph for inference calls on a CPU.
         pad_stem ('auto' or bool): pad an odd-channel NCHW stem by one zero channel.
     """
     policy: Policy
-    cast_params: bool = False
-    emulate: Union[str, bool] = 'auto'
     fuse_inference: Union[str, bool] = 'auto'
     pad_stem: Union[str, bool] = 'auto'
 
@@ -65,30 +58,8 @@ class Conversion:
         return self.policy.target_dtype
 
     def policy_on(self, ctx):
-        """The policy for a graph that runs on ``ctx`` (mx.Context), emulation decided.
-
-        Raises:
-            RuntimeError: ``emulate=False`` and ``ctx`` has no kernels for the target dtype.
-        """
-        dtype = self.target_dtype
-        if self.emulate == 'auto':
-            emulate = self.policy.emulate or not lp_kernels_available(dtype, ctx)
-            if emulate and not self.policy.emulate and (dtype, str(ctx)) not in _EMULATION_SAID:
-                _EMULATION_SAID.add((dtype, str(ctx)))
-                logger.warning('mxmp: %s has no %s kernels; the network emulates %s numerics '
-                               'with float32 kernels (same results, float32 speed)',
-                               ctx, dtype, dtype)
-            return self.policy.replace(emulate=emulate) if emulate != self.policy.emulate \
-                else self.policy
-        if not self.emulate and not self.policy.emulate and not lp_kernels_available(dtype, ctx):
-            # Checked up front: MXNet would fail asynchronously, far from the cause.
-            raise RuntimeError(
-                '%s has no %s kernels (oneDNN needs AVX-512 for bfloat16; CPUs have no float16 '
-                'GEMM). Convert with emulate=True (or the default emulate=\'auto\') to run the '
-                'same numerics with float32 kernels.' % (ctx, dtype))
-        if self.emulate and not self.policy.emulate:
-            return self.policy.replace(emulate=True)
-        return self.policy
+        """The policy for a graph that runs on ``ctx``: :meth:`mxmp.Policy.on`."""
+        return self.policy.on(ctx)
 
 
 def _context(args):
@@ -99,23 +70,10 @@ def _context(args):
 
 
 def rewrite(block, conversion, inputs, sym, args, ctx=None):
-    """The mixed-precision graph of ``block`` for the graph MXNet just traced.
-
-    Args:
-        block (gluon.HybridBlock): the block whose graph it is (its Parameters).
-        conversion (Conversion): the settings.
-        inputs (list of Symbol): the graph's data variables, in call order (``data`` or
-            ``data0``, ``data1``, ...: MXNet's names).
-        sym (Symbol): the float32 graph MXNet traced.
-        args (tuple): the call's inputs (NDArrays, possibly nested; None for absent ones);
-            empty for a SymbolBlock converted before its first call (float32 inputs, or the
-            ``__dtype__`` of its input variables).
-        ctx (mx.Context): where it runs; default: the inputs' context, else the current one.
-
-    Returns:
-        BuiltGraph: the converted Symbol and its per-call state. Parameters the graph stores
-        in the target dtype (``cast_params=True``) are cast now; their float32 values are kept
-        for the master weights (:func:`unrounded_values`).
+    """The :class:`BuiltGraph` of ``block`` (a HybridBlock) for the float32 graph ``sym`` MXNet
+    just traced with data variables ``inputs``, called with ``args`` (NDArrays, nested, None for
+    absent ones; empty for a SymbolBlock converted before its first call) on ``ctx`` (default:
+    the inputs' context). Parameters get the dtypes the converted graph declares (cast now).
     """
     from mxnet.gluon.block import _flatten
     flat = [a for a in _flatten(args, 'input')[0] if a is not None]
@@ -126,17 +84,12 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
               for s in inputs if s.attr('__dtype__')}
     dtypes.update({n: a.dtype for n, a in zip(names, flat) if isinstance(a, mx.nd.NDArray)})
     shapes = {n: a.shape for n, a in zip(names, flat) if isinstance(a, mx.nd.NDArray)}
-    converted = convert_symbol(sym, policy=policy, data_dtypes=dtypes,
-                               cast_params=conversion.cast_params, data_names=names)
+    converted = convert_symbol(sym, policy=policy, data_dtypes=dtypes, data_names=names)
     if shapes and wants_padding(conversion.pad_stem, policy, ctx):
         converted = pad_stem_of(converted, shapes)
     params = block.collect_params()
     lp_names = cast_param_names(converted)
-    # Every Parameter takes the dtype the converted graph declares for its variable: the target
-    # dtype where cast_params stores it so (rounded), float32 where the pass stores a Parameter
-    # that arrived in low precision (net.cast('bfloat16') first) in float32 -- a float32 op that
-    # needs it as a graph variable (Deconvolution's weight) or an emulated graph -- (widened
-    # exactly).
+    # Every Parameter takes the dtype the converted graph declares for its variable.
     for node in load(converted)['nodes']:
         declared = from_mshadow_enum(node.get('attrs', {}).get('__dtype__')) \
             if node['op'] == 'null' else None
@@ -176,12 +129,12 @@ class BuiltGraph:
         self.unrounded = []   # Parameters whose float32 values _UNROUNDED may still hold
         if conversion.fuse_inference is not False:
             precast = None
-            if not conversion.cast_params and not policy.emulate:
+            if not policy.cast_params and not policy.emulate:
                 precast = self._precast
             self.fused = FusedInference(block, precast)
 
     def _precast(self, args):
-        """The fused graph's own graph: weights taken in the target dtype (see mxmp._src.fusion)."""
+        """The twin's graph: weights taken in the target dtype (module docstring)."""
         graph = convert_symbol(self.float32_symbol, policy=self.policy,
                                data_dtypes=self._data_dtypes, cast_params=True,
                                data_names=self._data_names)
@@ -202,16 +155,13 @@ class BuiltGraph:
         return bool(option)
 
     def before_call(self, ctx, recording):
-        """Work before each call on ``ctx``: grouped weights back to the default layout; at the
-        first call outside ``autograd.record()`` (inference before any training step), the
-        float32 values kept for master weights are dropped (inference needs no masters)."""
+        """Before each call on ``ctx``: grouped weights back to the default layout; the first
+        call outside ``autograd.record()`` drops the float32 values kept for master weights."""
         if not recording and self.unrounded:
             for param in self.unrounded:
                 _UNROUNDED.pop(param, None)
             self.unrounded = []
-        # A float32 inference forward (of this block before conversion, or of another block
-        # sharing these Parameters) may have left a weight in oneDNN's blocked layout, where
-        # the graph's amp_cast fails for grouped convolutions (mxmp/layout.py).
+        # A float32 inference forward may have left a weight in oneDNN's blocked layout.
         arrays = []
         for param in self._grouped:
             if param._data is not None:
@@ -223,13 +173,8 @@ class BuiltGraph:
 
 
 def _grouped_weights_cast_in_graph(sym):
-    """Names of the variables that the converted graph casts (``amp_cast``/``amp_multicast``)
-    and that feed, through that cast, the weight input of a grouped Convolution/Deconvolution.
-
-    Only those break on oneDNN's blocked layout (one dimension more than the array, see
-    :mod:`mxmp._src.layout`); bringing every cast weight back on every call would put a host sync per
-    weight on the training path for nothing (dense weights' blocked layouts cast fine).
-    """
+    """Names of the variables the graph casts into the weight of a grouped Convolution or
+    Deconvolution: the only casts oneDNN's blocked layout breaks (docs/pass.md)."""
     nodes = load(sym)['nodes']
     casts = {nid: {i for i, _, _ in n['inputs'] if nodes[i]['op'] == 'null'}
              for nid, n in enumerate(nodes) if n['op'] in CAST_OPS}
@@ -242,15 +187,9 @@ def _grouped_weights_cast_in_graph(sym):
 
 
 def unrounded_values(param):
-    """The float32 arrays ``param`` held before ``cast_params`` rounded it, or None.
-
-    Kept from the conversion until a Trainer takes them or the network's first inference call
-    (outside ``autograd.record()``) drops them. Taken once (the entry is dropped): :class:`mxmp.Trainer` makes the master weights from
-    them, so training starts from the exact float32 weights (a pretrained or fine-tuned model
-    keeps them), not from their bfloat16/float16 rounding. None as well when the Parameter's
-    value changed since (``set_data``, ``load_parameters``): its rounding no longer matches
-    them (one comparison per device, once).
-    """
+    """The float32 arrays (one per device) ``param`` held before ``cast_params`` rounded it,
+    taken once (the Trainers' master weights start from them); None once taken, after the
+    network's first inference call, or when the Parameter's value changed since."""
     arrays = _UNROUNDED.pop(param, None)
     if arrays is None or param._data is None or len(arrays) != len(param._data):
         return None
@@ -264,18 +203,10 @@ def unrounded_values(param):
 
 
 def _cast_parameter(param, dtype):
-    """``Parameter.cast`` with ``amp_cast``, which rounds to nearest even.
-
-    ``NDArray.astype`` to bfloat16 does not round the same way as ``amp_cast`` (the sums of a
-    cast conv weight differ in the third digit), and on a weight that oneDNN has reordered it
-    gives arrays whose size does not match their oneDNN descriptor. The float32 arrays are
-    kept for the master weights (:func:`unrounded_values`).
-    """
+    """``Parameter.cast`` with ``amp_cast`` (round to nearest even; docs/pass.md); float32
+    arrays are kept for :func:`unrounded_values`. Deferred Parameters are cast once MXNet has
+    initialized them in float32 (:func:`cast_deferred`)."""
     if param._data is None:
-        # Deferred: MXNet's _build_cache initializes it right after the graph is built, in
-        # the dtype the Parameter has then; its initializers cannot fill bfloat16 arrays
-        # ("Output type must be float16, float32, float64"), so it is initialized in float32
-        # first and cast once MXNet has initialized it (cast_deferred, after _build_cache).
         _DEFERRED_CASTS[param] = dtype
         return
     param._dtype = dtype
@@ -300,3 +231,144 @@ def cast_deferred(params):
         if dtype is not None and param._data is not None:
             del _DEFERRED_CASTS[param]
             _cast_parameter(param, dtype)
+
+
+#: MXNet's oneDNN subgraph backend.
+BACKEND = 'MKLDNN'
+#: Prefix of the op names of fused nodes.
+FUSED_PREFIX = '_sg_mkldnn_'
+
+def count_fused(sym):
+    """Number of fused oneDNN nodes (ops named ``_sg_mkldnn_*``) in ``sym`` (mxnet.sym.Symbol)."""
+    return sum(1 for n in load(sym)['nodes'] if n['op'].startswith(FUSED_PREFIX))
+
+
+def fuse_symbol(sym, arg_params=None, aux_params=None, shapes=None, ctx=None):
+    """``sym`` (an inference graph) partitioned by oneDNN's fusion (``optimize_for('MKLDNN')``).
+
+    Args:
+        sym (mxnet.sym.Symbol): the graph (casts allowed).
+        arg_params, aux_params (dict of str -> NDArray): its parameters (shapes and dtypes).
+        shapes (dict of str -> tuple of int): data input shapes; without them nothing fuses.
+        ctx (mxnet.Context): default ``mx.cpu()``.
+
+    Returns:
+        mxnet.sym.Symbol: the fused graph (inference only; plain MXNet with oneDNN runs it).
+
+    Raises:
+        mxnet.base.MXNetError: the backend refused the graph.
+    """
+    return sym.optimize_for(BACKEND, dict(arg_params or {}), dict(aux_params or {}),
+                            ctx or mx.cpu(), shape_dict=dict(shapes or {}))
+
+
+def unsafe_outputs(sym):
+    """Names of ``sym``'s outputs that another node also consumes (list of str): MXNet 1.9.1's
+    fusion can return a wrong value for them (docs/pass.md), so such graphs are not fused."""
+    nodes = load(sym)
+    consumed = {(i[0], i[1]) for n in nodes['nodes'] for i in n.get('inputs', [])}
+    return [nodes['nodes'][h[0]]['name'] for h in nodes['heads']
+            if (h[0], h[1]) in consumed and nodes['nodes'][h[0]]['op'] != 'null']
+
+
+class FusedInference:
+    """The fused inference twin of a block: a ``SymbolBlock`` on its graph and Parameters,
+    hybridized with ``backend='MKLDNN'`` and the block's flags; built at first use, rebuilt
+    after :meth:`reset` or when a parameter array was replaced. If MXNet refuses the fusion it
+    logs one line and :meth:`__call__` returns None from then on.
+
+    Args:
+        block (mxnet.gluon.HybridBlock): the block (its ``_cached_graph`` and ``_flags``).
+        precast (callable or None): ``precast(args)`` returns ``(symbol, names, dtype)``: a
+            graph taking the weights ``names`` as ``dtype`` arrays, run with cast copies.
+    """
+
+    def __init__(self, block, precast=None):
+        self.block = block
+        self.precast = precast
+        self.twin = None
+        self.refused = None  # the reason, once fusion was refused
+        self._key = None   # the parameters' arrays the twin was built on
+        self._precast = None  # precast()'s result, computed once
+        self._params = list(block.collect_params().values())
+
+    def reset(self):
+        """Drop the fused graph (rebuilt on the next call)."""
+        self.twin = None
+        self._key = None
+
+    @property
+    def symbol(self):
+        """The fused Symbol, or None before the first fused call (or after a refusal)."""
+        return self.twin._cached_graph[1] if self.twin is not None and \
+            self.twin._cached_op is not None else None
+
+    def _arrays(self):
+        return [p._data[0] if p._data else None for p in self._params]
+
+    def _current(self):
+        """Whether the twin was built on the arrays the parameters hold now (by identity)."""
+        return self.twin is not None and all(a is b for a, b in zip(self._arrays(), self._key))
+
+    def __call__(self, *args):
+        """Run the fused graph on NDArrays; None when fusion was refused (use the unfused one)."""
+        if self.refused is not None:
+            return None
+        if self._current():
+            return self.twin(*args)
+        unsafe = unsafe_outputs(self.block._cached_graph[1])
+        if unsafe:
+            self.refused = ('output %s also feeds another node, where MXNet\'s fusion can '
+                            'return a wrong value' % ', '.join(unsafe))
+            logger.warning('%s: not fused (%s); inference runs the unfused graph',
+                           self.block.name, self.refused)
+            return None
+        self.reset()  # the old fused graph's memory can go before the new one is made
+        try:
+            twin = self._build(args)
+            out = twin(*args)
+            for o in (out if isinstance(out, (list, tuple)) else [out]):
+                o.wait_to_read()  # a refusal surfaces here, not later and far from the cause
+            fused = count_fused(twin._cached_graph[1])
+        except Exception as err:  # pylint: disable=broad-except  (logged, then unfused)
+            self.refused = '%s: %s' % (type(err).__name__, str(err).strip().splitlines()[0]
+                                       if str(err).strip() else '')
+        else:
+            if fused == 0:
+                self.refused = 'no fusible pattern in the graph'
+        if self.refused is not None:
+            logger.warning('%s: oneDNN fusion refused (%s); inference runs the unfused graph',
+                           self.block.name, self.refused)
+            self.reset()
+            return None
+        self.twin, self._key = twin, self._arrays()  # after _build: deferred init done
+        return out
+
+    def _build(self, args):
+        from mxnet import gluon
+        inputs, sym = self.block._cached_graph
+        # typed inputs: the SymbolBlock infers its Parameters' dtypes from them
+        inputs = [mx.sym.var(s.name, dtype=a.dtype) for s, a in zip(inputs, args)]
+        params = self.block.collect_params()
+        if self.precast is not None:
+            if any(p._deferred_init for p in self._params):
+                # Shapes come from the first batch (as the block's own first call would do).
+                self.block._deferred_infer_shape(*args)
+                for p in self._params:
+                    p._finish_deferred_init()
+            if self._precast is None:
+                self._precast = self.precast(args)
+            sym, names, dtype = self._precast
+            shared, params = params, gluon.ParameterDict()
+            for name, param in shared.items():
+                if name not in names:
+                    params._params[name] = param
+                    continue
+                copy = gluon.Parameter(name, shape=param.shape, dtype=dtype, grad_req='null')
+                with autograd.pause():
+                    copy._init_impl(mx.nd.amp_cast(param.data(param.list_ctx()[0]), dtype=dtype),
+                                    param.list_ctx())
+                params._params[name] = copy
+        twin = gluon.SymbolBlock(sym, inputs, params=params)
+        twin.hybridize(backend=BACKEND, **dict(self.block._flags))
+        return twin

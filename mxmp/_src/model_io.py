@@ -122,7 +122,7 @@ def save_model(prefix, epoch, sym, arg_params, aux_params):
 def strip_model(sym, arg_params, aux_params):
     """The float32 model: ``(remove_casts(sym), arg_params, aux_params)``, arrays in float32."""
     from .graph.strip import remove_casts
-    from .graph.params import float32_arrays
+    from .graph.strip import float32_arrays
     return remove_casts(sym), float32_arrays(arg_params), float32_arrays(aux_params)
 
 
@@ -134,9 +134,8 @@ def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data
     Raises:
         CLIError: the pass refused the graph (its ValueError's message).
     """
-    from .amp.convert_policy import cast_to_graph
+    from .graph.strip import arrays_for_graph, cast_to_graph, float32_arrays
     from .graph.convert import convert_symbol
-    from .graph.params import arrays_for_graph, float32_arrays
     try:
         out = convert_symbol(sym, dtype, cast_params=cast_params, emulate=emulate,
                              data_names=data_names)
@@ -148,13 +147,13 @@ def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data
 
 
 def fuse_model(sym, arg_params, aux_params, shapes, data_names):
-    """``sym`` fused by MXNet's oneDNN backend for inference (:func:`mxmp._src.fusion.fuse_symbol`).
+    """``sym`` fused by oneDNN for inference (:func:`mxmp._src.gluon_graph.fuse_symbol`).
 
     Raises:
         CLIError: a data input without a shape in ``shapes``; the backend refused the graph.
     """
     import mxnet as mx
-    from .fusion import fuse_symbol
+    from .gluon_graph import fuse_symbol
     if not all(n in shapes for n in data_names):
         raise CLIError('--fuse needs the shape of every data input to find the patterns: '
                        'add --shape %s=1,3,224,224 (your model\'s input shape; the fused '

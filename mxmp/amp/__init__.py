@@ -4,16 +4,13 @@
 
     from mxnet.contrib import amp        ->      from mxmp import amp
 
-The names and signatures are those of ``mxnet/contrib/amp/amp.py`` in MXNet 1.9.1. The
-implementation is :mod:`mxmp._src.amp.contrib_amp` (``init`` and the loss scaling of Trainers,
-on :mod:`mxmp._src.training.step`) and :mod:`mxmp._src.amp.convert` (the convert calls); its docstring
-says what differs from contrib.amp and why. This module re-exports them.
+The names and signatures are those of ``mxnet/contrib/amp/amp.py`` in MXNet 1.9.1; what
+differs and why: docs/from_contrib_amp.md.
 """
-from .._src.amp.contrib_amp import (_TrainerLossScaler, disable, init, init_trainer, scale_loss,
-    unscale)
+from .._src.amp.contrib_amp import (_TrainerLossScaler, _policy, convert_hybrid_block,  # noqa: F401
+    convert_model, convert_symbol, disable, init, init_trainer, scale_loss, unscale)
 from .._src.errors import AmpListConflict
 from . import lists
-from .._src.amp.convert import _policy, convert_hybrid_block, convert_model, convert_symbol  # noqa: F401
 from .lists import (list_conditional_fp32_ops, list_fp32_ops, list_loss_output_functions,
                     list_lp16_fp32_ops, list_lp16_ops, list_widest_type_cast)
 

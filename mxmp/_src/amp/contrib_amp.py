@@ -1,49 +1,12 @@
-"""``mxnet.contrib.amp``'s API on top of mxmp (the implementation of :mod:`mxmp.amp`).
-
-::
-
-    from mxnet.contrib import amp        ->      from mxmp import amp
-
-The names and signatures are those of ``mxnet/contrib/amp/amp.py`` in MXNet 1.9.1: ``init``,
-``init_trainer``, ``scale_loss``, ``unscale``, ``convert_symbol``, ``convert_model``,
-``convert_hybrid_block``, ``list_lp16_ops``, ``list_fp32_ops``, ``list_lp16_fp32_ops``,
-``list_widest_type_cast``, ``list_conditional_fp32_ops``, ``list_loss_output_functions``.
-They are built on mxmp's graph pass (:func:`mxmp.convert_symbol`, :func:`mxmp.convert`), its
-:class:`mxmp.Policy`, its loss scalers (:mod:`mxmp._src.scaling`) and its training step
-(:mod:`mxmp._src.training.step`).
-
-What differs from contrib.amp, and why (each function's docstring says more):
-
-* ``init()`` is a **process-wide switch**, as contrib.amp's is: every Gluon HybridBlock whose
-  graph is built afterwards (hybridized, then called) computes in mixed precision through
-  mxmp's pass, in training and in inference, with no convert call. It does not patch MXNet's
-  operators (contrib.amp replaces ``mx.sym.*``/``mx.nd.*`` functions, which breaks
-  ``mx.sym.arange``, ``mx.sym.random.*`` and imperative code that mixes the outputs of patched
-  layers with float32 tensors, such as GluonCV YOLO3's target generator): it hooks where Gluon
-  builds a block's graph (:mod:`mxmp._src.gluon`). Imperative calls of blocks that are not
-  hybridized run in float32, and mxmp warns once with the fix (``net.hybridize()``).
-  It may run before or after the network is built; :func:`disable` turns it off.
-  ``mxmp.convert(net)`` is the per-network alternative.
-* Where the context has no kernels for the target dtype (bfloat16 on a CPU without AVX-512
-  oneDNN kernels, float16 on any CPU) the networks **emulate** its numerics with float32
-  kernels, and say so once in a warning.
-* The op lists are mxmp's (``amp.lists.symbol_fp16`` / ``symbol_bf16`` hold them under
-  contrib.amp's names; every op is in one list). The convert calls treat their list arguments
-  as contrib.amp does: ``target_dtype_ops``, ``fp32_ops`` and ``conditional_fp32_ops``
-  *replace* the default lists, an op left out of every list runs in its data's dtype with its
-  parameters stored in that dtype, and an op in two lists raises :class:`AmpListConflict`
-  (a ValueError and an AssertionError). The lists given to :func:`init` *add to* the
-  defaults. mxmp's native :class:`mxmp.Policy` adds and moves (``lp_ops``/``fp32_ops``).
-* Loss scaling follows mxmp's defaults: dynamic for float16 (start 2**16, x2 after 2000 finite
-  steps, /2 and skip on overflow), none for bfloat16 (float32's exponent range; contrib.amp
-  scales bfloat16 too). The overflow check covers every device, not only the first.
-* The loss-output functions (``SoftmaxOutput``, ...) are not wrapped to scale their gradient:
-  for the Symbolic Module use ``mxmp.Module``.
-* ``convert_bucketing_module`` and ``list_lp16_use_fp32_params`` are not offered.
+"""``mxnet.contrib.amp``'s API on mxmp (the implementation of :mod:`mxmp.amp`): ``init``,
+``init_trainer``, ``scale_loss``, ``unscale`` and the convert calls, with the names and
+signatures of MXNet 1.9.1's ``mxnet/contrib/amp/amp.py``. What differs from contrib.amp and
+why: docs/from_contrib_amp.md.
 """
 import contextlib
 import dataclasses
 import logging
+import warnings
 from typing import Optional, Tuple
 
 from mxnet import autograd
@@ -53,7 +16,8 @@ from ..policy.policy import conditional_rules
 from ..scaling import make_loss_scaler, scale_losses
 from ..training.step import Step, param_grads
 
-__all__ = ['init', 'disable', 'init_trainer', 'scale_loss', 'unscale']
+__all__ = ['init', 'disable', 'init_trainer', 'scale_loss', 'unscale', 'convert_symbol',
+           'convert_model', 'convert_hybrid_block']
 
 logger = logging.getLogger('mxmp.amp')
 
@@ -89,10 +53,9 @@ def _conditional(value):
     return () if value is None else conditional_rules(value, 'conditional_fp32_ops', tuple)
 
 
-def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names,
-            emulate=False):
-    """The mxmp Policy of a convert call (:func:`mxmp._src.amp.convert_policy.policy_for`)."""
-    from .convert_policy import policy_for
+def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names):
+    """The mxmp Policy of a convert call (:func:`mxmp._src.amp.convert.policy_for`)."""
+    from .lists import policy_for
     if excluded_sym_names is not None and (isinstance(excluded_sym_names, str) or
                                            not isinstance(excluded_sym_names, (list, tuple,
                                                                                set))):
@@ -103,7 +66,7 @@ def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excl
         None if target_dtype_ops is None else _names(target_dtype_ops, 'target_dtype_ops'),
         None if fp32_ops is None else _names(fp32_ops, 'fp32_ops'),
         None if conditional_fp32_ops is None else _conditional(conditional_fp32_ops),
-        excluded_names=set(excluded_sym_names or ()), emulate=emulate,
+        excluded_names=set(excluded_sym_names or ()),
         init_lp=_CONFIG.lp_ops, init_fp32=_CONFIG.fp32_ops,
         init_conditional=_CONFIG.conditional_fp32_ops)
 
@@ -112,19 +75,12 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
          fp32_ops=None):
     """Switch mixed precision on for every Gluon network built or hybridized afterwards.
 
-    Same signature as ``mxnet.contrib.amp.init``, and like it a process-wide switch: every
-    HybridBlock (not SymbolBlocks) whose graph MXNet builds from now on -- at its first
-    hybridized call and after every cache clear (``hybridize()``, ``set_nms()``...) -- runs
-    mxmp's pass with this dtype and these op lists, in training and inference; outputs are
-    float32. Then train as with contrib.amp: :func:`init_trainer`, :func:`scale_loss`,
-    ``trainer.step``. Unlike contrib.amp no operator function is replaced, so ``mx.sym.*``
-    and imperative ``mx.nd`` code keep working, and it may run before or after the network is
-    built; a graph already built keeps its precision until its cache is cleared. A block that
-    is not hybridized runs imperatively in float32 (warned once: hybridize it). Calling
-    ``init`` again replaces the settings; :func:`disable` turns the switch off. The settings
-    are also the defaults of the ``convert_*`` calls. Where the context has no kernels for
-    the target dtype the networks emulate its numerics (warned once). Networks converted
-    with :func:`mxmp.convert` keep their own settings.
+    Same signature as ``mxnet.contrib.amp.init``, a process-wide switch: every HybridBlock
+    (not SymbolBlocks, not blocks :func:`mxmp.convert` converted) whose graph MXNet builds from
+    now on runs mxmp's pass with this dtype and these lists (emulated where the context has no
+    kernels, warned once); outputs are float32. A block that is not hybridized runs in float32
+    (warned once). Calling ``init`` again replaces the settings, which are also the defaults
+    of the ``convert_*`` calls.
 
     Args:
         target_dtype: ``'float16'`` or ``'bfloat16'`` (or ``numpy.float16`` /
@@ -161,21 +117,135 @@ def disable():
 
 
 # ---------------------------------------------------------------------------------------------
+# The convert calls
+# ---------------------------------------------------------------------------------------------
+def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
+                   conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
+                   cast_optional_params=False):
+    """Add cast nodes to a float32 Symbol (:func:`mxmp.convert_symbol`).
+
+    Same signature as ``mxnet.contrib.amp.convert_symbol`` except that ``target_dtype``
+    defaults to the dtype recorded by :func:`mxmp.amp.init` (else ``'float16'``).
+
+    Args:
+        sym (Symbol): the float32 graph.
+        target_dtype (str): ``'float16'`` or ``'bfloat16'``.
+        target_dtype_ops, fp32_ops (list of str): replace the default low-precision /
+            float32 lists (None: the defaults, :func:`list_lp16_ops`, :func:`list_fp32_ops`,
+            with :func:`init`'s additions); loss outputs stay float32. An op that ends up in
+            no list runs in the dtype of its data, its parameters stored in that dtype.
+        conditional_fp32_ops (list of (op, attr, values)): replace the default rules
+            (:func:`list_conditional_fp32_ops`); matching nodes compute in float32, the
+            others follow their data.
+        excluded_sym_names (list of str): node names kept in float32.
+        data_names (list of str): the graph's data inputs; the others are parameters.
+            Default, as in contrib.amp: every input without a ``__dtype__`` attribute.
+        cast_optional_params (bool): ``cast_params=True`` (the caller casts the arrays, as
+            :func:`convert_model` does).
+
+    Returns:
+        Symbol: the real (never emulated) mixed-precision graph, float32 outputs.
+
+    Raises:
+        AmpListConflict: an op in two lists (the default lists included), or a widest-type
+            or unregistered op in a list; a ValueError and an AssertionError.
+        ValueError: unknown dtype; malformed lists; an already converted graph.
+    """
+    from ..graph.convert import convert_symbol as _convert
+    policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                     excluded_sym_names)
+    if data_names is None:
+        data_names = _undeclared_inputs(sym)
+    return _convert(sym, policy=policy, data_names=tuple(data_names),
+                    cast_params=True if cast_optional_params else None)
+
+
+def _undeclared_inputs(sym):
+    """The inputs of ``sym`` without a ``__dtype__`` attribute (contrib.amp's data inputs)."""
+    from ..graph.symbol_json import load
+    return [n['name'] for n in load(sym)['nodes']
+            if n['op'] == 'null' and '__dtype__' not in n.get('attrs', {})]
+
+
+def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_ops=None,
+                  fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
+                  cast_optional_params=False):
+    """Convert a float32 model (symbol and parameters) for mixed-precision inference.
+
+    Same signature and return value as ``mxnet.contrib.amp.convert_model`` (``target_dtype``
+    defaults to :func:`init`'s). The inputs that are not in ``arg_params``/``aux_params`` are
+    the data inputs. Unlike contrib.amp the given dicts are not modified: new dicts are
+    returned.
+
+    Returns:
+        tuple (Symbol, dict, dict): the converted graph, and the parameters, each cast to the
+        dtype the graph gives its variable (``__dtype__``, as contrib.amp): the target dtype
+        where ``cast_optional_params=True`` stores it so, float32 otherwise.
+
+    Raises:
+        TypeError: ``arg_params``/``aux_params`` are not dicts.
+        ValueError: as :func:`convert_symbol`.
+    """
+    if not isinstance(arg_params, dict) or not isinstance(aux_params, dict):
+        raise TypeError('arg_params and aux_params must be dicts of name -> NDArray')
+    data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
+    out = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                         excluded_sym_names, data_names, cast_optional_params)
+    from ..graph.strip import cast_to_graph
+    return out, cast_to_graph(out, arg_params), cast_to_graph(out, aux_params)
+
+
+def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
+                         conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
+                         cast_optional_params=False):
+    """Return a mixed-precision copy of a HybridBlock's graph that *shares* its Parameters.
+
+    Same signature as ``mxnet.contrib.amp.convert_hybrid_block`` except the defaults of
+    ``target_dtype`` (:func:`init`'s, else ``'float16'``) and ``ctx`` (None: where the
+    parameters are). The result is a new ``gluon.SymbolBlock`` converted by
+    :func:`mxmp.convert` (inputs: the block's cached graph's, else ``('data',)``; emulated
+    where ``ctx`` has no kernels); ``block`` keeps computing in float32.
+    ``cast_optional_params=True`` stores the shared low-precision weights in the target dtype.
+
+    Raises:
+        TypeError: not a HybridBlock, or a block that cannot be traced.
+        ValueError: as :func:`convert_symbol`.
+    """
+    import mxnet as mx
+    from mxnet import gluon
+    from ..gluon import convert
+    if not isinstance(block, gluon.HybridBlock):
+        raise TypeError('block must be a gluon.HybridBlock, got %s' % type(block).__name__)
+    if ctx is not None:
+        block.collect_params().reset_ctx(ctx)
+    cached = getattr(block, '_cached_graph', None)
+    if isinstance(block, gluon.SymbolBlock):
+        inputs, sym = cached
+    else:
+        inputs = list(cached[0]) if cached else [mx.sym.var('data')]
+        try:
+            sym = block(*inputs)
+        except Exception as err:  # any failure of hybrid_forward on Symbols
+            raise TypeError('could not trace %s into a Symbol (%s: %s): its hybrid_forward '
+                            'must use only F.* operators' % (block.name, type(err).__name__,
+                                                             err)) from err
+        if isinstance(sym, (list, tuple)):
+            sym = mx.sym.Group(list(sym))
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', UserWarning)   # SymbolBlock cannot type its inputs yet
+        copy = gluon.SymbolBlock(sym, list(inputs), params=block.collect_params())
+    policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                     excluded_sym_names)
+    return convert(copy, policy=policy, cast_params=True if cast_optional_params else None)
+
+
+# ---------------------------------------------------------------------------------------------
 # Loss scaling with a gluon.Trainer
 # ---------------------------------------------------------------------------------------------
 class _TrainerLossScaler(Step):
-    """The object :func:`init_trainer` puts in ``trainer._amp_loss_scaler``.
-
-    ``gluon.Trainer._update`` (MXNet 1.9.1, ``python/mxnet/gluon/trainer.py``) reads that
-    attribute and skips the update when ``has_overflow(params)`` is True; this is the hook
-    contrib.amp uses, and the only thing mxmp attaches. It is the training step
-    (:class:`mxmp._src.training.step.Step`: ``scaler``, ``skipped_steps``, its check and its end)
-    with gluon running the optimizer; the scale itself is an immutable
-    :class:`mxmp.LossScaler`, replaced after every check.
-
-    Args:
-        scaler (mxmp.LossScaler): the starting loss scaler.
-    """
+    """The training step (:class:`mxmp._src.training.step.Step`) :func:`init_trainer` puts in
+    ``trainer._amp_loss_scaler``, which ``gluon.Trainer._update`` (MXNet 1.9.1) asks
+    ``has_overflow(params)`` before each update. ``scaler``: the starting mxmp.LossScaler."""
 
     @property
     def loss_scale(self):
@@ -199,7 +269,7 @@ class _TrainerLossScaler(Step):
         return not finite
 
 
-def _is_mxmp_trainer(obj):
+def _is_native_trainer(obj):
     from ..training.trainer import Trainer
     return isinstance(obj, Trainer)
 
@@ -223,16 +293,10 @@ def init_trainer(optimizer_or_trainer):
     * ``mxmp.Trainer``: nothing to do; it scales, checks and skips by itself (its
       ``loss_scaler`` argument chooses the scaling). Recommended: it also keeps float32 master
       weights, which a Trainer over bfloat16 Parameters needs (``cast_optional_params=True``).
-    * ``gluon.Trainer``: a loss scaler is attached as ``trainer._amp_loss_scaler``, the
-      attribute that ``gluon.Trainer`` itself checks before every update (MXNet 1.9.1
-      ``gluon/trainer.py``, ``_update``): a step whose gradients hold inf/NaN on any device is
-      skipped and the scale backs off. No method is replaced. Scaling is dynamic for float16
-      and off for bfloat16 (the dtype recorded by :func:`init`, else the target dtype
-      of the network :func:`convert_hybrid_block` converted, else float16).
-      If the Trainer left ``update_on_kvstore`` to MXNet, it is set to False (the update must
-      come after the check, as in mxmp.Trainer); an explicit ``update_on_kvstore=True`` is an
-      error. The optimizer must support the Parameters' dtype (MXNet's optimizers fail on
-      bfloat16 weights: use mxmp.Trainer with ``cast_optional_params=True``).
+    * ``gluon.Trainer``: a loss scaler goes in ``trainer._amp_loss_scaler``, which the Trainer
+      checks before every update: a step with inf/NaN gradients on any device is skipped.
+      Dynamic scaling for float16, none for bfloat16 (:func:`init`'s dtype, else the
+      converted network's, else float16). ``update_on_kvstore`` left to MXNet becomes False.
 
     Raises:
         TypeError: not a Trainer (a bare Optimizer is refused, as in contrib.amp).
@@ -240,7 +304,7 @@ def init_trainer(optimizer_or_trainer):
     """
     _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
-    if _is_mxmp_trainer(trainer):
+    if _is_native_trainer(trainer):
         return
     config = getattr(trainer, '_kvstore_params', {})
     if config.get('update_on_kvstore') or (trainer._kv_initialized and
@@ -251,12 +315,20 @@ def init_trainer(optimizer_or_trainer):
         config['update_on_kvstore'] = False
     dtype = _CONFIG.target_dtype
     if dtype is None:
-        from ..gluon import target_dtype_of
-        marks = {target_dtype_of(p) for p in trainer._params}
+        from ..gluon import policy_of
+        marks = {policy_of(p).target_dtype for p in trainer._params if policy_of(p)}
         dtype = 'float16' if 'float16' in marks else ('bfloat16' if 'bfloat16' in marks
                                                        else 'float16')
     trainer._amp_loss_scaler = _TrainerLossScaler(make_loss_scaler(None, dtype))
     trainer._amp_original_scale = trainer._scale
+
+
+def _scaler_of(trainer):
+    scaler = getattr(trainer, '_amp_loss_scaler', None)
+    if not isinstance(scaler, _TrainerLossScaler):
+        raise RuntimeError('the loss scaler is not set up: call mxmp.amp.init_trainer(trainer) '
+                           'after creating the Trainer')
+    return scaler
 
 
 @contextlib.contextmanager
@@ -271,27 +343,19 @@ def scale_loss(loss, optimizer_or_trainer):
                 autograd.backward(scaled_loss)
         trainer.step(batch_size)
 
-    With a ``gluon.Trainer`` the Trainer's gradient rescale is set to divide by the scale
-    (``trainer._scale``, as contrib.amp does), so ``step`` applies unscaled gradients. With an
-    ``mxmp.Trainer`` this is ``trainer.scale_loss(loss)``.
-
-    Args:
-        loss (NDArray, or lists/tuples of NDArrays nested to any depth)
-        optimizer_or_trainer: a Trainer passed to :func:`init_trainer`.
+    ``loss``: an NDArray or nested lists/tuples of them. A ``gluon.Trainer``'s ``_scale``
+    is set to divide by the scale, as contrib.amp does; an ``mxmp.Trainer`` scales itself.
 
     Raises:
         RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
     """
     _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
-    if _is_mxmp_trainer(trainer):
+    if _is_native_trainer(trainer):
         with trainer.scale_loss(loss) as scaled:
             yield scaled
         return
-    scaler = getattr(trainer, '_amp_loss_scaler', None)
-    if not isinstance(scaler, _TrainerLossScaler):
-        raise RuntimeError('the loss scaler is not set up: call mxmp.amp.init_trainer(trainer) '
-                           'after creating the Trainer')
+    scaler = _scaler_of(trainer)
     scale = scaler.loss_scale
     trainer._scale = trainer._amp_original_scale / scale
     if not scaler.scaler.enabled:
@@ -303,10 +367,8 @@ def scale_loss(loss, optimizer_or_trainer):
 def unscale(optimizer_or_trainer):
     """Divide the gradients by the loss scale in place (before clipping them).
 
-    Same signature as ``mxnet.contrib.amp.unscale``. Call between ``backward`` and ``step``;
-    that step then applies the gradients as they are (``trainer._scale`` is restored to its
-    value before :func:`scale_loss`; contrib.amp sets it to 1). inf/NaN stay and the step's
-    overflow check still sees them. With an ``mxmp.Trainer`` this is ``trainer.unscale()``.
+    Same signature as ``mxnet.contrib.amp.unscale``; call between ``backward`` and ``step``
+    (``trainer._scale`` is restored to its value before :func:`scale_loss`). inf/NaN stay.
 
     Raises:
         TypeError: not a Trainer.
@@ -314,13 +376,10 @@ def unscale(optimizer_or_trainer):
     """
     _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
-    if _is_mxmp_trainer(trainer):
+    if _is_native_trainer(trainer):
         trainer.unscale()
         return
-    scaler = getattr(trainer, '_amp_loss_scaler', None)
-    if not isinstance(scaler, _TrainerLossScaler):
-        raise RuntimeError('the loss scaler is not set up: call mxmp.amp.init_trainer(trainer) '
-                           'after creating the Trainer')
+    _scaler_of(trainer)
     factor = trainer._scale / trainer._amp_original_scale   # 1 / loss scale
     if factor != 1.0:
         with autograd.pause():

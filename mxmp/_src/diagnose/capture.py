@@ -81,7 +81,7 @@ def _trace(net, data_names):
 
 def _layer_nodes(sym, policy, data_names):
     """(name, op, weight parameter names) of the nodes that compute in the target dtype."""
-    from ..graph.explain import explain
+    from ..graph.plan import explain
     rows = explain(sym, policy=policy, data_names=data_names)
     nodes = json.loads(sym.tojson())['nodes']
     by_name = {n['name']: n for n in nodes}
@@ -211,7 +211,7 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
             if name in params:
                 value = params[name].list_data()[0]
                 if np.dtype(value.dtype) != np.float32:
-                    from ..layout import to_default_layout
+                    from ..device import to_default_layout
                     to_default_layout(value)   # amp_cast fails on reordered grouped weights
                     value = mx.nd.amp_cast(value, dtype='float32')
                 value.copyto(arr)

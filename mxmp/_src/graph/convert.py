@@ -1,70 +1,17 @@
-"""The mixed-precision graph pass over an MXNet Symbol.
+"""The mixed-precision graph pass: :func:`convert_symbol`.
 
-:func:`convert_symbol` rewrites a float32 Symbol into a mixed-precision one:
-
-1. *Plan* (:mod:`mxmp._src.graph.plan`): walk the nodes in topological order;
-   :meth:`mxmp._src.policy.policy.Policy.classify` gives each op a class, and the dtypes of its inputs
-   (already decided) give the dtype it computes in: low-precision ops run in the target dtype,
-   float32 ops in float32, widest-type and follow ops in the widest dtype among their float
-   inputs. Integer tensors (indices, shapes) are never touched: which tensors are floating point
-   comes from MXNet's own type inference (``Symbol.infer_type_partial``,
-   :mod:`mxmp._src.graph.infer`) on the original graph.
-2. *Rewrite* (here, ``_Builder``): an ``amp_cast`` node goes on every edge whose source dtype
-   differs from what the consumer needs, and only there. Casts are shared: a tensor is cast at
-   most once per dtype, whatever the number of its consumers. Graph outputs are cast back to
-   float32.
-3. *Check*: MXNet's type inference on the new graph must agree with the plan, node by node;
-   a disagreement is an op-list bug and raises instead of producing a graph that fails later.
-
-Every node's decision (op, dtype, the rule that chose it) is available from
-:func:`mxmp._src.graph.explain.explain`.
-
-Graphs that already hold casts convert. :func:`mxmp._src.graph.symbol_json.cast_origin` says who
-wrote each one: mxmp's casts (marked) and ``mxnet.contrib.amp``'s (named
-``<tensor>_amp_cast_<dtype>`` and ``<node>_<k>_amp_multicast`` by its pass) only mark precision
-boundaries, so they are removed and the pass plans the float32 graph again with mxmp's lists:
-converting contrib.amp's output gives the same graph as converting the float32 graph. Casts the
-model's own code wrote (GluonCV's ``amp_multicast`` in front of ``box_decode``, ``Cast`` to an
-index dtype) are part of what the model computes: they stay, their inputs arrive uncast, and
-their outputs have the dtypes MXNet gives them (an ``amp_multicast`` with ``cast_narrow=True``
-of a bfloat16 and a float32 tensor gives two bfloat16 tensors, as it would under contrib.amp). A
-variable whose ``__dtype__`` is a low-precision dtype (contrib.amp's
-``cast_optional_params=True``) keeps it.
-
-Nodes are identified by their position in the graph JSON, never by name: a block called twice
-(a shared activation, a weight-tied encoder) gives nodes with equal names, which convert like
-any other; the casts the pass adds get unique names.
-
-``cast_params=True`` stores the parameters whose every consumer is a low-precision op in the
-target dtype (no cast per iteration); the optimizer wrapper then keeps float32 master weights.
-
-``emulate=True`` (float16 or bfloat16 numerics with float32 kernels, for CPUs without
-low-precision kernels): the graph is the real low-precision graph, node for node, plus round
-trips. Every low-precision tensor is held in float32 and rounded through the target dtype
-(``amp_cast`` to the target dtype, then back to float32) where it is produced, so low-precision
-ops see rounded inputs and produce rounded outputs, while their kernels accumulate in float32,
-as NVIDIA Tensor Cores do (Micikevicius et al., "Mixed Precision Training", ICLR 2018).
-Overflow to inf and flush to zero happen at the same tensors as on a GPU; gradients flow back
-through the same casts and are rounded the same way. bfloat16 emulation rounds with five
-elementwise nodes instead of the two casts (MXNet's bfloat16 cast is ~30x slower than an
-elementwise op on AVX2 CPUs, see ``_Builder._round_bfloat16``): forward values are rounded
-exactly as by the cast, gradients are not rounded.
-
-Facts used here (MXNet 1.9.1): ``Symbol.tojson(remove_amp_cast=False)`` keeps cast nodes
-(the default strips them); a variable's ``__dtype__`` attribute (the mshadow type enum,
-``include/mshadow/base.h``: float16=2, bfloat16=12) fixes its dtype for type inference.
+Plan (:mod:`.plan`), then rewrite: an ``amp_cast`` goes on every edge whose source dtype
+differs from what the consumer needs, one per (tensor, dtype); outputs are cast back to float32.
+Then MXNet's type inference on the new graph must agree with the plan, node by node. Emulation
+holds every low-precision tensor in float32, rounded through the target dtype where it is
+produced. How and why: docs/pass.md.
 """
-import logging
-
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, MSHADOW_ENUM
-from .infer import infer_dtypes
 from .plan import plan, prepare
-from .symbol_json import (MARK, ROUND_MARK, cast_origin, cast_param_mark, dump,
-    float32_param_mark, pin_variable_dtypes)
+from .symbol_json import (MARK, ROUND_MARK, cast_origin, dump, infer_dtypes,
+    pin_variable_dtypes, storage_mark)
 
 __all__ = ['convert_symbol']
-
-logger = logging.getLogger(__name__)
 
 
 class _Builder:
@@ -121,23 +68,10 @@ class _Builder:
         return [len(self.nodes) - 1, 0]
 
     def _round_bfloat16(self, entry, base):
-        """Round float32 values to bfloat16 (8 significant bits) with elementwise ops.
-
-        MXNet 1.9.1's float32<->bfloat16 ``amp_cast`` runs about 30x slower than an elementwise
-        op on AVX2 CPUs (measured: 180 ms per round trip of a 1.6M-element tensor, against
-        6 ms for float16), which made emulated bfloat16 training 46x slower than float32.
-        Veltkamp's splitting rounds to nearest even in three operations: with
-        ``t = u * (2**16 + 1)``, ``t - (t - u)`` is ``u`` rounded to 24 - 16 = 8 bits
-        (Dekker, "A floating-point technique for extending the available precision", 1971).
-        ``u = x * 2**-16`` keeps ``t`` from overflowing; the result is scaled back exactly.
-        It equals ``amp_cast`` to bfloat16 for normal values, infinities and NaN (checked
-        against a NumPy reference in tests/test_emulation.py); below 2**-110 it keeps fewer
-        bits, and float32 subnormals (below 2**-126), which the cast flushes to zero, come out
-        as tiny nonzero values. Unlike the cast, its gradient is the identity (the clip's
-        gradient is 1 except on the clipped infinities):
-        emulated bfloat16 rounds forward values, not gradients (float16 emulation rounds both;
-        bfloat16 has float32's exponent range, so no gradient underflows there).
-        """
+        """Round float32 values to bfloat16 (to nearest even) with elementwise ops: Veltkamp's
+        splitting, ``t - (t - u)`` with ``t = u * (2**16 + 1)``, ``u = x * 2**-16`` (Dekker,
+        1971). Equal to ``amp_cast`` for normal values, infinities and NaN; its gradient is the
+        identity (forward values are rounded, gradients are not). Why: docs/pass.md."""
         # +-inf would give inf - inf = NaN below: clip to 3.4e38, which still rounds to inf
         # (bfloat16's largest finite value is 3.3895e38) and keeps t finite.
         bounded = self._emulate_node('clip', base + '_bf16_bound', [entry],
@@ -183,17 +117,10 @@ class _Builder:
     def add(self, nid, node, decision):
         if node['op'] == 'null':
             new = dict(node)
-            if decision.rule.startswith('parameter stored in float32 ('):
+            if decision.stored_dtype is not None:
                 attrs = dict(node.get('attrs', {}))
-                attrs[MARK] = float32_param_mark(attrs)  # remove_casts restores __dtype__
-                attrs['__dtype__'] = MSHADOW_ENUM['float32']
-                new['attrs'] = attrs
-            elif decision.dtype in _LOW and decision.op_class == 'variable' and \
-                    decision.rule.startswith('parameter stored in %s (cast_params' % self.lp):
-                attrs = dict(node.get('attrs', {}))
-                # Keep the variable's own __dtype__ (if any) so remove_casts can restore it.
-                attrs[MARK] = cast_param_mark(attrs)
-                attrs['__dtype__'] = MSHADOW_ENUM[decision.dtype]
+                attrs[MARK] = storage_mark(decision.stored_dtype, attrs)
+                attrs['__dtype__'] = MSHADOW_ENUM[decision.stored_dtype]
                 new['attrs'] = attrs
             self.nodes.append(new)
             me = len(self.nodes) - 1
@@ -228,54 +155,44 @@ class _Builder:
         return (want if self.kind[(nid, k)] == 'up' else 'float32'), 'float32'
 
 
-def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_params=False,
+def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_params=None,
                    emulate=None, data_names=None):
     """Convert a float32 Symbol to mixed precision.
 
     Args:
-        sym (mxnet.symbol.Symbol): the float32 graph (a Module's symbol, or a Gluon block traced
-            with ``block(mx.sym.var('data'))``).
-        target_dtype (str): ``'bfloat16'`` (default) or ``'float16'``; may be omitted when
-            ``policy`` is given.
-        policy (mxmp.Policy): op classes and overrides; default ``Policy(target_dtype)``.
-        data_dtypes (dict of str -> dtype): dtypes of the graph's data inputs (default float32);
-            a data input given in the target dtype needs no cast.
-        cast_params (bool): store the parameters whose every consumer takes them in the
-            target dtype (a low-precision op, or the model's own ``amp_cast`` to the target
-            dtype; :mod:`mxmp._src.graph.plan`) in that dtype (their variables get the dtype; the
-            caller must cast the arrays).
-            Default False: parameters stay float32 with a shared in-graph cast.
-        emulate (bool): float32 kernels with low-precision rounding (module docstring).
-            Default: the policy's (False).
-        data_names (iterable of str): inputs that are not parameters (never stored in the
-            target dtype); default ``('data',)`` plus the keys of ``data_dtypes``.
+        sym (mxnet.symbol.Symbol): the graph (float32, or holding casts: mxmp's and contrib.amp's
+            are planned again, the model's own kept).
+        target_dtype (str): shorthand for ``policy.target_dtype`` (default ``'bfloat16'``).
+        policy (mxmp.Policy): every precision setting; default ``Policy(target_dtype)``.
+        data_dtypes (dict of str -> dtype): dtypes of data inputs (default float32).
+        cast_params (bool): shorthand for ``policy.param_dtype``: store the parameters whose
+            every consumer takes them in the target dtype in that dtype (the caller casts the
+            arrays, :func:`mxmp._src.graph.strip.arrays_for_graph`).
+        emulate (bool): shorthand for ``policy.emulate``; ``'auto'`` means False here (no
+            context).
+        data_names (iterable of str): inputs that are not parameters; default ``('data',)``
+            plus the keys of ``data_dtypes``.
 
     Returns:
-        mxnet.symbol.Symbol: the same graph with ``amp_cast`` nodes at the precision boundaries;
-        float32 outputs. Every float variable not in ``data_names`` carries its dtype
-        (``__dtype__``), so plain MXNet binds the graph (``mx.mod.Module``, ``simple_bind``,
-        ``gluon.SymbolBlock``) without being told the parameters' dtypes. Converting its
-        result again with the same target dtype returns an identical graph.
-
-    Graphs that already hold casts are accepted (module docstring): mxmp's and contrib.amp's
-    casts are re-planned, the model's own casts kept.
+        mxnet.symbol.Symbol: the graph with ``amp_cast`` nodes at the precision boundaries,
+        float32 outputs, every float parameter's ``__dtype__`` written (plain MXNet binds it).
+        Converting it again with the same policy returns an identical graph.
 
     Raises:
-        ValueError: unknown dtype; a graph already converted by mxmp to another dtype (the
-            message names ``remove_casts``); variables stored (``__dtype__``) in the other
-            low-precision dtype; a graph MXNet cannot type.
-        RuntimeError: MXNet's type inference disagrees with the plan. At a node of the graph:
-            an op-list bug, the message names the node, its op and a ``Policy(fp32_ops=...)``
-            workaround; at a node the pass wrote: a bug of the pass, to report.
+        TypeError: ``sym`` is not a Symbol; ``policy`` is not a Policy.
+        ValueError: unknown dtype; a keyword contradicting ``policy``; a graph converted to the
+            other dtype (use ``remove_casts``); variables stored in the other low-precision
+            dtype; a graph MXNet cannot type.
+        RuntimeError: MXNet's type inference disagrees with the plan (an op-list bug at a node
+            of the graph, the message names a ``Policy(fp32_ops=...)`` workaround; else a bug of
+            the pass).
     """
     js, policy, input_dtypes, names, pinned = prepare(sym, target_dtype, policy, emulate,
-                                                      data_dtypes, data_names)
-    decisions, _ = plan(js, policy, input_dtypes, cast_params, names, pinned)
+                                                      data_dtypes, data_names, cast_params)
+    decisions = plan(js, policy, input_dtypes, names, pinned)
     builder = _Builder(js, policy.emulate, policy.target_dtype)
     for nid, (node, dec) in enumerate(zip(js['nodes'], decisions)):
         builder.add(nid, node, dec)
-        if logger.isEnabledFor(logging.DEBUG) and node['op'] != 'null':
-            logger.debug('%s %s -> %s: %s', node['op'], node['name'], dec.dtype, dec.rule)
     heads = [builder.get(nid, out, 'float32' if builder.logical[(nid, out)] in _LOW else None)
              + [0] for nid, out, _ in js['heads']]
     # Every parameter's dtype goes into the graph, so that plain MXNet binds it.

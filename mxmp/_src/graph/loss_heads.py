@@ -1,31 +1,12 @@
-"""Loss heads of a Symbol: the loss-scale node in front of every loss op, and the low-precision
-parameters a converted graph stores.
+"""The loss-scale node in front of every loss op of a Symbol (:func:`insert_loss_scale`).
 
-The loss-scale node, for a loss op ``L`` whose data input is ``x`` (float32: the pass keeps
-loss ops in float32)::
-
-    b = BlockGrad(x)
-    y = b + (x - b) * S            # L(y, label) instead of L(x, label)
-
-Forward: ``x - b`` is exactly 0 for every finite ``x``, ``0 * S`` is 0 and ``b + 0`` is ``x``:
-``y`` is bit-identical to ``x`` (the only difference: ``-0.0`` becomes ``+0.0``, and inf/NaN
-become NaN, which the overflow check catches anyway). Backward: the gradient reaching ``x`` is
-the loss op's gradient times ``S`` through one multiply (``BlockGrad`` passes nothing), exact
-for a power-of-two ``S`` unless it overflows, which is the point of the check. ``S`` lives in
-an input variable of the graph, :data:`LOSS_SCALE_NAME`, that :class:`mxmp.Module` binds as a
-state and rewrites when the scale changes (no rebinding).
-
-Which loss ops get the node: every op of the policy's ``LOSS_OUTPUT`` class (plus
-``SoftmaxOutput``, ``LinearRegressionOutput``, ``LogisticRegressionOutput``,
-``MAERegressionOutput``, ``MakeLoss`` in any case) that makes its own gradient, i.e. ignores
-the gradient of its output. The loss ops that propagate their output's gradient
-(:data:`HEAD_GRADIENT_LOSS_OPS`: ``softmax_cross_entropy``, the CTC losses) get their scaled
-gradient from downstream: from a ``MakeLoss`` that consumes them, or, at a graph output, from
-``out_grads`` passed to ``Module.backward``, which the Module multiplies by ``S``. So every
-gradient is scaled exactly once.
-
-The dtypes of parameters behind casts are pinned by the pass itself
-(:func:`mxmp._src.graph.symbol_json.pin_variable_dtypes`, called by :func:`mxmp._src.graph.convert.convert_symbol`).
+For a loss op whose data input is ``x``: ``b = BlockGrad(x)``, ``y = b + (x - b) * S``. Forward,
+``y`` equals ``x`` bit for bit for finite ``x``; backward, the gradient into ``x`` is the loss
+op's times ``S`` (exact for a power of two). ``S`` is the graph input :data:`LOSS_SCALE_NAME`,
+which :class:`mxmp.Module` binds as a state. Loss ops that propagate their output's gradient
+(:data:`HEAD_GRADIENT_LOSS_OPS`) get none: their gradient is scaled downstream (a ``MakeLoss``,
+or the ``out_grads`` the Module scales), so every gradient is scaled once. The ``_mxmp_`` names
+below are graph node and variable names, not side channels.
 """
 import json
 
@@ -39,25 +20,19 @@ __all__ = ['insert_loss_scale', 'scaled_loss_ops', 'lp_variable_names', 'LOSS_SC
            'HEAD_GRADIENT_LOSS_OPS', 'NAMED_LOSS_OPS']
 
 #: Name of the input variable (a Module *state*, shape ``(1,)``, float32) holding the scale.
-LOSS_SCALE_NAME = '__mxmp_loss_scale__'
+LOSS_SCALE_NAME = '__mxmp_loss_scale__'   # a graph variable name, not a side channel
 #: Loss ops that always get the loss-scale node, whatever the policy says.
 NAMED_LOSS_OPS = frozenset(('SoftmaxOutput', 'LinearRegressionOutput',
                             'LogisticRegressionOutput', 'MAERegressionOutput', 'MakeLoss'))
-#: Ops of the LOSS_OUTPUT class whose backward multiplies by their output's gradient (MXNet
-#: asks for a head gradient when they are a graph output: "head_gradient is required",
-#: src/executor/graph_executor.cc). They get no node: their gradient is scaled downstream.
-#: tests/test_module.py checks this tuple against MXNet for every LOSS_OUTPUT op.
+#: LOSS_OUTPUT ops whose backward multiplies by their output's gradient (MXNet asks for a head
+#: gradient at a graph output, src/executor/graph_executor.cc): no node.
 HEAD_GRADIENT_LOSS_OPS = ('CTCLoss', '_contrib_CTCLoss', '_contrib_ctc_loss', 'ctc_loss',
                           'softmax_cross_entropy')
 
 
 def scaled_loss_ops(policy):
-    """frozenset of str: the ops whose data input gets the loss-scale node under ``policy``.
-
-    Args:
-        policy (mxmp.Policy or None): its ``LOSS_OUTPUT`` ops are added to the named loss
-            ops and to bfloat16's ``LOSS_OUTPUT`` ops; None: those two only.
-    """
+    """frozenset of the ops whose data input gets the node: :data:`NAMED_LOSS_OPS`, bfloat16's
+    and ``policy``'s (or None) ``LOSS_OUTPUT`` ops, minus :data:`HEAD_GRADIENT_LOSS_OPS`."""
     ops = set(NAMED_LOSS_OPS) | set(Policy('bfloat16').ops_in(LOSS_OUTPUT))
     if policy is not None:
         ops |= set(policy.ops_in(LOSS_OUTPUT))
@@ -68,19 +43,13 @@ def insert_loss_scale(sym, loss_ops=None):
     """Put the loss-scale node in front of the data input of every loss op of ``sym``.
 
     Args:
-        sym (mx.sym.Symbol): a graph (float32 or converted by mxmp); it must not hold a
-            loss-scale node already.
-        loss_ops (iterable of str or None): op names that get the node; default: the
-            ``LOSS_OUTPUT`` class of mxmp's op lists plus the five classic loss outputs,
-            minus :data:`HEAD_GRADIENT_LOSS_OPS` (see the module docstring).
+        sym (mx.sym.Symbol): a graph (float32 or converted by mxmp).
+        loss_ops (iterable of str or None): ops that get the node; default
+            :func:`scaled_loss_ops` of no policy.
 
     Returns:
-        tuple ``(symbol, count)``: the new graph, with one extra input variable
-        :data:`LOSS_SCALE_NAME` (shape ``(1,)``, float32), and the number of nodes inserted
-        (a tensor feeding several loss ops gets one node). The forward outputs of the new graph
-        are bit-identical to those of ``sym`` for finite inputs of the loss ops (module
-        docstring); the gradient into each loss op's data input is multiplied by the value
-        of the variable.
+        tuple ``(symbol, count)``: the graph with the extra input :data:`LOSS_SCALE_NAME`
+        (shape ``(1,)``, float32), and the number of nodes inserted (one per tensor).
 
     Raises:
         ValueError: ``sym`` already holds :data:`LOSS_SCALE_NAME`.
@@ -113,7 +82,7 @@ def insert_loss_scale(sym, loss_ops=None):
                                       'attrs': {'__shape__': '(1,)',
                                                 '__dtype__': MSHADOW_ENUM['float32'],
                                                 MARK: 'loss_scale'}}))
-            attrs = {MARK: 'loss_scale'}
+            attrs = {MARK: 'loss_scale'}   # node names below: graph names, not side channels
             stop = add({'op': 'BlockGrad', 'name': unique(base + '_mxmp_stop'),
                         'attrs': dict(attrs), 'inputs': [list(entry)]})
             diff = add({'op': 'elemwise_sub', 'name': unique(base + '_mxmp_zero'),
@@ -141,7 +110,5 @@ def insert_loss_scale(sym, loss_ops=None):
 
 
 def lp_variable_names(sym):
-    """frozenset of str: the variables that ``convert_symbol(cast_params=True)`` stores in the
-    target dtype (marked ``cast_param...`` by the pass); the Module keeps float32 master
-    weights for them."""
+    """frozenset of the variables a converted graph stores in the target dtype."""
     return cast_param_names(sym)

@@ -1,22 +1,6 @@
-"""Zero-pad the stem convolution's odd input channel count, in the graph (a bfloat16 speed lever).
-
-Measured on MXNet 1.9.1 with oneDNN's bfloat16 kernels [avx512_bf16]: a convolution with 3 input
-channels (the stem of an image network) runs oneDNN's gemm-based kernel, which writes a plain
-NCHW output, and the BatchNorm after it then runs the generic ``ncsp_bnorm`` kernel: the slowest
-single node of a bfloat16 ResNet training step. With 4 input channels oneDNN picks its blocked
-kernels instead (docs/benchmark.md has the measurements).
-
-:func:`pad_stem` rewrites such a Convolution so that it sees ``C + 1`` channels, computing the
-same function: its data becomes ``Concat(data, zeros_like(slice_axis(data, 1, 0, 1)))`` and its
-weight ``Concat(weight, zeros_like(slice_axis(weight, 1, 0, 1)))`` (a zero column). The
-``Parameter`` keeps its ``(out, C, kh, kw)`` shape, so checkpoints are unchanged and the graph
-is plain MXNet (``Concat``, ``slice_axis``, ``zeros_like``). The gradient of the weight's real
-columns is the same sum as before (the zero channel adds zero terms); the zero column's gradient
-is dropped by ``Concat``'s backward. The added nodes take the dtype of what they pad (they go
-after mxmp's casts), so in a converted bfloat16 graph they run in bfloat16. The weight variable
-gets its full shape (``__shape__``): MXNet cannot infer it back through the ``Concat``, and
-``mx.mod.Module`` binds a graph with the data shapes alone. :func:`mxmp.convert` applies it when
-a converted network's graph is built (``pad_stem``, :mod:`mxmp._src.gluon_graph`).
+"""Feed a stem Convolution with an odd input channel count (the 3-channel stem of an NCHW image
+network) one zero channel more, in the graph: the same function, and oneDNN's blocked bfloat16
+kernels run it (docs/pass.md). :func:`mxmp.convert` applies it (``pad_stem``).
 """
 from .symbol_json import MARK, ROUND_MARK, STEM_MARK, STEM_SHAPE
 from .symbol_json import dump as _dump, load as _load
@@ -25,10 +9,8 @@ __all__ = ['STEM_MARK', 'pad_stem', 'stem_convolutions', 'padded_convolutions',
            'check_option', 'wants_padding']
 
 
-
 def _source(nodes, entry):
-    """The node an input entry comes from, looking through the casts and the emulated rounding
-    nodes mxmp wrote (each of them computes from its first input)."""
+    """The node an input entry comes from, through mxmp's casts and rounding nodes."""
     node = nodes[entry[0]]
     while (node['op'] == 'amp_cast' and MARK in node.get('attrs', {})) or \
             ROUND_MARK in node.get('attrs', {}):
@@ -37,20 +19,10 @@ def _source(nodes, entry):
 
 
 def stem_convolutions(sym, input_shapes):
-    """The Convolutions of ``sym`` that :func:`pad_stem` pads.
-
-    A Convolution qualifies when it is 2-D on the NCHW layout (no ``layout`` attribute, or
-    ``'NCHW'``), has one group, and its data input is a graph input variable (directly or
-    through casts or emulated rounding mxmp wrote) whose shape in ``input_shapes`` has an odd
-    channel count (axis 1).
-
-    Args:
-        sym (mxnet.symbol.Symbol): any graph (float32 or converted).
-        input_shapes (dict of str -> tuple of int): shapes of the graph's data inputs, e.g.
-            ``{'data': (16, 3, 224, 224)}``; inputs not named are not considered.
-
-    Returns:
-        list of ``(convolution name, input name, channels)`` in topological order.
+    """``[(convolution name, input name, channels)]`` of the Convolutions of ``sym`` that
+    :func:`pad_stem` pads, in topological order: 2-D, NCHW, one group, data from an input
+    variable (through mxmp's casts) whose shape in ``input_shapes`` (``{name: shape}``) has an
+    odd axis 1.
 
     Raises:
         TypeError: ``sym`` is not a Symbol.
@@ -75,23 +47,11 @@ def _stems(nodes, input_shapes):
 
 
 def pad_stem(sym, input_shapes):
-    """``sym`` with each stem Convolution (:func:`stem_convolutions`) fed ``C + 1`` channels:
-    its data and its weight each concatenated with zeros along axis 1 (same function).
-
-    Six nodes are added per padded convolution ``conv``, each with attribute
-    :data:`STEM_MARK` = ``conv``: ``conv_stem_data_slice`` (``slice_axis``),
-    ``conv_stem_data_zeros`` (``zeros_like``), ``conv_stem_data`` (``Concat``, ``dim=1``), and
-    the same three named ``conv_stem_weight*`` for the weight. The weight must be a variable
-    (through mxmp's casts) whose shape MXNet infers from ``input_shapes``; its shape is written
-    into it (``__shape__``), as the padded graph no longer lets MXNet infer it. Nothing else
-    changes: no new variable, so the parameters (and their shapes) are those of ``sym``.
-
-    Args:
-        sym (mxnet.symbol.Symbol): any graph (float32 or converted by mxmp).
-        input_shapes (dict of str -> tuple of int): shapes of the data inputs (NCHW).
-
-    Returns:
-        mxnet.symbol.Symbol: the padded graph, or ``sym`` itself when nothing qualifies.
+    """``sym`` with each :func:`stem_convolutions` entry fed ``C + 1`` channels: its data and
+    its weight (a variable of shape MXNet infers from ``input_shapes``, which gets its
+    ``__shape__`` written) each concatenated with zeros along axis 1 by three nodes
+    (``conv_stem_data_slice``, ``_zeros``, ``conv_stem_data``; ``conv_stem_weight*``) marked
+    :data:`STEM_MARK` = ``conv``. No new variable. Returns ``sym`` itself when nothing qualifies.
 
     Raises:
         TypeError: ``sym`` is not a Symbol.
@@ -101,9 +61,7 @@ def pad_stem(sym, input_shapes):
     stems = {nid for nid, _, _, _ in _stems(nodes, input_shapes)}
     if not stems:
         return sym
-    # The padded graph hides the weight's channel count behind the Concat (MXNet cannot infer
-    # it back through slice_axis): write the weight's shape into its variable (``__shape__``,
-    # as Gluon does), so that the graph binds with the data shapes alone (mx.mod.Module).
+    # The weight's shape goes into its variable: MXNet cannot infer it back through the Concat.
     names = sym.list_arguments()
     known = sym.infer_shape_partial(**{k: v for k, v in input_shapes.items() if k in names})[0]
     known = dict(zip(names, known))
@@ -156,11 +114,7 @@ def padded_convolutions(sym):
 
 
 def check_option(option):
-    """Return ``option`` if it is a valid ``pad_stem`` value ('auto', True, False).
-
-    Raises:
-        ValueError: any other value; the message lists the valid ones.
-    """
+    """``option`` if it is ``'auto'``, True or False, else ValueError."""
     if option not in ('auto', True, False):
         raise ValueError("pad_stem=%r: use 'auto' (for bfloat16 where the real kernels run), "
                          "True (always) or False (never)" % (option,))
@@ -168,10 +122,8 @@ def check_option(option):
 
 
 def wants_padding(option, policy, ctx):
-    """bool: whether ``pad_stem=option`` pads a graph converted with ``policy`` that runs on
-    ``ctx`` (mx.Context). ``'auto'``: bfloat16 run by the real kernels (not emulated,
-    :func:`mxmp.lp_kernels_available`), where it was measured faster; ``True``: always (a graph
-    without a policy too); ``False``: never."""
+    """bool: whether ``pad_stem=option`` pads a graph converted with ``policy`` (or None) that
+    runs on ``ctx``; ``'auto'``: bfloat16 on real kernels, not emulated."""
     if option == 'auto':
         from ..device import lp_kernels_available
         return policy is not None and policy.target_dtype == 'bfloat16' and \

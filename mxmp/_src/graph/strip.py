@@ -1,17 +1,14 @@
-"""Casts already in a graph: remove them, count them, say who wrote them and to what dtype.
+"""Casts already in a graph (remove, count, who wrote them, to what dtype), and the parameter
+arrays that go with a converted or stripped graph."""
+import numpy as np
 
-:func:`remove_casts` gives the float32 graph back, :func:`converted_dtype` the target dtype an
-mxmp-converted graph was converted to, :func:`count_casts` and :func:`cast_origins` what casts a
-graph holds (who wrote each: :func:`mxmp._src.graph.symbol_json.cast_origin`). The pass
-(:mod:`mxmp._src.graph.convert`) strips mixed-precision casts with :func:`strip` before it plans a
-graph again.
-"""
-from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum
-from .symbol_json import (CAST_OPS, MARK, PINNED, ROUND_MARK, STEM_MARK, STEM_SHAPE,
-    cast_origin, cast_param_original, dump, is_cast_param, is_float32_param, load)
+from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum, mx_dtype
+from .symbol_json import (CAST_OPS, FLOAT_DTYPES, MARK, PINNED, ROUND_MARK, STEM_MARK, STEM_SHAPE,
+    cast_origin, cast_param_names, cast_param_original, dump, is_cast_param, is_float32_param,
+    load)
 
 __all__ = ['remove_casts', 'converted_dtype', 'count_casts', 'cast_origins', 'strip',
-           'previous_conversion']
+           'previous_conversion', 'float32_arrays', 'arrays_for_graph', 'cast_to_graph']
 
 
 def _without_dtype(node, attrs, original=''):
@@ -26,11 +23,9 @@ def _without_dtype(node, attrs, original=''):
 
 
 def strip(js, unpin=False):
-    """Remove the mixed-precision casts (mxmp's and contrib.amp's, see
-    :func:`~mxmp._src.graph.symbol_json.cast_origin`), mxmp's bfloat16 rounding nodes, mxmp's stem
-    padding (:mod:`mxmp._src.graph.stem`) and mxmp's parameter dtypes (pure, on graph JSON; returns a new dict). Model casts stay. ``unpin``: in
-    a graph that holds contrib.amp casts, variables that contrib.amp stored in a low-precision
-    dtype (``cast_optional_params=True``) become float32 too."""
+    """A new graph JSON without mxmp's and contrib.amp's casts, mxmp's rounding nodes, stem
+    padding and parameter dtypes; model casts stay. ``unpin``: in a graph with contrib.amp
+    casts, variables contrib.amp stored in low precision become float32 too."""
     nodes = js['nodes']
     contrib = unpin and any(cast_origin(n) == 'contrib.amp' for n in nodes)
     resolve = {}  # (old nid, out idx) -> (old nid, out idx) of a kept node
@@ -82,38 +77,19 @@ def strip(js, unpin=False):
 
 
 def remove_casts(sym):
-    """Return the float32 graph: ``sym`` without its mixed-precision casts.
+    """The float32 graph (Symbol) of ``sym`` (any Symbol): ``remove_casts(convert_symbol(g))``
+    is ``g`` exactly.
 
-    Removes the ``amp_cast``/``amp_multicast`` nodes that mxmp or ``mxnet.contrib.amp`` wrote
-    (:func:`cast_origin` tells them apart) and mxmp's bfloat16 rounding nodes; consumers of a
-    removed cast are rewired to the cast's input; variables whose dtype mxmp set
-    (``cast_params=True``) lose that dtype, and so do those that contrib.amp stored in a
-    low-precision dtype (``cast_optional_params=True``; their arrays must then be cast to
-    float32, as ``mxmp convert --strip`` does). Casts that the model's own code wrote (``Cast``
-    to an index dtype, GluonCV's ``amp_multicast`` in a box decoder) stay: they are part of
-    what the model computes. ``remove_casts(convert_symbol(g))`` gives back ``g`` exactly
-    (same nodes, names, attrs). (MXNet's ``Symbol.tojson(remove_amp_cast=True)`` instead drops
-    every ``amp_cast``/``amp_multicast``, the model's too.)
-
-    Args:
-        sym (mxnet.symbol.Symbol): any graph.
-
-    Returns:
-        mxnet.symbol.Symbol
+    Removes the casts mxmp or ``mxnet.contrib.amp`` wrote (:func:`cast_origin`), mxmp's rounding
+    nodes and stem padding, and the low-precision ``__dtype__`` of variables mxmp or contrib.amp
+    stored in low precision (their arrays must be cast to float32). The model's own casts stay.
     """
     return dump(strip(load(sym), unpin=True))
 
 
 def cast_origins(sym):
-    """Every cast node of ``sym`` with who wrote it (:func:`cast_origin`).
-
-    Args:
-        sym (mxnet.symbol.Symbol): any graph.
-
-    Returns:
-        list of ``(node name, op, origin)`` in topological order; origin is ``'mxmp'``,
-        ``'contrib.amp'`` or ``'model'``.
-    """
+    """``[(node name, op, origin)]`` of every cast of ``sym`` in topological order; origin is
+    ``'mxmp'``, ``'contrib.amp'`` or ``'model'`` (:func:`cast_origin`)."""
     rows = []
     for node in load(sym)['nodes']:
         origin = cast_origin(node)
@@ -157,3 +133,43 @@ def count_casts(sym):
         if node['op'] in counts:
             counts[node['op']] += 1
     return counts
+
+
+def _float32(array):
+    import mxnet as mx
+    if np.dtype(array.dtype) == np.float32:
+        return array
+    return mx.nd.amp_cast(array, dtype='float32')
+
+
+def float32_arrays(arrays):
+    """A new dict: every NDArray of ``arrays`` (dict of str -> NDArray) in float32 (float32
+    arrays are the same objects; others are cast with ``amp_cast``)."""
+    return {k: _float32(v) for k, v in arrays.items()}
+
+
+def arrays_for_graph(sym, arrays, target_dtype):
+    """A new dict: the arrays of ``arrays`` (named as ``sym``'s variables) that the converted
+    graph ``sym`` stores in ``target_dtype`` cast to it (``amp_cast``), every other in float32."""
+    import mxnet as mx
+    out = float32_arrays(arrays)
+    for name in cast_param_names(sym).intersection(out):
+        out[name] = mx.nd.amp_cast(out[name], dtype=mx_dtype(target_dtype))
+    return out
+
+
+def cast_to_graph(sym, params):
+    """A new dict: each array of ``params`` (named as ``sym``'s variables) cast to its
+    variable's ``__dtype__`` in the converted graph ``sym``, if it has one (``amp_cast``)."""
+    import mxnet as mx
+    from ..device import to_default_layout
+    wanted = {n['name']: from_mshadow_enum(n.get('attrs', {}).get('__dtype__'))
+              for n in load(sym)['nodes'] if n['op'] == 'null'}
+    out = {}
+    for name, value in params.items():
+        dtype = wanted.get(name)
+        if dtype in FLOAT_DTYPES and np.dtype(value.dtype) != np.dtype(mx_dtype(dtype)):
+            to_default_layout([value])   # amp_cast fails on weights oneDNN reordered in place
+            value = mx.nd.amp_cast(value, dtype=mx_dtype(dtype))
+        out[name] = value
+    return out

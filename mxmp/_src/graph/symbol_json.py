@@ -1,42 +1,35 @@
-"""A Symbol's graph JSON: load and dump it, and the attributes mxmp writes on its nodes.
+"""A Symbol's graph JSON (``tojson(remove_amp_cast=False)``): load, dump, MXNet's dtype
+inference on it by node position, and the attributes mxmp writes on its nodes.
 
-The graph pass works on the JSON of ``Symbol.tojson(remove_amp_cast=False)`` (MXNet 1.9.1: the
-default, ``remove_amp_cast=True``, drops every cast node). This module holds what every part of
-mxmp that reads or writes that JSON shares: the attribute keys that mark what mxmp wrote
-(:data:`MARK`, :data:`ROUND_MARK`, :data:`PINNED`), the one test of whether a variable is a
-``cast_params`` parameter (:func:`is_cast_param`, :func:`cast_param_names`), who wrote a cast
-(:func:`cast_origin`) and the ``__dtype__`` attributes of variables (:func:`pin_variable_dtypes`;
-the value is mshadow's dtype enum, ``include/mshadow/base.h``: float16=2, bfloat16=12, see
-:mod:`mxmp._src.dtypes`). ``amp_cast``/``amp_multicast`` are MXNet 1.9.1's cast operators
-(``src/operator/tensor/amp_cast.cc``).
+The ``__mxmp*`` strings below are attribute keys of graph nodes, not side channels.
 """
+import functools
 import json
+import re
 
-from ..dtypes import MSHADOW_ENUM
+import numpy as np
+
+from ..dtypes import LOW_PRECISION_DTYPES, MSHADOW_ENUM, dtype_name
 
 __all__ = ['MARK', 'ROUND_MARK', 'PINNED', 'CAST_OPS', 'FLOAT_DTYPES', 'load', 'dump',
-           'is_cast_param', 'cast_param_names', 'cast_param_mark', 'cast_param_original',
-           'is_float32_param', 'float32_param_names', 'float32_param_mark',
-           'cast_origin', 'pin_variable_dtypes']
+           'is_cast_param', 'cast_param_names', 'storage_mark', 'cast_param_original',
+           'is_float32_param', 'float32_param_names',
+           'cast_origin', 'pin_variable_dtypes', 'infer_dtypes', 'node_output_dtypes',
+           'mutable_inputs']
 
 #: Attribute key that marks the nodes and variables mxmp wrote.
-MARK = '__mxmp__'
+MARK = '__mxmp__'   # a graph attribute key, not a side channel
 #: Attribute key of the arithmetic rounding nodes of bfloat16 emulation: the target dtype.
-ROUND_MARK = '__mxmp_round__'
+ROUND_MARK = '__mxmp_round__'   # a graph attribute key
 #: MARK value of a variable whose ``__dtype__`` :func:`pin_variable_dtypes` wrote.
 PINNED = 'pinned'
 #: MARK value (a prefix) of a variable stored in the target dtype by ``cast_params=True``.
 _CAST_PARAM = 'cast_param'
-#: MARK value (a prefix) of a variable declared in low precision (``__dtype__``) that the pass
-#: stores in float32, because an input MXNet needs as a graph variable takes it in float32
-#: (:mod:`mxmp._src.graph.plan`, "storage rules").
+#: MARK value (a prefix) of a low-precision variable the pass stores in float32.
 _FLOAT32_PARAM = 'float32_param'
-#: Attribute key of the nodes :func:`mxmp._src.graph.stem.pad_stem` adds (value: the padded
-#: convolution's name), and of a weight variable whose ``__shape__`` it wrote (value
-#: ``'shape:'`` + the ``__shape__`` it had before, empty if none).
-STEM_MARK = '__mxmp_stem__'
-#: STEM_MARK value prefix of a variable whose ``__shape__`` :func:`mxmp._src.graph.stem.pad_stem`
-#: wrote.
+#: Attribute key of the nodes ``pad_stem`` adds (value: the padded convolution's name), and of
+#: a weight whose ``__shape__`` it wrote (value :data:`STEM_SHAPE` + its former ``__shape__``).
+STEM_MARK = '__mxmp_stem__'   # a graph attribute key
 STEM_SHAPE = 'shape:'
 #: MXNet's mixed-precision cast operators.
 CAST_OPS = ('amp_cast', 'amp_multicast')
@@ -68,76 +61,48 @@ def dump(js):
 
 
 def is_cast_param(node):
-    """bool: whether a node of the graph JSON is a variable that ``convert_symbol(...,
-    cast_params=True)`` stores in the target dtype (mxmp's :data:`MARK` says so)."""
+    """bool: whether a JSON node is a variable the pass stores in the target dtype."""
     return node['op'] == 'null' and node.get('attrs', {}).get(MARK, '').startswith(_CAST_PARAM)
 
 
+def is_float32_param(node):
+    """bool: whether a JSON node is a low-precision variable the pass stores in float32."""
+    return node['op'] == 'null' and \
+        node.get('attrs', {}).get(MARK, '').startswith(_FLOAT32_PARAM + ':')
+
+
 def cast_param_names(sym):
-    """frozenset of str: the variables of ``sym`` (an mxnet Symbol, or its graph JSON dict) that
-    ``convert_symbol(..., cast_params=True)`` stores in the target dtype: their arrays must be
-    cast to it."""
+    """frozenset of the variables of ``sym`` (a Symbol or its JSON dict) stored in the target
+    dtype: their arrays must be cast to it."""
     js = sym if isinstance(sym, dict) else load(sym)
     return frozenset(n['name'] for n in js['nodes'] if is_cast_param(n))
 
 
 def float32_param_names(sym):
-    """frozenset of str: the variables of ``sym`` (an mxnet Symbol, or its graph JSON dict)
-    declared in low precision that the converted graph stores in float32 instead: their
-    arrays (e.g. the Parameters of a block after ``net.cast('bfloat16')``) must be cast to
-    float32."""
+    """frozenset of the variables of ``sym`` (a Symbol or its JSON dict) declared in low
+    precision that the graph stores in float32: their arrays must be cast to float32."""
     js = sym if isinstance(sym, dict) else load(sym)
     return frozenset(n['name'] for n in js['nodes'] if is_float32_param(n))
 
 
-def is_float32_param(node):
-    """bool: whether a node of the graph JSON is a low-precision variable the pass stores in
-    float32 (mxmp's :data:`MARK` says so)."""
-    return node['op'] == 'null' and \
-        node.get('attrs', {}).get(MARK, '').startswith(_FLOAT32_PARAM + ':')
-
-
-def float32_param_mark(attrs):
-    """The :data:`MARK` value of a variable the pass stores in float32 though its
-    ``__dtype__`` (in ``attrs``) is a low-precision dtype; :func:`cast_param_original` gives
-    that ``__dtype__`` back."""
-    return '%s:%s' % (_FLOAT32_PARAM, attrs.get('__dtype__', ''))
-
-
-def cast_param_mark(attrs):
-    """The :data:`MARK` value of a ``cast_params`` variable: it keeps the variable's own
-    ``__dtype__`` (if any, from ``attrs``), which :func:`cast_param_original` gives back."""
-    return '%s:%s' % (_CAST_PARAM, attrs.get('__dtype__', ''))
+def storage_mark(stored_dtype, attrs):
+    """The :data:`MARK` value of a variable the pass stores in ``stored_dtype``; it keeps the
+    variable's own ``__dtype__`` (from ``attrs``) for :func:`cast_param_original`."""
+    kind = _FLOAT32_PARAM if stored_dtype == 'float32' else _CAST_PARAM
+    return '%s:%s' % (kind, attrs.get('__dtype__', ''))
 
 
 def cast_param_original(attrs):
-    """The ``__dtype__`` a variable whose storage mxmp chose (``cast_params``, or float32
-    for a low-precision variable) had before mxmp set it ('' for none)."""
+    """The ``__dtype__`` a variable had before the pass chose its storage ('' for none)."""
     return attrs[MARK].partition(':')[2]
 
 
 def cast_origin(node):
-    """Who wrote a cast node of the graph JSON: ``'mxmp'``, ``'contrib.amp'``, ``'model'``, or
-    None for a node that is not a cast.
-
-    The rule (MXNet 1.9.1 facts, measured by converting a graph with
-    ``mxnet.contrib.amp.convert_symbol`` and reading its JSON):
-
-    * ``'mxmp'``: an ``amp_cast``/``amp_multicast`` carrying mxmp's :data:`MARK` attribute, or
-      one of mxmp's bfloat16 rounding nodes (:data:`ROUND_MARK`).
-    * ``'contrib.amp'``: contrib.amp's pass (``src/nnvm/low_precision_pass.cc``) marks nothing,
-      but names its casts by a fixed pattern: an ``amp_cast`` named ``<tensor>_amp_cast_<dtype>``
-      with ``<dtype>`` its own ``dtype`` attribute (``fc_output_amp_cast_float32``,
-      ``data_amp_cast_bfloat16``), and an ``amp_multicast`` named ``<node>_<k>_amp_multicast``.
-    * ``'model'``: every other cast: ``Cast``/``cast`` (neither mxmp nor contrib.amp writes
-      one), and ``amp_cast``/``amp_multicast`` nodes that model code wrote: Gluon names them
-      ``<prefix>amp_cast0``/``<prefix>amp_multicast0`` (GluonCV's box decoders), the Symbol
-      API ``amp_cast0`` or the name the author chose. A model cast named like contrib.amp's
-      would be taken for one of contrib.amp's.
-
-    Mixed-precision casts (mxmp's and contrib.amp's) only mark precision boundaries: the pass
-    removes them and plans again. Model casts are part of what the model computes and stay.
-    """
+    """Who wrote a cast node of the graph JSON: ``'mxmp'`` (marked by :data:`MARK` or
+    :data:`ROUND_MARK`), ``'contrib.amp'`` (its pass names an ``amp_cast``
+    ``<tensor>_amp_cast_<dtype>`` and an ``amp_multicast`` ``<node>_<k>_amp_multicast``),
+    ``'model'`` (every other cast, ``Cast`` included), or None for a node that is not a cast.
+    The rule is documented in docs/pass.md."""
     op, attrs = node['op'], node.get('attrs', {})
     if ROUND_MARK in attrs:
         return 'mxmp'
@@ -156,20 +121,10 @@ def cast_origin(node):
 
 
 def pin_variable_dtypes(nodes, dtypes):
-    """Write each variable's dtype into the graph (``__dtype__``), in place on JSON nodes.
-
-    Behind an ``amp_cast`` MXNet cannot infer a variable's dtype (a cast accepts any input
-    dtype), so a converted graph bound by plain MXNet (``mx.mod.Module(sym).bind``, which types
-    only the data and labels) fails with "InferType pass cannot decide dtypes ...
-    fc_weight: -1". ``mxnet.contrib.amp`` writes ``__dtype__`` for the same reason. Variables
-    that already have a ``__dtype__`` keep it; the pinned ones are marked so that
-    :func:`mxmp.remove_casts` gives the float32 graph back exactly.
-
-    Args:
-        nodes (list of dict): the graph JSON's ``nodes`` (modified in place).
-        dtypes (dict of str -> str): variable name -> dtype name (``'float32'``, ...); names
-            not given, and non-float dtypes, are left alone.
-    """
+    """Write ``dtypes`` (``{variable name: float dtype name}``) into the variables of the JSON
+    ``nodes`` as ``__dtype__``, in place, so plain MXNet binds a graph whose variables sit
+    behind casts. Variables with a ``__dtype__`` keep it; the others are marked :data:`PINNED`
+    (``remove_casts`` takes the attribute off again)."""
     for node in nodes:
         dtype = dtypes.get(node['name'])
         if node['op'] != 'null' or dtype not in FLOAT_DTYPES or \
@@ -177,3 +132,77 @@ def pin_variable_dtypes(nodes, dtypes):
             continue
         node['attrs'] = dict(node.get('attrs', {}), __dtype__=MSHADOW_ENUM[dtype])
         node['attrs'][MARK] = PINNED
+
+
+def infer_dtypes(js, input_dtypes):
+    """``{(node id, output): dtype name}`` of every output a head reaches, from MXNet's
+    ``infer_type_partial`` on the graph JSON ``js``; ids are positions in ``js['nodes']``.
+
+    ``input_dtypes``: ``{input name: dtype}``; other inputs without ``__dtype__`` are float32.
+
+    Raises:
+        ValueError: MXNet cannot type the graph (its message, with node names).
+    """
+    # Low-precision inputs are typed by a ``__dtype__`` attribute on a copy (MXNet 1.9.1's
+    # infer_type_partial drops bfloat16 keyword arguments); nodes are renamed to their ids.
+    nodes, args = [], {}
+    for nid, node in enumerate(js['nodes']):
+        attrs = node.get('attrs', {})
+        d = input_dtypes.get(node['name'])
+        if node['op'] == 'null':
+            if d in LOW_PRECISION_DTYPES and '__dtype__' not in attrs:
+                attrs = dict(attrs, __dtype__=MSHADOW_ENUM[d])
+            if '__dtype__' not in attrs:
+                args[str(nid)] = np.dtype(d or 'float32')
+        nodes.append(dict(node, name=str(nid), attrs=attrs))
+    internals = dump(dict(js, nodes=nodes)).get_internals()
+    try:
+        _, out_types, _ = internals.infer_type_partial(**args)
+    except Exception as err:  # MXNetError: inconsistent dtypes
+        names = [n['name'] for n in js['nodes']]
+        message = _renamed_back(str(err), names)
+        raise ValueError('MXNet cannot infer the dtypes of the graph: %s' % message) from err
+    result, previous, k = {}, None, 0
+    for p, dtype in enumerate(out_types):
+        owner = int(internals[p].name)
+        k = k + 1 if owner == previous else 0
+        previous = owner
+        result[(owner, k)] = dtype_name(dtype)
+    return result
+
+
+def _renamed_back(message, names):
+    """MXNet's error text with the ids of :func:`infer_dtypes`' renamed nodes as names."""
+    return re.sub(r'(operator |node )(\d+)\b',
+                  lambda m: m.group(1) + (names[int(m.group(2))]
+                                          if int(m.group(2)) < len(names) else m.group(2)),
+                  message)
+
+
+def node_output_dtypes(node, in_dtypes, n_out):
+    """Output dtypes MXNet gives one node for the given input dtypes (a one-node graph)."""
+    nodes = [{'op': 'null', 'name': 'i%d' % i, 'inputs': [],
+              'attrs': {'__dtype__': MSHADOW_ENUM[d]}}
+             for i, d in enumerate(in_dtypes)]
+    nodes.append(dict(node, inputs=[[i, 0, 0] for i in range(len(in_dtypes))]))
+    js = {'nodes': nodes, 'heads': [[len(in_dtypes), k, 0] for k in range(n_out)],
+          'attrs': {'mxnet_version': ['int', 10901]}}
+    types = infer_dtypes(js, {})
+    return [types.get((len(in_dtypes), k)) for k in range(n_out)]
+
+
+def mutable_inputs(node):
+    """Positions of ``node``'s inputs that MXNet writes in place (auxiliary states: BatchNorm's
+    moving statistics), which must be graph variables; from a one-node graph."""
+    return _mutable_inputs(node['op'], json.dumps(node.get('attrs', {}), sort_keys=True),
+                           len(node['inputs']))
+
+
+@functools.lru_cache(maxsize=None)
+def _mutable_inputs(op, attrs, n_in):
+    nodes = [{'op': 'null', 'name': 'i%d' % i, 'inputs': []} for i in range(n_in)]
+    nodes.append({'op': op, 'name': 'node', 'attrs': json.loads(attrs),
+                  'inputs': [[i, 0, 0] for i in range(n_in)]})
+    js = {'nodes': nodes, 'heads': [[n_in, 0, 0]], 'attrs': {'mxnet_version': ['int', 10901]}}
+    aux = set(dump(js).list_auxiliary_states())
+    return tuple(i for i in range(n_in) if 'i%d' % i in aux)

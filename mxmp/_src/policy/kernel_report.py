@@ -1,6 +1,7 @@
-""":class:`KernelReport`, what ``mxmp check-kernels`` writes and :meth:`mxmp.Policy.from_kernel_report`
-reads (so it lives with the policy): the rows of the conformance suite and the machine they ran
-on, as a table and a JSON file (docs/conformance.md).
+"""The result of ``mxmp check-kernels`` (:class:`KernelReport`: rows, machine, JSON file) and
+the policy changes it justifies (read by :meth:`mxmp.Policy.from_kernel_report`): an op with a
+``wrong``, ``crash(...)`` or ``error`` case goes to float32; a float32 op ``ok`` in every case on
+real kernels may compute in the target dtype (emulated evidence widens nothing).
 """
 import dataclasses
 import datetime
@@ -36,8 +37,8 @@ def _cpu():
 
 
 def machine_info(target_dtype='bfloat16'):
-    """dict: ``cpu``, its bfloat16-relevant ``flags``, ``mxnet_version``, ``real_kernels``
-    (:func:`mxmp.lp_kernels_available` of ``target_dtype`` here), ``dnnl_max_cpu_isa``, ``date``."""
+    """dict: ``cpu``, bfloat16-relevant ``flags``, ``mxnet_version``, ``real_kernels``
+    (:func:`mxmp.lp_kernels_available`), ``dnnl_max_cpu_isa`` and ``date``."""
     import os
     import mxnet as mx
     from ..device import lp_kernels_available
@@ -150,11 +151,10 @@ def _rank(kind):
 
 
 def load_kernel_report(path):
-    """The :class:`KernelReport` in the JSON file ``path`` (:meth:`KernelReport.save`).
+    """The :class:`KernelReport` of the JSON file ``path`` (:meth:`KernelReport.save`).
 
     Raises:
-        ValueError: not JSON, not a kernel report, another version, or a malformed row; the
-            message names the file, the problem and how to get a valid file.
+        ValueError: not JSON, not a kernel report, another version, or a malformed row.
     """
     fix = 'write one with `mxmp check-kernels --out FILE` on the machine it describes'
     try:

@@ -7,7 +7,7 @@ bfloat16 class, and the float16-only rules (CONDITIONAL_FLOAT32, EMULATE_FLOAT32
 :mod:`mxmp._src.policy.tables` merges the two and refuses an op listed in both. Together they put every
 operator name MXNet 1.9.1 registers (``mx.operator.get_all_registered_operators()``) in exactly one
 of LOW_PRECISION, FLOAT32, LOSS_OUTPUT, WIDEST_TYPE, FOLLOW, or a rule in
-``mxmp/policy/coverage.py`` excludes it. Aliases are listed under each of their names (``_plus``,
+``EXCLUDED_PREFIXES`` of ``tables.py`` excludes it. Aliases are listed under each of their names (``_plus``,
 ``_Plus``, ``elemwise_add``); a Symbol's JSON always names the canonical op.
 
 Where the facts come from:

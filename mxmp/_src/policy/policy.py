@@ -1,37 +1,23 @@
-"""The precision policy: which dtype each operator of a graph computes in.
+"""The precision policy: one frozen dataclass holding every precision setting of a conversion.
 
-A :class:`Policy` is data (a frozen dataclass): a target dtype, the op classes of
-``mxmp/policy/ops_shared.py`` + ``ops_<target dtype>.py`` (:mod:`mxmp._src.policy.tables`) and the
-user's overrides. The graph pass
-(:mod:`mxmp._src.graph`) asks it one question per node, :meth:`Policy.classify`, and records the
-answer's rule so every decision can be explained, as TensorFlow's auto_mixed_precision pass does.
-
-Op classes (the names follow TensorFlow's allow/deny lists and ``mxnet.contrib.amp``):
-
-``low_precision``  (allow list) runs in the target dtype: Convolution, FullyConnected, ...
-``float32``        (deny list) computes in float32: softmax, norms, reductions, exp/log, ...
-``loss_output``    loss heads (SoftmaxOutput, MakeLoss, ...): float32, and the Module puts its
-                   loss-scale node in front of them.
-``widest_type``    several float inputs that must share a dtype: all go to the widest one.
-``follow``         dtype-preserving ops (relu, Pooling, reshape, BatchNorm's data, ...).
-
-The classification rule of float16 follows NVIDIA's "Training With Mixed Precision" guide and
-Micikevicius et al., "Mixed Precision Training", ICLR 2018 (matrix products in float16 with
-float32 accumulation; reductions, exponentials and losses in float32).
+Op classes (names after TensorFlow's allow/deny lists and ``mxnet.contrib.amp``):
+``low_precision`` runs in the target dtype; ``float32`` computes in float32; ``loss_output``
+(loss heads) computes in float32 and gets the Module's loss-scale node; ``widest_type`` casts
+its float inputs to the widest of their dtypes; ``follow`` runs in its inputs' dtype. The float16
+rule follows NVIDIA's "Training With Mixed Precision" guide and Micikevicius et al., "Mixed
+Precision Training", ICLR 2018.
 """
 import dataclasses
 import functools
 import logging
-from typing import FrozenSet, Optional, Tuple
+from typing import Any, FrozenSet, Optional, Tuple, Union
 
-from ..dtypes import TARGET_DTYPES, normalize_dtype  # noqa: F401 (normalize_dtype: old path)
-from ..errors import AmpListConflict  # noqa: F401 (old import path)
-from .coverage import excluded_reason
-from .kernel_report import KernelReport, load_kernel_report, machine_info
-from .tables import classes_for
+from ..dtypes import normalize_dtype
+from ..errors import AmpListConflict
+from .tables import classes_for, excluded_reason
 
-__all__ = ['Policy', 'AmpListConflict', 'normalize_dtype', 'TARGET_DTYPES', 'LOW_PRECISION',
-           'FLOAT32', 'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW']
+__all__ = ['Policy', 'resolve_policy', 'conditional_rules', 'LOW_PRECISION', 'FLOAT32',
+           'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW']
 
 logger = logging.getLogger('mxmp.policy')
 
@@ -46,6 +32,8 @@ _CLASS_LISTS = ((LOW_PRECISION, 'LOW_PRECISION'), (FLOAT32, 'FLOAT32'),
 _RULE_NAMES = {LOW_PRECISION: 'low-precision list', FLOAT32: 'float32 list',
                LOSS_OUTPUT: 'loss-output list (float32)', WIDEST_TYPE: 'widest-type list',
                FOLLOW: 'follow list'}
+_LOSS_SCALERS = ('auto', 'dynamic', 'static', 'none')
+_EMULATION_SAID = set()   # (dtype, context) pairs already warned about
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,46 +44,53 @@ def _registered_ops():
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """What dtype each operator runs in, for one target dtype.
+    """Every precision setting of a conversion, as data.
 
     Args:
-        target_dtype (str or dtype): ``'float16'`` or ``'bfloat16'`` (see :func:`normalize_dtype`).
-        lp_ops (iterable of str): op names to run in the target dtype in addition to the
-            low-precision list (moved out of whatever class they had). Default: none.
-        fp32_ops (iterable of str): op names to keep in float32 (moved to the float32 class).
-        excluded_names (iterable of str): node names (e.g. ``'resnetv10_dense0_fwd'``) that
-            compute in float32 whatever their op.
-        follow_ops (iterable of str): op names moved to the follow class: they run in the
-            dtype of their inputs (widest of them), no cast of their own. Default: none.
-        conditional_fp32 (iterable of (str, str, iterable of str)) or None: ``(op, attribute,
-            values)`` rules, a node of ``op`` whose attribute has one of the values computes in
-            float32. None (default): the rules of the dtype's table
-            (``CONDITIONAL_FLOAT32``); a list replaces them.
-        follow_params (bool): contrib.amp's rule for ops in no list: a follow or widest-type
-            op runs in the dtype of its non-parameter float inputs, and its parameters (graph
-            inputs not in ``data_names``) are stored in that dtype, instead of all inputs going
-            to the widest dtype among them, parameters included. Default False; ``mxmp.amp``
-            sets it.
-        emulate (bool): run the low-precision graph with float32 kernels whose low-precision
-            tensors are rounded through the target dtype (see :mod:`mxmp._src.graph`). Default False.
-            Ops in ``EMULATE_FLOAT32`` of ``mxmp/policy/ops_<target dtype>.py`` (float16:
-            Deconvolution, which MXNet 1.9.1 crashes in training when the emulation's casts
-            compute its weight) then compute in float32 unless named in ``lp_ops``.
+        target_dtype (str or dtype): ``'bfloat16'`` (default) or ``'float16'``
+            (:func:`mxmp.normalize_dtype` spellings).
+        lp_ops (iterable of str): ops run in the target dtype, moved out of their class.
+        fp32_ops (iterable of str): ops moved to the float32 class.
+        excluded_names (iterable of str): node names that compute in float32 whatever their op.
+        emulate ('auto', True or False): run low-precision numerics with float32 kernels whose
+            low-precision tensors are rounded through the target dtype. ``'auto'`` (default):
+            where an entry point runs on a context without kernels for the target dtype
+            (:func:`mxmp.lp_kernels_available`), said once in a warning; entry points without a
+            context (:func:`mxmp.convert_symbol`, :func:`mxmp.explain`) take it as False. Ops
+            in ``EMULATE_FLOAT32`` of ``ops_<target dtype>.py`` compute in float32 when emulated,
+            unless named in ``lp_ops``.
+        follow_ops (iterable of str): ops moved to the follow class.
+        conditional_fp32 (iterable of (op, attribute, values)) or None: a node of ``op`` whose
+            attribute has one of the values computes in float32. None (default): the table's
+            ``CONDITIONAL_FLOAT32``; a list replaces them.
+        follow_params (bool): contrib.amp's rule: a follow or widest-type op runs in the dtype
+            of its non-parameter float inputs and its parameters are stored in that dtype.
+            Default False; :mod:`mxmp.amp` sets it.
+        param_dtype (str): ``'float32'`` (default), or the target dtype: the weights whose every
+            consumer takes them in the target dtype are stored in it (``cast_params=True``).
+        output_dtype (str): dtype of the graph outputs; only ``'float32'``.
+        loss_scaler: ``'auto'`` (default: ``'dynamic'`` for float16, ``'none'`` for bfloat16),
+            ``'dynamic'``, ``'static'``, ``'none'`` (None is read as ``'none'``), or a
+            :class:`mxmp.LossScaler` value; stored for the Trainers, which build the scaler
+            (:func:`mxmp.make_loss_scaler`).
 
     Raises:
-        ValueError: unknown target dtype; an op name MXNet 1.9.1 does not register; a
-            malformed ``conditional_fp32`` entry.
-        AmpListConflict: an op in two of ``lp_ops``, ``fp32_ops``, ``follow_ops`` (a
-            ValueError). The message names the offending entries.
+        ValueError: unknown target dtype; an op name MXNet 1.9.1 does not register; a malformed
+            ``conditional_fp32`` entry; a bad ``emulate``, ``param_dtype``, ``output_dtype`` or
+            ``loss_scaler``.
+        AmpListConflict: an op in two of ``lp_ops``, ``fp32_ops``, ``follow_ops``.
     """
     target_dtype: str = 'bfloat16'
     lp_ops: FrozenSet[str] = frozenset()
     fp32_ops: FrozenSet[str] = frozenset()
     excluded_names: FrozenSet[str] = frozenset()
-    emulate: bool = False
+    emulate: Union[str, bool] = 'auto'
     follow_ops: FrozenSet[str] = frozenset()
     conditional_fp32: Optional[Tuple[Tuple[str, str, FrozenSet[str]], ...]] = None
     follow_params: bool = False
+    param_dtype: str = 'float32'
+    output_dtype: str = 'float32'
+    loss_scaler: Any = 'auto'
 
     def __post_init__(self):
         set_ = functools.partial(object.__setattr__, self)
@@ -106,11 +101,28 @@ class Policy:
                 raise ValueError('%s must be a list of names, not the string %r'
                                  % (field, value))
             set_(field, frozenset(value))
-        set_('emulate', bool(self.emulate))
+        if self.emulate not in ('auto', True, False):
+            raise ValueError("emulate=%r: use 'auto', True or False" % (self.emulate,))
+        if self.emulate != 'auto':
+            set_('emulate', bool(self.emulate))
         set_('follow_params', bool(self.follow_params))
-        known = _registered_ops()
+        param = normalize_dtype(self.param_dtype, allow_float32=True)
+        if param not in ('float32', self.target_dtype):
+            raise ValueError('param_dtype=%r: use float32 or the target dtype %s'
+                             % (self.param_dtype, self.target_dtype))
+        set_('param_dtype', param)
+        if normalize_dtype(self.output_dtype, allow_float32=True) != 'float32':
+            raise ValueError('output_dtype=%r: converted graphs have float32 outputs'
+                             % (self.output_dtype,))
+        set_('output_dtype', 'float32')
+        if self.loss_scaler is None:
+            set_('loss_scaler', 'none')
+        if self.loss_scaler not in _LOSS_SCALERS and not hasattr(self.loss_scaler, 'scale'):
+            raise ValueError("loss_scaler=%r: use 'auto', 'dynamic', 'static', 'none' or an "
+                             "mxmp.LossScaler" % (self.loss_scaler,))
         if self.conditional_fp32 is not None:
             set_('conditional_fp32', conditional_rules(self.conditional_fp32))
+        known = _registered_ops()
         for field in ('lp_ops', 'fp32_ops', 'follow_ops'):
             unknown = sorted(getattr(self, field) - known)
             if unknown:
@@ -125,10 +137,14 @@ class Policy:
                 raise AmpListConflict('ops put in both %s and %s: %s; choose one class each'
                                       % (a, b, ', '.join(both)))
 
-    # -- the op classes -------------------------------------------------------------------
+    @property
+    def cast_params(self):
+        """bool: whether weights are stored in the target dtype (``param_dtype``)."""
+        return self.param_dtype != 'float32'
+
     @property
     def classes(self):
-        """dict: class name -> frozenset of op names, after the user's overrides."""
+        """dict: class name -> frozenset of op names, after the overrides."""
         return _effective_classes(self.target_dtype, self.lp_ops, self.fp32_ops,
                                   self.follow_ops)
 
@@ -145,16 +161,11 @@ class Policy:
         return classes_for(self.target_dtype).get('INDEX_INPUTS', {}).get(op, ())
 
     def classify(self, op, attrs=None, name=None):
-        """Choose the class of one node.
+        """``(op_class, rule)`` of one node: a class constant and the human-readable reason.
 
         Args:
-            op (str): the operator name (``'Convolution'``).
-            attrs (dict of str -> str): the node's attributes, for conditional rules.
+            op (str): the operator name. attrs (dict of str -> str): the node's attributes.
             name (str): the node's name, for ``excluded_names``.
-
-        Returns:
-            tuple ``(op_class, rule)``: one of the class constants and a human-readable reason,
-            e.g. ``('float32', 'conditional float32: Activation act_type=softrelu')``.
         """
         attrs = attrs or {}
         if name is not None and name in self.excluded_names:
@@ -163,11 +174,10 @@ class Policy:
             return LOW_PRECISION, 'lp_ops (user override)'
         if op in self.fp32_ops:
             return FLOAT32, 'fp32_ops (user override)'
-        conditions = self.conditional_rules
-        for attr, values in conditions.get(op, {}).items():
+        for attr, values in self.conditional_rules.get(op, {}).items():
             if attrs.get(attr) in values:
                 return FLOAT32, 'conditional float32: %s %s=%s' % (op, attr, attrs[attr])
-        if self.emulate:
+        if self.emulate is True:
             reason = classes_for(self.target_dtype)['EMULATE_FLOAT32'].get(op)
             if reason:
                 return FLOAT32, 'float32 under emulation: ' + reason
@@ -192,29 +202,22 @@ class Policy:
 
     @classmethod
     def from_kernel_report(cls, report, allow_other_cpu=False, **kwargs):
-        """A policy whose classes follow the evidence of ``mxmp check-kernels`` on a machine.
+        """A policy whose classes follow the evidence of ``mxmp check-kernels`` on this CPU.
 
-        Ops with any case ``wrong``, ``crash`` or ``error`` in the report go to ``fp32_ops``;
-        ops the lists keep in float32 that the report shows ``ok`` in every case on real
-        kernels go to ``lp_ops`` (see :mod:`mxmp._src.policy.kernel_report`). Aliases follow their op.
+        Ops with any case ``wrong``, ``crash`` or ``error`` go to ``fp32_ops``; float32 ops
+        ``ok`` in every case on real kernels go to ``lp_ops``; aliases follow their op.
 
         Args:
-            report (str or mxmp.KernelReport): a report file written by
-                ``mxmp check-kernels --out FILE`` or :meth:`KernelReport.save`, or the object.
-            allow_other_cpu (bool): accept a report measured on another CPU model than this
-                one (default False: evidence about one CPU's kernels says nothing of another's).
-            **kwargs: the other :class:`Policy` fields (``lp_ops``, ``fp32_ops``,
-                ``excluded_names``, ``emulate``); the user's ``lp_ops``/``fp32_ops`` win over the
-                report's.
-
-        Returns:
-            Policy: with the report's target dtype.
+            report (str or mxmp.KernelReport): a report file (``mxmp check-kernels --out``) or
+                the object.
+            allow_other_cpu (bool): accept a report measured on another CPU model.
+            **kwargs: the other :class:`Policy` fields; the user's ``lp_ops``/``fp32_ops`` win.
 
         Raises:
-            ValueError: a malformed file (the message names the problem); a report from another
-                CPU model without ``allow_other_cpu=True``; ``target_dtype`` in ``kwargs`` that
-                differs from the report's.
+            ValueError: a malformed file; a report from another CPU model without
+                ``allow_other_cpu=True``; a ``target_dtype`` other than the report's.
         """
+        from .kernel_report import KernelReport, load_kernel_report, machine_info
         if not isinstance(report, KernelReport):
             source = str(report)
             report = load_kernel_report(report)
@@ -242,23 +245,75 @@ class Policy:
         """A copy of this policy with some fields changed (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)
 
+    def on(self, ctx):
+        """This policy for a graph that runs on ``ctx`` (mx.Context), ``emulate`` a bool: the
+        one place ``'auto'`` is resolved (emulate where ``ctx`` has no kernels for the target
+        dtype, :func:`mxmp.lp_kernels_available`; said once per dtype and context).
 
-def conditional_rules(entries, what='conditional_fp32', collect=frozenset):
-    """Validate conditional float32 rules, as ``Policy(conditional_fp32=...)`` takes them.
+        Raises:
+            RuntimeError: ``emulate`` is False and ``ctx`` has no kernels for the target dtype
+                (checked up front: MXNet would fail asynchronously, far from the cause).
+        """
+        from ..device import lp_kernels_available
+        dtype, emulate = self.target_dtype, self.emulate
+        if emulate is True:
+            return self
+        if lp_kernels_available(dtype, ctx):
+            return self if emulate is False else self.replace(emulate=False)
+        if emulate is False:
+            raise RuntimeError(
+                '%s has no %s kernels (oneDNN needs AVX-512 for bfloat16; CPUs have no float16 '
+                'GEMM). Pass emulate=True (or the default emulate=\'auto\') to run the same '
+                'numerics with float32 kernels.' % (ctx, dtype))
+        if (dtype, str(ctx)) not in _EMULATION_SAID:
+            _EMULATION_SAID.add((dtype, str(ctx)))
+            logger.warning('mxmp: %s has no %s kernels; mxmp emulates %s numerics with float32 '
+                           'kernels (same results, float32 speed)', ctx, dtype, dtype)
+        return self.replace(emulate=True)
 
-    Args:
-        entries (iterable of (str, str, str or iterable of str)): ``(op, attribute, values)``;
-            a single string value stands for a one-value list.
-        what (str): the argument's name, for the error message (default
-            ``'conditional_fp32'``; ``mxmp.amp.init`` says ``'conditional_fp32_ops'``).
-        collect (callable): what the values become (default frozenset; ``tuple`` keeps order).
 
-    Returns:
-        tuple of ``(op, attribute, collect(values))``, all names as str.
+def resolve_policy(policy=None, target_dtype=None, cast_params=None, emulate=None,
+                   default_dtype='bfloat16'):
+    """The policy of an entry point from its ``policy`` and keyword shorthands.
+
+    A shorthand given (not None) sets its field where ``policy`` leaves the default
+    (``cast_params=True``: ``param_dtype`` = target dtype); one that differs from a field the
+    policy sets raises.
 
     Raises:
-        ValueError: an entry that is not a 3-item ``(op, attribute, values)``; the message
-            shows the expected form.
+        TypeError: ``policy`` is not a Policy.
+        ValueError: a shorthand contradicts ``policy``; unknown dtype; bad ``emulate``.
+    """
+    if policy is None:
+        policy = Policy(normalize_dtype(target_dtype or default_dtype))
+    elif not isinstance(policy, Policy):
+        raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
+    elif target_dtype is not None and normalize_dtype(target_dtype) != policy.target_dtype:
+        raise ValueError('target_dtype=%r contradicts policy.target_dtype=%r: give one of them'
+                         % (target_dtype, policy.target_dtype))
+    changes = {}
+    if cast_params is not None:
+        param = policy.target_dtype if cast_params else 'float32'
+        if param != policy.param_dtype and policy.param_dtype != 'float32':
+            raise ValueError('cast_params=%r contradicts policy.param_dtype=%r'
+                             % (cast_params, policy.param_dtype))
+        changes['param_dtype'] = param
+    if emulate is not None and emulate != policy.emulate:
+        if policy.emulate != 'auto':
+            raise ValueError('emulate=%r contradicts policy.emulate=%r'
+                             % (emulate, policy.emulate))
+        changes['emulate'] = emulate
+    return policy.replace(**changes) if changes else policy
+
+
+def conditional_rules(entries, what='conditional_fp32', collect=frozenset):
+    """Validated ``(op, attribute, values)`` rules: a tuple of ``(str, str, collect(values))``.
+
+    A single string value stands for a one-value list; ``what`` names the argument in the
+    error; ``collect`` (default frozenset; ``tuple`` keeps order) makes the values.
+
+    Raises:
+        ValueError: an entry that is not a 3-item ``(op, attribute, values)``.
     """
     out = []
     for entry in entries:

@@ -1,16 +1,16 @@
-"""The op table of each target dtype: :mod:`~mxmp._src.policy.ops_shared` plus the dtype's differences.
+"""The op table of each target dtype (``ops_shared.py`` plus ``ops_<dtype>.py``), and the
+rules that leave registered operators out of it.
 
-``ops_shared.py`` holds the ops whose class is the same for float16 and bfloat16;
-``ops_float16.py`` and ``ops_bfloat16.py`` hold only the ops whose class differs, and the rules
-of one dtype. :func:`table` merges them into the names the old per-dtype modules had
-(``mxmp._src.lists.float16`` and ``mxmp._src.lists.bfloat16`` re-export it), :func:`classes_for` into the
-sets :class:`~mxmp._src.policy.policy.Policy` reads.
+Every name of ``mx.operator.get_all_registered_operators()`` is in exactly one class of each
+table or matched by :data:`EXCLUDED_PREFIXES`. Aliases are classified under each of their names
+(a Symbol's JSON names the canonical op); an op in no class (a custom op) computes in float32.
 """
 import functools
 
 from . import ops_bfloat16, ops_float16, ops_shared
 
-__all__ = ['OP_CLASSES', 'table', 'classes_for', 'aliases']
+__all__ = ['OP_CLASSES', 'table', 'classes_for', 'aliases', 'EXCLUDED_PREFIXES',
+           'NOT_EXCLUDED', 'excluded_reason']
 
 #: Names of the class tuples of a table.
 OP_CLASSES = ('LOW_PRECISION', 'FLOAT32', 'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW')
@@ -52,49 +52,28 @@ def _merged(target_dtype):
 
 
 def table(target_dtype):
-    """The op table of one target dtype, as the names of a per-dtype list module.
-
-    Args:
-        target_dtype (str): ``'float16'`` or ``'bfloat16'``.
-
-    Returns:
-        dict: ``'LOW_PRECISION'``, ``'FLOAT32'``, ``'LOSS_OUTPUT'``, ``'WIDEST_TYPE'``,
-        ``'FOLLOW'``: sorted tuples of op names; ``'CONDITIONAL_FLOAT32'``: tuple of ``(op,
-        attribute, tuple of values)``; ``'FLOAT32_INPUTS'`` and ``'INDEX_INPUTS'``: ``{op: tuple
-        of input positions}``; ``'EMULATE_FLOAT32'`` (float16 only): ``{op: reason}``. A new
-        dict on every call (the tuples are shared).
+    """The merged table of ``'float16'`` or ``'bfloat16'``: the names of :data:`OP_CLASSES` ->
+    sorted tuples of op names, ``'CONDITIONAL_FLOAT32'`` -> tuple of ``(op, attribute, values)``,
+    and the ``{op: ...}`` dicts as :func:`classes_for` (a new dict on every call).
 
     Raises:
-        ValueError: another dtype name; an op listed both in ops_shared.py and in the dtype's
-            module.
+        ValueError: another dtype name; an op listed both in ops_shared.py and the dtype's module.
     """
     return {name: (dict(value) if isinstance(value, dict) else value)
             for name, value in _merged(target_dtype).items()}
 
 
 def classes_for(target_dtype):
-    """The operator classes for one target dtype.
+    """The operator classes of ``'float16'`` or ``'bfloat16'`` (a new dict on every call).
 
-    Parameters
-    ----------
-    target_dtype : str
-        ``'float16'`` or ``'bfloat16'`` (normalize other spellings with
-        ``mxmp._src.dtypes.normalize_dtype`` first).
+    Returns:
+        dict: the class names of :data:`OP_CLASSES` -> frozenset of op names;
+        ``'CONDITIONAL_FLOAT32'``: ``{op: {attr: frozenset(values)}}``; ``'FLOAT32_INPUTS'``,
+        ``'INDEX_INPUTS'``: ``{op: tuple of input positions}``; ``'EMULATE_FLOAT32'``:
+        ``{op: reason}`` (ops computing in float32 when emulated).
 
-    Returns
-    -------
-    dict
-        ``'LOW_PRECISION'``, ``'FLOAT32'``, ``'LOSS_OUTPUT'``, ``'WIDEST_TYPE'``, ``'FOLLOW'``:
-        frozenset of op names. ``'CONDITIONAL_FLOAT32'``: ``{op: {attr: frozenset(values)}}``
-        (the op is FLOAT32 when its attr has one of the values). ``'FLOAT32_INPUTS'`` and
-        ``'INDEX_INPUTS'``: ``{op: tuple of input positions}``. ``'EMULATE_FLOAT32'``:
-        ``{op: reason}``, ops that compute in float32 when the graph is emulated (empty when the
-        dtype has none). A new dict on every call.
-
-    Raises
-    ------
-    ValueError
-        If target_dtype is not one of the two names.
+    Raises:
+        ValueError: another dtype name.
     """
     merged = _merged(target_dtype)
     classes = {name: frozenset(merged[name]) for name in OP_CLASSES}
@@ -108,10 +87,8 @@ def classes_for(target_dtype):
 
 
 def aliases(target_dtype):
-    """``{alias: canonical op}`` of one target dtype's table.
-
-    The alias relation lives only in the tables' comments (``# shape (alias of Reshape)``), so
-    this reads the source of ops_shared.py and the dtype's module.
+    """``{alias: canonical op}`` of one target dtype's table, read from the tables' comments
+    (``# shape (alias of Reshape)``).
 
     Raises:
         ValueError: another dtype name.
@@ -126,3 +103,36 @@ def aliases(target_dtype):
             if m:
                 out[m.group(1)] = m.group(2)
     return out
+
+
+#: (prefix, reason): registered names starting with the prefix are not classified.
+EXCLUDED_PREFIXES = (
+    ('_backward_', 'gradient op: created by autograd or the executor from a forward op, never '
+                   'part of a forward Symbol; it runs in the dtype its forward op chose'),
+    ('_contrib_backward_', 'gradient op of a contrib op (as _backward_)'),
+    ('_np_', 'numpy-interface op (mx.np): mxmp converts legacy mx.sym / Gluon graphs, not '
+             'numpy-mode (npx.set_np) graphs, like contrib.amp in MXNet 1.9.1'),
+    ('_npi_', 'numpy-interface internal op (mx.np): not converted, as _np_'),
+    ('_npx_', 'numpy-extension op (mx.npx): not converted, as _np_; the legacy operators among '
+              'them (_npx_activation for Activation, ...) are aliases whose canonical name is '
+              'classified'),
+    ('amp_', 'mixed-precision cast op (amp_cast, amp_multicast): inserted and managed by the '
+             'graph pass itself'),
+)
+
+#: (name, reason): names that a prefix rule would exclude but that are classified.
+NOT_EXCLUDED = (
+    ('_np_cumsum', 'canonical name of the legacy cumsum operator (cumsum is registered as its '
+                   'alias), so legacy graphs name it in their JSON'),
+)
+
+
+def excluded_reason(op_name):
+    """The reason (str) of the first :data:`EXCLUDED_PREFIXES` rule matching ``op_name``, or
+    None when the op is classified."""
+    if any(op_name == name for name, _ in NOT_EXCLUDED):
+        return None
+    for prefix, reason in EXCLUDED_PREFIXES:
+        if op_name.startswith(prefix):
+            return reason
+    return None

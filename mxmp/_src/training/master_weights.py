@@ -10,7 +10,7 @@ import numpy as np
 from mxnet import autograd, nd
 
 from ..dtypes import LOW_PRECISION_DTYPES, dtype_name
-from ..layout import to_default_layout
+from ..device import to_default_layout
 
 __all__ = ['MasterWeights', 'ParameterMasters', 'is_low_precision', 'master_value',
            'set_master_value']

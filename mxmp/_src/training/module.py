@@ -18,7 +18,7 @@ from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
 from . import module_checkpoint as files
 from .checkpoint import write_atomic
-from .module_parts import (LossScaleInput, ModuleMasters, reduced_updates, resolve_policy,
+from .module_parts import (LossScaleInput, ModuleMasters, reduced_updates, module_policy,
     start_kvstore)
 from .step import Step, all_finite
 from .trainer import resolve_precision
@@ -35,14 +35,14 @@ class Module(mx.mod.Module):
         target_dtype (str or None): ``'bfloat16'`` (None without a policy), ``'float16'`` or
             ``'float32'`` (no conversion).
         loss_scaler: as :func:`mxmp.make_loss_scaler`; default: the policy's, else 'auto'.
-        cast_params, emulate, policy: :func:`~mxmp._src.training.module_parts.resolve_policy`
+        cast_params, emulate, policy: :func:`~mxmp._src.training.module_parts.module_policy`
             (defaults None, 'auto', ``Policy(target_dtype)``).
         pad_stem ('auto', True or False): as :func:`mxmp.convert`, applied at :meth:`bind`.
         Others: as for ``mx.mod.Module`` (keyword-only after ``label_names``).
 
     Raises:
         ValueError: unknown ``target_dtype``, ``loss_scaler`` or ``pad_stem``; a symbol that
-            already holds the loss-scale input; what ``resolve_policy`` raises.
+            already holds the loss-scale input; what ``module_policy`` raises.
 
     Unlike ``mx.mod.Module``: :attr:`symbol` is the float32 graph; the optimizer runs in the
     Module (a kvstore only reduces gradients; async kvstores are refused); :meth:`update`
@@ -65,8 +65,10 @@ class Module(mx.mod.Module):
         self._pad_stem = check_pad_stem(pad_stem)
         context = mx.cpu() if context is None else context
         contexts = [context] if isinstance(context, mx.Context) else list(context)
-        self._target_dtype, self._policy, self._cast_params = resolve_policy(
+        self._target_dtype, self._policy = module_policy(
             target_dtype, policy, cast_params, emulate, contexts)
+        self._cast_params = self._policy is not None and \
+            self._policy.param_dtype == self._target_dtype
         self._fp32_symbol = remove_casts(symbol)
         data_names = list(data_names) if data_names is not None else []
         label_names = list(label_names) if label_names is not None else []

@@ -2,22 +2,18 @@
 master weights of its low-precision parameters, its kvstore (which only reduces gradients), and
 the resolution of its precision arguments.
 """
-import dataclasses
-import logging
 
 from mxnet import nd
 
-from ..device import lp_kernels_available
 from ..distributed import broadcast_from_root
 from ..dtypes import is_low_precision, normalize_dtype
 from ..graph.loss_heads import LOSS_SCALE_NAME
-from ..policy.policy import Policy
+from ..policy.policy import resolve_policy
 from .master_weights import MasterWeights
 from .step import device_update
-from .trainer import policy_dtype
 
 __all__ = ['LossScaleInput', 'ModuleMasters', 'start_kvstore', 'reduced_updates',
-           'resolve_policy']
+           'module_policy']
 
 
 class LossScaleInput:
@@ -136,53 +132,24 @@ def reduced_updates(exec_group, kv, masters, updater):
     return [(updater, device_update(entries)) for entries in per_ctx]
 
 
-def _field_default(name):
-    """The default of field ``name`` of :class:`mxmp.Policy` (None if it has no such field)."""
-    field = {f.name: f for f in dataclasses.fields(Policy)}.get(name)
-    return None if field is None else field.default
+def module_policy(target_dtype, policy, cast_params, emulate, contexts):
+    """``(target dtype, policy or None)`` of a Module's arguments.
 
-
-def resolve_policy(target_dtype, policy, cast_params, emulate, contexts):
-    """``(target dtype, policy or None, cast_params)`` of a Module's arguments.
-
-    ``cast_params`` (None, True, False) and ``emulate`` ('auto', True, False) are shorthands
-    for the policy's ``param_dtype`` and ``emulate``; ``emulate='auto'`` emulates where a
-    context has no kernels for the target dtype (:func:`mxmp.lp_kernels_available`), with one
-    warning.
+    ``target_dtype``, ``cast_params`` (None, True, False) and ``emulate`` ('auto', True, False)
+    are shorthands for the policy's fields (:func:`mxmp._src.policy.policy.resolve_policy`);
+    the policy's ``emulate`` is then resolved on every context (:meth:`mxmp.Policy.on`):
+    emulated everywhere if one context lacks the kernels. ``target_dtype='float32'`` without a
+    policy: (``'float32'``, None), plain MXNet.
 
     Raises:
         TypeError: ``policy`` is not an mxmp.Policy.
-        ValueError: ``target_dtype``, ``cast_params`` or ``emulate`` contradict ``policy``.
+        ValueError: a shorthand contradicts ``policy``.
         RuntimeError: ``emulate`` is False and a context has no kernels for the target dtype.
     """
-    if policy is None:
-        target = normalize_dtype('bfloat16' if target_dtype is None else target_dtype, True)
-        if target == 'float32':
-            return target, None, False
-        policy = Policy(target)
-    target = policy_dtype(policy, target_dtype)
-    param_dtype = getattr(policy, 'param_dtype', _field_default('param_dtype'))
-    if cast_params is not None and param_dtype != _field_default('param_dtype') and \
-            bool(cast_params) != (param_dtype == target):
-        raise ValueError('cast_params=%r contradicts the policy\'s param_dtype %r'
-                         % (cast_params, param_dtype))
-    cast = bool(cast_params) if cast_params is not None else param_dtype == target
-    own = policy.emulate if policy.emulate != _field_default('emulate') else 'auto'
-    if emulate != 'auto' and own != 'auto' and bool(emulate) != bool(own):
-        raise ValueError('emulate=%r contradicts the policy\'s emulate %r' % (emulate, own))
-    choice = own if emulate == 'auto' else emulate
-    missing = [ctx for ctx in contexts if not lp_kernels_available(target, ctx)]
-    if choice == 'auto':
-        choice = bool(missing)
-        if missing:
-            logging.getLogger('mxmp.module').warning(
-                'mxmp.Module: %s has no %s kernels; the Module emulates %s numerics with '
-                'float32 kernels (emulate=True)', missing[0], target, target)
-    elif missing and not choice:
-        raise RuntimeError(
-            '%s has no %s kernels (oneDNN needs AVX-512 for bfloat16; CPUs have no '
-            'float16 GEMM). Pass emulate=True to run the same numerics with '
-            'float32 kernels, or target_dtype="float32".' % (missing[0], target))
-    if policy.emulate != choice:
-        policy = policy.replace(emulate=bool(choice))
-    return target, policy, cast
+    if policy is None and target_dtype is not None and \
+            normalize_dtype(target_dtype, allow_float32=True) == 'float32':
+        return 'float32', None
+    policy = resolve_policy(policy, target_dtype, cast_params,
+                            None if emulate == 'auto' else emulate)
+    emulated = any([policy.on(ctx).emulate for ctx in contexts])
+    return policy.target_dtype, policy.replace(emulate=emulated)

@@ -281,11 +281,7 @@ def _network_policy(params):
     from .. import gluon as hook
     found = {}
     for param in params:
-        if hasattr(hook, 'policy_of'):
-            policy = hook.policy_of(param)
-        else:   # until gluon.policy_of is merged: the target dtype alone (delete at merge)
-            dtype = hook.target_dtype_of(param)
-            policy = dtype and found.get(dtype) or (Policy(dtype) if dtype else None)
+        policy = hook.policy_of(param)
         if policy is not None:
             found.setdefault(policy.target_dtype, policy)
     return next((found[d] for d in LOW_PRECISION_DTYPES if d in found), None)
@@ -312,7 +308,7 @@ def resolve_precision(params, policy, target_dtype, loss_scaler):
     """
     if policy is not None:
         dtype = policy_dtype(policy, target_dtype)
-        spec = getattr(policy, 'loss_scaler', 'auto')
+        spec = policy.loss_scaler
         if loss_scaler is not None and spec != 'auto':
             mine = loss_scaler.current if isinstance(loss_scaler, LossScaleGroup) \
                 else make_loss_scaler(loss_scaler, dtype)
@@ -328,7 +324,7 @@ def resolve_precision(params, policy, target_dtype, loss_scaler):
                 pass
         dtype = next((d for d in LOW_PRECISION_DTYPES if d in names), None)
         network = _network_policy(params)
-        spec = getattr(network, 'loss_scaler', 'auto')
+        spec = network.loss_scaler if network is not None else 'auto'
         dtype = normalize_dtype(target_dtype if target_dtype is not None else
                                 dtype or getattr(network, 'target_dtype', 'float32'), True)
     if isinstance(loss_scaler, LossScaleGroup):

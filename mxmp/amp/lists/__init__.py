@@ -1,21 +1,11 @@
-"""``mxnet.contrib.amp.lists`` for :mod:`mxmp.amp`: contrib.amp's list names, mxmp's op classes.
-
-``symbol_fp16`` and ``symbol_bf16`` hold contrib.amp's module-level names (``FP16_FUNCS`` /
-``BF16_FUNCS``, ``FP16_FP32_FUNCS`` / ``BF16_FP32_FUNCS``, ``FP32_FUNCS``,
-``WIDEST_TYPE_CASTS``, ``CONDITIONAL_FP32_FUNCS``, ``LOSS_OUTPUT_FUNCTIONS``), derived from
-mxmp's own classes (``mxmp/policy/ops_*.py``, :mod:`mxmp._src.policy.tables`), not copied from
-contrib.amp. So the membership is mxmp's (e.g. bfloat16's shape and gather ops follow their
-inputs here; contrib.amp casts them to float32), and the shape is contrib.amp's:
-
-* every op is in at most one of the lp16, lp16-fp32, fp32, widest-type and conditional lists
-  (an op with a conditional rule, e.g. ``Activation``, is listed only there: it follows its
-  inputs unless the rule matches);
-* ``FP32_FUNCS`` includes the loss outputs, which ``LOSS_OUTPUT_FUNCTIONS`` lists again, as in
-  contrib.amp.
+"""``mxnet.contrib.amp.lists`` for :mod:`mxmp.amp`: contrib.amp's list names, derived from mxmp's
+op classes (not copied from contrib.amp). Every op is in at most one of the lp16, lp16-fp32,
+fp32, widest-type and conditional lists; ``FP32_FUNCS`` includes the loss outputs, which
+``LOSS_OUTPUT_FUNCTIONS`` lists again, as in contrib.amp.
 """
 from ..._src.dtypes import normalize_dtype
 from . import symbol_bf16, symbol_fp16
-from ..._src.amp.names import contrib_lists, module_names
+from ..._src.amp.lists import contrib_lists, module_names
 
 __all__ = ['contrib_lists', 'module_names', 'symbol_fp16', 'symbol_bf16', 'list_lp16_ops',
            'list_fp32_ops', 'list_lp16_fp32_ops', 'list_widest_type_cast',
@@ -27,18 +17,8 @@ def _lists(target_dtype):
 
 
 def list_lp16_ops(target_dtype):
-    """Ops that run in the target dtype (``lists.symbol_*.FP16_FUNCS``/``BF16_FUNCS``), sorted.
-
-    Every op is in at most one of :func:`list_lp16_ops`, :func:`list_fp32_ops`,
-    :func:`list_lp16_fp32_ops`, :func:`list_widest_type_cast` and the ops of
-    :func:`list_conditional_fp32_ops` (see :mod:`mxmp.amp.lists`).
-
-    Args:
-        target_dtype: ``'float16'``/``numpy.float16`` or ``'bfloat16'``/contrib.amp's bfloat16.
-
-    Raises:
-        ValueError: another dtype.
-    """
+    """Ops that run in ``target_dtype`` (float16 or bfloat16, any spelling), sorted; every
+    ``list_*`` function raises ValueError for another dtype."""
     return _lists(target_dtype)['lp16']
 
 
