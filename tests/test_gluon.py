@@ -320,7 +320,7 @@ def test_emulate_auto_emulates_float16_on_cpu_and_says_so(caplog):
     np.testing.assert_allclose(out.asnumpy(), ref, rtol=0.02, atol=0.01 * np.abs(ref).max())
     assert mxmp._src.gluon.converted_graph(net) is not None
     assert any('emulates float16' in r.getMessage() for r in caplog.records) or \
-        ('float16', 'cpu(0)') in mxmp._src.gluon_graph._EMULATION_SAID
+        ('float16', 'cpu(0)') in mxmp._src.policy.policy._EMULATION_SAID
 
 
 def test_parameters_know_their_target_dtype_for_the_trainer():

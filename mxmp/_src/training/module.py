@@ -65,10 +65,8 @@ class Module(mx.mod.Module):
         self._pad_stem = check_pad_stem(pad_stem)
         context = mx.cpu() if context is None else context
         contexts = [context] if isinstance(context, mx.Context) else list(context)
-        self._target_dtype, self._policy = module_policy(
+        self._target_dtype, self._policy, self._cast_params = module_policy(
             target_dtype, policy, cast_params, emulate, contexts)
-        self._cast_params = self._policy is not None and \
-            self._policy.param_dtype == self._target_dtype
         self._fp32_symbol = remove_casts(symbol)
         data_names = list(data_names) if data_names is not None else []
         label_names = list(label_names) if label_names is not None else []

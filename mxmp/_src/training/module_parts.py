@@ -133,13 +133,13 @@ def reduced_updates(exec_group, kv, masters, updater):
 
 
 def module_policy(target_dtype, policy, cast_params, emulate, contexts):
-    """``(target dtype, policy or None)`` of a Module's arguments.
+    """``(target dtype, policy or None, cast_params bool)`` of a Module's arguments.
 
     ``target_dtype``, ``cast_params`` (None, True, False) and ``emulate`` ('auto', True, False)
     are shorthands for the policy's fields (:func:`mxmp._src.policy.policy.resolve_policy`);
     the policy's ``emulate`` is then resolved on every context (:meth:`mxmp.Policy.on`):
     emulated everywhere if one context lacks the kernels. ``target_dtype='float32'`` without a
-    policy: (``'float32'``, None), plain MXNet.
+    policy: (``'float32'``, None, False), plain MXNet.
 
     Raises:
         TypeError: ``policy`` is not an mxmp.Policy.
@@ -148,8 +148,9 @@ def module_policy(target_dtype, policy, cast_params, emulate, contexts):
     """
     if policy is None and target_dtype is not None and \
             normalize_dtype(target_dtype, allow_float32=True) == 'float32':
-        return 'float32', None
+        return 'float32', None, False
     policy = resolve_policy(policy, target_dtype, cast_params,
                             None if emulate == 'auto' else emulate)
     emulated = any([policy.on(ctx).emulate for ctx in contexts])
-    return policy.target_dtype, policy.replace(emulate=emulated)
+    return (policy.target_dtype, policy.replace(emulate=emulated),
+            policy.param_dtype == policy.target_dtype)
