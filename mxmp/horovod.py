@@ -7,7 +7,6 @@ trainer is created. How to build Horovod against mxnet 1.9.1, and why this is a 
 from mxnet import autograd
 
 from ._src import distributed
-from ._src.dtypes import dtype_name
 from ._src.gluon_graph import unrounded_values
 from ._src.training.trainer import Trainer
 
@@ -61,16 +60,9 @@ class DistributedTrainer(Trainer):
         hvd = import_horovod()
         super().__init__(params, optimizer, optimizer_params, kvstore=None,
                          loss_scaler=loss_scaler, target_dtype=target_dtype, policy=policy)
-        if grad_dtype is not None:
-            name = distributed.check_grad_dtype(grad_dtype, None, self._step.scaler.dynamic)
-            if name == 'bfloat16':
-                raise ValueError("grad_dtype='bfloat16' is not possible with Horovod: its MXNet "
-                                 "binding reduces float16/float32/float64 only ('GetDType: "
-                                 "Type 12 is not supported'). Use grad_dtype='float16' (with a "
-                                 "dynamic loss scaler) or None")
-            grad_dtype = name
+        self._exchange.grad_dtype = distributed.check_grad_dtype(
+            grad_dtype, 'horovod', self._step.scaler.dynamic)
         self._hvd = hvd
-        self._grad_dtype = grad_dtype
         self._root_rank = int(root_rank)
         self._prefix = str(prefix)
         self._casts = distributed.CastBuffers()   # param index -> gradient cast buffers
@@ -90,8 +82,7 @@ class DistributedTrainer(Trainer):
 
     def exchange_dtype(self, param):
         """str: the dtype the gradient of ``param`` (a Parameter or its name) is summed in."""
-        p = self._params[self._param_index(param)]
-        return distributed.exchange_dtype(dtype_name(p.dtype), self._grad_dtype, 'horovod')
+        return self._exchange.dtype(self._params[self._param_index(param)], 'horovod')
 
     def bytes_pushed_per_step(self):
         """int: gradient bytes this worker contributes to the all-reduce per step (as

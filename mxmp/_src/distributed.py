@@ -174,10 +174,11 @@ class KVStoreExchange:
         self._casts = CastBuffers()
         self._inited = set()
 
-    def dtype(self, param, kv):
-        """str: the dtype ``param``'s gradient travels in over ``kv`` (its own without one)."""
+    def dtype(self, param, kv_type):
+        """str: the dtype ``param``'s gradient travels in over a reduction of ``kv_type`` (str,
+        ``'horovod'`` for Horovod; None: none, its own dtype)."""
         own = dtype_name(param.dtype)
-        return exchange_dtype(own, self.grad_dtype, kv.type) if kv else own
+        return exchange_dtype(own, self.grad_dtype, kv_type) if kv_type else own
 
     def reduce(self, kv, params, distributed):
         """Sum every gradient of ``params`` (list of Parameter) across devices and workers
@@ -186,7 +187,7 @@ class KVStoreExchange:
             if param.grad_req == 'null':
                 continue
             grads = param.list_grad()
-            own, dtype = dtype_name(param.dtype), self.dtype(param, kv)
+            own, dtype = dtype_name(param.dtype), self.dtype(param, kv.type)
             if grads[0].stype != 'default':
                 kv.push(i, grads, priority=-i)
                 if param._stype == 'default':
@@ -209,7 +210,7 @@ class KVStoreExchange:
 def broadcast_initial(kv, params, index_of, masters):
     """Give every worker worker 0's initial weights through a dist kvstore, and wait for them
     (docs/distributed.md: a late pull would write the summed gradient into the weight). A
-    low-precision Parameter travels as the root's float32 value, every worker's master.
+    low-precision Parameter travels as the root's float32 master, every worker's master.
 
     Args:
         kv (KVStore): the dist kvstore.
@@ -222,35 +223,15 @@ def broadcast_initial(kv, params, index_of, masters):
     """
     from .training.master_weights import is_low_precision
     ready = [p for p in params if not p._deferred_init and p._stype == 'default']
+    low = {p: masters.of(index_of(p)) for p in ready if is_low_precision(p)}
 
     def send(idx, wire):
         kv.init(idx, wire)
         kv.pull(idx, out=wire)
-    entries, low = [], []
-    for p in ready:
-        idx = index_of(p)
-        if is_low_precision(p):
-            source = _float32_source(p)
-            low.append((idx, p, source))
-            entries.append((idx, source))
-        else:
-            entries.append((idx, p.list_data()))
-    broadcast_from_root(entries, send, lambda own: wire_dtype(own, kv.type))
+    broadcast_from_root([(index_of(p), low.get(p, p.list_data())) for p in ready], send,
+                        lambda own: wire_dtype(own, kv.type))
     with autograd.pause():
-        for idx, p, source in low:
+        for p, source in low.items():
             for arr, value in zip(p.list_data(), source):
                 nd.amp_cast(value, dtype=arr.dtype, out=arr)
-            masters.set_pending(idx, source[0])
     return ready
-
-
-def _float32_source(param):
-    """float32 arrays (one per device) of a low-precision Parameter's full-precision value:
-    its values before ``cast_params`` rounded them if kept, else its values widened."""
-    from .gluon_graph import unrounded_values
-    arrays = unrounded_values(param)
-    if arrays is not None:
-        return [a.copy() for a in arrays]
-    with autograd.pause():
-        to_default_layout(param.list_data())
-        return [nd.amp_cast(a, dtype='float32') for a in param.list_data()]

@@ -45,9 +45,13 @@ def _require(condition, message, *args):
 @dataclasses.dataclass(frozen=True)
 class LossScaler:
     """Common base of the loss scalers (an immutable value; TypeError if instantiated): every
-    one has ``scale`` (float), ``enabled``, ``dynamic`` (the owner checks gradients on every
-    step) and the pure ``adjust``, ``state_dict`` and ``load_state_dict``."""
+    one has ``scale`` (float), ``enabled`` (bool: the loss is scaled at all; False only for
+    NoOpLossScaler), ``dynamic`` (bool: the scale changes with overflow and the owner checks
+    gradients on every step; only DynamicLossScaler) and the pure ``adjust``, ``state_dict``
+    and ``load_state_dict``."""
 
+    enabled = True
+    dynamic = False
     _CONFIG_FIELDS = ()     # configuration fields, checked on load
     _STATE_FIELDS = ()      # running state, restored on load
     _OPTIONAL_FIELDS = {}   # fields a saved state may miss -> value assumed
@@ -56,16 +60,6 @@ class LossScaler:
         if type(self) is LossScaler:  # pylint: disable=unidiomatic-typecheck
             raise TypeError('LossScaler is the abstract base; use NoOpLossScaler, '
                             'StaticLossScaler or DynamicLossScaler (or make_loss_scaler)')
-
-    @property
-    def enabled(self) -> bool:
-        """bool: whether the loss is scaled at all (False only for NoOpLossScaler)."""
-        return True
-
-    @property
-    def dynamic(self) -> bool:
-        """bool: whether the scale changes with overflow (only DynamicLossScaler)."""
-        return False
 
     def adjust(self, finite: bool) -> 'LossScaler':
         """The scaler for the next step given whether this step's gradients were all finite
@@ -106,12 +100,8 @@ class LossScaler:
                 raise ValueError('loss scaler configuration mismatch: %s is %r in the saved '
                                  'state but %r in this %s' % (name, theirs, mine,
                                                               type(self).__name__))
-        if not self._STATE_FIELDS:
-            return self
-        try:
-            return dataclasses.replace(self, **{n: state[n] for n in self._STATE_FIELDS})
-        except (TypeError, ValueError) as err:
-            raise ValueError('invalid loss scaler state %r: %s' % (state, err)) from None
+        saved = {n: state[n] for n in self._STATE_FIELDS}
+        return from_state_dict(dict(self.state_dict(), **saved))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,11 +110,7 @@ class NoOpLossScaler(LossScaler):
     no multiply, no overflow check, no skipped step. The default for bfloat16 and float32."""
 
     scale: float = dataclasses.field(default=1.0, init=False)
-
-    @property
-    def enabled(self) -> bool:
-        """bool: always False."""
-        return False
+    enabled = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +169,7 @@ class DynamicLossScaler(LossScaler):
                       'min_scale', 'max_scale', 'max_overflows_at_floor')
     _STATE_FIELDS = ('scale', 'counter', 'overflows_at_floor')
     _OPTIONAL_FIELDS = {'max_overflows_at_floor': 10, 'overflows_at_floor': 0}
+    dynamic = True
 
     def __post_init__(self):
         setf = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -206,11 +193,6 @@ class DynamicLossScaler(LossScaler):
         for name in ('max_overflows_at_floor', 'overflows_at_floor'):
             _require(_integer(getattr(self, name), 0), '%s must be an integer >= 0, got %r',
                      name, getattr(self, name))
-
-    @property
-    def dynamic(self) -> bool:
-        """bool: always True."""
-        return True
 
     def adjust(self, finite: bool) -> 'DynamicLossScaler':
         """A new scaler with ``scale``, ``counter`` and ``overflows_at_floor`` updated by the

@@ -174,10 +174,6 @@ class Step:
                 grad /= scale
         self.stage = Stage.UNSCALED
 
-    def check_can_step(self):
-        """RuntimeError if the owner already stepped in this iteration of a shared scale."""
-        self.group.check_can_step(self.owner)
-
     def check(self, per_device_grads):
         """bool: whether every gradient is finite; True without checking (no host sync) unless
         the scaler is dynamic. ``per_device_grads``: list (per device) of lists of NDArray."""

@@ -16,7 +16,7 @@ from .master_weights import ParameterMasters, is_low_precision
 from .step import Stage, Step, device_update, param_grads
 from .updater import Updater
 
-__all__ = ['Trainer', 'resolve_precision', 'policy_dtype']
+__all__ = ['Trainer', 'resolve_precision']
 
 logger = logging.getLogger('mxmp.trainer')
 
@@ -125,7 +125,8 @@ class Trainer(gluon.Trainer):
     def exchange_dtype(self, param):
         """str: the dtype the gradient of ``param`` (a Parameter or its name) travels in over
         the kvstore; its own without one. ValueError if it is not this Trainer's."""
-        return self._exchange.dtype(self._params[self._param_index(param)], self._kv())
+        kv = self._kv()
+        return self._exchange.dtype(self._params[self._param_index(param)], kv and kv.type)
 
     def bytes_pushed_per_step(self):
         """int: gradient bytes this worker pushes per step (elements x bytes of
@@ -196,7 +197,7 @@ class Trainer(gluon.Trainer):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, float, np.number)) \
                 or not batch_size > 0:
             raise ValueError('batch_size must be a positive number, got %r' % (batch_size,))
-        self._step.check_can_step()
+        self._step.group.check_can_step(self)
         self._prepare()
         if reduce:
             self._allreduce_grads()
@@ -287,17 +288,6 @@ def _network_policy(params):
     return next((found[d] for d in LOW_PRECISION_DTYPES if d in found), None)
 
 
-def policy_dtype(policy, target_dtype):
-    """The target dtype of ``policy`` (an mxmp.Policy, else TypeError); ValueError naming both
-    if ``target_dtype`` (None: not given) is another one."""
-    if not isinstance(policy, Policy):
-        raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
-    if target_dtype is not None and normalize_dtype(target_dtype, True) != policy.target_dtype:
-        raise ValueError('target_dtype=%r contradicts the policy\'s target dtype %r'
-                         % (target_dtype, policy.target_dtype))
-    return policy.target_dtype
-
-
 def resolve_precision(params, policy, target_dtype, loss_scaler):
     """``(target dtype name, loss scaler or LossScaleGroup)`` of a Trainer over ``params``.
 
@@ -307,8 +297,12 @@ def resolve_precision(params, policy, target_dtype, loss_scaler):
     ValueError if ``target_dtype`` or ``loss_scaler`` contradict ``policy`` (both named).
     """
     if policy is not None:
-        dtype = policy_dtype(policy, target_dtype)
-        spec = policy.loss_scaler
+        if not isinstance(policy, Policy):
+            raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
+        dtype, spec = policy.target_dtype, policy.loss_scaler
+        if target_dtype is not None and normalize_dtype(target_dtype, True) != dtype:
+            raise ValueError('target_dtype=%r contradicts the policy\'s target dtype %r'
+                             % (target_dtype, dtype))
         if loss_scaler is not None and spec != 'auto':
             mine = loss_scaler.current if isinstance(loss_scaler, LossScaleGroup) \
                 else make_loss_scaler(loss_scaler, dtype)
