@@ -14,7 +14,7 @@ from .dtypes import dtype_name, itemsize, mx_dtype, normalize_dtype
 from .device import to_default_layout
 
 __all__ = ['EXCHANGE_DTYPES', 'check_grad_dtype', 'check_kvstore_args', 'exchange_dtype',
-           'wire_dtype', 'bytes_per_step', 'CastBuffers', 'broadcast_from_root',
+           'bytes_per_step', 'CastBuffers', 'broadcast_from_root',
            'KVStoreExchange', 'broadcast_initial']
 
 #: Values accepted for ``grad_dtype`` (None: each gradient's own dtype, see exchange_dtype).
@@ -67,11 +67,6 @@ def exchange_dtype(own_dtype, requested, kv_type):
     if out == 'bfloat16' and _no_bfloat16(kv_type):
         out = 'float32'
     return out
-
-
-def wire_dtype(dtype, kv_type):
-    """The dtype a weight of ``dtype`` has in the kvstore (bfloat16 -> float32 on dist)."""
-    return 'float32' if dtype == 'bfloat16' and _no_bfloat16(kv_type) else dtype
 
 
 def bytes_per_step(params, dtype_of):
@@ -195,7 +190,7 @@ class KVStoreExchange:
             elif dtype == own:
                 kv.pushpull(i, grads, priority=-i)
             else:
-                own_key = wire_dtype(own, kv.type) == dtype
+                own_key = exchange_dtype(own, None, kv.type) == dtype
                 key = i if own_key else i + self._num_params
                 with autograd.pause():
                     bufs = self._casts.cast_in(i, grads, dtype)
@@ -229,7 +224,7 @@ def broadcast_initial(kv, params, index_of, masters):
         kv.init(idx, wire)
         kv.pull(idx, out=wire)
     broadcast_from_root([(index_of(p), low.get(p, p.list_data())) for p in ready], send,
-                        lambda own: wire_dtype(own, kv.type))
+                        lambda own: exchange_dtype(own, None, kv.type))
     with autograd.pause():
         for p, source in low.items():
             for arr, value in zip(p.list_data(), source):

@@ -22,12 +22,10 @@ DEFAULT_STATIC_SCALE = 2.0 ** 16
 
 def _positive_finite(name, value):
     """Return ``value`` as a float; ValueError naming ``name`` unless it is finite and > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value <= 0:
         raise ValueError('%s must be a positive finite number, got %r' % (name, value))
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError('%s must be a positive finite number, got %r' % (name, value))
-    return value
+    return float(value)
 
 
 def _integer(value, low, high=None):

@@ -16,7 +16,7 @@ from ..errors import LossScaleAtFloorError, NonFiniteForwardWarning
 from ..scaling import LossScaleGroup, flatten_losses, scale_losses
 
 __all__ = ['Stage', 'Step', 'DeviceUpdate', 'device_update', 'param_grads', 'all_finite',
-           'nonfinite_names', 'MAX_FINITE_ARRAYS']
+           'MAX_FINITE_ARRAYS']
 
 #: ``mx.nd.multi_all_finite`` takes at most 200 arrays per call (MultiAllFiniteKernelParam::N
 #: in MXNet's src/operator/contrib/all_finite-inl.h), of one dtype, and has no bfloat16 kernel.
@@ -59,17 +59,6 @@ def all_finite(per_device_grads):
         ctx = flags[0].context
         flags = [nd.min(nd.concat(*[f.as_in_context(ctx) for f in flags], dim=0))]
     return bool(flags[0].asscalar() > 0)
-
-
-def nonfinite_names(calls, name_of):
-    """Sorted names (``name_of(optimizer index)``) of the parameters whose gradient holds
-    inf/NaN on some device of ``calls`` (as for :meth:`Step.apply`); one sync per gradient."""
-    names = set()
-    for _, update in calls:
-        for index, grad in zip(update.indices, update.grads):
-            if not all_finite([[grad]]):
-                names.add(str(name_of(index)))
-    return sorted(names)
 
 
 def param_grads(params):
@@ -226,7 +215,8 @@ class Step:
                     'learning rate, and log/exp/division/sqrt in the model'), stacklevel=3)
             if getattr(new, 'stuck_at_floor', False):
                 self.stage = Stage.READY
-                names = nonfinite_names(calls, name_of or (lambda i: i))
+                names = sorted({str((name_of or str)(i)) for _, u in calls
+                                for i, grad in zip(u.indices, u.grads) if not all_finite([[grad]])})
                 raise LossScaleAtFloorError(
                     'the loss scale has been at its floor (min_scale=%g) for %d consecutive '
                     'overflowing steps: the inf/NaN gradients are not caused by loss scaling. '

@@ -179,17 +179,14 @@ class Trainer(gluon.Trainer):
         for i, param in enumerate(self._params):
             if param.grad_req == 'null':
                 continue
-            data_list = param.list_data()
-            if not ignore_stale_grad:
-                for data in data_list:
-                    if not data._fresh_grad:
-                        raise UserWarning(
-                            'Gradient of Parameter `%s` on context %s has not been updated by '
-                            'backward since the last step. If only a subset of the Parameters '
-                            'is used on purpose, call step with ignore_stale_grad=True to skip '
-                            'the Parameters with stale gradients.' % (param.name, data.context))
-            for dev, (data, grad) in enumerate(zip(data_list, param.list_grad())):
-                if not ignore_stale_grad or data._fresh_grad:
+            for dev, (data, grad) in enumerate(zip(param.list_data(), param.list_grad())):
+                if not data._fresh_grad and not ignore_stale_grad:
+                    raise UserWarning(
+                        'Gradient of Parameter `%s` on context %s has not been updated by '
+                        'backward since the last step. If only a subset of the Parameters '
+                        'is used on purpose, call step with ignore_stale_grad=True to skip '
+                        'the Parameters with stale gradients.' % (param.name, data.context))
+                if data._fresh_grad:
                     per_device[dev].append((i, param, data, grad))
         return per_device
 
