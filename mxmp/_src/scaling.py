@@ -213,10 +213,6 @@ class DynamicLossScaler(LossScaler):
         return 0 < self.max_overflows_at_floor <= self.overflows_at_floor
 
 
-_SPECS = ("None/'auto' (dynamic for float16, none for bfloat16/float32), 'dynamic', "
-          "'static', 'none'/False, a positive number (static scale) or a LossScaler instance")
-
-
 def make_loss_scaler(spec, target_dtype) -> LossScaler:
     """Build a loss scaler from a short specification.
 
@@ -249,7 +245,9 @@ def make_loss_scaler(spec, target_dtype) -> LossScaler:
             'none': NoOpLossScaler}.get(key)
     if made is not None:
         return made()
-    raise ValueError('unknown loss_scaler %r; accepted: %s' % (spec, _SPECS))
+    raise ValueError("unknown loss_scaler %r; accepted: None/'auto' (dynamic for float16, none "
+                     "for bfloat16/float32), 'dynamic', 'static', 'none'/False, a positive "
+                     "number (static scale) or a LossScaler instance" % (spec,))
 
 
 _CLASSES = {c.__name__: c for c in (NoOpLossScaler, StaticLossScaler, DynamicLossScaler)}

@@ -49,24 +49,24 @@ def save_atomic(fname, save):
     os.close(fd)
     try:
         save(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(tmp)
         os.replace(tmp, fname)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     try:   # make the rename durable; not possible on every platform/filesystem
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _fsync(directory)
     except OSError:
         pass
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def pack_states(state):

@@ -127,12 +127,8 @@ class ParameterMasters(MasterWeights):
 
 
 def _owner(param):
-    entry = _OWNERS.get(param)
-    masters = entry[0]() if entry is not None else None
-    if masters is None or entry[1] >= len(masters.params) or \
-            masters.params[entry[1]] is not param:
-        return None, None
-    return masters, entry[1]
+    masters, i = _OWNERS.get(param, (lambda: None, None))
+    return masters(), i
 
 
 def master_value(param):
