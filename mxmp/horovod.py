@@ -65,7 +65,6 @@ class DistributedTrainer(Trainer):
         self._hvd = hvd
         self._root_rank = int(root_rank)
         self._prefix = str(prefix)
-        self._casts = distributed.CastBuffers()   # param index -> gradient cast buffers
         self._scale /= hvd.size()   # the sum of N workers' gradients -> their mean
         self._to_broadcast = list(range(len(self._params)))
         self._broadcast_initialized()
@@ -132,8 +131,8 @@ class DistributedTrainer(Trainer):
                     continue
                 self._check_one_context(param)
                 grads = param.list_grad()
-                bufs = self._casts.cast_in(i, grads, self.exchange_dtype(param))
+                bufs = self._exchange.cast_in(i, grads, self.exchange_dtype(param))
                 hvd.allreduce_(bufs[0], op=hvd.Sum, name='%sgrad.%d' % (self._prefix, i),
                                priority=-i)
-                self._casts.cast_out(bufs, grads)
+                self._exchange.cast_out(bufs, grads)
 

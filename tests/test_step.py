@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mxnet import autograd, nd
 
-from mxmp._src.distributed import (CastBuffers, broadcast_from_root, bytes_per_step,
+from mxmp._src.distributed import (KVStoreExchange, broadcast_from_root, bytes_per_step,
     exchange_dtype)
 from mxmp._src.dtypes import dtype_name, mx_dtype
 from mxmp._src.scaling import (DynamicLossScaler, NoOpLossScaler, StaticLossScaler,
@@ -111,7 +111,7 @@ def test_broadcast_from_root_sends_a_float32_copy_of_bfloat16_and_writes_every_d
 
 def test_cast_buffers_round_trip_and_byte_count():
     grads = [nd.array([1.0, 2.0, 3.0])]
-    bufs = CastBuffers()
+    bufs = KVStoreExchange(1, None)
     with autograd.pause():
         out = bufs.cast_in(0, grads, 'float16')
         assert dtype_name(out[0].dtype) == 'float16'

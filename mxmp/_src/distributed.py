@@ -14,7 +14,7 @@ from .dtypes import dtype_name, itemsize, mx_dtype, normalize_dtype
 from .device import to_default_layout
 
 __all__ = ['EXCHANGE_DTYPES', 'check_grad_dtype', 'check_kvstore_args', 'exchange_dtype',
-           'bytes_per_step', 'CastBuffers', 'broadcast_from_root',
+           'bytes_per_step', 'broadcast_from_root',
            'KVStoreExchange', 'broadcast_initial']
 
 #: Values accepted for ``grad_dtype`` (None: each gradient's own dtype, see exchange_dtype).
@@ -76,34 +76,6 @@ def bytes_per_step(params, dtype_of):
                    for p in params if p.grad_req != 'null'))
 
 
-class CastBuffers:
-    """Arrays of an exchange dtype that gradients are cast into for the reduction, and back;
-    per key, allocated on first use and again when the gradient's shape changes."""
-
-    def __init__(self):
-        self._buffers = {}   # key -> list of NDArray (one per device)
-
-    def cast_in(self, key, grads, dtype):
-        """``grads`` cast to ``dtype`` (dtype name): ``grads`` itself if they have it already,
-        else this key's buffers, holding the cast values."""
-        if dtype_name(grads[0].dtype) == dtype:
-            return grads
-        bufs = self._buffers.get(key)
-        if bufs is None or bufs[0].shape != grads[0].shape:
-            bufs = [nd.zeros(g.shape, ctx=g.context, dtype=mx_dtype(dtype)) for g in grads]
-            self._buffers[key] = bufs
-        for g, b in zip(grads, bufs):
-            nd.amp_cast(g, dtype=b.dtype, out=b)
-        return bufs
-
-    @staticmethod
-    def cast_out(bufs, grads):
-        """Write the reduced ``bufs`` back into ``grads`` (nothing if they are the same)."""
-        if bufs is not grads:
-            for g, b in zip(grads, bufs):
-                nd.amp_cast(b, dtype=g.dtype, out=g)
-
-
 def check_kvstore_args(kvstore, update_on_kvstore):
     """The kvstore type (str or None) of ``kvstore`` (as for ``gluon.Trainer``); ValueError
     (saying why and what to pass) for ``update_on_kvstore=True`` or an async kvstore."""
@@ -160,13 +132,14 @@ class KVStoreExchange:
         grad_dtype (str or None): the checked ``grad_dtype`` (:func:`check_grad_dtype`).
 
     The extra key of Parameter ``i`` is initialised on first use, on every worker in the same
-    order (a dist kvstore's ``init`` is a barrier); its cast buffers are made once per shape.
+    order (a dist kvstore's ``init`` is a barrier). Gradients are cast into buffers of their
+    exchange dtype for the reduction, and back; per key, made again when the shape changes.
     """
 
     def __init__(self, num_params, grad_dtype):
         self.grad_dtype = grad_dtype
         self._num_params = num_params
-        self._casts = CastBuffers()
+        self._buffers = {}   # key -> list of NDArray (one per device)
         self._inited = set()
 
     def dtype(self, param, kv_type):
@@ -174,6 +147,26 @@ class KVStoreExchange:
         ``'horovod'`` for Horovod; None: none, its own dtype)."""
         own = dtype_name(param.dtype)
         return exchange_dtype(own, self.grad_dtype, kv_type) if kv_type else own
+
+    def cast_in(self, key, grads, dtype):
+        """``grads`` cast to ``dtype`` (dtype name): ``grads`` itself if they have it already,
+        else this key's buffers, holding the cast values."""
+        if dtype_name(grads[0].dtype) == dtype:
+            return grads
+        bufs = self._buffers.get(key)
+        if bufs is None or bufs[0].shape != grads[0].shape:
+            bufs = [nd.zeros(g.shape, ctx=g.context, dtype=mx_dtype(dtype)) for g in grads]
+            self._buffers[key] = bufs
+        for g, b in zip(grads, bufs):
+            nd.amp_cast(g, dtype=b.dtype, out=b)
+        return bufs
+
+    @staticmethod
+    def cast_out(bufs, grads):
+        """Write the reduced ``bufs`` back into ``grads`` (nothing if they are the same)."""
+        if bufs is not grads:
+            for g, b in zip(grads, bufs):
+                nd.amp_cast(b, dtype=g.dtype, out=g)
 
     def reduce(self, kv, params, distributed):
         """Sum every gradient of ``params`` (list of Parameter) across devices and workers
@@ -193,13 +186,13 @@ class KVStoreExchange:
                 own_key = exchange_dtype(own, None, kv.type) == dtype
                 key = i if own_key else i + self._num_params
                 with autograd.pause():
-                    bufs = self._casts.cast_in(i, grads, dtype)
+                    bufs = self.cast_in(i, grads, dtype)
                     if key not in self._inited and not own_key:
                         kv.init(key, nd.zeros(grads[0].shape, ctx=grads[0].context,
                                               dtype=bufs[0].dtype))
                         self._inited.add(key)
                     kv.pushpull(key, bufs, priority=-i)
-                    self._casts.cast_out(bufs, grads)
+                    self.cast_out(bufs, grads)
 
 
 def broadcast_initial(kv, params, index_of, masters):

@@ -67,10 +67,8 @@ class LossScaler:
 
     def state_dict(self) -> dict:
         """Return the scaler as a JSON-serialisable dict: ``{'class': name, <field>: value}``."""
-        d = {'class': type(self).__name__}
-        for name in self._CONFIG_FIELDS + self._STATE_FIELDS:
-            d[name] = getattr(self, name)
-        return d
+        fields = self._CONFIG_FIELDS + self._STATE_FIELDS
+        return {'class': type(self).__name__, **{n: getattr(self, n) for n in fields}}
 
     def load_state_dict(self, state: dict) -> 'LossScaler':
         """A new scaler with this configuration and the running state in ``state`` (dict, from

@@ -5,6 +5,7 @@ dtype, a record of every Parameter checked on load).
 """
 import hashlib
 import os
+import pathlib
 import pickle
 import struct
 import tempfile
@@ -28,11 +29,7 @@ def write_atomic(fname, data):
     """Write ``data`` (bytes, or str as UTF-8) to ``fname`` atomically (:func:`save_atomic`)."""
     if isinstance(data, str):
         data = data.encode('utf-8')
-
-    def write(tmp):
-        with open(tmp, 'wb') as fout:
-            fout.write(data)
-    save_atomic(fname, write)
+    save_atomic(fname, lambda tmp: pathlib.Path(tmp).write_bytes(data))
 
 
 def save_atomic(fname, save):

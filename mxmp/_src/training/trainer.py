@@ -78,8 +78,7 @@ class Trainer(gluon.Trainer):
         self._updaters = [Updater(self._optimizer) for _ in self._contexts]
 
     def _prepare(self):
-        if not self._kv_initialized:
-            self._init_kvstore()
+        self._kv()
         if self._params_to_init:
             self._init_params()
 
