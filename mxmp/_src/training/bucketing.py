@@ -43,7 +43,6 @@ class BucketingModule(mx.mod.BucketingModule):
         module = self._make_module(self._default_bucket_key)
         if old is not None:
             module._share(old)
-            module._rescale_grad = old._rescale_grad
         self._buckets[self._default_bucket_key] = module
 
     def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,

@@ -18,8 +18,7 @@ from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
 from . import module_checkpoint as files
 from .checkpoint import write_atomic
-from .module_parts import (LossScaleInput, ModuleMasters, reduced_updates, module_policy,
-    start_kvstore)
+from .module_parts import ModuleMasters, reduced_updates, module_policy, start_kvstore
 from .step import Step, all_finite
 from .trainer import resolve_precision
 from .updater import Updater
@@ -50,6 +49,7 @@ class Module(mx.mod.Module):
     """
 
     _rescale_grad = None   # rescale_grad0 (init_optimizer): the factor without the loss scale
+    _scale_written = None  # (loss-scale input arrays, value) of the last write
 
     def __init__(self, symbol, data_names=('data',), label_names=('softmax_label',), *,
                  target_dtype=None, loss_scaler=None, cast_params=None, emulate='auto',
@@ -84,7 +84,7 @@ class Module(mx.mod.Module):
             bound, nodes = insert_loss_scale(mp_symbol, scaled_loss_ops(self._policy))
             if nodes:
                 state_names = state_names + [LOSS_SCALE_NAME]
-        self._scale_input = LossScaleInput(nodes)
+        self._loss_scale_nodes = nodes
         super().__init__(bound, data_names, label_names, logger=logger, context=context,
                          state_names=state_names, **module_kwargs)
 
@@ -99,14 +99,27 @@ class Module(mx.mod.Module):
                           doc='float: the current loss scale (1.0 when scaling is disabled).')
     skipped_steps = property(lambda self: self._step.skipped_steps,
                              doc='int: updates skipped because a gradient was inf/NaN.')
-    loss_scale_nodes = property(lambda self: self._scale_input.nodes, doc='int: loss-scale '
-                                'nodes in the bound graph (0 when scaling is disabled).')
+    loss_scale_nodes = property(attrgetter('_loss_scale_nodes'), doc='int: loss-scale nodes '
+                                'in the bound graph (0 when scaling is disabled).')
 
     def _share(self, other):   # buckets: one loss scaler, skipped count and set of masters
         self._step, self._masters = other._step, other._masters
+        self._rescale_grad = other._rescale_grad
 
     def _write_loss_scale(self, force=False):
-        self._scale_input.write(self._exec_group if self.binded else None, self.loss_scale, force)
+        """Write the loss scale into the loss-scale input (:data:`LOSS_SCALE_NAME`, shape
+        ``(1,)``, float32, multiplied into the gradient of every loss op) of every executor if
+        it or the executors changed since the last write, or with ``force``."""
+        if not self._loss_scale_nodes or not self.binded:
+            return
+        scale, old = self.loss_scale, self._scale_written
+        arrays = [e.arg_dict[LOSS_SCALE_NAME] for e in self._exec_group.execs]
+        if not force and old is not None and old[1] == scale and len(old[0]) == len(arrays) \
+                and all(a is b for a, b in zip(old[0], arrays)):
+            return
+        for arr in arrays:
+            arr[:] = scale
+        self._scale_written = (arrays, scale)
 
     # ------------------------------------------------------------------ Module API
     def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
@@ -173,7 +186,6 @@ class Module(mx.mod.Module):
                              'mxmp.Module (got %s)' % type(shared_module).__name__)
         super().borrow_optimizer(shared_module)
         self._share(shared_module)
-        self._rescale_grad = shared_module._rescale_grad
 
     def update(self):
         """Reduce, check and apply the gradients; False if skipped (as mxmp.Trainer.step)."""
@@ -220,7 +232,7 @@ class Module(mx.mod.Module):
     def get_states(self, merge_multi_context=True):
         """As ``mx.mod.Module.get_states``, without the loss-scale input."""
         states = super().get_states(merge_multi_context)
-        return states[:-1] if self._scale_input.nodes else states
+        return states[:-1] if self._loss_scale_nodes else states
 
     def set_states(self, states=None, value=None):
         """As ``mx.mod.Module.set_states``; the loss-scale input is kept."""
