@@ -69,15 +69,10 @@ class DistributedTrainer(Trainer):
         self._to_broadcast = list(range(len(self._params)))
         self._broadcast_initialized()
 
-    @property
-    def num_workers(self) -> int:
-        """int: the number of Horovod workers (``hvd.size()``)."""
-        return self._hvd.size()
-
-    @property
-    def rank(self) -> int:
-        """int: this worker's Horovod rank (``hvd.rank()``)."""
-        return self._hvd.rank()
+    num_workers = property(lambda self: self._hvd.size(),
+                           doc='int: the number of Horovod workers (``hvd.size()``).')
+    rank = property(lambda self: self._hvd.rank(),
+                    doc="int: this worker's Horovod rank (``hvd.rank()``).")
 
     def exchange_dtype(self, param):
         """str: the dtype the gradient of ``param`` (a Parameter or its name) is summed in."""

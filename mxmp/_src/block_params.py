@@ -54,9 +54,8 @@ def save_block_parameters(block, filename, deduplicate=False, dtype='float32'):
         dtype = normalize_dtype(dtype, allow_float32=True)
     params = block._collect_params_with_prefix()   # the names of plain save_parameters
     if deduplicate:
-        last = {}     # as gluon 1.9.1: a shared Parameter is written under its last name
-        for name, param in params.items():
-            last[param] = name
+        # as gluon 1.9.1: a shared Parameter is written under its last name
+        last = {param: name for name, param in params.items()}
         params = {name: params[name] for name in last.values()}
     arrays = {}
     for name, param in params.items():
