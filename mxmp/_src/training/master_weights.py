@@ -30,9 +30,6 @@ class MasterWeights:
         self._sources = {}   # key -> list of the arrays they mirror (track=True) or None
         self._pending = {}   # key -> float32 NDArray, used at creation
 
-    def __contains__(self, key):
-        return key in self._masters
-
     def get(self, key, arrays, track=True):
         """The float32 masters (one per device, the live arrays the optimizer updates) of
         ``arrays``, the low-precision weight ``key`` on each device; with ``track``, made
@@ -112,7 +109,7 @@ class ParameterMasters(MasterWeights):
         its unrounded float32 values if ``cast_params`` kept them, else from its values."""
         param = self.params[i]
         _OWNERS[param] = (weakref.ref(self), i)
-        if i not in self and self.first_device(i) is None:
+        if self.first_device(i) is None:
             from ..gluon_graph import unrounded_values
             unrounded = unrounded_values(param)
             if unrounded is not None:

@@ -172,23 +172,6 @@ class Trainer(gluon.Trainer):
         :meth:`unscale` and clipping); same arguments, result and errors."""
         return self._apply_update(batch_size, ignore_stale_grad)
 
-    def _collect(self, ignore_stale_grad):
-        """Per device, the (index, param, data, grad) tuples to apply."""
-        per_device = [[] for _ in self._updaters]
-        for i, param in enumerate(self._params):
-            if param.grad_req == 'null':
-                continue
-            for dev, (data, grad) in enumerate(zip(param.list_data(), param.list_grad())):
-                if not data._fresh_grad and not ignore_stale_grad:
-                    raise UserWarning(
-                        'Gradient of Parameter `%s` on context %s has not been updated by '
-                        'backward since the last step. If only a subset of the Parameters '
-                        'is used on purpose, call step with ignore_stale_grad=True to skip '
-                        'the Parameters with stale gradients.' % (param.name, data.context))
-                if data._fresh_grad:
-                    per_device[dev].append((i, param, data, grad))
-        return per_device
-
     def _apply_update(self, batch_size, ignore_stale_grad, reduce=False):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, float, np.number)) \
                 or not batch_size > 0:
@@ -198,14 +181,24 @@ class Trainer(gluon.Trainer):
         if reduce:
             self._allreduce_grads()
         with autograd.pause():
-            per_device = self._collect(ignore_stale_grad)
-            calls = [(updater, device_update(
-                (i, data, grad, self._masters.of(i)[dev] if is_low_precision(param) else None)
-                for i, param, data, grad in entries))
-                for dev, (updater, entries) in enumerate(zip(self._updaters, per_device))]
+            per_device = [[] for _ in self._updaters]   # (index, weight, grad, master or None)
+            for i, param in enumerate(self._params):
+                if param.grad_req == 'null':
+                    continue
+                for dev, (data, grad) in enumerate(zip(param.list_data(), param.list_grad())):
+                    if not data._fresh_grad and not ignore_stale_grad:
+                        raise UserWarning(
+                            'Gradient of Parameter `%s` on context %s has not been updated by '
+                            'backward since the last step. If only a subset of the Parameters '
+                            'is used on purpose, call step with ignore_stale_grad=True to skip '
+                            'the Parameters with stale gradients.' % (param.name, data.context))
+                    if data._fresh_grad:
+                        per_device[dev].append((i, data, grad, self._masters.of(i)[dev]
+                                                if is_low_precision(param) else None))
             for entries in per_device:   # consumed whether the step is applied or skipped
-                for _, _, data, _ in entries:
+                for _, data, _, _ in entries:
                     data._fresh_grad = False
+            calls = [(u, device_update(e)) for u, e in zip(self._updaters, per_device)]
             return self._step.apply(calls, self._optimizer, self._scale / batch_size,
                                     name_of=lambda i: self._params[i].name)
 
@@ -273,17 +266,6 @@ class Trainer(gluon.Trainer):
         self._step.stage = Stage.READY
 
 
-def _network_policy(params):
-    """The policy of the network ``mxmp.convert`` converted the Parameters for (float16 first)."""
-    from .. import gluon as hook
-    found = {}
-    for param in params:
-        policy = hook.policy_of(param)
-        if policy is not None:
-            found.setdefault(policy.target_dtype, policy)
-    return next((found[d] for d in LOW_PRECISION_DTYPES if d in found), None)
-
-
 def resolve_precision(params, policy, target_dtype, loss_scaler):
     """``(target dtype name, loss scaler or LossScaleGroup)`` of a Trainer over ``params``.
 
@@ -306,14 +288,18 @@ def resolve_precision(params, policy, target_dtype, loss_scaler):
                 raise ValueError('loss_scaler=%r contradicts the policy\'s loss_scaler %r'
                                  % (loss_scaler, spec))
     else:
-        names = set()
+        from .. import gluon as hook
+        names, policies = set(), {}   # the Parameters' dtypes; their network's policies
         for param in params:
+            found = hook.policy_of(param)
+            if found is not None:
+                policies.setdefault(found.target_dtype, found)
             try:
                 names.add(dtype_name(param.dtype))
             except TypeError:
                 pass
         dtype = next((d for d in LOW_PRECISION_DTYPES if d in names), None)
-        network = _network_policy(params)
+        network = next((policies[d] for d in LOW_PRECISION_DTYPES if d in policies), None)
         spec = network.loss_scaler if network is not None else 'auto'
         dtype = normalize_dtype(target_dtype if target_dtype is not None else
                                 dtype or getattr(network, 'target_dtype', 'float32'), True)
