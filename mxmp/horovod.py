@@ -110,8 +110,7 @@ class DistributedTrainer(Trainer):
 
         def send(name, wire):
             hvd.broadcast_(wire, root_rank=self._root_rank, name=name)
-        distributed.broadcast_from_root(
-            ready, send, lambda own: distributed.exchange_dtype(own, None, 'horovod'))
+        distributed.broadcast_from_root(ready, send, 'horovod')
         self._to_broadcast = pending
 
     def _allreduce_grads(self):

@@ -14,8 +14,7 @@ from .dtypes import dtype_name, itemsize, mx_dtype, normalize_dtype
 from .device import to_default_layout
 
 __all__ = ['EXCHANGE_DTYPES', 'check_grad_dtype', 'check_kvstore_args', 'exchange_dtype',
-           'bytes_per_step', 'broadcast_from_root',
-           'KVStoreExchange', 'broadcast_initial']
+           'bytes_per_step', 'broadcast_from_root', 'KVStoreExchange', 'broadcast_initial']
 
 #: Values accepted for ``grad_dtype`` (None: each gradient's own dtype, see exchange_dtype).
 EXCHANGE_DTYPES = ('float32', 'float16', 'bfloat16')
@@ -94,7 +93,7 @@ def check_kvstore_args(kvstore, update_on_kvstore):
     return kv_type
 
 
-def broadcast_from_root(entries, send, wire_dtype=None):
+def broadcast_from_root(entries, send, kv_type=None):
     """Overwrite every weight with the root worker's value, in place, and wait for it.
 
     Args:
@@ -102,7 +101,8 @@ def broadcast_from_root(entries, send, wire_dtype=None):
             one per device (the first is sent, as a fresh copy in the default layout).
         send (callable): ``send(key, wire)`` replaces NDArray ``wire`` in place with the
             root's value of ``key`` (``kv.init`` and ``kv.pull``, or ``hvd.broadcast_``).
-        wire_dtype (callable or None): own dtype name -> the dtype it travels in.
+        kv_type (str or None): the backend (a kvstore type or ``'horovod'``); a weight travels
+            in :func:`exchange_dtype` ``(own, None, kv_type)``.
 
     Returns:
         list: the keys broadcast, in order. One host synchronisation per weight.
@@ -110,7 +110,7 @@ def broadcast_from_root(entries, send, wire_dtype=None):
     done = []
     for key, arrays in entries:
         own = dtype_name(arrays[0].dtype)
-        dtype = own if wire_dtype is None else wire_dtype(own)
+        dtype = exchange_dtype(own, None, kv_type)
         with autograd.pause():
             to_default_layout(arrays[0])
             wire = nd.amp_cast(arrays[0], dtype=mx_dtype(dtype)) if dtype != own \
@@ -217,7 +217,7 @@ def broadcast_initial(kv, params, index_of, masters):
         kv.init(idx, wire)
         kv.pull(idx, out=wire)
     broadcast_from_root([(index_of(p), low.get(p, p.list_data())) for p in ready], send,
-                        lambda own: exchange_dtype(own, None, kv.type))
+                        kv.type)
     with autograd.pause():
         for p, source in low.items():
             for arr, value in zip(p.list_data(), source):

@@ -40,11 +40,10 @@ def all_finite(per_device_grads):
             if g.stype == 'row_sparse':
                 g = g.data
             name = dtype_name(g.dtype)
-            if name not in _FINITE_DTYPES:
-                if name == 'bfloat16':
-                    g, name = nd.amp_cast(g, dtype='float32'), 'float32'
-                else:
-                    continue   # integer gradients cannot overflow to inf/NaN
+            if name == 'bfloat16':
+                g, name = nd.amp_cast(g, dtype='float32'), 'float32'
+            elif name not in _FINITE_DTYPES:
+                continue   # integer gradients cannot overflow to inf/NaN
             groups.setdefault(name, []).append(g)
         flag = nd.ones((1,), ctx=grads[0].context, dtype='float32')
         for arrays in groups.values():
@@ -55,10 +54,8 @@ def all_finite(per_device_grads):
         flags.append(flag)
     if not flags:
         return True
-    if len(flags) > 1:
-        ctx = flags[0].context
-        flags = [nd.min(nd.concat(*[f.as_in_context(ctx) for f in flags], dim=0))]
-    return bool(flags[0].asscalar() > 0)
+    ctx = flags[0].context
+    return bool(nd.min(nd.concat(*[f.as_in_context(ctx) for f in flags], dim=0)).asscalar() > 0)
 
 
 def param_grads(params):
