@@ -18,7 +18,8 @@ from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
 from . import module_checkpoint as files
 from .checkpoint import write_atomic
-from .module_parts import ModuleMasters, reduced_updates, module_policy, start_kvstore
+from .module_parts import (ModuleMasters, reduced_updates, module_policy, start_kvstore,
+    write_loss_scale)
 from .step import Step, all_finite
 from .trainer import resolve_precision
 from .updater import Updater
@@ -107,19 +108,9 @@ class Module(mx.mod.Module):
         self._rescale_grad = other._rescale_grad
 
     def _write_loss_scale(self, force=False):
-        """Write the loss scale into the loss-scale input (:data:`LOSS_SCALE_NAME`, shape
-        ``(1,)``, float32, multiplied into the gradient of every loss op) of every executor if
-        it or the executors changed since the last write, or with ``force``."""
-        if not self._loss_scale_nodes or not self.binded:
-            return
-        scale, old = self.loss_scale, self._scale_written
-        arrays = [e.arg_dict[LOSS_SCALE_NAME] for e in self._exec_group.execs]
-        if not force and old is not None and old[1] == scale and len(old[0]) == len(arrays) \
-                and all(a is b for a, b in zip(old[0], arrays)):
-            return
-        for arr in arrays:
-            arr[:] = scale
-        self._scale_written = (arrays, scale)
+        if self._loss_scale_nodes and self.binded:
+            self._scale_written = write_loss_scale(self._exec_group, self.loss_scale,
+                                                   self._scale_written, force)
 
     # ------------------------------------------------------------------ Module API
     def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
@@ -161,10 +152,7 @@ class Module(mx.mod.Module):
         if self._params_dirty:
             self._sync_params_from_devices()
         kv, _ = mx.model._create_kvstore(kvstore, len(self._context), self._arg_params)
-        batch_size = self._exec_group.batch_size
-        if kv and 'dist' in kv.type and '_sync' in kv.type:
-            batch_size *= kv.num_workers
-        self._optimizer = _create_optimizer(self, optimizer, optimizer_params, batch_size)
+        self._optimizer = _create_optimizer(self, optimizer, optimizer_params, kv)
         self._rescale_grad = self._optimizer.rescale_grad
         self._kvstore, self._update_on_kvstore = kv, False
         if kv:
@@ -340,9 +328,13 @@ class Module(mx.mod.Module):
         return mod
 
 
-def _create_optimizer(module, optimizer, optimizer_params, batch_size):
+def _create_optimizer(module, optimizer, optimizer_params, kv):
     """The Optimizer of ``init_optimizer``: one index per parameter and context, as MXNet's
-    update without kvstore; ``rescale_grad`` defaults to ``1/batch_size``."""
+    update without kvstore; ``rescale_grad`` defaults to ``1/batch_size`` (the global batch
+    over a dist_*sync kvstore ``kv``)."""
+    batch_size = module._exec_group.batch_size
+    if kv and 'dist' in kv.type and '_sync' in kv.type:
+        batch_size *= kv.num_workers
     ndev = len(module._context)
     idx2name = {i * ndev + k: name
                 for i, name in enumerate(module._exec_group.param_names)

@@ -1,17 +1,33 @@
-"""The parts :class:`mxmp.Module` owns: the float32 master weights of its low-precision
-parameters, its kvstore (which only reduces gradients), and the resolution of its precision
-arguments.
+"""The parts :class:`mxmp.Module` owns: the loss-scale input of its executors, the float32
+master weights of its low-precision parameters, its kvstore (which only reduces gradients), and
+the resolution of its precision arguments.
 """
 
 from mxnet import nd
 
 from ..distributed import broadcast_from_root
 from ..dtypes import is_low_precision, normalize_dtype
+from ..graph.loss_heads import LOSS_SCALE_NAME
 from ..policy.policy import resolve_policy
 from .master_weights import MasterWeights
 from .step import device_update
 
-__all__ = ['ModuleMasters', 'start_kvstore', 'reduced_updates', 'module_policy']
+__all__ = ['write_loss_scale', 'ModuleMasters', 'start_kvstore', 'reduced_updates',
+           'module_policy']
+
+
+def write_loss_scale(exec_group, scale, written, force=False):
+    """Write ``scale`` (float) into the loss-scale input (:data:`LOSS_SCALE_NAME`, shape
+    ``(1,)``, float32, multiplied into the gradient of every loss op) of every executor of
+    ``exec_group``, unless ``written`` (the ``(arrays, value)`` this returned last time, or
+    None) shows they hold it already and not ``force``. Returns the new ``written``."""
+    arrays = [e.arg_dict[LOSS_SCALE_NAME] for e in exec_group.execs]
+    if not force and written is not None and written[1] == scale and \
+            len(written[0]) == len(arrays) and all(a is b for a, b in zip(written[0], arrays)):
+        return written
+    for arr in arrays:
+        arr[:] = scale
+    return arrays, scale
 
 
 class ModuleMasters(MasterWeights):
