@@ -191,8 +191,8 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
     out = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                          excluded_sym_names, data_names, cast_optional_params)
-    from ..graph.strip import cast_to_graph
-    return out, cast_to_graph(out, arg_params), cast_to_graph(out, aux_params)
+    from ..graph.strip import arrays_for_graph
+    return out, arrays_for_graph(out, arg_params), arrays_for_graph(out, aux_params)
 
 
 def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,

@@ -167,7 +167,7 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
         data_dtypes (dict of str -> dtype): dtypes of data inputs (default float32).
         cast_params (bool): shorthand for ``policy.param_dtype``: store the parameters whose
             every consumer takes them in the target dtype in that dtype (the caller casts the
-            arrays, :func:`mxmp._src.graph.strip.arrays_for_graph`).
+            arrays: :func:`mxmp._src.graph.strip.arrays_for_graph`).
         emulate (bool): shorthand for ``policy.emulate``; ``'auto'`` means False here (no
             context).
         data_names (iterable of str): inputs that are not parameters; default ``('data',)``
