@@ -7,7 +7,7 @@ holds every low-precision tensor in float32, rounded through the target dtype wh
 produced. How and why: docs/pass.md.
 """
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, MSHADOW_ENUM
-from .plan import plan, prepare
+from .plan import prepare
 from .symbol_json import (MARK, ROUND_MARK, cast_origin, dump, infer_dtypes,
     pin_variable_dtypes, storage_mark)
 
@@ -187,9 +187,8 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
             of the graph, the message names a ``Policy(fp32_ops=...)`` workaround; else a bug of
             the pass).
     """
-    js, policy, input_dtypes, names, pinned = prepare(sym, target_dtype, policy, emulate,
-                                                      data_dtypes, data_names, cast_params)
-    decisions = plan(js, policy, input_dtypes, names, pinned)
+    js, policy, input_dtypes, names, decisions = prepare(sym, target_dtype, policy, emulate,
+                                                         data_dtypes, data_names, cast_params)
     builder = _Builder(js, policy.emulate, policy.target_dtype)
     for nid, (node, dec) in enumerate(zip(js['nodes'], decisions)):
         builder.add(nid, node, dec)
