@@ -42,11 +42,13 @@ class _Builder:
         self.names.add(name)
         return name
 
-    def _cast_node(self, entry, dtype, name, role):
-        self.nodes.append({'op': 'amp_cast', 'name': self._unique(name),
-                           'attrs': {MARK: role, 'dtype': dtype},
-                           'inputs': [[entry[0], entry[1], 0]]})
+    def _node(self, op, name, inputs, attrs):
+        self.nodes.append({'op': op, 'name': self._unique(name), 'attrs': attrs,
+                           'inputs': [[e[0], e[1], 0] for e in inputs]})
         return [len(self.nodes) - 1, 0]
+
+    def _cast_node(self, entry, dtype, name, role):
+        return self._node('amp_cast', name, [entry], {MARK: role, 'dtype': dtype})
 
     def _tensor_name(self, nid, out):
         name = self.js['nodes'][nid]['name']
@@ -61,11 +63,8 @@ class _Builder:
                                'emulate')
 
     def _emulate_node(self, op, name, inputs, attrs=None):
-        node_attrs = {MARK: 'emulate', ROUND_MARK: self.lp}
-        node_attrs.update(attrs or {})
-        self.nodes.append({'op': op, 'name': self._unique(name), 'attrs': node_attrs,
-                           'inputs': [[e[0], e[1], 0] for e in inputs]})
-        return [len(self.nodes) - 1, 0]
+        return self._node(op, name, inputs,
+                          dict({MARK: 'emulate', ROUND_MARK: self.lp}, **(attrs or {})))
 
     def _round_bfloat16(self, entry, base):
         """Round float32 values to bfloat16 (to nearest even) with elementwise ops: Veltkamp's

@@ -12,7 +12,7 @@ from typing import List, NamedTuple, Optional
 
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, dtype_name, from_mshadow_enum
 from ..policy.policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, resolve_policy
-from .strip import previous_conversion, strip
+from .strip import converted_dtype, strip
 from .symbol_json import (CAST_OPS, MARK, cast_origin, infer_dtypes, load, mutable_inputs,
     node_output_dtypes)
 
@@ -280,7 +280,7 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
     policy = resolve_policy(policy, target_dtype, cast_params, emulate)
     if policy.emulate == 'auto':   # no context here: the real graph
         policy = policy.replace(emulate=False)
-    previous = previous_conversion(js)
+    previous = converted_dtype(js)
     if previous is not None and previous != policy.target_dtype:
         raise ValueError(
             'the graph was already converted to %s; converting it to %s needs the float32 '

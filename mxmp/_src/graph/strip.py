@@ -7,7 +7,7 @@ from .symbol_json import (CAST_OPS, FLOAT_DTYPES, MARK, PINNED, ROUND_MARK, STEM
     cast_origin, cast_param_original, dump, is_cast_param, is_float32_param, load)
 
 __all__ = ['remove_casts', 'converted_dtype', 'count_casts', 'cast_origins', 'strip',
-           'previous_conversion', 'float32_arrays', 'arrays_for_graph']
+           'float32_arrays', 'arrays_for_graph']
 
 
 def _without_dtype(node, attrs, original=''):
@@ -98,19 +98,15 @@ def cast_origins(sym):
 
 
 def converted_dtype(sym):
-    """The target dtype an mxmp-converted graph was converted to, or None for other graphs
-    (float32 graphs, graphs with model casts only, graphs converted by ``mxnet.contrib.amp``).
+    """The target dtype an mxmp-converted graph (a Symbol or its JSON dict) was converted to,
+    or None for other graphs (float32 graphs, graphs with model casts only, graphs converted by
+    ``mxnet.contrib.amp``).
 
     Raises:
         ValueError: the graph holds mxmp casts to both float16 and bfloat16.
     """
-    return previous_conversion(load(sym))
-
-
-def previous_conversion(js):
-    """:func:`converted_dtype` of a graph JSON (dict)."""
     dtypes = set()
-    for node in js['nodes']:
+    for node in (sym if isinstance(sym, dict) else load(sym))['nodes']:
         attrs = node.get('attrs', {})
         if node['op'] in CAST_OPS and attrs.get(MARK) is not None:
             if attrs.get('dtype') in LOW_PRECISION_DTYPES:
