@@ -301,25 +301,21 @@ class FusedInference:
         if self._current():
             return self.twin(*args)
         unsafe = unsafe_outputs(self.block._cached_graph[1])
+        self.reset()  # the old fused graph's memory can go before the new one is made
         if unsafe:
             self.refused = ('output %s also feeds another node, where MXNet\'s fusion can '
                             'return a wrong value' % ', '.join(unsafe))
-            logger.warning('%s: not fused (%s); inference runs the unfused graph',
-                           self.block.name, self.refused)
-            return None
-        self.reset()  # the old fused graph's memory can go before the new one is made
-        try:
-            twin = self._build(args)
-            out = twin(*args)
-            for o in (out if isinstance(out, (list, tuple)) else [out]):
-                o.wait_to_read()  # a refusal surfaces here, not later and far from the cause
-            fused = count_fused(twin._cached_graph[1])
-        except Exception as err:  # pylint: disable=broad-except  (logged, then unfused)
-            self.refused = '%s: %s' % (type(err).__name__, str(err).strip().splitlines()[0]
-                                       if str(err).strip() else '')
         else:
-            if fused == 0:
-                self.refused = 'no fusible pattern in the graph'
+            try:
+                twin = self._build(args)
+                out = twin(*args)
+                for o in (out if isinstance(out, (list, tuple)) else [out]):
+                    o.wait_to_read()  # a refusal surfaces here, not later and far from the cause
+                if count_fused(twin._cached_graph[1]) == 0:
+                    self.refused = 'no fusible pattern in the graph'
+            except Exception as err:  # pylint: disable=broad-except  (logged, then unfused)
+                self.refused = '%s: %s' % (type(err).__name__, str(err).strip().splitlines()[0]
+                                           if str(err).strip() else '')
         if self.refused is not None:
             logger.warning('%s: oneDNN fusion refused (%s); inference runs the unfused graph',
                            self.block.name, self.refused)

@@ -10,15 +10,17 @@ __all__ = ['remove_casts', 'converted_dtype', 'count_casts', 'cast_origins', 'st
            'float32_arrays', 'arrays_for_graph']
 
 
-def _without_dtype(node, attrs, original=''):
-    """Set ``node``'s attrs to ``attrs`` minus MARK and ``__dtype__`` (``original`` restored)."""
-    attrs = {k: v for k, v in attrs.items() if k not in (MARK, '__dtype__')}
+def _restore(node, attrs, mark, key, original):
+    """Set ``node``'s attrs to ``attrs`` without ``mark``, with the ``original`` value of ``key``
+    (none: without it); return them."""
+    attrs = {k: v for k, v in attrs.items() if k not in (mark, key)}
     if original:
-        attrs['__dtype__'] = original
+        attrs[key] = original
     if attrs:
         node['attrs'] = attrs
     else:
         node.pop('attrs')
+    return attrs
 
 
 def strip(js, unpin=False):
@@ -54,17 +56,12 @@ def strip(js, unpin=False):
         node['inputs'] = [remap(e) for e in node['inputs']]
         attrs = node.get('attrs')
         if attrs and attrs.get(STEM_MARK, '').startswith(STEM_SHAPE):
-            original = attrs[STEM_MARK][len(STEM_SHAPE):]
-            attrs = {k: v for k, v in attrs.items() if k not in (STEM_MARK, '__shape__')}
-            if original:
-                attrs['__shape__'] = original
-            node['attrs'] = attrs
-            if not attrs:
-                node.pop('attrs')
+            attrs = _restore(node, attrs, STEM_MARK, '__shape__',
+                             attrs[STEM_MARK][len(STEM_SHAPE):])
         if node['op'] == 'null' and attrs and attrs.get(MARK) == PINNED:
-            _without_dtype(node, attrs)
+            _restore(node, attrs, MARK, '__dtype__', '')
         elif attrs and (is_cast_param(node) or is_float32_param(node)):
-            _without_dtype(node, attrs, cast_param_original(attrs))
+            _restore(node, attrs, MARK, '__dtype__', cast_param_original(attrs))
         elif contrib and node['op'] == 'null' and attrs and \
                 from_mshadow_enum(attrs.get('__dtype__')) in LOW_PRECISION_DTYPES:
             node['attrs'] = dict(attrs, __dtype__='0')   # float32, as contrib.amp writes it
