@@ -8,15 +8,11 @@ which :class:`mxmp.Module` binds as a state. Loss ops that propagate their outpu
 or the ``out_grads`` the Module scales), so every gradient is scaled once. The ``_mxmp_`` names
 below are graph node and variable names, not side channels.
 """
-import json
-
-import mxnet as mx
-
-from .symbol_json import MARK, cast_param_names, load
+from .symbol_json import MARK, dump, load
 from ..dtypes import MSHADOW_ENUM
 from ..policy.policy import LOSS_OUTPUT, Policy
 
-__all__ = ['insert_loss_scale', 'scaled_loss_ops', 'lp_variable_names', 'LOSS_SCALE_NAME',
+__all__ = ['insert_loss_scale', 'scaled_loss_ops', 'LOSS_SCALE_NAME',
            'HEAD_GRADIENT_LOSS_OPS', 'NAMED_LOSS_OPS']
 
 #: Name of the input variable (a Module *state*, shape ``(1,)``, float32) holding the scale.
@@ -104,11 +100,4 @@ def insert_loss_scale(sym, loss_ops=None):
     out = dict(js)
     out['nodes'] = nodes
     out['heads'] = [[remap[src], idx, ver] for src, idx, ver in js['heads']]
-    out['arg_nodes'] = [i for i, n in enumerate(nodes) if n['op'] == 'null']
-    out.pop('node_row_ptr', None)
-    return mx.sym.load_json(json.dumps(out)), len(scaled)
-
-
-def lp_variable_names(sym):
-    """frozenset of the variables a converted graph stores in the target dtype."""
-    return cast_param_names(sym)
+    return dump(out), len(scaled)
