@@ -228,20 +228,9 @@ def count_fused(sym):
 
 
 def fuse_symbol(sym, arg_params=None, aux_params=None, shapes=None, ctx=None):
-    """``sym`` (an inference graph) partitioned by oneDNN's fusion (``optimize_for('MKLDNN')``).
-
-    Args:
-        sym (mxnet.sym.Symbol): the graph (casts allowed).
-        arg_params, aux_params (dict of str -> NDArray): its parameters (shapes and dtypes).
-        shapes (dict of str -> tuple of int): data input shapes; without them nothing fuses.
-        ctx (mxnet.Context): default ``mx.cpu()``.
-
-    Returns:
-        mxnet.sym.Symbol: the fused graph (inference only; plain MXNet with oneDNN runs it).
-
-    Raises:
-        mxnet.base.MXNetError: the backend refused the graph.
-    """
+    """``sym`` (an inference graph, casts allowed) partitioned by oneDNN's fusion
+    (``optimize_for('MKLDNN')``; inference only, plain MXNet with oneDNN runs it). Without the
+    data input ``shapes`` nothing fuses; MXNetError where the backend refuses the graph."""
     return sym.optimize_for(BACKEND, dict(arg_params or {}), dict(aux_params or {}),
                             ctx or mx.cpu(), shape_dict=dict(shapes or {}))
 

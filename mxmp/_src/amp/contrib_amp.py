@@ -305,8 +305,7 @@ def init_trainer(optimizer_or_trainer):
     if dtype is None:
         from ..gluon import policy_of
         marks = {policy_of(p).target_dtype for p in trainer._params if policy_of(p)}
-        dtype = 'float16' if 'float16' in marks else ('bfloat16' if 'bfloat16' in marks
-                                                       else 'float16')
+        dtype = 'bfloat16' if marks == {'bfloat16'} else 'float16'
     trainer._amp_loss_scaler = _TrainerLossScaler(make_loss_scaler(None, dtype))
     trainer._amp_original_scale = trainer._scale
 

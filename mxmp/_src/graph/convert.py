@@ -230,13 +230,13 @@ def _check_types(graph, builder, input_dtypes, original):
                 'are wrong for %s; please report it, and keep the op in float32 meanwhile with '
                 'mxmp.Policy(..., fp32_ops=[%r])' % (written, k, source['name'], source['op'],
                                                      got, source['op'], source['op']))
-        if builder.where[(nid, k)] != builder.raw[(nid, k)]:
-            node = builder.nodes[builder.where[(nid, k)][0]]
-            got = inferred.get(tuple(builder.where[(nid, k)]))
-            if got != read:
-                raise RuntimeError(
-                    'mxmp planned %s for output %d of node %s (%s), read through the emulation '
-                    'node %s (%s), but MXNet infers %s there: a bug of the mxmp pass, not of the '
-                    'op lists; please report it with the graph (sym.save(path))'
-                    % (read, k, source['name'], source['op'], node['name'], node['op'], got))
+        where = builder.where[(nid, k)]
+        if where != builder.raw[(nid, k)] and inferred.get(tuple(where)) != read:
+            node = builder.nodes[where[0]]
+            raise RuntimeError(
+                'mxmp planned %s for output %d of node %s (%s), read through the emulation '
+                'node %s (%s), but MXNet infers %s there: a bug of the mxmp pass, not of the '
+                'op lists; please report it with the graph (sym.save(path))'
+                % (read, k, source['name'], source['op'], node['name'], node['op'],
+                   inferred.get(tuple(where))))
 
