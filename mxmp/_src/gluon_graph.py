@@ -279,16 +279,12 @@ class FusedInference:
     def _arrays(self):
         return [p._data[0] if p._data else None for p in self._params]
 
-    def _current(self):
-        """Whether the twin was built on the arrays the parameters hold now (by identity)."""
-        return self.twin is not None and all(a is b for a, b in zip(self._arrays(), self._key))
-
     def __call__(self, *args):
         """Run the fused graph on NDArrays; None when fusion was refused (use the unfused one)."""
         if self.refused is not None:
             return None
-        if self._current():
-            return self.twin(*args)
+        if self.twin is not None and all(a is b for a, b in zip(self._arrays(), self._key)):
+            return self.twin(*args)   # built on the arrays the parameters hold now
         unsafe = unsafe_outputs(self.block._cached_graph[1])
         self.reset()  # the old fused graph's memory can go before the new one is made
         if unsafe:
