@@ -29,10 +29,10 @@ class _Builder:
         self.raw = {}       # (old nid, out) -> [new nid, out] where the node writes it
         # Emulation: (old nid, out) -> 'round' (a float32-held low-precision tensor, rounded
         # through the target dtype) or 'up' (a tensor really in low precision, cast to float32)
-        # before its first use. Made on first use, so an output nobody reads (an LSTM's states,
-        # split(...)[1:]) gets no dangling round trip, which MXNet would drop from the graph.
-        self.pending = {}
-        self.kind = {}      # the same, kept after the nodes are made
+        # before its first use. Made on first use (until then ``where`` is ``raw``), so an output
+        # nobody reads (an LSTM's states, split(...)[1:]) gets no dangling round trip, which
+        # MXNet would drop from the graph.
+        self.kind = {}
 
     def _unique(self, name):
         base, i = name, 1
@@ -85,15 +85,12 @@ class _Builder:
 
     def _location(self, nid, out):
         """Where tensor (nid, out) is read from, making its pending emulation nodes."""
-        kind = self.pending.pop((nid, out), None)
-        if kind == 'round':
-            self.where[(nid, out)] = self._round_trip(self.raw[(nid, out)],
-                                                      self._tensor_name(nid, out))
-        elif kind == 'up':
-            self.where[(nid, out)] = self._cast_node(
-                self.raw[(nid, out)], 'float32',
-                self._tensor_name(nid, out) + '_amp_cast_float32_emulate', 'emulate')
-        return self.where[(nid, out)]
+        key, name = (nid, out), self._tensor_name(nid, out)
+        if key in self.kind and self.where[key] is self.raw[key]:
+            self.where[key] = (self._round_trip(self.raw[key], name) if self.kind[key] == 'round'
+                               else self._cast_node(self.raw[key], 'float32',
+                                                    name + '_amp_cast_float32_emulate', 'emulate'))
+        return self.where[key]
 
     def get(self, nid, out, dtype):
         """Entry of tensor (nid, out) in logical dtype ``dtype`` (None: as it is)."""
@@ -143,7 +140,7 @@ class _Builder:
         self.raw[(nid, k)] = entry
         self.where[(nid, k)] = entry
         if self.emulate and dtype in _LOW:
-            self.pending[(nid, k)] = self.kind[(nid, k)] = 'up' if physical_low else 'round'
+            self.kind[(nid, k)] = 'up' if physical_low else 'round'
 
     def physical(self, nid, k):
         """The dtypes MXNet must infer for tensor (nid, k): (where its node writes it, where
