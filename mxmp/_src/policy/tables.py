@@ -40,10 +40,7 @@ def _merge(target_dtype):
     out['CONDITIONAL_FLOAT32'] = (tuple(getattr(ops_shared, 'CONDITIONAL_FLOAT32', ()))
                                   + tuple(getattr(diff, 'CONDITIONAL_FLOAT32', ())))
     for name in _DICTS:
-        if hasattr(ops_shared, name) or hasattr(diff, name):
-            merged = dict(getattr(ops_shared, name, {}))
-            merged.update(getattr(diff, name, {}))
-            out[name] = merged
+        out[name] = dict(getattr(ops_shared, name, {}), **getattr(diff, name, {}))
     return out
 
 
@@ -75,7 +72,7 @@ def classes_for(target_dtype):
     classes = {name: frozenset(merged[name]) for name in OP_CLASSES}
     classes['CONDITIONAL_FLOAT32'] = rules_by_op(merged['CONDITIONAL_FLOAT32'])
     for name in _DICTS:
-        classes[name] = dict(merged.get(name, {}))
+        classes[name] = dict(merged[name])
     return classes
 
 
