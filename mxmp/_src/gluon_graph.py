@@ -53,13 +53,6 @@ class Conversion:
     pad_stem: Union[str, bool] = 'auto'
 
 
-def _context(args):
-    for a in args:
-        if isinstance(a, mx.nd.NDArray):
-            return a.context
-    return mx.current_context()
-
-
 def rewrite(block, conversion, inputs, sym, args, ctx=None):
     """The :class:`BuiltGraph` of ``block`` (a HybridBlock) for the float32 graph ``sym`` MXNet
     just traced with data variables ``inputs``, called with ``args`` (NDArrays, nested, None for
@@ -68,7 +61,8 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
     """
     from mxnet.gluon.block import _flatten
     flat = [a for a in _flatten(args, 'input')[0] if a is not None]
-    ctx = ctx or _context(flat)
+    ctx = ctx or next((a.context for a in flat if isinstance(a, mx.nd.NDArray)),
+                      mx.current_context())
     policy = conversion.policy.on(ctx)
     names = tuple(s.name for s in inputs)
     dtypes = {s.name: from_mshadow_enum(s.attr('__dtype__'))

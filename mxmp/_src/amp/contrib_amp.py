@@ -54,18 +54,16 @@ def _conditional(value):
 
 
 def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names):
-    """The mxmp Policy of a convert call (:func:`mxmp._src.amp.convert.policy_for`)."""
+    """The mxmp Policy of a convert call (:func:`mxmp._src.amp.lists.policy_for`)."""
     from .lists import policy_for
-    if excluded_sym_names is not None and (isinstance(excluded_sym_names, str) or
-                                           not isinstance(excluded_sym_names, (list, tuple,
-                                                                               set))):
+    if excluded_sym_names is not None and not isinstance(excluded_sym_names, (list, tuple, set)):
         raise ValueError('excluded_sym_names must be a list of node names, got %r'
                          % (excluded_sym_names,))
     return policy_for(
         _dtype(target_dtype), _names(target_dtype_ops, 'target_dtype_ops'),
-        _names(fp32_ops, 'fp32_ops'), _conditional(conditional_fp32_ops), excluded_names=set(excluded_sym_names or ()),
-        init_lp=_CONFIG.lp_ops, init_fp32=_CONFIG.fp32_ops,
-        init_conditional=_CONFIG.conditional_fp32_ops)
+        _names(fp32_ops, 'fp32_ops'), _conditional(conditional_fp32_ops),
+        excluded_names=set(excluded_sym_names or ()), init_lp=_CONFIG.lp_ops,
+        init_fp32=_CONFIG.fp32_ops, init_conditional=_CONFIG.conditional_fp32_ops)
 
 
 def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops=None,
@@ -147,19 +145,14 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
         ValueError: unknown dtype; malformed lists; an already converted graph.
     """
     from ..graph.convert import convert_symbol as _convert
+    from ..graph.symbol_json import load
     policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names)
-    if data_names is None:
-        data_names = _undeclared_inputs(sym)
+    if data_names is None:   # contrib.amp's data inputs: the inputs without a __dtype__
+        data_names = [n['name'] for n in load(sym)['nodes']
+                      if n['op'] == 'null' and '__dtype__' not in n.get('attrs', {})]
     return _convert(sym, policy=policy, data_names=tuple(data_names),
                     cast_params=True if cast_optional_params else None)
-
-
-def _undeclared_inputs(sym):
-    """The inputs of ``sym`` without a ``__dtype__`` attribute (contrib.amp's data inputs)."""
-    from ..graph.symbol_json import load
-    return [n['name'] for n in load(sym)['nodes']
-            if n['op'] == 'null' and '__dtype__' not in n.get('attrs', {})]
 
 
 def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_ops=None,

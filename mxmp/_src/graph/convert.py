@@ -9,7 +9,7 @@ produced. How and why: docs/pass.md.
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, MSHADOW_ENUM
 from .plan import prepare
 from .symbol_json import (MARK, ROUND_MARK, cast_origin, dump, infer_dtypes,
-    pin_variable_dtypes, storage_mark)
+    pin_variable_dtypes, storage_mark, unique_name)
 
 __all__ = ['convert_symbol']
 
@@ -34,16 +34,8 @@ class _Builder:
         # MXNet would drop from the graph.
         self.kind = {}
 
-    def _unique(self, name):
-        base, i = name, 1
-        while name in self.names:
-            name = '%s%d' % (base, i)
-            i += 1
-        self.names.add(name)
-        return name
-
     def _node(self, op, name, inputs, attrs):
-        self.nodes.append({'op': op, 'name': self._unique(name), 'attrs': attrs,
+        self.nodes.append({'op': op, 'name': unique_name(name, self.names), 'attrs': attrs,
                            'inputs': [[e[0], e[1], 0] for e in inputs]})
         return [len(self.nodes) - 1, 0]
 

@@ -15,7 +15,7 @@ __all__ = ['MARK', 'ROUND_MARK', 'PINNED', 'CAST_OPS', 'FLOAT_DTYPES', 'load', '
            'is_cast_param', 'cast_param_names', 'storage_mark', 'cast_param_original',
            'is_float32_param', 'float32_param_names',
            'cast_origin', 'pin_variable_dtypes', 'infer_dtypes', 'node_output_dtypes',
-           'mutable_inputs']
+           'mutable_inputs', 'unique_name']
 
 #: Attribute key that marks the nodes and variables mxmp wrote.
 MARK = '__mxmp__'   # a graph attribute key, not a side channel
@@ -98,6 +98,16 @@ def storage_mark(stored_dtype, attrs):
 def cast_param_original(attrs):
     """The ``__dtype__`` a variable had before the pass chose its storage ('' for none)."""
     return attrs[MARK].partition(':')[2]
+
+
+def unique_name(name, taken):
+    """``name``, else ``name`` and the first number that is not in ``taken`` (a set of names,
+    which the result joins)."""
+    base, k = name, 1
+    while name in taken:
+        name, k = '%s%d' % (base, k), k + 1
+    taken.add(name)
+    return name
 
 
 def cast_origin(node):
