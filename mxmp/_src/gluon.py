@@ -168,9 +168,6 @@ def _cast_params_now(block, policy):
             _cast_parameter(params[name], mx_dtype(policy.target_dtype))
 
 
-# ---------------------------------------------------------------------------------------------
-# The hook: wrappers of HybridBlock's methods
-# ---------------------------------------------------------------------------------------------
 def _applies(block):
     """The Conversion for ``block``'s graph: its own, else the switch's (not for SymbolBlocks,
     whose graph was not built by operators, as with contrib.amp's init)."""
