@@ -211,11 +211,9 @@ class Policy:
                 ``allow_other_cpu=True``; a ``target_dtype`` other than the report's.
         """
         from .kernel_report import KernelReport, load_kernel_report, machine_info
+        source = 'the report' if isinstance(report, KernelReport) else str(report)
         if not isinstance(report, KernelReport):
-            source = str(report)
             report = load_kernel_report(report)
-        else:
-            source = 'the report'
         target = kwargs.pop('target_dtype', report.target_dtype)
         if normalize_dtype(target) != report.target_dtype:
             raise ValueError('%s is a %s report; it cannot set a %s policy'
