@@ -12,10 +12,10 @@ from mxnet import nd
 
 from ..distributed import check_kvstore_args
 from ..graph.convert import convert_symbol
-from ..graph.loss_heads import (LOSS_SCALE_NAME, insert_loss_scale, lp_variable_names,
-    scaled_loss_ops)
+from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, scaled_loss_ops
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
+from ..graph.symbol_json import cast_param_names
 from . import module_checkpoint as files
 from .checkpoint import write_atomic
 from .module_parts import (ModuleMasters, reduced_updates, module_policy, start_kvstore,
@@ -76,7 +76,7 @@ class Module(mx.mod.Module):
             self._fp32_symbol, policy=self._policy, cast_params=self._cast_params,
             data_names=data_names + label_names + state_names)
         self._mp_symbol = mp_symbol
-        self._masters = ModuleMasters(lp_variable_names(mp_symbol) if self._cast_params
+        self._masters = ModuleMasters(cast_param_names(mp_symbol) if self._cast_params
                                       else frozenset())
         self._step = Step(resolve_precision([], self._policy, self._target_dtype,
                                             loss_scaler)[1])
