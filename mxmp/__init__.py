@@ -20,7 +20,7 @@ from ._src.cuda import CudaLibrariesNotFound, missing_cuda_libraries, preload_cu
 from ._src.device import lp_kernels_available  # noqa: E402
 from ._src.dtypes import normalize_dtype  # noqa: E402
 from ._src.errors import AmpListConflict, LossScaleAtFloorError, NonFiniteForwardWarning  # noqa: E402,E501
-from ._src.gluon import convert, converted_graph  # noqa: E402
+from ._src.gluon import convert, converted_graph, remove_hooks  # noqa: E402
 from ._src.graph.convert import convert_symbol  # noqa: E402
 from ._src.graph.plan import explain, format_explain  # noqa: E402
 from ._src.graph.strip import count_casts, remove_casts  # noqa: E402
@@ -58,7 +58,7 @@ def __getattr__(name):
     raise AttributeError('module mxmp has no attribute %r' % name)
 
 
-__all__ = ['convert', 'converted_graph', 'convert_symbol', 'remove_casts', 'count_casts',
+__all__ = ['convert', 'converted_graph', 'remove_hooks', 'convert_symbol', 'remove_casts', 'count_casts',
            'explain', 'format_explain', 'Policy', 'AmpListConflict', 'normalize_dtype',
            'lp_kernels_available', 'Trainer', 'LossScaler', 'DynamicLossScaler',
            'StaticLossScaler', 'NoOpLossScaler', 'make_loss_scaler', 'LossScaleGroup',

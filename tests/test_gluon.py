@@ -367,7 +367,7 @@ def test_a_network_cast_to_bfloat16_first_trains_deconvolution_with_a_float32_we
     assert 'conv0_weight=bfloat16' in dtypes and dtypes[-1] == 'float32'
 
 
-def test_uninstall_puts_mxnets_methods_back_and_the_next_graph_is_float32():
+def test_remove_hooks_puts_mxnets_methods_back_and_the_next_graph_is_float32():
     from mxmp._src import gluon as hook
     net = mxmp.convert(small_resnet(), 'bfloat16')
     x, _ = batch()
@@ -375,7 +375,7 @@ def test_uninstall_puts_mxnets_methods_back_and_the_next_graph_is_float32():
     assert gluon.HybridBlock._build_cache is not hook._ORIGINAL['_build_cache']
     original = dict(hook._ORIGINAL)
     try:
-        hook.uninstall()
+        mxmp.remove_hooks()
         assert gluon.HybridBlock._build_cache is original['_build_cache']
         assert gluon.HybridBlock.forward is original['forward']
         assert 'save_parameters' not in vars(gluon.HybridBlock)   # Block's own again
@@ -385,4 +385,4 @@ def test_uninstall_puts_mxnets_methods_back_and_the_next_graph_is_float32():
             converted_graph(net)
         assert mxmp.count_casts(net._cached_graph[1])['amp_cast'] == 0
     finally:
-        hook.install()
+        hook.install_hooks()

@@ -1,13 +1,14 @@
 """Mixed precision inside the user's own Gluon network: :func:`convert` and the process-wide
 switch of :func:`mxmp.amp.init`.
 
-**The one module of mxmp that hooks MXNet.** :func:`install` replaces these methods with
+**The one module of mxmp that hooks MXNet.** :func:`install_hooks` (run by the first
+:func:`convert` or ``amp.init``; ``import mxmp`` patches nothing) replaces these methods with
 wrappers that call the originals: ``HybridBlock._build_cache`` (the traced graph of a converted
 block goes through the pass, :func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op``
 (grouped weights back to the default layout; the fused inference twin), ``forward`` (a converted
 block that is not hybridized raises; under ``amp.init`` an imperative call warns once),
 ``export``/``save_parameters``/``load_parameters`` (files plain MXNet loads, float32), and
-``Parameter.set_data`` (fused graphs are rebuilt). :func:`uninstall` puts MXNet's methods back
+``Parameter.set_data`` (fused graphs are rebuilt). :func:`remove_hooks` puts MXNet's methods back
 and forgets every conversion. Which blocks are converted is kept here, in weak dictionaries
 keyed by the block or Parameter: nothing is stamped on MXNet's objects.
 """
@@ -25,7 +26,7 @@ from .gluon_graph import Conversion, cast_deferred, rewrite
 from .policy.policy import resolve_policy
 
 __all__ = ['convert', 'policy_of', 'converted_graph', 'fused_graph',
-           'set_global', 'install', 'uninstall', 'Conversion']
+           'set_global', 'install_hooks', 'remove_hooks', 'Conversion']
 
 logger = logging.getLogger('mxmp.gluon')
 
@@ -68,7 +69,7 @@ def set_global(conversion):
     """Turn the process-wide switch on (a :class:`Conversion`) or off (None): HybridBlocks not
     converted by :func:`convert` build their next graphs with it."""
     if conversion is not None:
-        install()
+        install_hooks()
     _GLOBAL[0] = conversion
 
 
@@ -126,7 +127,7 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
             'settings would mix two policies. Build the network anew (or load its float32 '
             'checkpoint into a new one) and convert that.'
             % (block.name, previous.policy.target_dtype))
-    install()
+    install_hooks()
     def register(child):   # the block and every HybridBlock inside it (Block.apply)
         if isinstance(child, gluon.HybridBlock):
             _CONVERTED[child] = conversion
@@ -293,7 +294,7 @@ _WRAPPERS = {'_build_cache': _build_cache, '_call_cached_op': _call_cached_op, '
              'load_parameters': _load_parameters}
 
 
-def install():
+def install_hooks():
     """Replace MXNet's methods with mxmp's wrappers (module docstring); idempotent."""
     if _ORIGINAL:
         return
@@ -305,9 +306,11 @@ def install():
     gluon.Parameter.set_data = _set_data
 
 
-def uninstall():
-    """Put MXNet's methods back and forget every conversion and the switch (graphs already
-    built run until their cache is cleared)."""
+def remove_hooks():
+    """Undo mxmp's hooks: put MXNet's ``HybridBlock`` and ``Parameter.set_data`` methods back
+    and forget every conversion and ``amp.init``'s switch. Graphs already built run until
+    their block's cache is cleared (``hybridize()``); the next graph is MXNet's, float32.
+    The next :func:`convert` or ``amp.init`` installs the hooks again."""
     for name, original in _ORIGINAL.items():
         if name == 'Parameter.set_data':
             gluon.Parameter.set_data = original
