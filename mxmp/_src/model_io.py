@@ -1,5 +1,5 @@
 """Model files and batches for the ``mxmp`` command: load and check a symbol and its parameters,
-convert, strip or fuse them, write them, and the float32 network and batch ``mxmp diagnose``
+convert or fuse them, write them, and the float32 network and batch ``mxmp diagnose``
 runs. Every problem with the user's files raises :class:`CLIError` naming it.
 """
 import json
@@ -68,15 +68,13 @@ def load_params(path, sym, data_names):
     missing = [n for n in needed if n not in have]
     if missing:
         raise CLIError('%s does not match the symbol: %d parameter(s) the symbol needs are not '
-                       'in it (%s%s); pass the params file saved with this symbol, and the '
-                       'model\'s data inputs with --data-name'
-                       % (path, len(missing), ', '.join(missing[:4]),
-                          ', ...' if len(missing) > 4 else ''))
+                       'in it (%s); pass the params file saved with this symbol, and the '
+                       'model\'s data inputs with --data-name' % (path, len(missing),
+                                                                  _first4(missing)))
     extra = sorted(have - args - aux)
     if extra:
-        print('mxmp: warning: %s holds %d parameter(s) the symbol does not use (%s%s); they '
-              'are ignored' % (path, len(extra), ', '.join(extra[:4]),
-                               ', ...' if len(extra) > 4 else ''), file=sys.stderr)
+        print('mxmp: warning: %s holds %d parameter(s) the symbol does not use (%s); they '
+              'are ignored' % (path, len(extra), _first4(extra)), file=sys.stderr)
         arg_params = {k: v for k, v in arg_params.items() if k in args}
         aux_params = {k: v for k, v in aux_params.items() if k in aux}
     # Shapes can only warn: without the data shapes MXNet's partial inference fails on valid
@@ -90,6 +88,10 @@ def load_params(path, sym, data_names):
               'without the data shapes (%s); going on' % (path, mxnet_error_line(err)),
               file=sys.stderr)
     return arg_params, aux_params
+
+
+def _first4(names):
+    return ', '.join(names[:4]) + (', ...' if len(names) > 4 else '')
 
 
 def check_data_names(sym, data_names, arg_params):
@@ -117,13 +119,6 @@ def save_model(prefix, epoch, sym, arg_params, aux_params):
     blob.update({'aux:%s' % k: v for k, v in aux_params.items()})
     mx.nd.save(params_path, blob)
     return sym_path, params_path
-
-
-def strip_model(sym, arg_params, aux_params):
-    """The float32 model: ``(remove_casts(sym), arg_params, aux_params)``, arrays in float32."""
-    from .graph.strip import remove_casts
-    from .graph.strip import float32_arrays
-    return remove_casts(sym), float32_arrays(arg_params), float32_arrays(aux_params)
 
 
 def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data_names):
@@ -213,30 +208,16 @@ def diagnose_batch(net, args, ctx):
 
 def strip_loss_heads(sym):
     """``sym`` with its loss-output heads (the LOSS_OUTPUT class: ``SoftmaxOutput``...)
-    replaced by their data input (``sym`` itself if there is none): diagnose computes the loss
-    itself, and a Module symbol's label is not a network input."""
+    replaced by their data input: diagnose computes the loss itself, and a Module symbol's
+    label is not a network input."""
     import mxnet as mx
-    from .diagnose.capture import output_names
     from .policy.tables import classes_for
     loss_ops = set(classes_for('float16')['LOSS_OUTPUT'])
-    js = json.loads(sym.tojson())
-    heads, changed = [], False
-    for nid, idx, version in js['heads']:
-        node = js['nodes'][nid]
-        if node['op'] in loss_ops and node['inputs']:
-            src = node['inputs'][0]
-            heads.append([src[0], src[1], src[2]])
-            changed = True
-        else:
-            heads.append([nid, idx, version])
-    if not changed:
-        return sym
-    internals = sym.get_internals()
-    names = output_names(sym)
     outs = []
-    for nid, idx, _ in heads:
-        name = js['nodes'][nid]['name']
-        outs.append(internals[names[name][idx]] if name in names else internals[name])
+    for i in range(len(sym.list_outputs())):
+        js = json.loads(sym[i].tojson())
+        loss = js['nodes'][js['heads'][0][0]]['op'] in loss_ops
+        outs.append(sym[i].get_children()[0] if loss else sym[i])
     return outs[0] if len(outs) == 1 else mx.sym.Group(outs)
 
 

@@ -1,4 +1,4 @@
-""":func:`check_kernels` and ``mxmp check-kernels``: choose the ops, run each in a process forked
+""":func:`check_kernels` (``mxmp check-kernels``): choose the ops, run each in a process forked
 by the forkserver of :mod:`.run`, collect the rows into a :class:`KernelReport` (docs/conformance.md).
 """
 import concurrent.futures
@@ -160,18 +160,3 @@ def _run_op(op, cls, policy, emulate, timeout, seeds, params_only=False, cases=N
     rows.sort(key=lambda r: order.get((r['variant'], r['case']), -1))
     return rows
 
-
-def cmd(args):
-    """``mxmp check-kernels`` (arguments from :func:`mxmp.cli.build_parser`); the exit code."""
-    ops = [o.strip() for o in args.ops.split(',') if o.strip()] if args.ops else None
-    emulate = {'auto': None, 'yes': True, 'no': False}[args.emulate]
-    report = check_kernels(args.dtype, ops=ops, emulate=emulate, jobs=args.jobs,
-                           timeout=args.timeout)
-    print(report.table())
-    if args.out:
-        report.save(args.out)
-        print('report written to %s; use it with mxmp.Policy.from_kernel_report(%r)'
-              % (args.out, args.out))
-    bad = [op for op, v in report.verdicts().items() if v.split('(')[0] in ('wrong', 'crash',
-                                                                              'error')]
-    return 4 if bad else 0

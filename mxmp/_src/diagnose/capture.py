@@ -1,6 +1,7 @@
 """:func:`diagnose`: float32 iterations of a network with every layer's output rewired through
 ``y + probe`` (a zero input whose gradient is d loss / d y); the method is in docs/diagnose.md.
 """
+import collections
 import json
 
 import numpy as np
@@ -11,15 +12,6 @@ from .stats import FORMATS, LayerStats, TensorStats, advise_loss_scale, judge_la
 
 #: Suffix of the probe variables and ``+ probe`` nodes added to the traced graph (node names).
 _PROBE = '__probe__'
-
-
-def output_names(sym):
-    """dict: node name -> the names of its visible outputs in ``sym.get_internals()``, in order
-    (e.g. ``{'fc1': ['fc1_output'], 'split0': ['split0_output0', 'split0_output1']}``)."""
-    names = {}
-    for out in sym.get_internals().list_outputs():
-        names.setdefault(out.rsplit('_output', 1)[0], []).append(out)
-    return names
 
 
 def _as_nd(x, ctx):
@@ -40,7 +32,8 @@ def _instrument(sym, layer_names):
     """
     import mxnet as mx
     js = json.loads(sym.tojson())
-    n_out = {name: len(outs) for name, outs in output_names(sym).items()}
+    n_out = collections.Counter(out.rsplit('_output', 1)[0]
+                                for out in sym.get_internals().list_outputs())
     wanted = set(layer_names)
     nodes, remap, probes, new_id = [], {}, [], {}
 
