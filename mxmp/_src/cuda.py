@@ -171,25 +171,19 @@ def preload_cuda_libraries(search_paths=None, loader=None, system_fallback=True)
     paths = _search_paths(search_paths)
     load = loader or (lambda path: ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
     loaded, missing, failed = [], [], {}
-    for lib, path, required in _load_order(paths):
-        if path is None:
-            if not system_fallback:
-                missing.append(lib)
-                continue
-            try:
-                load(lib.soname)
-            except OSError:
-                missing.append(lib)
-                continue
-            loaded.append(lib.soname)
+    for lib, path, required in _load_order(paths):   # an optional library has a path
+        if path is None and not system_fallback:
+            missing.append(lib)
             continue
         try:
-            load(path)
+            load(path or lib.soname)
         except OSError as err:
-            if required:
+            if path is None:
+                missing.append(lib)
+            elif required:
                 failed[lib.soname] = str(err)
             continue
-        loaded.append(path)
+        loaded.append(path or lib.soname)
     if missing or failed:
         raise CudaLibrariesNotFound(missing, failed, paths)
     if loader is None:
@@ -252,10 +246,9 @@ def main(argv=None):
     if args.print_path:
         print(os.pathsep.join(cuda_library_dirs(args.search_path)))
         return 0
-    found = find_cuda_libraries(args.search_path)
-    for soname, path in found.items():
+    for soname, path in find_cuda_libraries(args.search_path).items():
         print('%-22s %s' % (soname, path or 'MISSING'))
-    missing = [lib for lib in CUDA_LIBRARIES if found[lib.soname] is None]
+    missing = missing_cuda_libraries(args.search_path)
     if missing:
         print(CudaLibrariesNotFound(missing, searched=_search_paths(args.search_path)))
         return 1
