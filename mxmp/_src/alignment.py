@@ -93,15 +93,11 @@ def _infer_shapes(sym, input_shapes):
 
 def _conv_rows(name, op, attrs, data, weight, out, multiple):
     layout = attrs.get('layout', 'None')
-    if layout in (None, 'None'):
-        c_axis = 1
-    else:
-        c_axis = layout.index('C')
+    c_axis = 1 if layout == 'None' else layout.index('C')
     batch = data[0]
     spatial_out = [s for i, s in enumerate(out) if i not in (0, c_axis)]
     groups = int(attrs.get('num_group', '1'))
-    in_channels = data[c_axis]
-    out_channels = out[c_axis]
+    in_channels, out_channels = data[c_axis], out[c_axis]
     shapes = dict(data_shape=data, weight_shape=weight, output_shape=out)
     rows = []
 

@@ -232,13 +232,11 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
         for layer, _, names in layers:
             for n in names:
                 if n not in seen:
+                    grad = exe.grad_dict.get(n)
                     seen[n] = (TensorStats.of(exe.arg_dict[n].asnumpy()),
-                               TensorStats.of(exe.grad_dict[n].asnumpy())
-                               if exe.grad_dict.get(n) is not None else None)
-            for n in names:
+                               None if grad is None else TensorStats.of(grad.asnumpy()))
                 weights[layer] = merged((weights.get(layer), seen[n][0]))
-                if seen[n][1] is not None:
-                    wgrads[layer] = merged((wgrads.get(layer), seen[n][1]))
+                wgrads[layer] = merged((wgrads.get(layer), seen[n][1]))
         if learning_rate and step + 1 < steps:
             for n, g in exe.grad_dict.items():
                 if g is not None and n in params:

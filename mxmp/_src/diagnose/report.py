@@ -74,7 +74,11 @@ class NumericsReport:
         Returns:
             dict str -> str: plot name -> path.
         """
-        return save_report_plots(self, directory, dtype)
+        os.makedirs(directory, exist_ok=True)
+        fmt = number_format(dtype or self.target_dtype).name
+        return {name: draw(self, os.path.join(directory, name + '.png'), fmt) for name, draw in
+                (('gradient_histogram', plot_gradient_histogram),
+                 ('layer_ranges', plot_layer_ranges))}
 
     def to_dict(self):
         """JSON-ready dict of everything in the report."""
@@ -368,16 +372,3 @@ def plot_layer_ranges(report, out_png, dtype=None):
     ``out_png``. Arguments and return value as :func:`plot_gradient_histogram`."""
     from ..plotting import save_png
     return save_png(layer_ranges_figure(report, dtype), out_png)
-
-
-def save_report_plots(report, directory, dtype=None):
-    """Both charts of ``report`` in ``directory`` (:meth:`NumericsReport.save_plots`);
-    returns ``{'gradient_histogram': path, 'layer_ranges': path}``."""
-    os.makedirs(directory, exist_ok=True)
-    fmt = number_format(dtype or report.target_dtype)
-    return {
-        'gradient_histogram': plot_gradient_histogram(
-            report, os.path.join(directory, 'gradient_histogram.png'), fmt.name),
-        'layer_ranges': plot_layer_ranges(
-            report, os.path.join(directory, 'layer_ranges.png'), fmt.name),
-    }
