@@ -78,12 +78,9 @@ def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, 
     info = machine_info(target)
     rows = []
     start_forkserver()
-
-    def run(op, cls, params_only):
-        return _run_op(op, cls, policy, emulate, timeout, seeds, params_only, cases)
-
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(int(jobs), len(todo) or 1)) as pool:
-        futures = [pool.submit(run, op, cls, only) for op, cls, only in todo]
+        futures = [pool.submit(_run_op, op, cls, policy, emulate, timeout, seeds, only, cases)
+                   for op, cls, only in todo]
         for fut in futures:
             for row in fut.result():
                 rows.append(row)
@@ -92,7 +89,7 @@ def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, 
     fwd, bwd = tolerances(target)
     return KernelReport(target_dtype=target, machine=info, rows=rows,
                         tolerances={'forward': fwd, 'backward': bwd},
-                        aliases={a: c for a, c in aliases.items()})
+                        aliases=dict(aliases))
 
 
 def _signal_name(rc):
