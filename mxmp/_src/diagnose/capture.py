@@ -149,9 +149,7 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
         raise ValueError('steps must be an integer >= 1, got %r' % (steps,))
     if not callable(loss_fn):
         raise TypeError('loss_fn must be callable as loss_fn(output, label), got %r' % (loss_fn,))
-    if isinstance(data_names, str):
-        data_names = (data_names,)
-    data_names = tuple(data_names)
+    data_names = (data_names,) if isinstance(data_names, str) else tuple(data_names)
     ctx = ctx or mx.cpu()
     inputs = list(data) if isinstance(data, (list, tuple)) else [data]
     if len(inputs) != len(data_names):

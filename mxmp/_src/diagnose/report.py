@@ -55,10 +55,6 @@ class NumericsReport:
                 return layer
         raise KeyError('no reported layer named %r' % name)
 
-    def gradients(self):
-        """TensorStats of every reported gradient together."""
-        return merged(layer.gradients() for layer in self.layers)
-
     def table(self, dtype=None, flagged_only=False):
         """str: loss-scale advice and one row per layer, in ``dtype``'s format (default the
         target dtype); ``flagged_only``: only the layers recommended for float32."""
@@ -356,12 +352,7 @@ def layer_ranges_figure(report, dtype=None):
     for ax in (ax_span, ax_frac):
         ax.grid(True, axis='x', alpha=0.3)
     height = fig.get_size_inches()[1]
-    handles, labels = [], []
-    for ax in (ax_span, ax_frac):
-        hs, ls = ax.get_legend_handles_labels()
-        handles += hs
-        labels += ls
-    fig.legend(handles, labels, fontsize=7, loc='lower center', ncol=4, frameon=False)
+    fig.legend(fontsize=7, loc='lower center', ncol=4, frameon=False)  # every Axes' labels
     fig.tight_layout(rect=(0, 0.6 / height, 1, 1))
     return fig
 
