@@ -70,11 +70,12 @@ class NumericsReport:
         Returns:
             dict str -> str: plot name -> path.
         """
+        from ..plotting import save_png
         os.makedirs(directory, exist_ok=True)
         fmt = number_format(dtype or self.target_dtype).name
-        return {name: draw(self, os.path.join(directory, name + '.png'), fmt) for name, draw in
-                (('gradient_histogram', plot_gradient_histogram),
-                 ('layer_ranges', plot_layer_ranges))}
+        return {name: save_png(figure(self, fmt), os.path.join(directory, name + '.png'))
+                for name, figure in (('gradient_histogram', gradient_histogram_figure),
+                                     ('layer_ranges', layer_ranges_figure))}
 
     def to_dict(self):
         """JSON-ready dict of everything in the report."""
@@ -209,7 +210,9 @@ def _gradient_series(report):
 
 
 def gradient_histogram_figure(report, dtype=None):
-    """The figure of :func:`plot_gradient_histogram` (a matplotlib Figure, one Axes)."""
+    """The histogram of the gradients' log2 magnitudes against the range of ``dtype``
+    (default the report's target dtype); the scaled series is drawn only where the loss scale
+    rescues values. A matplotlib Figure with one Axes."""
     fmt = number_format(dtype or report.target_dtype)
     from ..plotting import pyplot
     plt = pyplot()
@@ -265,15 +268,6 @@ def gradient_histogram_figure(report, dtype=None):
     return fig
 
 
-def plot_gradient_histogram(report, out_png, dtype=None):
-    """Write the histogram of the gradients' log2 magnitudes against the range of ``dtype``
-    (``'float16'`` or ``'bfloat16'``, default the report's target dtype) to ``out_png`` (its
-    directory is created); the scaled series is drawn only where the loss scale rescues
-    values. Returns ``out_png``."""
-    from ..plotting import save_png
-    return save_png(gradient_histogram_figure(report, dtype), out_png)
-
-
 def _span(stats):
     """(lowest, highest + 1) log2 bin of the finite non-zero values, or None."""
     if stats is None or not stats.nonzero:
@@ -283,7 +277,9 @@ def _span(stats):
 
 
 def layer_ranges_figure(report, dtype=None):
-    """The figure of :func:`plot_layer_ranges` (a matplotlib Figure with two Axes)."""
+    """The per-layer chart in ``dtype``'s format (default the target): left, the log2 span of
+    activations, weights and gradients over the format's zones; right, the fractions out of
+    range; flagged layers in red. A matplotlib Figure with two Axes."""
     fmt = number_format(dtype or report.target_dtype)
     from ..plotting import pyplot
     plt = pyplot()
@@ -355,11 +351,3 @@ def layer_ranges_figure(report, dtype=None):
     fig.legend(fontsize=7, loc='lower center', ncol=4, frameon=False)  # every Axes' labels
     fig.tight_layout(rect=(0, 0.6 / height, 1, 1))
     return fig
-
-
-def plot_layer_ranges(report, out_png, dtype=None):
-    """Write the per-layer chart (left: log2 span of activations, weights and gradients over
-    the format's zones; right: the fractions out of range; flagged layers in red) to
-    ``out_png``. Arguments and return value as :func:`plot_gradient_histogram`."""
-    from ..plotting import save_png
-    return save_png(layer_ranges_figure(report, dtype), out_png)
