@@ -121,8 +121,7 @@ class KernelReport:
                  _fmt_err(r['fwd_err']), _fmt_err(r['bwd_err']),
                  r['verdict'] + (': ' + r['detail'] if r['detail'] else ''))
                 for r in self.rows]
-        widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c)
-                  for i, c in enumerate(cols)]
+        widths = [max([len(c)] + [len(b[i]) for b in body]) for i, c in enumerate(cols)]
         widths[-1] = len(cols[-1])
         line = lambda cells: '  '.join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
         counts = collections.Counter(_kind(r['verdict']) for r in self.rows)
