@@ -7,7 +7,6 @@ trainer is created. How to build Horovod against mxnet 1.9.1, and why this is a 
 from mxnet import autograd
 
 from ._src import distributed
-from ._src.dtypes import dtype_name
 from ._src.gluon_graph import unrounded_values
 from ._src.training.trainer import Trainer
 
@@ -61,37 +60,23 @@ class DistributedTrainer(Trainer):
         hvd = import_horovod()
         super().__init__(params, optimizer, optimizer_params, kvstore=None,
                          loss_scaler=loss_scaler, target_dtype=target_dtype, policy=policy)
-        if grad_dtype is not None:
-            name = distributed.check_grad_dtype(grad_dtype, None, self._step.scaler.dynamic)
-            if name == 'bfloat16':
-                raise ValueError("grad_dtype='bfloat16' is not possible with Horovod: its MXNet "
-                                 "binding reduces float16/float32/float64 only ('GetDType: "
-                                 "Type 12 is not supported'). Use grad_dtype='float16' (with a "
-                                 "dynamic loss scaler) or None")
-            grad_dtype = name
+        self._exchange.grad_dtype = distributed.check_grad_dtype(
+            grad_dtype, 'horovod', self._step.scaler.dynamic)
         self._hvd = hvd
-        self._grad_dtype = grad_dtype
         self._root_rank = int(root_rank)
         self._prefix = str(prefix)
-        self._casts = distributed.CastBuffers()   # param index -> gradient cast buffers
         self._scale /= hvd.size()   # the sum of N workers' gradients -> their mean
         self._to_broadcast = list(range(len(self._params)))
         self._broadcast_initialized()
 
-    @property
-    def num_workers(self) -> int:
-        """int: the number of Horovod workers (``hvd.size()``)."""
-        return self._hvd.size()
-
-    @property
-    def rank(self) -> int:
-        """int: this worker's Horovod rank (``hvd.rank()``)."""
-        return self._hvd.rank()
+    num_workers = property(lambda self: self._hvd.size(),
+                           doc='int: the number of Horovod workers (``hvd.size()``).')
+    rank = property(lambda self: self._hvd.rank(),
+                    doc="int: this worker's Horovod rank (``hvd.rank()``).")
 
     def exchange_dtype(self, param):
         """str: the dtype the gradient of ``param`` (a Parameter or its name) is summed in."""
-        p = self._params[self._param_index(param)]
-        return distributed.exchange_dtype(dtype_name(p.dtype), self._grad_dtype, 'horovod')
+        return self._exchange.dtype(self._params[self._param_index(param)], 'horovod')
 
     def bytes_pushed_per_step(self):
         """int: gradient bytes this worker contributes to the all-reduce per step (as
@@ -125,8 +110,7 @@ class DistributedTrainer(Trainer):
 
         def send(name, wire):
             hvd.broadcast_(wire, root_rank=self._root_rank, name=name)
-        distributed.broadcast_from_root(
-            ready, send, lambda own: distributed.exchange_dtype(own, None, 'horovod'))
+        distributed.broadcast_from_root(ready, send, 'horovod')
         self._to_broadcast = pending
 
     def _allreduce_grads(self):
@@ -141,8 +125,8 @@ class DistributedTrainer(Trainer):
                     continue
                 self._check_one_context(param)
                 grads = param.list_grad()
-                bufs = self._casts.cast_in(i, grads, self.exchange_dtype(param))
+                bufs = self._exchange.cast_in(i, grads, self.exchange_dtype(param))
                 hvd.allreduce_(bufs[0], op=hvd.Sum, name='%sgrad.%d' % (self._prefix, i),
                                priority=-i)
-                self._casts.cast_out(bufs, grads)
+                self._exchange.cast_out(bufs, grads)
 

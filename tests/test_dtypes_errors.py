@@ -22,12 +22,12 @@ def test_the_mshadow_enum_is_the_one_mxnet_writes_into_graphs():
         if np_type is None:
             continue
         name = dtypes.dtype_name(np_type)
-        assert dtypes.mshadow_enum(name) == str(value), name
+        assert dtypes.MSHADOW_ENUM[name] == str(value), name
         assert dtypes.from_mshadow_enum(value) == name
     # a variable pinned through the table binds in plain MXNet with that dtype
     for name in ('float16', 'bfloat16', 'float64'):
         var = mx.sym.var('x', dtype=dtypes.mx_dtype(name))
-        assert var.attr('__dtype__') == dtypes.mshadow_enum(name)
+        assert var.attr('__dtype__') == dtypes.MSHADOW_ENUM[name]
 
 
 def test_itemsize_and_low_precision():

@@ -26,7 +26,7 @@ def test_arrays_for_graph_cast_the_stored_parameters_only():
     out = mxmp.convert_symbol(sym, 'bfloat16', cast_params=True)
     arrays = {'conv_weight': mx.nd.ones((8, 1, 3, 3)), 'bn_gamma': mx.nd.ones((8,)),
               'fc_weight': mx.nd.ones((10, 8), dtype='float16')}
-    got = strip.arrays_for_graph(out, arrays, 'bfloat16')
+    got = strip.arrays_for_graph(out, arrays)
     assert {k: dtype_name(v.dtype) for k, v in got.items()} == {
         'conv_weight': 'bfloat16', 'bn_gamma': 'float32', 'fc_weight': 'bfloat16'}
     back = strip.float32_arrays(got)

@@ -110,7 +110,7 @@ _TRAIN = textwrap.dedent('''
     # the user's arrays: the parameters in bfloat16, as after net.cast('bfloat16')
     user = {n: (v if n == 'data' else mx.nd.amp_cast(v, dtype=mx_dtype(lp)))
             for n, v in values.items()}
-    args = arrays_for_graph(out, user, lp)
+    args = arrays_for_graph(out, user)
     grads = {n: a.zeros_like() for n, a in args.items()}
     exe = out.bind(mx.cpu(), args=args, args_grad=grads)
     exe.forward(is_train=True)
@@ -163,5 +163,5 @@ def test_arrays_for_graph_gives_float32_for_a_re_stored_parameter():
     out = mxmp.convert_symbol(deconv_graph('bfloat16', bias=False), 'bfloat16')
     arrays = {'deconv_weight': mx.nd.amp_cast(mx.nd.ones((8, 4, 4, 4)),
                                               dtype=mxmp._src.dtypes.mx_dtype('bfloat16'))}
-    assert np.dtype(arrays_for_graph(out, arrays, 'bfloat16')['deconv_weight'].dtype) == \
+    assert np.dtype(arrays_for_graph(out, arrays)['deconv_weight'].dtype) == \
         np.float32

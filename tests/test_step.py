@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 from mxnet import autograd, nd
 
-from mxmp._src.distributed import (CastBuffers, broadcast_from_root, bytes_per_step,
-    exchange_dtype)
+from mxmp._src.distributed import KVStoreExchange, broadcast_from_root, bytes_per_step
 from mxmp._src.dtypes import dtype_name, mx_dtype
 from mxmp._src.scaling import (DynamicLossScaler, NoOpLossScaler, StaticLossScaler,
     from_state_dict)
@@ -101,8 +100,7 @@ def test_broadcast_from_root_sends_a_float32_copy_of_bfloat16_and_writes_every_d
     def send(key, wire):
         sent.append((key, dtype_name(wire.dtype)))
         wire[:] = nd.array([3.0, 4.0], dtype=wire.dtype)
-    assert broadcast_from_root([('w', arrays)], send,
-                               lambda own: exchange_dtype(own, None, 'horovod')) == ['w']
+    assert broadcast_from_root([('w', arrays)], send, 'horovod') == ['w']
     assert sent == [('w', 'float32')]
     for arr in arrays:
         assert dtype_name(arr.dtype) == 'bfloat16'
@@ -111,7 +109,7 @@ def test_broadcast_from_root_sends_a_float32_copy_of_bfloat16_and_writes_every_d
 
 def test_cast_buffers_round_trip_and_byte_count():
     grads = [nd.array([1.0, 2.0, 3.0])]
-    bufs = CastBuffers()
+    bufs = KVStoreExchange(1, None)
     with autograd.pause():
         out = bufs.cast_in(0, grads, 'float16')
         assert dtype_name(out[0].dtype) == 'float16'

@@ -18,14 +18,7 @@ from .errors import ParameterFileError
 from .training.checkpoint import save_atomic
 from .training.master_weights import master_value, set_master_value
 
-__all__ = ['ParameterFileError', 'structural_params', 'save_block_parameters',
-           'load_block_parameters']
-
-
-def structural_params(block):
-    """dict str -> Parameter: the names ``block.save_parameters`` writes in plain Gluon (a
-    shared Parameter under each of its names)."""
-    return block._collect_params_with_prefix()
+__all__ = ['ParameterFileError', 'save_block_parameters', 'load_block_parameters']
 
 
 def _value(param, dtype):
@@ -59,11 +52,10 @@ def save_block_parameters(block, filename, deduplicate=False, dtype='float32'):
     """
     if dtype is not None:
         dtype = normalize_dtype(dtype, allow_float32=True)
-    params = structural_params(block)
+    params = block._collect_params_with_prefix()   # the names of plain save_parameters
     if deduplicate:
-        last = {}     # as gluon 1.9.1: a shared Parameter is written under its last name
-        for name, param in params.items():
-            last[param] = name
+        # as gluon 1.9.1: a shared Parameter is written under its last name
+        last = {param: name for name, param in params.items()}
         params = {name: params[name] for name in last.values()}
     arrays = {}
     for name, param in params.items():
@@ -81,7 +73,7 @@ def save_block_parameters(block, filename, deduplicate=False, dtype='float32'):
 
 def _lookup(block):
     """Name resolution for a file's keys: structural names, then full parameter names."""
-    structural = structural_params(block)
+    structural = block._collect_params_with_prefix()
     full = {}
     for param in structural.values():
         full.setdefault(param.name, param)
@@ -157,12 +149,11 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
                     % (name, filename, _brief(loaded)))
     with autograd.pause():
         for _, param, value in chosen.values():
-            own = dtype_name(param.dtype) if param.dtype is not None else dtype_name(value.dtype)
+            own = dtype_name(param.dtype if param.dtype is not None else value.dtype)
+            cast = value
             if own != dtype_name(value.dtype):
                 cast = mx.nd.amp_cast(value, dtype=mx_dtype(own)) if own in (
                     'float32', 'float16', 'bfloat16') else value.astype(own)
-            else:
-                cast = value
             param._load_init(cast, ctx)
             set_master_value(param, value)
 

@@ -9,7 +9,7 @@ import ctypes
 import functools
 import os
 
-from .dtypes import normalize_dtype
+from .dtypes import mx_dtype, normalize_dtype
 
 __all__ = ['lp_kernels_available', 'MISSING_KERNEL_MESSAGE', 'to_default_layout']
 
@@ -70,10 +70,7 @@ def _probe(dtype, device_type, device_id):
     if dtype == 'float16' and device_type != 'gpu':
         return False
     ctx = mx.Context(device_type, device_id)
-    if dtype == 'bfloat16':
-        from mxnet.contrib.amp.amp import bfloat16 as target
-    else:
-        target = 'float16'
+    target = mx_dtype(dtype)
     try:
         with _quiet_stderr(), autograd.pause():
             x = nd.amp_cast(nd.ones((2, 8, 4, 4), ctx=ctx), dtype=target)

@@ -14,8 +14,7 @@ from .dtypes import dtype_name, itemsize, mx_dtype, normalize_dtype
 from .device import to_default_layout
 
 __all__ = ['EXCHANGE_DTYPES', 'check_grad_dtype', 'check_kvstore_args', 'exchange_dtype',
-           'wire_dtype', 'bytes_per_step', 'CastBuffers', 'broadcast_from_root',
-           'KVStoreExchange', 'broadcast_initial']
+           'bytes_per_step', 'broadcast_from_root', 'KVStoreExchange', 'broadcast_initial']
 
 #: Values accepted for ``grad_dtype`` (None: each gradient's own dtype, see exchange_dtype).
 EXCHANGE_DTYPES = ('float32', 'float16', 'bfloat16')
@@ -69,44 +68,11 @@ def exchange_dtype(own_dtype, requested, kv_type):
     return out
 
 
-def wire_dtype(dtype, kv_type):
-    """The dtype a weight of ``dtype`` has in the kvstore (bfloat16 -> float32 on dist)."""
-    return 'float32' if dtype == 'bfloat16' and _no_bfloat16(kv_type) else dtype
-
-
 def bytes_per_step(params, dtype_of):
     """int: gradient bytes one worker sends per step: over ``params`` with a gradient,
     elements x bytes of ``dtype_of(param)`` (the exchange dtype); deferred shapes count 0."""
     return int(sum(int(np.prod(p.shape)) * itemsize(dtype_of(p))
                    for p in params if p.grad_req != 'null'))
-
-
-class CastBuffers:
-    """Arrays of an exchange dtype that gradients are cast into for the reduction, and back;
-    per key, allocated on first use and again when the gradient's shape changes."""
-
-    def __init__(self):
-        self._buffers = {}   # key -> list of NDArray (one per device)
-
-    def cast_in(self, key, grads, dtype):
-        """``grads`` cast to ``dtype`` (dtype name): ``grads`` itself if they have it already,
-        else this key's buffers, holding the cast values."""
-        if dtype_name(grads[0].dtype) == dtype:
-            return grads
-        bufs = self._buffers.get(key)
-        if bufs is None or bufs[0].shape != grads[0].shape:
-            bufs = [nd.zeros(g.shape, ctx=g.context, dtype=mx_dtype(dtype)) for g in grads]
-            self._buffers[key] = bufs
-        for g, b in zip(grads, bufs):
-            nd.amp_cast(g, dtype=b.dtype, out=b)
-        return bufs
-
-    @staticmethod
-    def cast_out(bufs, grads):
-        """Write the reduced ``bufs`` back into ``grads`` (nothing if they are the same)."""
-        if bufs is not grads:
-            for g, b in zip(grads, bufs):
-                nd.amp_cast(b, dtype=g.dtype, out=g)
 
 
 def check_kvstore_args(kvstore, update_on_kvstore):
@@ -127,7 +93,7 @@ def check_kvstore_args(kvstore, update_on_kvstore):
     return kv_type
 
 
-def broadcast_from_root(entries, send, wire_dtype=None):
+def broadcast_from_root(entries, send, kv_type=None):
     """Overwrite every weight with the root worker's value, in place, and wait for it.
 
     Args:
@@ -135,7 +101,8 @@ def broadcast_from_root(entries, send, wire_dtype=None):
             one per device (the first is sent, as a fresh copy in the default layout).
         send (callable): ``send(key, wire)`` replaces NDArray ``wire`` in place with the
             root's value of ``key`` (``kv.init`` and ``kv.pull``, or ``hvd.broadcast_``).
-        wire_dtype (callable or None): own dtype name -> the dtype it travels in.
+        kv_type (str or None): the backend (a kvstore type or ``'horovod'``); a weight travels
+            in :func:`exchange_dtype` ``(own, None, kv_type)``.
 
     Returns:
         list: the keys broadcast, in order. One host synchronisation per weight.
@@ -143,7 +110,7 @@ def broadcast_from_root(entries, send, wire_dtype=None):
     done = []
     for key, arrays in entries:
         own = dtype_name(arrays[0].dtype)
-        dtype = own if wire_dtype is None else wire_dtype(own)
+        dtype = exchange_dtype(own, None, kv_type)
         with autograd.pause():
             to_default_layout(arrays[0])
             wire = nd.amp_cast(arrays[0], dtype=mx_dtype(dtype)) if dtype != own \
@@ -165,19 +132,41 @@ class KVStoreExchange:
         grad_dtype (str or None): the checked ``grad_dtype`` (:func:`check_grad_dtype`).
 
     The extra key of Parameter ``i`` is initialised on first use, on every worker in the same
-    order (a dist kvstore's ``init`` is a barrier); its cast buffers are made once per shape.
+    order (a dist kvstore's ``init`` is a barrier). Gradients are cast into buffers of their
+    exchange dtype for the reduction, and back; per key, made again when the shape changes.
     """
 
     def __init__(self, num_params, grad_dtype):
         self.grad_dtype = grad_dtype
         self._num_params = num_params
-        self._casts = CastBuffers()
+        self._buffers = {}   # key -> list of NDArray (one per device)
         self._inited = set()
 
-    def dtype(self, param, kv):
-        """str: the dtype ``param``'s gradient travels in over ``kv`` (its own without one)."""
+    def dtype(self, param, kv_type):
+        """str: the dtype ``param``'s gradient travels in over a reduction of ``kv_type`` (str,
+        ``'horovod'`` for Horovod; None: none, its own dtype)."""
         own = dtype_name(param.dtype)
-        return exchange_dtype(own, self.grad_dtype, kv.type) if kv else own
+        return exchange_dtype(own, self.grad_dtype, kv_type) if kv_type else own
+
+    def cast_in(self, key, grads, dtype):
+        """``grads`` cast to ``dtype`` (dtype name): ``grads`` itself if they have it already,
+        else this key's buffers, holding the cast values."""
+        if dtype_name(grads[0].dtype) == dtype:
+            return grads
+        bufs = self._buffers.get(key)
+        if bufs is None or bufs[0].shape != grads[0].shape:
+            bufs = [nd.zeros(g.shape, ctx=g.context, dtype=mx_dtype(dtype)) for g in grads]
+            self._buffers[key] = bufs
+        for g, b in zip(grads, bufs):
+            nd.amp_cast(g, dtype=b.dtype, out=b)
+        return bufs
+
+    @staticmethod
+    def cast_out(bufs, grads):
+        """Write the reduced ``bufs`` back into ``grads`` (nothing if they are the same)."""
+        if bufs is not grads:
+            for g, b in zip(grads, bufs):
+                nd.amp_cast(b, dtype=g.dtype, out=g)
 
     def reduce(self, kv, params, distributed):
         """Sum every gradient of ``params`` (list of Parameter) across devices and workers
@@ -186,7 +175,7 @@ class KVStoreExchange:
             if param.grad_req == 'null':
                 continue
             grads = param.list_grad()
-            own, dtype = dtype_name(param.dtype), self.dtype(param, kv)
+            own, dtype = dtype_name(param.dtype), self.dtype(param, kv.type)
             if grads[0].stype != 'default':
                 kv.push(i, grads, priority=-i)
                 if param._stype == 'default':
@@ -194,22 +183,22 @@ class KVStoreExchange:
             elif dtype == own:
                 kv.pushpull(i, grads, priority=-i)
             else:
-                own_key = wire_dtype(own, kv.type) == dtype
+                own_key = exchange_dtype(own, None, kv.type) == dtype
                 key = i if own_key else i + self._num_params
                 with autograd.pause():
-                    bufs = self._casts.cast_in(i, grads, dtype)
+                    bufs = self.cast_in(i, grads, dtype)
                     if key not in self._inited and not own_key:
                         kv.init(key, nd.zeros(grads[0].shape, ctx=grads[0].context,
                                               dtype=bufs[0].dtype))
                         self._inited.add(key)
                     kv.pushpull(key, bufs, priority=-i)
-                    self._casts.cast_out(bufs, grads)
+                    self.cast_out(bufs, grads)
 
 
 def broadcast_initial(kv, params, index_of, masters):
     """Give every worker worker 0's initial weights through a dist kvstore, and wait for them
     (docs/distributed.md: a late pull would write the summed gradient into the weight). A
-    low-precision Parameter travels as the root's float32 value, every worker's master.
+    low-precision Parameter travels as the root's float32 master, every worker's master.
 
     Args:
         kv (KVStore): the dist kvstore.
@@ -222,35 +211,15 @@ def broadcast_initial(kv, params, index_of, masters):
     """
     from .training.master_weights import is_low_precision
     ready = [p for p in params if not p._deferred_init and p._stype == 'default']
+    low = {p: masters.of(index_of(p)) for p in ready if is_low_precision(p)}
 
     def send(idx, wire):
         kv.init(idx, wire)
         kv.pull(idx, out=wire)
-    entries, low = [], []
-    for p in ready:
-        idx = index_of(p)
-        if is_low_precision(p):
-            source = _float32_source(p)
-            low.append((idx, p, source))
-            entries.append((idx, source))
-        else:
-            entries.append((idx, p.list_data()))
-    broadcast_from_root(entries, send, lambda own: wire_dtype(own, kv.type))
+    broadcast_from_root([(index_of(p), low.get(p, p.list_data())) for p in ready], send,
+                        kv.type)
     with autograd.pause():
-        for idx, p, source in low:
+        for p, source in low.items():
             for arr, value in zip(p.list_data(), source):
                 nd.amp_cast(value, dtype=arr.dtype, out=arr)
-            masters.set_pending(idx, source[0])
     return ready
-
-
-def _float32_source(param):
-    """float32 arrays (one per device) of a low-precision Parameter's full-precision value:
-    its values before ``cast_params`` rounded them if kept, else its values widened."""
-    from .gluon_graph import unrounded_values
-    arrays = unrounded_values(param)
-    if arrays is not None:
-        return [a.copy() for a in arrays]
-    with autograd.pause():
-        to_default_layout(param.list_data())
-        return [nd.amp_cast(a, dtype='float32') for a in param.list_data()]

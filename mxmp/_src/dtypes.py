@@ -3,13 +3,11 @@ dtype), MXNet's dtype objects and mshadow's enum of ``__dtype__`` attributes. Im
 """
 import numpy as np
 
-__all__ = ['TARGET_DTYPES', 'LOW_PRECISION_DTYPES', 'MSHADOW_ENUM', 'dtype_name',
-           'is_low_precision', 'normalize_dtype', 'mshadow_enum', 'from_mshadow_enum',
-           'itemsize', 'mx_dtype']
+__all__ = ['LOW_PRECISION_DTYPES', 'MSHADOW_ENUM', 'dtype_name', 'is_low_precision',
+           'normalize_dtype', 'from_mshadow_enum', 'itemsize', 'mx_dtype']
 
-#: The target dtypes mxmp converts to: float16 (NVIDIA GPUs) and bfloat16 (CPUs with oneDNN).
-TARGET_DTYPES = ('float16', 'bfloat16')
-#: Dtypes whose weights get float32 master weights.
+#: The target dtypes mxmp converts to (float16 for NVIDIA GPUs, bfloat16 for CPUs with
+#: oneDNN), whose weights get float32 master weights.
 LOW_PRECISION_DTYPES = ('float16', 'bfloat16')
 #: mshadow's type enum (``include/mshadow/base.h``, MXNet 1.9.1), the value of a graph
 #: variable's ``__dtype__`` attribute.
@@ -47,7 +45,7 @@ def normalize_dtype(dtype, allow_float32=False):
     Raises:
         ValueError: any other dtype; the message names the accepted ones.
     """
-    accepted = TARGET_DTYPES + (('float32',) if allow_float32 else ())
+    accepted = LOW_PRECISION_DTYPES + (('float32',) if allow_float32 else ())
     if isinstance(dtype, str):
         name = dtype.lower()
     else:
@@ -60,15 +58,6 @@ def normalize_dtype(dtype, allow_float32=False):
             'unknown target dtype %r: mxmp converts to %s (float16 for NVIDIA GPUs, bfloat16 '
             'for CPUs with oneDNN)' % (dtype, ' or '.join(repr(a) for a in accepted)))
     return name
-
-
-def mshadow_enum(dtype):
-    """str: mshadow's enum value (as a graph's ``__dtype__`` attribute holds it) of ``dtype``.
-
-    Raises:
-        KeyError: a dtype MXNet graphs cannot pin (e.g. complex).
-    """
-    return MSHADOW_ENUM[dtype_name(dtype)]
 
 
 def from_mshadow_enum(value):

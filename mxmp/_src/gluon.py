@@ -124,7 +124,8 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
         raise ValueError(
             '%s is already converted by mxmp (target dtype %s); converting it again with other '
             'settings would mix two policies. Build the network anew (or load its float32 '
-            'checkpoint into a new one) and convert that.' % (block.name, previous.target_dtype))
+            'checkpoint into a new one) and convert that.'
+            % (block.name, previous.policy.target_dtype))
     install()
     def register(child):   # the block and every HybridBlock inside it (Block.apply)
         if isinstance(child, gluon.HybridBlock):
@@ -167,9 +168,6 @@ def _cast_params_now(block, policy):
             _cast_parameter(params[name], mx_dtype(policy.target_dtype))
 
 
-# ---------------------------------------------------------------------------------------------
-# The hook: wrappers of HybridBlock's methods
-# ---------------------------------------------------------------------------------------------
 def _applies(block):
     """The Conversion for ``block``'s graph: its own, else the switch's (not for SymbolBlocks,
     whose graph was not built by operators, as with contrib.amp's init)."""
@@ -239,7 +237,7 @@ def _forward(self, x, *args):
         warnings.warn(
             '%s (%s) runs imperatively, in float32: mxmp.amp.init applies to the graphs of '
             'hybridized blocks. Call net.hybridize() before running it to compute in %s.'
-            % (self.name, type(self).__name__, conversion.target_dtype), stacklevel=3)
+            % (self.name, type(self).__name__, conversion.policy.target_dtype), stacklevel=3)
     _LOCAL.depth = depth + 1
     try:
         return _ORIGINAL['forward'](self, x, *args)

@@ -11,6 +11,7 @@ calls, ``Parameter.set_data``). A block keeping float32 weights gets a twin of i
 ``cast_params=True`` graph fed with target-dtype copies. Measurements: docs/pass.md.
 """
 import dataclasses
+import functools
 import logging
 import os
 import weakref
@@ -38,7 +39,6 @@ logger = logging.getLogger('mxmp.gluon')
 _UNROUNDED = weakref.WeakKeyDictionary()
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Conversion:
     """How a network is converted (:func:`mxmp.convert` describes each field).
@@ -52,22 +52,6 @@ class Conversion:
     fuse_inference: Union[str, bool] = 'auto'
     pad_stem: Union[str, bool] = 'auto'
 
-    @property
-    def target_dtype(self):
-        """str: ``'bfloat16'`` or ``'float16'``."""
-        return self.policy.target_dtype
-
-    def policy_on(self, ctx):
-        """The policy for a graph that runs on ``ctx``: :meth:`mxmp.Policy.on`."""
-        return self.policy.on(ctx)
-
-
-def _context(args):
-    for a in args:
-        if isinstance(a, mx.nd.NDArray):
-            return a.context
-    return mx.current_context()
-
 
 def rewrite(block, conversion, inputs, sym, args, ctx=None):
     """The :class:`BuiltGraph` of ``block`` (a HybridBlock) for the float32 graph ``sym`` MXNet
@@ -77,8 +61,9 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
     """
     from mxnet.gluon.block import _flatten
     flat = [a for a in _flatten(args, 'input')[0] if a is not None]
-    ctx = ctx or _context(flat)
-    policy = conversion.policy_on(ctx)
+    ctx = ctx or next((a.context for a in flat if isinstance(a, mx.nd.NDArray)),
+                      mx.current_context())
+    policy = conversion.policy.on(ctx)
     names = tuple(s.name for s in inputs)
     dtypes = {s.name: from_mshadow_enum(s.attr('__dtype__'))
               for s in inputs if s.attr('__dtype__')}
@@ -99,9 +84,22 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
     logger.info('mxmp: %s graph in %s%s: %d casts, %d parameters stored in %s', block.name,
                 policy.target_dtype, ' (emulated)' if policy.emulate else '',
                 count_casts(converted)['amp_cast'], len(lp_names), policy.target_dtype)
-    built = BuiltGraph(block, conversion, policy, sym, converted, names, dtypes)
+    precast = None
+    if not policy.cast_params and not policy.emulate:   # the fused twin takes low weights
+        precast = functools.partial(_precast_graph, sym, policy, dtypes, names, converted)
+    built = BuiltGraph(block, conversion.fuse_inference, policy, converted, precast)
     built.unrounded = [params[n] for n in lp_names if n in params]
     return built
+
+
+def _precast_graph(float32_symbol, policy, data_dtypes, data_names, symbol, args):
+    """The fused twin's graph of ``symbol``: weights taken in the target dtype (module
+    docstring), as :class:`FusedInference`'s ``precast``."""
+    graph = convert_symbol(float32_symbol, policy=policy, data_dtypes=data_dtypes,
+                           cast_params=True, data_names=data_names)
+    if padded_convolutions(symbol):
+        graph = pad_stem_of(graph, {n: a.shape for n, a in zip(data_names, args)})
+    return graph, cast_param_names(graph), mx_dtype(policy.target_dtype)
 
 
 class BuiltGraph:
@@ -109,42 +107,22 @@ class BuiltGraph:
 
     Attributes:
         symbol (Symbol): the converted graph (what the block's CachedOp runs).
-        float32_symbol (Symbol): the graph MXNet traced, before the pass.
         policy (mxmp.Policy): the policy it was converted with (emulation decided).
         fused (FusedInference or None): the oneDNN-fused inference twin (built at first use).
     """
 
-    def __init__(self, block, conversion, policy, float32_symbol, symbol, data_names,
-                 data_dtypes):
-        self.conversion = conversion
+    def __init__(self, block, fuse_inference, policy, symbol, precast):
+        self.fuse_inference = fuse_inference
         self.policy = policy
-        self.float32_symbol = float32_symbol
         self.symbol = symbol
-        self._data_names = data_names
-        self._data_dtypes = data_dtypes
-        params = block.collect_params()
         grouped = _grouped_weights_cast_in_graph(symbol)
-        self._grouped = [p for n, p in params.items() if n in grouped]
-        self.fused = None
+        self._grouped = [p for n, p in block.collect_params().items() if n in grouped]
         self.unrounded = []   # Parameters whose float32 values _UNROUNDED may still hold
-        if conversion.fuse_inference is not False:
-            precast = None
-            if not policy.cast_params and not policy.emulate:
-                precast = self._precast
-            self.fused = FusedInference(block, precast)
-
-    def _precast(self, args):
-        """The twin's graph: weights taken in the target dtype (module docstring)."""
-        graph = convert_symbol(self.float32_symbol, policy=self.policy,
-                               data_dtypes=self._data_dtypes, cast_params=True,
-                               data_names=self._data_names)
-        if padded_convolutions(self.symbol):
-            graph = pad_stem_of(graph, {n: a.shape for n, a in zip(self._data_names, args)})
-        return graph, cast_param_names(graph), mx_dtype(self.policy.target_dtype)
+        self.fused = None if fuse_inference is False else FusedInference(block, precast)
 
     def fuses(self, ctx):
         """bool: whether an inference call on ``ctx`` runs the fused graph."""
-        option = self.conversion.fuse_inference
+        option = self.fuse_inference
         if self.fused is None or autograd.is_training() or ctx.device_type != 'cpu':
             return False
         if option == 'auto':
@@ -244,20 +222,9 @@ def count_fused(sym):
 
 
 def fuse_symbol(sym, arg_params=None, aux_params=None, shapes=None, ctx=None):
-    """``sym`` (an inference graph) partitioned by oneDNN's fusion (``optimize_for('MKLDNN')``).
-
-    Args:
-        sym (mxnet.sym.Symbol): the graph (casts allowed).
-        arg_params, aux_params (dict of str -> NDArray): its parameters (shapes and dtypes).
-        shapes (dict of str -> tuple of int): data input shapes; without them nothing fuses.
-        ctx (mxnet.Context): default ``mx.cpu()``.
-
-    Returns:
-        mxnet.sym.Symbol: the fused graph (inference only; plain MXNet with oneDNN runs it).
-
-    Raises:
-        mxnet.base.MXNetError: the backend refused the graph.
-    """
+    """``sym`` (an inference graph, casts allowed) partitioned by oneDNN's fusion
+    (``optimize_for('MKLDNN')``; inference only, plain MXNet with oneDNN runs it). Without the
+    data input ``shapes`` nothing fuses; MXNetError where the backend refuses the graph."""
     return sym.optimize_for(BACKEND, dict(arg_params or {}), dict(aux_params or {}),
                             ctx or mx.cpu(), shape_dict=dict(shapes or {}))
 
@@ -306,36 +273,28 @@ class FusedInference:
     def _arrays(self):
         return [p._data[0] if p._data else None for p in self._params]
 
-    def _current(self):
-        """Whether the twin was built on the arrays the parameters hold now (by identity)."""
-        return self.twin is not None and all(a is b for a, b in zip(self._arrays(), self._key))
-
     def __call__(self, *args):
         """Run the fused graph on NDArrays; None when fusion was refused (use the unfused one)."""
         if self.refused is not None:
             return None
-        if self._current():
-            return self.twin(*args)
+        if self.twin is not None and all(a is b for a, b in zip(self._arrays(), self._key)):
+            return self.twin(*args)   # built on the arrays the parameters hold now
         unsafe = unsafe_outputs(self.block._cached_graph[1])
+        self.reset()  # the old fused graph's memory can go before the new one is made
         if unsafe:
             self.refused = ('output %s also feeds another node, where MXNet\'s fusion can '
                             'return a wrong value' % ', '.join(unsafe))
-            logger.warning('%s: not fused (%s); inference runs the unfused graph',
-                           self.block.name, self.refused)
-            return None
-        self.reset()  # the old fused graph's memory can go before the new one is made
-        try:
-            twin = self._build(args)
-            out = twin(*args)
-            for o in (out if isinstance(out, (list, tuple)) else [out]):
-                o.wait_to_read()  # a refusal surfaces here, not later and far from the cause
-            fused = count_fused(twin._cached_graph[1])
-        except Exception as err:  # pylint: disable=broad-except  (logged, then unfused)
-            self.refused = '%s: %s' % (type(err).__name__, str(err).strip().splitlines()[0]
-                                       if str(err).strip() else '')
         else:
-            if fused == 0:
-                self.refused = 'no fusible pattern in the graph'
+            try:
+                twin = self._build(args)
+                out = twin(*args)
+                for o in (out if isinstance(out, (list, tuple)) else [out]):
+                    o.wait_to_read()  # a refusal surfaces here, not later and far from the cause
+                if count_fused(twin._cached_graph[1]) == 0:
+                    self.refused = 'no fusible pattern in the graph'
+            except Exception as err:  # pylint: disable=broad-except  (logged, then unfused)
+                self.refused = '%s: %s' % (type(err).__name__, str(err).strip().splitlines()[0]
+                                           if str(err).strip() else '')
         if self.refused is not None:
             logger.warning('%s: oneDNN fusion refused (%s); inference runs the unfused graph',
                            self.block.name, self.refused)

@@ -118,16 +118,14 @@ def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data
     """The mixed-precision model ``(graph, arg_params, aux_params)``: :func:`mxmp.convert_symbol`'s
     graph; arrays float32 except those the graph stores or pins (``__dtype__``) to another
     dtype, which plain MXNet needs in that dtype to bind. CLIError if the pass refuses it."""
-    from .graph.strip import arrays_for_graph, cast_to_graph, float32_arrays
+    from .graph.strip import arrays_for_graph
     from .graph.convert import convert_symbol
     try:
         out = convert_symbol(sym, dtype, cast_params=cast_params, emulate=emulate,
                              data_names=data_names)
     except ValueError as err:
         raise CLIError(str(err)) from None
-    arg_params = cast_to_graph(out, arrays_for_graph(out, arg_params, dtype))
-    aux_params = cast_to_graph(out, float32_arrays(aux_params))
-    return out, arg_params, aux_params
+    return out, arrays_for_graph(out, arg_params), arrays_for_graph(out, aux_params)
 
 
 def fuse_model(sym, arg_params, aux_params, shapes, data_names):

@@ -22,12 +22,10 @@ DEFAULT_STATIC_SCALE = 2.0 ** 16
 
 def _positive_finite(name, value):
     """Return ``value`` as a float; ValueError naming ``name`` unless it is finite and > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value <= 0:
         raise ValueError('%s must be a positive finite number, got %r' % (name, value))
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError('%s must be a positive finite number, got %r' % (name, value))
-    return value
+    return float(value)
 
 
 def _integer(value, low, high=None):
@@ -45,9 +43,13 @@ def _require(condition, message, *args):
 @dataclasses.dataclass(frozen=True)
 class LossScaler:
     """Common base of the loss scalers (an immutable value; TypeError if instantiated): every
-    one has ``scale`` (float), ``enabled``, ``dynamic`` (the owner checks gradients on every
-    step) and the pure ``adjust``, ``state_dict`` and ``load_state_dict``."""
+    one has ``scale`` (float), ``enabled`` (bool: the loss is scaled at all; False only for
+    NoOpLossScaler), ``dynamic`` (bool: the scale changes with overflow and the owner checks
+    gradients on every step; only DynamicLossScaler) and the pure ``adjust``, ``state_dict``
+    and ``load_state_dict``."""
 
+    enabled = True
+    dynamic = False
     _CONFIG_FIELDS = ()     # configuration fields, checked on load
     _STATE_FIELDS = ()      # running state, restored on load
     _OPTIONAL_FIELDS = {}   # fields a saved state may miss -> value assumed
@@ -57,16 +59,6 @@ class LossScaler:
             raise TypeError('LossScaler is the abstract base; use NoOpLossScaler, '
                             'StaticLossScaler or DynamicLossScaler (or make_loss_scaler)')
 
-    @property
-    def enabled(self) -> bool:
-        """bool: whether the loss is scaled at all (False only for NoOpLossScaler)."""
-        return True
-
-    @property
-    def dynamic(self) -> bool:
-        """bool: whether the scale changes with overflow (only DynamicLossScaler)."""
-        return False
-
     def adjust(self, finite: bool) -> 'LossScaler':
         """The scaler for the next step given whether this step's gradients were all finite
         (``finite``, bool); ``self`` for the static and no-op scalers."""
@@ -75,10 +67,8 @@ class LossScaler:
 
     def state_dict(self) -> dict:
         """Return the scaler as a JSON-serialisable dict: ``{'class': name, <field>: value}``."""
-        d = {'class': type(self).__name__}
-        for name in self._CONFIG_FIELDS + self._STATE_FIELDS:
-            d[name] = getattr(self, name)
-        return d
+        fields = self._CONFIG_FIELDS + self._STATE_FIELDS
+        return {'class': type(self).__name__, **{n: getattr(self, n) for n in fields}}
 
     def load_state_dict(self, state: dict) -> 'LossScaler':
         """A new scaler with this configuration and the running state in ``state`` (dict, from
@@ -106,12 +96,8 @@ class LossScaler:
                 raise ValueError('loss scaler configuration mismatch: %s is %r in the saved '
                                  'state but %r in this %s' % (name, theirs, mine,
                                                               type(self).__name__))
-        if not self._STATE_FIELDS:
-            return self
-        try:
-            return dataclasses.replace(self, **{n: state[n] for n in self._STATE_FIELDS})
-        except (TypeError, ValueError) as err:
-            raise ValueError('invalid loss scaler state %r: %s' % (state, err)) from None
+        saved = {n: state[n] for n in self._STATE_FIELDS}
+        return from_state_dict(dict(self.state_dict(), **saved))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,11 +106,7 @@ class NoOpLossScaler(LossScaler):
     no multiply, no overflow check, no skipped step. The default for bfloat16 and float32."""
 
     scale: float = dataclasses.field(default=1.0, init=False)
-
-    @property
-    def enabled(self) -> bool:
-        """bool: always False."""
-        return False
+    enabled = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +165,7 @@ class DynamicLossScaler(LossScaler):
                       'min_scale', 'max_scale', 'max_overflows_at_floor')
     _STATE_FIELDS = ('scale', 'counter', 'overflows_at_floor')
     _OPTIONAL_FIELDS = {'max_overflows_at_floor': 10, 'overflows_at_floor': 0}
+    dynamic = True
 
     def __post_init__(self):
         setf = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -207,11 +190,6 @@ class DynamicLossScaler(LossScaler):
             _require(_integer(getattr(self, name), 0), '%s must be an integer >= 0, got %r',
                      name, getattr(self, name))
 
-    @property
-    def dynamic(self) -> bool:
-        """bool: always True."""
-        return True
-
     def adjust(self, finite: bool) -> 'DynamicLossScaler':
         """A new scaler with ``scale``, ``counter`` and ``overflows_at_floor`` updated by the
         rule of the class docstring (``finite``: every gradient of the step was finite)."""
@@ -231,10 +209,6 @@ class DynamicLossScaler(LossScaler):
     def stuck_at_floor(self) -> bool:
         """bool: ``overflows_at_floor`` reached ``max_overflows_at_floor`` (never if it is 0)."""
         return 0 < self.max_overflows_at_floor <= self.overflows_at_floor
-
-
-_SPECS = ("None/'auto' (dynamic for float16, none for bfloat16/float32), 'dynamic', "
-          "'static', 'none'/False, a positive number (static scale) or a LossScaler instance")
 
 
 def make_loss_scaler(spec, target_dtype) -> LossScaler:
@@ -269,7 +243,9 @@ def make_loss_scaler(spec, target_dtype) -> LossScaler:
             'none': NoOpLossScaler}.get(key)
     if made is not None:
         return made()
-    raise ValueError('unknown loss_scaler %r; accepted: %s' % (spec, _SPECS))
+    raise ValueError("unknown loss_scaler %r; accepted: None/'auto' (dynamic for float16, none "
+                     "for bfloat16/float32), 'dynamic', 'static', 'none'/False, a positive "
+                     "number (static scale) or a LossScaler instance" % (spec,))
 
 
 _CLASSES = {c.__name__: c for c in (NoOpLossScaler, StaticLossScaler, DynamicLossScaler)}

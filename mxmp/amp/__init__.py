@@ -7,8 +7,8 @@
 The names and signatures are those of ``mxnet/contrib/amp/amp.py`` in MXNet 1.9.1; what
 differs and why: docs/from_contrib_amp.md.
 """
-from .._src.amp.contrib_amp import (_TrainerLossScaler, _policy, convert_hybrid_block,  # noqa: F401
-    convert_model, convert_symbol, disable, init, init_trainer, scale_loss, unscale)
+from .._src.amp.contrib_amp import (_policy, convert_hybrid_block, convert_model,  # noqa: F401
+    convert_symbol, disable, init, init_trainer, scale_loss, unscale)
 from .._src.errors import AmpListConflict
 from . import lists
 from .lists import (list_conditional_fp32_ops, list_fp32_ops, list_loss_output_functions,

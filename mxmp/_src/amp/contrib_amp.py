@@ -41,34 +41,29 @@ def _dtype(target_dtype):
 
 
 def _names(value, what):
-    if value is None:
-        return ()
-    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+    """A list of operator names as a tuple (None stays None: the default list)."""
+    if value is not None and (isinstance(value, str) or
+                              not all(isinstance(v, str) for v in value)):
         raise ValueError('%s must be a list of operator names, got %r' % (what, value))
-    return tuple(value)
+    return None if value is None else tuple(value)
 
 
 def _conditional(value):
     """contrib.amp's ``conditional_fp32_ops`` as the policy's rules, in the given order."""
-    return () if value is None else conditional_rules(value, 'conditional_fp32_ops', tuple)
+    return None if value is None else conditional_rules(value, 'conditional_fp32_ops', tuple)
 
 
 def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names):
-    """The mxmp Policy of a convert call (:func:`mxmp._src.amp.convert.policy_for`)."""
+    """The mxmp Policy of a convert call (:func:`mxmp._src.amp.lists.policy_for`)."""
     from .lists import policy_for
-    if excluded_sym_names is not None and (isinstance(excluded_sym_names, str) or
-                                           not isinstance(excluded_sym_names, (list, tuple,
-                                                                               set))):
+    if excluded_sym_names is not None and not isinstance(excluded_sym_names, (list, tuple, set)):
         raise ValueError('excluded_sym_names must be a list of node names, got %r'
                          % (excluded_sym_names,))
     return policy_for(
-        _dtype(target_dtype),
-        None if target_dtype_ops is None else _names(target_dtype_ops, 'target_dtype_ops'),
-        None if fp32_ops is None else _names(fp32_ops, 'fp32_ops'),
-        None if conditional_fp32_ops is None else _conditional(conditional_fp32_ops),
-        excluded_names=set(excluded_sym_names or ()),
-        init_lp=_CONFIG.lp_ops, init_fp32=_CONFIG.fp32_ops,
-        init_conditional=_CONFIG.conditional_fp32_ops)
+        _dtype(target_dtype), _names(target_dtype_ops, 'target_dtype_ops'),
+        _names(fp32_ops, 'fp32_ops'), _conditional(conditional_fp32_ops),
+        excluded_names=set(excluded_sym_names or ()), init_lp=_CONFIG.lp_ops,
+        init_fp32=_CONFIG.fp32_ops, init_conditional=_CONFIG.conditional_fp32_ops)
 
 
 def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops=None,
@@ -96,8 +91,9 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
     """
     global _CONFIG  # pylint: disable=global-statement
     from ..gluon import Conversion, set_global
-    config = _Config(_dtype(target_dtype), _names(target_precision_ops, 'target_precision_ops'),
-                     _names(fp32_ops, 'fp32_ops'), _conditional(conditional_fp32_ops))
+    config = _Config(_dtype(target_dtype),
+                     _names(target_precision_ops, 'target_precision_ops') or (),
+                     _names(fp32_ops, 'fp32_ops') or (), _conditional(conditional_fp32_ops) or ())
     _CONFIG = config
     set_global(Conversion(_policy(config.target_dtype, None, None, None, None)))
     logger.info('mxmp.amp: mixed precision (%s) on for Gluon graphs built from now on',
@@ -116,9 +112,6 @@ def disable():
     set_global(None)
 
 
-# ---------------------------------------------------------------------------------------------
-# The convert calls
-# ---------------------------------------------------------------------------------------------
 def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
                    conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
                    cast_optional_params=False):
@@ -152,19 +145,14 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
         ValueError: unknown dtype; malformed lists; an already converted graph.
     """
     from ..graph.convert import convert_symbol as _convert
+    from ..graph.symbol_json import load
     policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names)
-    if data_names is None:
-        data_names = _undeclared_inputs(sym)
+    if data_names is None:   # contrib.amp's data inputs: the inputs without a __dtype__
+        data_names = [n['name'] for n in load(sym)['nodes']
+                      if n['op'] == 'null' and '__dtype__' not in n.get('attrs', {})]
     return _convert(sym, policy=policy, data_names=tuple(data_names),
                     cast_params=True if cast_optional_params else None)
-
-
-def _undeclared_inputs(sym):
-    """The inputs of ``sym`` without a ``__dtype__`` attribute (contrib.amp's data inputs)."""
-    from ..graph.symbol_json import load
-    return [n['name'] for n in load(sym)['nodes']
-            if n['op'] == 'null' and '__dtype__' not in n.get('attrs', {})]
 
 
 def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_ops=None,
@@ -191,8 +179,8 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
     out = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                          excluded_sym_names, data_names, cast_optional_params)
-    from ..graph.strip import cast_to_graph
-    return out, cast_to_graph(out, arg_params), cast_to_graph(out, aux_params)
+    from ..graph.strip import arrays_for_graph
+    return out, arrays_for_graph(out, arg_params), arrays_for_graph(out, aux_params)
 
 
 def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
@@ -239,9 +227,6 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     return convert(copy, policy=policy, cast_params=True if cast_optional_params else None)
 
 
-# ---------------------------------------------------------------------------------------------
-# Loss scaling with a gluon.Trainer
-# ---------------------------------------------------------------------------------------------
 class _TrainerLossScaler(Step):
     """The training step (:class:`mxmp._src.training.step.Step`) :func:`init_trainer` puts in
     ``trainer._amp_loss_scaler``, which ``gluon.Trainer._update`` (MXNet 1.9.1) asks
@@ -269,15 +254,12 @@ class _TrainerLossScaler(Step):
         return not finite
 
 
-def _is_native_trainer(obj):
-    from ..training.trainer import Trainer
-    return isinstance(obj, Trainer)
-
-
-def _check_trainer(optimizer_or_trainer):
+def _is_native(optimizer_or_trainer):
+    """Whether it is an mxmp.Trainer (else a gluon.Trainer); TypeError for anything else."""
     from mxnet import gluon, optimizer
+    from ..training.trainer import Trainer
     if isinstance(optimizer_or_trainer, gluon.Trainer):
-        return
+        return isinstance(optimizer_or_trainer, Trainer)
     if isinstance(optimizer_or_trainer, optimizer.Optimizer):
         raise TypeError('mxmp.amp works with a gluon.Trainer (or mxmp.Trainer), not a bare '
                         'Optimizer (as contrib.amp); for the Symbolic Module use mxmp.Module')
@@ -302,9 +284,8 @@ def init_trainer(optimizer_or_trainer):
         TypeError: not a Trainer (a bare Optimizer is refused, as in contrib.amp).
         ValueError: the Trainer updates on the kvstore.
     """
-    _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
-    if _is_native_trainer(trainer):
+    if _is_native(trainer):
         return
     config = getattr(trainer, '_kvstore_params', {})
     if config.get('update_on_kvstore') or (trainer._kv_initialized and
@@ -317,8 +298,7 @@ def init_trainer(optimizer_or_trainer):
     if dtype is None:
         from ..gluon import policy_of
         marks = {policy_of(p).target_dtype for p in trainer._params if policy_of(p)}
-        dtype = 'float16' if 'float16' in marks else ('bfloat16' if 'bfloat16' in marks
-                                                       else 'float16')
+        dtype = 'bfloat16' if marks == {'bfloat16'} else 'float16'
     trainer._amp_loss_scaler = _TrainerLossScaler(make_loss_scaler(None, dtype))
     trainer._amp_original_scale = trainer._scale
 
@@ -349,9 +329,8 @@ def scale_loss(loss, optimizer_or_trainer):
     Raises:
         RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
     """
-    _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
-    if _is_native_trainer(trainer):
+    if _is_native(trainer):
         with trainer.scale_loss(loss) as scaled:
             yield scaled
         return
@@ -374,9 +353,8 @@ def unscale(optimizer_or_trainer):
         TypeError: not a Trainer.
         RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
     """
-    _check_trainer(optimizer_or_trainer)
     trainer = optimizer_or_trainer
-    if _is_native_trainer(trainer):
+    if _is_native(trainer):
         trainer.unscale()
         return
     _scaler_of(trainer)

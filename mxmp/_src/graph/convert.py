@@ -7,9 +7,9 @@ holds every low-precision tensor in float32, rounded through the target dtype wh
 produced. How and why: docs/pass.md.
 """
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, MSHADOW_ENUM
-from .plan import plan, prepare
+from .plan import prepare
 from .symbol_json import (MARK, ROUND_MARK, cast_origin, dump, infer_dtypes,
-    pin_variable_dtypes, storage_mark)
+    pin_variable_dtypes, storage_mark, unique_name)
 
 __all__ = ['convert_symbol']
 
@@ -29,24 +29,18 @@ class _Builder:
         self.raw = {}       # (old nid, out) -> [new nid, out] where the node writes it
         # Emulation: (old nid, out) -> 'round' (a float32-held low-precision tensor, rounded
         # through the target dtype) or 'up' (a tensor really in low precision, cast to float32)
-        # before its first use. Made on first use, so an output nobody reads (an LSTM's states,
-        # split(...)[1:]) gets no dangling round trip, which MXNet would drop from the graph.
-        self.pending = {}
-        self.kind = {}      # the same, kept after the nodes are made
+        # before its first use. Made on first use (until then ``where`` is ``raw``), so an output
+        # nobody reads (an LSTM's states, split(...)[1:]) gets no dangling round trip, which
+        # MXNet would drop from the graph.
+        self.kind = {}
 
-    def _unique(self, name):
-        base, i = name, 1
-        while name in self.names:
-            name = '%s%d' % (base, i)
-            i += 1
-        self.names.add(name)
-        return name
+    def _node(self, op, name, inputs, attrs):
+        self.nodes.append({'op': op, 'name': unique_name(name, self.names), 'attrs': attrs,
+                           'inputs': [[e[0], e[1], 0] for e in inputs]})
+        return [len(self.nodes) - 1, 0]
 
     def _cast_node(self, entry, dtype, name, role):
-        self.nodes.append({'op': 'amp_cast', 'name': self._unique(name),
-                           'attrs': {MARK: role, 'dtype': dtype},
-                           'inputs': [[entry[0], entry[1], 0]]})
-        return [len(self.nodes) - 1, 0]
+        return self._node('amp_cast', name, [entry], {MARK: role, 'dtype': dtype})
 
     def _tensor_name(self, nid, out):
         name = self.js['nodes'][nid]['name']
@@ -61,11 +55,8 @@ class _Builder:
                                'emulate')
 
     def _emulate_node(self, op, name, inputs, attrs=None):
-        node_attrs = {MARK: 'emulate', ROUND_MARK: self.lp}
-        node_attrs.update(attrs or {})
-        self.nodes.append({'op': op, 'name': self._unique(name), 'attrs': node_attrs,
-                           'inputs': [[e[0], e[1], 0] for e in inputs]})
-        return [len(self.nodes) - 1, 0]
+        return self._node(op, name, inputs,
+                          dict({MARK: 'emulate', ROUND_MARK: self.lp}, **(attrs or {})))
 
     def _round_bfloat16(self, entry, base):
         """Round float32 values to bfloat16 (to nearest even) with elementwise ops: Veltkamp's
@@ -86,15 +77,12 @@ class _Builder:
 
     def _location(self, nid, out):
         """Where tensor (nid, out) is read from, making its pending emulation nodes."""
-        kind = self.pending.pop((nid, out), None)
-        if kind == 'round':
-            self.where[(nid, out)] = self._round_trip(self.raw[(nid, out)],
-                                                      self._tensor_name(nid, out))
-        elif kind == 'up':
-            self.where[(nid, out)] = self._cast_node(
-                self.raw[(nid, out)], 'float32',
-                self._tensor_name(nid, out) + '_amp_cast_float32_emulate', 'emulate')
-        return self.where[(nid, out)]
+        key, name = (nid, out), self._tensor_name(nid, out)
+        if key in self.kind and self.where[key] is self.raw[key]:
+            self.where[key] = (self._round_trip(self.raw[key], name) if self.kind[key] == 'round'
+                               else self._cast_node(self.raw[key], 'float32',
+                                                    name + '_amp_cast_float32_emulate', 'emulate'))
+        return self.where[key]
 
     def get(self, nid, out, dtype):
         """Entry of tensor (nid, out) in logical dtype ``dtype`` (None: as it is)."""
@@ -144,7 +132,7 @@ class _Builder:
         self.raw[(nid, k)] = entry
         self.where[(nid, k)] = entry
         if self.emulate and dtype in _LOW:
-            self.pending[(nid, k)] = self.kind[(nid, k)] = 'up' if physical_low else 'round'
+            self.kind[(nid, k)] = 'up' if physical_low else 'round'
 
     def physical(self, nid, k):
         """The dtypes MXNet must infer for tensor (nid, k): (where its node writes it, where
@@ -167,7 +155,7 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
         data_dtypes (dict of str -> dtype): dtypes of data inputs (default float32).
         cast_params (bool): shorthand for ``policy.param_dtype``: store the parameters whose
             every consumer takes them in the target dtype in that dtype (the caller casts the
-            arrays, :func:`mxmp._src.graph.strip.arrays_for_graph`).
+            arrays: :func:`mxmp._src.graph.strip.arrays_for_graph`).
         emulate (bool): shorthand for ``policy.emulate``; ``'auto'`` means False here (no
             context).
         data_names (iterable of str): inputs that are not parameters; default ``('data',)``
@@ -187,9 +175,8 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
             of the graph, the message names a ``Policy(fp32_ops=...)`` workaround; else a bug of
             the pass).
     """
-    js, policy, input_dtypes, names, pinned = prepare(sym, target_dtype, policy, emulate,
-                                                      data_dtypes, data_names, cast_params)
-    decisions = plan(js, policy, input_dtypes, names, pinned)
+    js, policy, input_dtypes, names, decisions = prepare(sym, target_dtype, policy, emulate,
+                                                         data_dtypes, data_names, cast_params)
     builder = _Builder(js, policy.emulate, policy.target_dtype)
     for nid, (node, dec) in enumerate(zip(js['nodes'], decisions)):
         builder.add(nid, node, dec)
@@ -232,13 +219,13 @@ def _check_types(graph, builder, input_dtypes, original):
                 'are wrong for %s; please report it, and keep the op in float32 meanwhile with '
                 'mxmp.Policy(..., fp32_ops=[%r])' % (written, k, source['name'], source['op'],
                                                      got, source['op'], source['op']))
-        if builder.where[(nid, k)] != builder.raw[(nid, k)]:
-            node = builder.nodes[builder.where[(nid, k)][0]]
-            got = inferred.get(tuple(builder.where[(nid, k)]))
-            if got != read:
-                raise RuntimeError(
-                    'mxmp planned %s for output %d of node %s (%s), read through the emulation '
-                    'node %s (%s), but MXNet infers %s there: a bug of the mxmp pass, not of the '
-                    'op lists; please report it with the graph (sym.save(path))'
-                    % (read, k, source['name'], source['op'], node['name'], node['op'], got))
+        where = builder.where[(nid, k)]
+        if where != builder.raw[(nid, k)] and inferred.get(tuple(where)) != read:
+            node = builder.nodes[where[0]]
+            raise RuntimeError(
+                'mxmp planned %s for output %d of node %s (%s), read through the emulation '
+                'node %s (%s), but MXNet infers %s there: a bug of the mxmp pass, not of the '
+                'op lists; please report it with the graph (sym.save(path))'
+                % (read, k, source['name'], source['op'], node['name'], node['op'],
+                   inferred.get(tuple(where))))
 

@@ -8,15 +8,11 @@ which :class:`mxmp.Module` binds as a state. Loss ops that propagate their outpu
 or the ``out_grads`` the Module scales), so every gradient is scaled once. The ``_mxmp_`` names
 below are graph node and variable names, not side channels.
 """
-import json
-
-import mxnet as mx
-
-from .symbol_json import MARK, cast_param_names, load
+from .symbol_json import MARK, dump, load, unique_name
 from ..dtypes import MSHADOW_ENUM
 from ..policy.policy import LOSS_OUTPUT, Policy
 
-__all__ = ['insert_loss_scale', 'scaled_loss_ops', 'lp_variable_names', 'LOSS_SCALE_NAME',
+__all__ = ['insert_loss_scale', 'scaled_loss_ops', 'LOSS_SCALE_NAME',
            'HEAD_GRADIENT_LOSS_OPS', 'NAMED_LOSS_OPS']
 
 #: Name of the input variable (a Module *state*, shape ``(1,)``, float32) holding the scale.
@@ -67,12 +63,9 @@ def insert_loss_scale(sym, loss_ops=None):
         nodes.append(node)
         return len(nodes) - 1
 
-    def unique(name):
-        base, k = name, 1
-        while name in names:
-            name, k = '%s%d' % (base, k), k + 1
-        names.add(name)
-        return name
+    def scaling(op, name, inputs):   # node names: graph names, not side channels
+        return add({'op': op, 'name': unique_name(name, names), 'attrs': {MARK: 'loss_scale'},
+                    'inputs': inputs})
 
     def scale_entry(entry, base):
         key = (entry[0], entry[1])
@@ -82,15 +75,12 @@ def insert_loss_scale(sym, loss_ops=None):
                                       'attrs': {'__shape__': '(1,)',
                                                 '__dtype__': MSHADOW_ENUM['float32'],
                                                 MARK: 'loss_scale'}}))
-            attrs = {MARK: 'loss_scale'}   # node names below: graph names, not side channels
-            stop = add({'op': 'BlockGrad', 'name': unique(base + '_mxmp_stop'),
-                        'attrs': dict(attrs), 'inputs': [list(entry)]})
-            diff = add({'op': 'elemwise_sub', 'name': unique(base + '_mxmp_zero'),
-                        'attrs': dict(attrs), 'inputs': [list(entry), [stop, 0, 0]]})
-            mul = add({'op': 'broadcast_mul', 'name': unique(base + '_mxmp_scaled'),
-                       'attrs': dict(attrs), 'inputs': [[diff, 0, 0], [scale_var[0], 0, 0]]})
-            scaled[key] = add({'op': 'elemwise_add', 'name': unique(base + '_mxmp_loss_scale'),
-                               'attrs': dict(attrs), 'inputs': [[stop, 0, 0], [mul, 0, 0]]})
+            stop = scaling('BlockGrad', base + '_mxmp_stop', [list(entry)])
+            diff = scaling('elemwise_sub', base + '_mxmp_zero', [list(entry), [stop, 0, 0]])
+            mul = scaling('broadcast_mul', base + '_mxmp_scaled',
+                          [[diff, 0, 0], [scale_var[0], 0, 0]])
+            scaled[key] = scaling('elemwise_add', base + '_mxmp_loss_scale',
+                                  [[stop, 0, 0], [mul, 0, 0]])
         return [scaled[key], 0, 0]
 
     for old, node in enumerate(js['nodes']):
@@ -104,11 +94,4 @@ def insert_loss_scale(sym, loss_ops=None):
     out = dict(js)
     out['nodes'] = nodes
     out['heads'] = [[remap[src], idx, ver] for src, idx, ver in js['heads']]
-    out['arg_nodes'] = [i for i, n in enumerate(nodes) if n['op'] == 'null']
-    out.pop('node_row_ptr', None)
-    return mx.sym.load_json(json.dumps(out)), len(scaled)
-
-
-def lp_variable_names(sym):
-    """frozenset of the variables a converted graph stores in the target dtype."""
-    return cast_param_names(sym)
+    return dump(out), len(scaled)

@@ -12,7 +12,7 @@ from typing import List, NamedTuple, Optional
 
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, dtype_name, from_mshadow_enum
 from ..policy.policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, resolve_policy
-from .strip import previous_conversion, strip
+from .strip import converted_dtype, strip
 from .symbol_json import (CAST_OPS, MARK, cast_origin, infer_dtypes, load, mutable_inputs,
     node_output_dtypes)
 
@@ -51,21 +51,6 @@ def _variable(kind, dtype, stored=None):
     return Decision('variable', kind, dtype, [dtype], [], stored)
 
 
-def _pinned_low(js):
-    """{variable name: dtype} of variables whose ``__dtype__`` is a low-precision dtype."""
-    pinned = {n['name']: from_mshadow_enum(n.get('attrs', {}).get('__dtype__'))
-              for n in js['nodes'] if n['op'] == 'null'}
-    return {name: d for name, d in pinned.items() if d in _LOW}
-
-
-def _consumers(nodes):
-    users = collections.defaultdict(list)  # nid -> [(consumer nid, input position)]
-    for nid, node in enumerate(nodes):
-        for pos, (src, _, _) in enumerate(node['inputs']):
-            users[src].append((nid, pos))
-    return users
-
-
 class _Graph:
     """What every step of one plan reads: the nodes, the policy, the inputs and their classes."""
 
@@ -76,7 +61,10 @@ class _Graph:
         self.input_dtypes = input_dtypes
         self.data_names = data_names
         self.pinned = pinned
-        self.users = _consumers(self.nodes)
+        self.users = collections.defaultdict(list)  # nid -> [(consumer nid, input position)]
+        for nid, node in enumerate(self.nodes):
+            for pos, (src, _, _) in enumerate(node['inputs']):
+                self.users[src].append((nid, pos))
         # The input graph typed as float32: low-precision data and variables typed float32.
         untyped = [dict(n, attrs={k: v for k, v in n['attrs'].items() if k != '__dtype__'})
                    if n['op'] == 'null' and input_dtypes.get(n['name']) in _LOW and 'attrs' in n
@@ -276,12 +264,12 @@ def _float32_storage(graph):
 
 
 def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_params=None):
-    """The graph and inputs the plan starts from (arguments as :func:`mxmp.convert_symbol`).
+    """The graph, its inputs and its :func:`plan` (arguments as :func:`mxmp.convert_symbol`).
 
     Returns:
-        tuple ``(js, policy, input_dtypes, data_names, pinned)``: the graph JSON without its
+        tuple ``(js, policy, input_dtypes, data_names, decisions)``: the graph JSON without its
         mixed-precision casts, the resolved :class:`mxmp.Policy` (``emulate`` a bool), ``{input
-        name: dtype}``, the set of data input names and the set of pinned variables.
+        name: dtype}``, the set of data input names and one :class:`Decision` per node.
 
     Raises:
         TypeError: ``sym`` is not a Symbol, or ``policy`` not a Policy.
@@ -292,7 +280,7 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
     policy = resolve_policy(policy, target_dtype, cast_params, emulate)
     if policy.emulate == 'auto':   # no context here: the real graph
         policy = policy.replace(emulate=False)
-    previous = previous_conversion(js)
+    previous = converted_dtype(js)
     if previous is not None and previous != policy.target_dtype:
         raise ValueError(
             'the graph was already converted to %s; converting it to %s needs the float32 '
@@ -306,7 +294,9 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
     input_dtypes = {name: d if isinstance(d, str) else dtype_name(d)
                     for name, d in (data_dtypes or {}).items()}
     names = set(data_names if data_names is not None else ('data',)) | set(input_dtypes)
-    pinned = {n: d for n, d in _pinned_low(js).items() if n not in input_dtypes}
+    pinned = {n['name']: from_mshadow_enum(n.get('attrs', {}).get('__dtype__'))
+              for n in js['nodes'] if n['op'] == 'null' and n['name'] not in input_dtypes}
+    pinned = {name: d for name, d in pinned.items() if d in _LOW}
     wrong = sorted(n for n, d in pinned.items() if d != policy.target_dtype)
     if wrong:
         raise ValueError(
@@ -315,7 +305,7 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
             'float32: delete their __dtype__ attribute and cast their arrays to float32'
             % (', '.join(wrong[:5]), pinned[wrong[0]], policy.target_dtype))
     input_dtypes.update(pinned)
-    return js, policy, input_dtypes, names, set(pinned)
+    return js, policy, input_dtypes, names, plan(js, policy, input_dtypes, names, set(pinned))
 
 
 class ExplainRow(NamedTuple):
@@ -335,10 +325,10 @@ def explain(sym, target_dtype=None, policy=None, data_dtypes=None, cast_params=N
     Returns:
         list of :class:`ExplainRow` in topological order; variables have op ``'null'``.
     """
-    js, policy, input_dtypes, names, pinned = prepare(sym, target_dtype, policy, None,
-                                                      data_dtypes, data_names, cast_params)
+    js, _, _, _, decisions = prepare(sym, target_dtype, policy, None, data_dtypes, data_names,
+                                     cast_params)
     return [ExplainRow(node['name'], node['op'], dec.dtype, dec.rule)
-            for node, dec in zip(js['nodes'], plan(js, policy, input_dtypes, names, pinned))]
+            for node, dec in zip(js['nodes'], decisions)]
 
 
 def format_explain(rows, include_variables=False):

@@ -4,22 +4,23 @@ import numpy as np
 
 from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum, mx_dtype
 from .symbol_json import (CAST_OPS, FLOAT_DTYPES, MARK, PINNED, ROUND_MARK, STEM_MARK, STEM_SHAPE,
-    cast_origin, cast_param_names, cast_param_original, dump, is_cast_param, is_float32_param,
-    load)
+    cast_origin, cast_param_original, dump, is_cast_param, is_float32_param, load)
 
 __all__ = ['remove_casts', 'converted_dtype', 'count_casts', 'cast_origins', 'strip',
-           'previous_conversion', 'float32_arrays', 'arrays_for_graph', 'cast_to_graph']
+           'float32_arrays', 'arrays_for_graph']
 
 
-def _without_dtype(node, attrs, original=''):
-    """Set ``node``'s attrs to ``attrs`` minus MARK and ``__dtype__`` (``original`` restored)."""
-    attrs = {k: v for k, v in attrs.items() if k not in (MARK, '__dtype__')}
+def _restore(node, attrs, mark, key, original):
+    """Set ``node``'s attrs to ``attrs`` without ``mark``, with the ``original`` value of ``key``
+    (none: without it); return them."""
+    attrs = {k: v for k, v in attrs.items() if k not in (mark, key)}
     if original:
-        attrs['__dtype__'] = original
+        attrs[key] = original
     if attrs:
         node['attrs'] = attrs
     else:
         node.pop('attrs')
+    return attrs
 
 
 def strip(js, unpin=False):
@@ -55,17 +56,12 @@ def strip(js, unpin=False):
         node['inputs'] = [remap(e) for e in node['inputs']]
         attrs = node.get('attrs')
         if attrs and attrs.get(STEM_MARK, '').startswith(STEM_SHAPE):
-            original = attrs[STEM_MARK][len(STEM_SHAPE):]
-            attrs = {k: v for k, v in attrs.items() if k not in (STEM_MARK, '__shape__')}
-            if original:
-                attrs['__shape__'] = original
-            node['attrs'] = attrs
-            if not attrs:
-                node.pop('attrs')
+            attrs = _restore(node, attrs, STEM_MARK, '__shape__',
+                             attrs[STEM_MARK][len(STEM_SHAPE):])
         if node['op'] == 'null' and attrs and attrs.get(MARK) == PINNED:
-            _without_dtype(node, attrs)
+            _restore(node, attrs, MARK, '__dtype__', '')
         elif attrs and (is_cast_param(node) or is_float32_param(node)):
-            _without_dtype(node, attrs, cast_param_original(attrs))
+            _restore(node, attrs, MARK, '__dtype__', cast_param_original(attrs))
         elif contrib and node['op'] == 'null' and attrs and \
                 from_mshadow_enum(attrs.get('__dtype__')) in LOW_PRECISION_DTYPES:
             node['attrs'] = dict(attrs, __dtype__='0')   # float32, as contrib.amp writes it
@@ -99,19 +95,15 @@ def cast_origins(sym):
 
 
 def converted_dtype(sym):
-    """The target dtype an mxmp-converted graph was converted to, or None for other graphs
-    (float32 graphs, graphs with model casts only, graphs converted by ``mxnet.contrib.amp``).
+    """The target dtype an mxmp-converted graph (a Symbol or its JSON dict) was converted to,
+    or None for other graphs (float32 graphs, graphs with model casts only, graphs converted by
+    ``mxnet.contrib.amp``).
 
     Raises:
         ValueError: the graph holds mxmp casts to both float16 and bfloat16.
     """
-    return previous_conversion(load(sym))
-
-
-def previous_conversion(js):
-    """:func:`converted_dtype` of a graph JSON (dict)."""
     dtypes = set()
-    for node in js['nodes']:
+    for node in (sym if isinstance(sym, dict) else load(sym))['nodes']:
         attrs = node.get('attrs', {})
         if node['op'] in CAST_OPS and attrs.get(MARK) is not None:
             if attrs.get('dtype') in LOW_PRECISION_DTYPES:
@@ -135,41 +127,28 @@ def count_casts(sym):
     return counts
 
 
-def _float32(array):
-    import mxnet as mx
-    if np.dtype(array.dtype) == np.float32:
-        return array
-    return mx.nd.amp_cast(array, dtype='float32')
-
-
 def float32_arrays(arrays):
     """A new dict: every NDArray of ``arrays`` (dict of str -> NDArray) in float32 (float32
     arrays are the same objects; others are cast with ``amp_cast``)."""
-    return {k: _float32(v) for k, v in arrays.items()}
+    return _cast_arrays(arrays, {})
 
 
-def arrays_for_graph(sym, arrays, target_dtype):
-    """A new dict: the arrays of ``arrays`` (named as ``sym``'s variables) that the converted
-    graph ``sym`` stores in ``target_dtype`` cast to it (``amp_cast``), every other in float32."""
-    import mxnet as mx
-    out = float32_arrays(arrays)
-    for name in cast_param_names(sym).intersection(out):
-        out[name] = mx.nd.amp_cast(out[name], dtype=mx_dtype(target_dtype))
-    return out
+def arrays_for_graph(sym, arrays):
+    """A new dict: each NDArray of ``arrays`` (named as ``sym``'s variables) in the dtype the
+    converted graph ``sym`` gives its variable (``__dtype__``: the target dtype where the graph
+    stores it so), float32 where it gives none; cast with ``amp_cast``, others the same objects."""
+    return _cast_arrays(arrays, {n['name']: from_mshadow_enum(n.get('attrs', {}).get('__dtype__'))
+                                 for n in load(sym)['nodes'] if n['op'] == 'null'})
 
 
-def cast_to_graph(sym, params):
-    """A new dict: each array of ``params`` (named as ``sym``'s variables) cast to its
-    variable's ``__dtype__`` in the converted graph ``sym``, if it has one (``amp_cast``)."""
+def _cast_arrays(arrays, dtypes):
     import mxnet as mx
     from ..device import to_default_layout
-    wanted = {n['name']: from_mshadow_enum(n.get('attrs', {}).get('__dtype__'))
-              for n in load(sym)['nodes'] if n['op'] == 'null'}
     out = {}
-    for name, value in params.items():
-        dtype = wanted.get(name)
-        if dtype in FLOAT_DTYPES and np.dtype(value.dtype) != np.dtype(mx_dtype(dtype)):
+    for name, value in arrays.items():
+        dtype = mx_dtype(dtypes[name] if dtypes.get(name) in FLOAT_DTYPES else 'float32')
+        if np.dtype(value.dtype) != np.dtype(dtype):
             to_default_layout([value])   # amp_cast fails on weights oneDNN reordered in place
-            value = mx.nd.amp_cast(value, dtype=mx_dtype(dtype))
+            value = mx.nd.amp_cast(value, dtype=dtype)
         out[name] = value
     return out

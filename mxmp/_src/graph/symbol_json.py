@@ -15,7 +15,7 @@ __all__ = ['MARK', 'ROUND_MARK', 'PINNED', 'CAST_OPS', 'FLOAT_DTYPES', 'load', '
            'is_cast_param', 'cast_param_names', 'storage_mark', 'cast_param_original',
            'is_float32_param', 'float32_param_names',
            'cast_origin', 'pin_variable_dtypes', 'infer_dtypes', 'node_output_dtypes',
-           'mutable_inputs']
+           'mutable_inputs', 'unique_name']
 
 #: Attribute key that marks the nodes and variables mxmp wrote.
 MARK = '__mxmp__'   # a graph attribute key, not a side channel
@@ -74,15 +74,18 @@ def is_float32_param(node):
 def cast_param_names(sym):
     """frozenset of the variables of ``sym`` (a Symbol or its JSON dict) stored in the target
     dtype: their arrays must be cast to it."""
-    js = sym if isinstance(sym, dict) else load(sym)
-    return frozenset(n['name'] for n in js['nodes'] if is_cast_param(n))
+    return _names_where(sym, is_cast_param)
 
 
 def float32_param_names(sym):
     """frozenset of the variables of ``sym`` (a Symbol or its JSON dict) declared in low
     precision that the graph stores in float32: their arrays must be cast to float32."""
-    js = sym if isinstance(sym, dict) else load(sym)
-    return frozenset(n['name'] for n in js['nodes'] if is_float32_param(n))
+    return _names_where(sym, is_float32_param)
+
+
+def _names_where(sym, test):
+    return frozenset(n['name'] for n in (sym if isinstance(sym, dict) else load(sym))['nodes']
+                     if test(n))
 
 
 def storage_mark(stored_dtype, attrs):
@@ -95,6 +98,16 @@ def storage_mark(stored_dtype, attrs):
 def cast_param_original(attrs):
     """The ``__dtype__`` a variable had before the pass chose its storage ('' for none)."""
     return attrs[MARK].partition(':')[2]
+
+
+def unique_name(name, taken):
+    """``name``, else ``name`` and the first number that is not in ``taken`` (a set of names,
+    which the result joins)."""
+    base, k = name, 1
+    while name in taken:
+        name, k = '%s%d' % (base, k), k + 1
+    taken.add(name)
+    return name
 
 
 def cast_origin(node):
@@ -159,8 +172,9 @@ def infer_dtypes(js, input_dtypes):
     try:
         _, out_types, _ = internals.infer_type_partial(**args)
     except Exception as err:  # MXNetError: inconsistent dtypes
-        names = [n['name'] for n in js['nodes']]
-        message = _renamed_back(str(err), names)
+        names = [n['name'] for n in js['nodes']]   # MXNet's message names the renamed ids
+        message = re.sub(r'(operator |node )(\d+)\b', lambda m: m.group(1) + (
+            names[int(m.group(2))] if int(m.group(2)) < len(names) else m.group(2)), str(err))
         raise ValueError('MXNet cannot infer the dtypes of the graph: %s' % message) from err
     result, previous, k = {}, None, 0
     for p, dtype in enumerate(out_types):
@@ -171,23 +185,20 @@ def infer_dtypes(js, input_dtypes):
     return result
 
 
-def _renamed_back(message, names):
-    """MXNet's error text with the ids of :func:`infer_dtypes`' renamed nodes as names."""
-    return re.sub(r'(operator |node )(\d+)\b',
-                  lambda m: m.group(1) + (names[int(m.group(2))]
-                                          if int(m.group(2)) < len(names) else m.group(2)),
-                  message)
+def _one_node_graph(node, in_dtypes, n_out=1):
+    """``node`` alone on variables ``i0``, ``i1``... typed by ``in_dtypes`` (None: untyped)."""
+    n_in = len(in_dtypes)
+    nodes = [{'op': 'null', 'name': 'i%d' % i, 'inputs': [],
+              'attrs': {'__dtype__': MSHADOW_ENUM[d]} if d else {}}
+             for i, d in enumerate(in_dtypes)]
+    nodes.append(dict(node, inputs=[[i, 0, 0] for i in range(n_in)]))
+    return {'nodes': nodes, 'heads': [[n_in, k, 0] for k in range(n_out)],
+            'attrs': {'mxnet_version': ['int', 10901]}}
 
 
 def node_output_dtypes(node, in_dtypes, n_out):
     """Output dtypes MXNet gives one node for the given input dtypes (a one-node graph)."""
-    nodes = [{'op': 'null', 'name': 'i%d' % i, 'inputs': [],
-              'attrs': {'__dtype__': MSHADOW_ENUM[d]}}
-             for i, d in enumerate(in_dtypes)]
-    nodes.append(dict(node, inputs=[[i, 0, 0] for i in range(len(in_dtypes))]))
-    js = {'nodes': nodes, 'heads': [[len(in_dtypes), k, 0] for k in range(n_out)],
-          'attrs': {'mxnet_version': ['int', 10901]}}
-    types = infer_dtypes(js, {})
+    types = infer_dtypes(_one_node_graph(node, in_dtypes, n_out), {})
     return [types.get((len(in_dtypes), k)) for k in range(n_out)]
 
 
@@ -200,9 +211,6 @@ def mutable_inputs(node):
 
 @functools.lru_cache(maxsize=None)
 def _mutable_inputs(op, attrs, n_in):
-    nodes = [{'op': 'null', 'name': 'i%d' % i, 'inputs': []} for i in range(n_in)]
-    nodes.append({'op': op, 'name': 'node', 'attrs': json.loads(attrs),
-                  'inputs': [[i, 0, 0] for i in range(n_in)]})
-    js = {'nodes': nodes, 'heads': [[n_in, 0, 0]], 'attrs': {'mxnet_version': ['int', 10901]}}
-    aux = set(dump(js).list_auxiliary_states())
+    node = {'op': op, 'name': 'node', 'attrs': json.loads(attrs)}
+    aux = set(dump(_one_node_graph(node, [None] * n_in)).list_auxiliary_states())
     return tuple(i for i in range(n_in) if 'i%d' % i in aux)

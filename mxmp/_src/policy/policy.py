@@ -14,7 +14,7 @@ from typing import Any, FrozenSet, Optional, Tuple, Union
 
 from ..dtypes import normalize_dtype
 from ..errors import AmpListConflict
-from .tables import classes_for, excluded_reason
+from .tables import OP_CLASSES, classes_for, excluded_reason, rules_by_op
 
 __all__ = ['Policy', 'resolve_policy', 'conditional_rules', 'LOW_PRECISION', 'FLOAT32',
            'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW']
@@ -27,8 +27,6 @@ LOSS_OUTPUT = 'loss_output'
 WIDEST_TYPE = 'widest_type'
 FOLLOW = 'follow'
 
-_CLASS_LISTS = ((LOW_PRECISION, 'LOW_PRECISION'), (FLOAT32, 'FLOAT32'),
-                (LOSS_OUTPUT, 'LOSS_OUTPUT'), (WIDEST_TYPE, 'WIDEST_TYPE'), (FOLLOW, 'FOLLOW'))
 _RULE_NAMES = {LOW_PRECISION: 'low-precision list', FLOAT32: 'float32 list',
                LOSS_OUTPUT: 'loss-output list (float32)', WIDEST_TYPE: 'widest-type list',
                FOLLOW: 'follow list'}
@@ -100,6 +98,12 @@ class Policy:
             if isinstance(value, str):
                 raise ValueError('%s must be a list of names, not the string %r'
                                  % (field, value))
+            unknown = [] if field == 'excluded_names' else sorted(set(value) - _registered_ops())
+            if unknown:
+                raise ValueError('%s names ops that MXNet does not register: %s (names are '
+                                 'case-sensitive, e.g. "FullyConnected"; see '
+                                 'mx.operator.get_all_registered_operators())'
+                                 % (field, ', '.join(unknown)))
             set_(field, frozenset(value))
         if self.emulate not in ('auto', True, False):
             raise ValueError("emulate=%r: use 'auto', True or False" % (self.emulate,))
@@ -122,14 +126,6 @@ class Policy:
                              "mxmp.LossScaler" % (self.loss_scaler,))
         if self.conditional_fp32 is not None:
             set_('conditional_fp32', conditional_rules(self.conditional_fp32))
-        known = _registered_ops()
-        for field in ('lp_ops', 'fp32_ops', 'follow_ops'):
-            unknown = sorted(getattr(self, field) - known)
-            if unknown:
-                raise ValueError('%s names ops that MXNet does not register: %s (names are '
-                                 'case-sensitive, e.g. "FullyConnected"; see '
-                                 'mx.operator.get_all_registered_operators())'
-                                 % (field, ', '.join(unknown)))
         for a, b in (('lp_ops', 'fp32_ops'), ('lp_ops', 'follow_ops'),
                      ('fp32_ops', 'follow_ops')):
             both = sorted(getattr(self, a) & getattr(self, b))
@@ -154,11 +150,11 @@ class Policy:
 
     def float32_inputs(self, op):
         """Input positions of ``op`` that always stay float32 (BatchNorm's gamma, beta, stats)."""
-        return classes_for(self.target_dtype).get('FLOAT32_INPUTS', {}).get(op, ())
+        return classes_for(self.target_dtype)['FLOAT32_INPUTS'].get(op, ())
 
     def index_inputs(self, op):
         """Input positions of ``op`` that hold indices or lengths: never cast."""
-        return classes_for(self.target_dtype).get('INDEX_INPUTS', {}).get(op, ())
+        return classes_for(self.target_dtype)['INDEX_INPUTS'].get(op, ())
 
     def classify(self, op, attrs=None, name=None):
         """``(op_class, rule)`` of one node: a class constant and the human-readable reason.
@@ -194,11 +190,8 @@ class Policy:
     def conditional_rules(self):
         """dict: op -> {attribute: frozenset of values that make the op compute in float32}."""
         if self.conditional_fp32 is None:
-            return classes_for(self.target_dtype).get('CONDITIONAL_FLOAT32', {})
-        rules = {}
-        for op, attr, values in self.conditional_fp32:
-            rules.setdefault(op, {})[attr] = values
-        return rules
+            return classes_for(self.target_dtype)['CONDITIONAL_FLOAT32']
+        return rules_by_op(self.conditional_fp32)
 
     @classmethod
     def from_kernel_report(cls, report, allow_other_cpu=False, **kwargs):
@@ -218,11 +211,9 @@ class Policy:
                 ``allow_other_cpu=True``; a ``target_dtype`` other than the report's.
         """
         from .kernel_report import KernelReport, load_kernel_report, machine_info
+        source = 'the report' if isinstance(report, KernelReport) else str(report)
         if not isinstance(report, KernelReport):
-            source = str(report)
             report = load_kernel_report(report)
-        else:
-            source = 'the report'
         target = kwargs.pop('target_dtype', report.target_dtype)
         if normalize_dtype(target) != report.target_dtype:
             raise ValueError('%s is a %s report; it cannot set a %s policy'
@@ -334,8 +325,8 @@ def _effective_classes(target_dtype, lp_ops, fp32_ops, follow_ops=frozenset()):
     module = classes_for(target_dtype)
     moved = lp_ops | fp32_ops | follow_ops
     out = {}
-    for op_class, list_name in _CLASS_LISTS:
-        out[op_class] = frozenset(module.get(list_name, ())) - moved
+    for list_name in OP_CLASSES:   # the class constants are the table's names in lower case
+        out[list_name.lower()] = module[list_name] - moved
     out[LOW_PRECISION] |= lp_ops
     out[FLOAT32] |= fp32_ops
     out[FOLLOW] |= follow_ops

@@ -10,7 +10,7 @@ import functools
 from . import ops_bfloat16, ops_float16, ops_shared
 
 __all__ = ['OP_CLASSES', 'table', 'classes_for', 'aliases', 'EXCLUDED_PREFIXES',
-           'NOT_EXCLUDED', 'excluded_reason']
+           'NOT_EXCLUDED', 'excluded_reason', 'rules_by_op']
 
 #: Names of the class tuples of a table.
 OP_CLASSES = ('LOW_PRECISION', 'FLOAT32', 'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW')
@@ -22,6 +22,8 @@ _DIFFERENCES = {'float16': ops_float16, 'bfloat16': ops_bfloat16}
 
 @functools.lru_cache(maxsize=None)
 def _merge(target_dtype):
+    if target_dtype not in _DIFFERENCES:
+        raise ValueError('target dtype must be "float16" or "bfloat16", got %r' % (target_dtype,))
     diff = _DIFFERENCES[target_dtype]
     listed = {}
     for module in (ops_shared, diff):
@@ -38,17 +40,8 @@ def _merge(target_dtype):
     out['CONDITIONAL_FLOAT32'] = (tuple(getattr(ops_shared, 'CONDITIONAL_FLOAT32', ()))
                                   + tuple(getattr(diff, 'CONDITIONAL_FLOAT32', ())))
     for name in _DICTS:
-        if hasattr(ops_shared, name) or hasattr(diff, name):
-            merged = dict(getattr(ops_shared, name, {}))
-            merged.update(getattr(diff, name, {}))
-            out[name] = merged
+        out[name] = dict(getattr(ops_shared, name, {}), **getattr(diff, name, {}))
     return out
-
-
-def _merged(target_dtype):
-    if not isinstance(target_dtype, str) or target_dtype not in _DIFFERENCES:
-        raise ValueError('target dtype must be "float16" or "bfloat16", got %r' % (target_dtype,))
-    return _merge(target_dtype)
 
 
 def table(target_dtype):
@@ -60,7 +53,7 @@ def table(target_dtype):
         ValueError: another dtype name; an op listed both in ops_shared.py and the dtype's module.
     """
     return {name: (dict(value) if isinstance(value, dict) else value)
-            for name, value in _merged(target_dtype).items()}
+            for name, value in _merge(target_dtype).items()}
 
 
 def classes_for(target_dtype):
@@ -75,15 +68,20 @@ def classes_for(target_dtype):
     Raises:
         ValueError: another dtype name.
     """
-    merged = _merged(target_dtype)
+    merged = _merge(target_dtype)
     classes = {name: frozenset(merged[name]) for name in OP_CLASSES}
-    conditional = {}
-    for op, attr, values in merged['CONDITIONAL_FLOAT32']:
-        conditional.setdefault(op, {})[attr] = frozenset(values)
-    classes['CONDITIONAL_FLOAT32'] = conditional
+    classes['CONDITIONAL_FLOAT32'] = rules_by_op(merged['CONDITIONAL_FLOAT32'])
     for name in _DICTS:
-        classes[name] = dict(merged.get(name, {}))
+        classes[name] = dict(merged[name])
     return classes
+
+
+def rules_by_op(entries):
+    """``(op, attribute, values)`` rules as ``{op: {attribute: frozenset(values)}}``."""
+    rules = {}
+    for op, attr, values in entries:
+        rules.setdefault(op, {})[attr] = frozenset(values)
+    return rules
 
 
 def aliases(target_dtype):
@@ -95,7 +93,7 @@ def aliases(target_dtype):
     """
     import inspect
     import re
-    _merged(target_dtype)  # validates the name
+    _merge(target_dtype)  # validates the name
     out = {}
     for module in (ops_shared, _DIFFERENCES[target_dtype]):
         for line in inspect.getsource(module).splitlines():

@@ -43,7 +43,6 @@ class BucketingModule(mx.mod.BucketingModule):
         module = self._make_module(self._default_bucket_key)
         if old is not None:
             module._share(old)
-            module._rescale_grad = old._rescale_grad
         self._buckets[self._default_bucket_key] = module
 
     def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
@@ -65,20 +64,12 @@ class BucketingModule(mx.mod.BucketingModule):
     def _default_module(self):
         return self._buckets[self._default_bucket_key]
 
-    @property
-    def loss_scaler(self):
-        """LossScaler: the loss scaler shared by all buckets."""
-        return self._default_module().loss_scaler
-
-    @property
-    def loss_scale(self):
-        """float: the current loss scale."""
-        return self._default_module().loss_scale
-
-    @property
-    def skipped_steps(self):
-        """int: updates skipped on overflow, all buckets together."""
-        return self._default_module().skipped_steps
+    loss_scaler = property(lambda self: self._default_module().loss_scaler,
+                           doc='LossScaler: the loss scaler shared by all buckets.')
+    loss_scale = property(lambda self: self._default_module().loss_scale,
+                          doc='float: the current loss scale.')
+    skipped_steps = property(lambda self: self._default_module().skipped_steps,
+                             doc='int: updates skipped on overflow, all buckets together.')
 
     @staticmethod
     def load(prefix, epoch, sym_gen=None, default_bucket_key=None, **kwargs):

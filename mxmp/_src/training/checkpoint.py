@@ -5,6 +5,7 @@ dtype, a record of every Parameter checked on load).
 """
 import hashlib
 import os
+import pathlib
 import pickle
 import struct
 import tempfile
@@ -14,7 +15,8 @@ import numpy as np
 from ..dtypes import dtype_name
 from .master_weights import is_low_precision
 
-__all__ = ['write_atomic', 'save_atomic', 'pack_states', 'read_states', 'check_param_records',
+__all__ = ['write_atomic', 'save_atomic', 'pack_states', 'read_states', 'check_format',
+           'check_param_records',
            'param_records', 'read_trainer_states']
 
 #: Header of the states file written by :meth:`mxmp.Trainer.save_states`.
@@ -27,11 +29,7 @@ def write_atomic(fname, data):
     """Write ``data`` (bytes, or str as UTF-8) to ``fname`` atomically (:func:`save_atomic`)."""
     if isinstance(data, str):
         data = data.encode('utf-8')
-
-    def write(tmp):
-        with open(tmp, 'wb') as fout:
-            fout.write(data)
-    save_atomic(fname, write)
+    save_atomic(fname, lambda tmp: pathlib.Path(tmp).write_bytes(data))
 
 
 def save_atomic(fname, save):
@@ -48,24 +46,24 @@ def save_atomic(fname, save):
     os.close(fd)
     try:
         save(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(tmp)
         os.replace(tmp, fname)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     try:   # make the rename durable; not possible on every platform/filesystem
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _fsync(directory)
     except OSError:
         pass
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def pack_states(state):
@@ -106,14 +104,20 @@ def read_states(fname):
         opt_states = pickle.loads(state['optimizer'])
     except Exception as err:  # pylint: disable=broad-except
         raise ValueError('%s cannot be decoded: %s' % (fname, err)) from None
-    if not isinstance(state, dict) or state.get('format') != 'mxmp.Trainer':
-        raise ValueError('%s is not an mxmp Trainer states file' % fname)
-    if state.get('version') != _FORMAT_VERSION:
-        raise ValueError('%s has format version %r; this mxmp reads version %d'
-                         % (fname, state.get('version'), _FORMAT_VERSION))
+    check_format(state, fname, 'mxmp.Trainer', _FORMAT_VERSION)
     if not (isinstance(opt_states, tuple) and len(opt_states) == 2):
         raise ValueError('%s holds no optimizer (was it saved by mxmp.Trainer?)' % fname)
     return state
+
+
+def check_format(state, fname, name, version):
+    """ValueError unless ``state``, read from ``fname``, is a dict with ``format`` ``name``
+    and ``version`` ``version``."""
+    if not isinstance(state, dict) or state.get('format') != name:
+        raise ValueError('%s is not an %s states file' % (fname, name))
+    if state.get('version') != version:
+        raise ValueError('%s has format version %r; this mxmp reads version %d'
+                         % (fname, state.get('version'), version))
 
 
 def check_param_records(fname, saved, mine, check_names):

@@ -6,7 +6,6 @@ parameter files of a converted network (:mod:`mxmp._src.block_params`) read and 
 """
 import weakref
 
-import numpy as np
 from mxnet import autograd, nd
 
 from ..dtypes import LOW_PRECISION_DTYPES, dtype_name
@@ -14,6 +13,7 @@ from ..device import to_default_layout
 
 __all__ = ['MasterWeights', 'ParameterMasters', 'is_low_precision', 'master_value',
            'set_master_value']
+
 
 class MasterWeights:
     """float32 master copies of low-precision weights, one array per device, by key.
@@ -28,10 +28,7 @@ class MasterWeights:
     def __init__(self):
         self._masters = {}   # key -> list of float32 NDArray, one per device
         self._sources = {}   # key -> list of the arrays they mirror (track=True) or None
-        self._pending = {}   # key -> float32 numpy array or NDArray, used at creation
-
-    def __contains__(self, key):
-        return key in self._masters
+        self._pending = {}   # key -> float32 NDArray, used at creation
 
     def get(self, key, arrays, track=True):
         """The float32 masters (one per device, the live arrays the optimizer updates) of
@@ -45,7 +42,8 @@ class MasterWeights:
         with autograd.pause():
             pending = self._pending.pop(key, None)
             if pending is not None:
-                masters = [_float32_copy(pending, a.context) for a in arrays]
+                masters = [pending.as_in_context(a.context).astype('float32', copy=True)
+                           for a in arrays]
             else:
                 # amp_cast fails on a weight left in oneDNN's blocked layout
                 to_default_layout(arrays)
@@ -58,7 +56,8 @@ class MasterWeights:
         """Make the masters of ``key`` from ``value`` (float32 numpy array or NDArray) at the
         next :meth:`get`, dropping any existing ones."""
         self.discard(key)
-        self._pending[key] = value
+        self._pending[key] = value if isinstance(value, nd.NDArray) else \
+            nd.array(value, dtype='float32')
 
     def discard(self, key):
         """Forget the masters (and any pending value) of ``key``."""
@@ -80,16 +79,8 @@ class MasterWeights:
 
     def to_numpy(self):
         """dict key -> float32 numpy array: the first device's masters and pending values."""
-        out = {k: v[0].asnumpy() for k, v in self._masters.items()}
-        for k, v in self._pending.items():
-            out[k] = v.asnumpy() if isinstance(v, nd.NDArray) else np.asarray(v, np.float32)
-        return out
-
-
-def _float32_copy(value, ctx):
-    if isinstance(value, nd.NDArray):
-        return value.as_in_context(ctx).astype('float32', copy=True)
-    return nd.array(value, ctx=ctx, dtype='float32')
+        keys = list(self._masters) + list(self._pending)
+        return {k: self.first_device(k).asnumpy() for k in keys}
 
 
 def is_low_precision(param):
@@ -118,7 +109,7 @@ class ParameterMasters(MasterWeights):
         its unrounded float32 values if ``cast_params`` kept them, else from its values."""
         param = self.params[i]
         _OWNERS[param] = (weakref.ref(self), i)
-        if i not in self and self.first_device(i) is None:
+        if self.first_device(i) is None:
             from ..gluon_graph import unrounded_values
             unrounded = unrounded_values(param)
             if unrounded is not None:
@@ -133,22 +124,15 @@ class ParameterMasters(MasterWeights):
 
 
 def _owner(param):
-    entry = _OWNERS.get(param)
-    masters = entry[0]() if entry is not None else None
-    if masters is None or entry[1] >= len(masters.params) or \
-            masters.params[entry[1]] is not param:
-        return None, None
-    return masters, entry[1]
+    masters, i = _OWNERS.get(param, (lambda: None, None))
+    return masters(), i
 
 
 def master_value(param):
     """The float32 master weight (first device, NDArray) a Trainer keeps for ``param``, or
     None if no live Trainer made one."""
     masters, i = _owner(param)
-    value = None if masters is None else masters.first_device(i)
-    if value is None or isinstance(value, nd.NDArray):
-        return value
-    return nd.array(value, dtype='float32')
+    return None if masters is None else masters.first_device(i)
 
 
 def set_master_value(param, value):

@@ -12,14 +12,14 @@ from mxnet import nd
 
 from ..distributed import check_kvstore_args
 from ..graph.convert import convert_symbol
-from ..graph.loss_heads import (LOSS_SCALE_NAME, insert_loss_scale, lp_variable_names,
-    scaled_loss_ops)
+from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, scaled_loss_ops
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
+from ..graph.symbol_json import cast_param_names
 from . import module_checkpoint as files
 from .checkpoint import write_atomic
-from .module_parts import (LossScaleInput, ModuleMasters, reduced_updates, module_policy,
-    start_kvstore)
+from .module_parts import (ModuleMasters, reduced_updates, module_policy, start_kvstore,
+    write_loss_scale)
 from .step import Step, all_finite
 from .trainer import resolve_precision
 from .updater import Updater
@@ -50,6 +50,7 @@ class Module(mx.mod.Module):
     """
 
     _rescale_grad = None   # rescale_grad0 (init_optimizer): the factor without the loss scale
+    _scale_written = None  # (loss-scale input arrays, value) of the last write
 
     def __init__(self, symbol, data_names=('data',), label_names=('softmax_label',), *,
                  target_dtype=None, loss_scaler=None, cast_params=None, emulate='auto',
@@ -75,7 +76,7 @@ class Module(mx.mod.Module):
             self._fp32_symbol, policy=self._policy, cast_params=self._cast_params,
             data_names=data_names + label_names + state_names)
         self._mp_symbol = mp_symbol
-        self._masters = ModuleMasters(lp_variable_names(mp_symbol) if self._cast_params
+        self._masters = ModuleMasters(cast_param_names(mp_symbol) if self._cast_params
                                       else frozenset())
         self._step = Step(resolve_precision([], self._policy, self._target_dtype,
                                             loss_scaler)[1])
@@ -84,7 +85,7 @@ class Module(mx.mod.Module):
             bound, nodes = insert_loss_scale(mp_symbol, scaled_loss_ops(self._policy))
             if nodes:
                 state_names = state_names + [LOSS_SCALE_NAME]
-        self._scale_input = LossScaleInput(nodes)
+        self._loss_scale_nodes = nodes
         super().__init__(bound, data_names, label_names, logger=logger, context=context,
                          state_names=state_names, **module_kwargs)
 
@@ -99,14 +100,17 @@ class Module(mx.mod.Module):
                           doc='float: the current loss scale (1.0 when scaling is disabled).')
     skipped_steps = property(lambda self: self._step.skipped_steps,
                              doc='int: updates skipped because a gradient was inf/NaN.')
-    loss_scale_nodes = property(lambda self: self._scale_input.nodes, doc='int: loss-scale '
-                                'nodes in the bound graph (0 when scaling is disabled).')
+    loss_scale_nodes = property(attrgetter('_loss_scale_nodes'), doc='int: loss-scale nodes '
+                                'in the bound graph (0 when scaling is disabled).')
 
     def _share(self, other):   # buckets: one loss scaler, skipped count and set of masters
         self._step, self._masters = other._step, other._masters
+        self._rescale_grad = other._rescale_grad
 
     def _write_loss_scale(self, force=False):
-        self._scale_input.write(self._exec_group if self.binded else None, self.loss_scale, force)
+        if self._loss_scale_nodes and self.binded:
+            self._scale_written = write_loss_scale(self._exec_group, self.loss_scale,
+                                                   self._scale_written, force)
 
     # ------------------------------------------------------------------ Module API
     def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
@@ -148,10 +152,7 @@ class Module(mx.mod.Module):
         if self._params_dirty:
             self._sync_params_from_devices()
         kv, _ = mx.model._create_kvstore(kvstore, len(self._context), self._arg_params)
-        batch_size = self._exec_group.batch_size
-        if kv and 'dist' in kv.type and '_sync' in kv.type:
-            batch_size *= kv.num_workers
-        self._optimizer = _create_optimizer(self, optimizer, optimizer_params, batch_size)
+        self._optimizer = _create_optimizer(self, optimizer, optimizer_params, kv)
         self._rescale_grad = self._optimizer.rescale_grad
         self._kvstore, self._update_on_kvstore = kv, False
         if kv:
@@ -173,7 +174,6 @@ class Module(mx.mod.Module):
                              'mxmp.Module (got %s)' % type(shared_module).__name__)
         super().borrow_optimizer(shared_module)
         self._share(shared_module)
-        self._rescale_grad = shared_module._rescale_grad
 
     def update(self):
         """Reduce, check and apply the gradients; False if skipped (as mxmp.Trainer.step)."""
@@ -220,7 +220,7 @@ class Module(mx.mod.Module):
     def get_states(self, merge_multi_context=True):
         """As ``mx.mod.Module.get_states``, without the loss-scale input."""
         states = super().get_states(merge_multi_context)
-        return states[:-1] if self._scale_input.nodes else states
+        return states[:-1] if self._loss_scale_nodes else states
 
     def set_states(self, states=None, value=None):
         """As ``mx.mod.Module.set_states``; the loss-scale input is kept."""
@@ -328,9 +328,13 @@ class Module(mx.mod.Module):
         return mod
 
 
-def _create_optimizer(module, optimizer, optimizer_params, batch_size):
+def _create_optimizer(module, optimizer, optimizer_params, kv):
     """The Optimizer of ``init_optimizer``: one index per parameter and context, as MXNet's
-    update without kvstore; ``rescale_grad`` defaults to ``1/batch_size``."""
+    update without kvstore; ``rescale_grad`` defaults to ``1/batch_size`` (the global batch
+    over a dist_*sync kvstore ``kv``)."""
+    batch_size = module._exec_group.batch_size
+    if kv and 'dist' in kv.type and '_sync' in kv.type:
+        batch_size *= kv.num_workers
     ndev = len(module._context)
     idx2name = {i * ndev + k: name
                 for i, name in enumerate(module._exec_group.param_names)

@@ -13,7 +13,7 @@ from mxnet import nd
 from ..dtypes import is_low_precision, normalize_dtype
 from ..errors import mxnet_error_line
 from ..scaling import from_state_dict
-from .checkpoint import save_atomic, write_atomic
+from .checkpoint import check_format, save_atomic, write_atomic
 
 __all__ = ['STATES_FORMAT', 'STATES_VERSION', 'write_state', 'write_params', 'restore_state',
            'read_state', 'float32_params', 'load_params']
@@ -39,14 +39,9 @@ def write_params(fname, arg_params, aux_params):
 
 
 def restore_state(scaler, state, fname):
-    """``(scaler, skipped_steps)`` from ``state``, the content of the file ``fname``; the saved
-    scaler state must match ``scaler``'s class and configuration, else ValueError (also for
-    another format or version, or a missing field)."""
-    if not isinstance(state, dict) or state.get('format') != STATES_FORMAT:
-        raise ValueError('%s is not an mxmp.Module state file' % fname)
-    if state.get('version') != STATES_VERSION:
-        raise ValueError('%s has format version %r; this mxmp reads version %d'
-                         % (fname, state.get('version'), STATES_VERSION))
+    """``(scaler, skipped_steps)`` from ``state``, read from ``fname`` by :func:`read_state`;
+    the saved scaler state must match ``scaler``'s class and configuration, else ValueError
+    (also for a missing field)."""
     try:
         return scaler.load_state_dict(state['loss_scaler']), int(state['skipped_steps'])
     except (KeyError, TypeError) as err:
@@ -71,8 +66,7 @@ def read_state(prefix, epoch, kwargs):
                 state = json.load(fin)
             except ValueError as err:
                 raise ValueError('%s is not valid JSON: %s' % (state_file, err)) from None
-        if not isinstance(state, dict):
-            raise ValueError('%s is not an mxmp.Module state file' % state_file)
+        check_format(state, state_file, STATES_FORMAT, STATES_VERSION)
         wanted = (kwargs['policy'].target_dtype if kwargs.get('policy') is not None
                   else kwargs.get('target_dtype'))
         if wanted is not None and 'target_dtype' in state and \
@@ -88,16 +82,11 @@ def read_state(prefix, epoch, kwargs):
                 if key in state:
                     kwargs.setdefault(key, state[key])
         if 'loss_scaler' not in kwargs:
-            kwargs['loss_scaler'] = _scaler_from_state(state.get('loss_scaler'), state_file)
+            try:
+                kwargs['loss_scaler'] = from_state_dict(state.get('loss_scaler'))
+            except ValueError as err:
+                raise ValueError('%s: %s' % (state_file, err)) from None
     return state, state_file, kwargs
-
-
-def _scaler_from_state(state, fname):
-    """Rebuild the saved loss scaler (class, configuration and running state)."""
-    try:
-        return from_state_dict(state)
-    except ValueError as err:
-        raise ValueError('%s: %s' % (fname, err)) from None
 
 
 def float32_params(params):

@@ -12,37 +12,22 @@ from ..policy.policy import resolve_policy
 from .master_weights import MasterWeights
 from .step import device_update
 
-__all__ = ['LossScaleInput', 'ModuleMasters', 'start_kvstore', 'reduced_updates',
+__all__ = ['write_loss_scale', 'ModuleMasters', 'start_kvstore', 'reduced_updates',
            'module_policy']
 
 
-class LossScaleInput:
-    """The input :data:`~mxmp._src.graph.loss_heads.LOSS_SCALE_NAME` (shape ``(1,)``, float32)
-    that :func:`~mxmp._src.graph.loss_heads.insert_loss_scale` gives the bound graph: the loss
-    scale, multiplied into the gradient of every loss op, kept current without rebinding.
-
-    Args:
-        nodes (int): the number of loss-scale nodes of the bound graph (0: no input).
-    """
-
-    def __init__(self, nodes):
-        self.nodes = nodes
-        self._written = None   # (arrays written, value) of the last write
-
-    def write(self, exec_group, scale, force=False):
-        """Write ``scale`` (float) into the input of every executor of ``exec_group`` (None:
-        not bound) if it or the executors changed since the last write, or with ``force``."""
-        if not self.nodes or exec_group is None:
-            return
-        arrays = [e.arg_dict[LOSS_SCALE_NAME] for e in exec_group.execs]
-        if self._written is not None and not force:
-            old_arrays, old_scale = self._written
-            if old_scale == scale and len(old_arrays) == len(arrays) and \
-                    all(a is b for a, b in zip(old_arrays, arrays)):
-                return
-        for arr in arrays:
-            arr[:] = scale
-        self._written = (arrays, scale)
+def write_loss_scale(exec_group, scale, written, force=False):
+    """Write ``scale`` (float) into the loss-scale input (:data:`LOSS_SCALE_NAME`, shape
+    ``(1,)``, float32, multiplied into the gradient of every loss op) of every executor of
+    ``exec_group``, unless ``written`` (the ``(arrays, value)`` this returned last time, or
+    None) shows they hold it already and not ``force``. Returns the new ``written``."""
+    arrays = [e.arg_dict[LOSS_SCALE_NAME] for e in exec_group.execs]
+    if not force and written is not None and written[1] == scale and \
+            len(written[0]) == len(arrays) and all(a is b for a, b in zip(written[0], arrays)):
+        return written
+    for arr in arrays:
+        arr[:] = scale
+    return arrays, scale
 
 
 class ModuleMasters(MasterWeights):

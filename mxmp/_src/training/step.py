@@ -16,7 +16,7 @@ from ..errors import LossScaleAtFloorError, NonFiniteForwardWarning
 from ..scaling import LossScaleGroup, flatten_losses, scale_losses
 
 __all__ = ['Stage', 'Step', 'DeviceUpdate', 'device_update', 'param_grads', 'all_finite',
-           'nonfinite_names', 'MAX_FINITE_ARRAYS']
+           'MAX_FINITE_ARRAYS']
 
 #: ``mx.nd.multi_all_finite`` takes at most 200 arrays per call (MultiAllFiniteKernelParam::N
 #: in MXNet's src/operator/contrib/all_finite-inl.h), of one dtype, and has no bfloat16 kernel.
@@ -40,11 +40,10 @@ def all_finite(per_device_grads):
             if g.stype == 'row_sparse':
                 g = g.data
             name = dtype_name(g.dtype)
-            if name not in _FINITE_DTYPES:
-                if name == 'bfloat16':
-                    g, name = nd.amp_cast(g, dtype='float32'), 'float32'
-                else:
-                    continue   # integer gradients cannot overflow to inf/NaN
+            if name == 'bfloat16':
+                g, name = nd.amp_cast(g, dtype='float32'), 'float32'
+            elif name not in _FINITE_DTYPES:
+                continue   # integer gradients cannot overflow to inf/NaN
             groups.setdefault(name, []).append(g)
         flag = nd.ones((1,), ctx=grads[0].context, dtype='float32')
         for arrays in groups.values():
@@ -55,21 +54,8 @@ def all_finite(per_device_grads):
         flags.append(flag)
     if not flags:
         return True
-    if len(flags) > 1:
-        ctx = flags[0].context
-        flags = [nd.min(nd.concat(*[f.as_in_context(ctx) for f in flags], dim=0))]
-    return bool(flags[0].asscalar() > 0)
-
-
-def nonfinite_names(calls, name_of):
-    """Sorted names (``name_of(optimizer index)``) of the parameters whose gradient holds
-    inf/NaN on some device of ``calls`` (as for :meth:`Step.apply`); one sync per gradient."""
-    names = set()
-    for _, update in calls:
-        for index, grad in zip(update.indices, update.grads):
-            if not all_finite([[grad]]):
-                names.add(str(name_of(index)))
-    return sorted(names)
+    ctx = flags[0].context
+    return bool(nd.min(nd.concat(*[f.as_in_context(ctx) for f in flags], dim=0)).asscalar() > 0)
 
 
 def param_grads(params):
@@ -174,10 +160,6 @@ class Step:
                 grad /= scale
         self.stage = Stage.UNSCALED
 
-    def check_can_step(self):
-        """RuntimeError if the owner already stepped in this iteration of a shared scale."""
-        self.group.check_can_step(self.owner)
-
     def check(self, per_device_grads):
         """bool: whether every gradient is finite; True without checking (no host sync) unless
         the scaler is dynamic. ``per_device_grads``: list (per device) of lists of NDArray."""
@@ -230,7 +212,8 @@ class Step:
                     'learning rate, and log/exp/division/sqrt in the model'), stacklevel=3)
             if getattr(new, 'stuck_at_floor', False):
                 self.stage = Stage.READY
-                names = nonfinite_names(calls, name_of or (lambda i: i))
+                names = sorted({str((name_of or str)(i)) for _, u in calls
+                                for i, grad in zip(u.indices, u.grads) if not all_finite([[grad]])})
                 raise LossScaleAtFloorError(
                     'the loss scale has been at its floor (min_scale=%g) for %d consecutive '
                     'overflowing steps: the inf/NaN gradients are not caused by loss scaling. '

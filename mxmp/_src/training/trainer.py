@@ -16,7 +16,7 @@ from .master_weights import ParameterMasters, is_low_precision
 from .step import Stage, Step, device_update, param_grads
 from .updater import Updater
 
-__all__ = ['Trainer', 'resolve_precision', 'policy_dtype']
+__all__ = ['Trainer', 'resolve_precision']
 
 logger = logging.getLogger('mxmp.trainer')
 
@@ -78,8 +78,7 @@ class Trainer(gluon.Trainer):
         self._updaters = [Updater(self._optimizer) for _ in self._contexts]
 
     def _prepare(self):
-        if not self._kv_initialized:
-            self._init_kvstore()
+        self._kv()
         if self._params_to_init:
             self._init_params()
 
@@ -125,7 +124,8 @@ class Trainer(gluon.Trainer):
     def exchange_dtype(self, param):
         """str: the dtype the gradient of ``param`` (a Parameter or its name) travels in over
         the kvstore; its own without one. ValueError if it is not this Trainer's."""
-        return self._exchange.dtype(self._params[self._param_index(param)], self._kv())
+        kv = self._kv()
+        return self._exchange.dtype(self._params[self._param_index(param)], kv and kv.type)
 
     def bytes_pushed_per_step(self):
         """int: gradient bytes this worker pushes per step (elements x bytes of
@@ -172,43 +172,33 @@ class Trainer(gluon.Trainer):
         :meth:`unscale` and clipping); same arguments, result and errors."""
         return self._apply_update(batch_size, ignore_stale_grad)
 
-    def _collect(self, ignore_stale_grad):
-        """Per device, the (index, param, data, grad) tuples to apply."""
-        per_device = [[] for _ in self._updaters]
-        for i, param in enumerate(self._params):
-            if param.grad_req == 'null':
-                continue
-            data_list = param.list_data()
-            if not ignore_stale_grad:
-                for data in data_list:
-                    if not data._fresh_grad:
+    def _apply_update(self, batch_size, ignore_stale_grad, reduce=False):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, float, np.number)) \
+                or not batch_size > 0:
+            raise ValueError('batch_size must be a positive number, got %r' % (batch_size,))
+        self._step.group.check_can_step(self)
+        self._prepare()
+        if reduce:
+            self._allreduce_grads()
+        with autograd.pause():
+            per_device = [[] for _ in self._updaters]   # (index, weight, grad, master or None)
+            for i, param in enumerate(self._params):
+                if param.grad_req == 'null':
+                    continue
+                for dev, (data, grad) in enumerate(zip(param.list_data(), param.list_grad())):
+                    if not data._fresh_grad and not ignore_stale_grad:
                         raise UserWarning(
                             'Gradient of Parameter `%s` on context %s has not been updated by '
                             'backward since the last step. If only a subset of the Parameters '
                             'is used on purpose, call step with ignore_stale_grad=True to skip '
                             'the Parameters with stale gradients.' % (param.name, data.context))
-            for dev, (data, grad) in enumerate(zip(data_list, param.list_grad())):
-                if not ignore_stale_grad or data._fresh_grad:
-                    per_device[dev].append((i, param, data, grad))
-        return per_device
-
-    def _apply_update(self, batch_size, ignore_stale_grad, reduce=False):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, float, np.number)) \
-                or not batch_size > 0:
-            raise ValueError('batch_size must be a positive number, got %r' % (batch_size,))
-        self._step.check_can_step()
-        self._prepare()
-        if reduce:
-            self._allreduce_grads()
-        with autograd.pause():
-            per_device = self._collect(ignore_stale_grad)
-            calls = [(updater, device_update(
-                (i, data, grad, self._masters.of(i)[dev] if is_low_precision(param) else None)
-                for i, param, data, grad in entries))
-                for dev, (updater, entries) in enumerate(zip(self._updaters, per_device))]
+                    if data._fresh_grad:
+                        per_device[dev].append((i, data, grad, self._masters.of(i)[dev]
+                                                if is_low_precision(param) else None))
             for entries in per_device:   # consumed whether the step is applied or skipped
-                for _, _, data, _ in entries:
+                for _, data, _, _ in entries:
                     data._fresh_grad = False
+            calls = [(u, device_update(e)) for u, e in zip(self._updaters, per_device)]
             return self._step.apply(calls, self._optimizer, self._scale / batch_size,
                                     name_of=lambda i: self._params[i].name)
 
@@ -276,28 +266,6 @@ class Trainer(gluon.Trainer):
         self._step.stage = Stage.READY
 
 
-def _network_policy(params):
-    """The policy of the network ``mxmp.convert`` converted the Parameters for (float16 first)."""
-    from .. import gluon as hook
-    found = {}
-    for param in params:
-        policy = hook.policy_of(param)
-        if policy is not None:
-            found.setdefault(policy.target_dtype, policy)
-    return next((found[d] for d in LOW_PRECISION_DTYPES if d in found), None)
-
-
-def policy_dtype(policy, target_dtype):
-    """The target dtype of ``policy`` (an mxmp.Policy, else TypeError); ValueError naming both
-    if ``target_dtype`` (None: not given) is another one."""
-    if not isinstance(policy, Policy):
-        raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
-    if target_dtype is not None and normalize_dtype(target_dtype, True) != policy.target_dtype:
-        raise ValueError('target_dtype=%r contradicts the policy\'s target dtype %r'
-                         % (target_dtype, policy.target_dtype))
-    return policy.target_dtype
-
-
 def resolve_precision(params, policy, target_dtype, loss_scaler):
     """``(target dtype name, loss scaler or LossScaleGroup)`` of a Trainer over ``params``.
 
@@ -307,8 +275,12 @@ def resolve_precision(params, policy, target_dtype, loss_scaler):
     ValueError if ``target_dtype`` or ``loss_scaler`` contradict ``policy`` (both named).
     """
     if policy is not None:
-        dtype = policy_dtype(policy, target_dtype)
-        spec = policy.loss_scaler
+        if not isinstance(policy, Policy):
+            raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
+        dtype, spec = policy.target_dtype, policy.loss_scaler
+        if target_dtype is not None and normalize_dtype(target_dtype, True) != dtype:
+            raise ValueError('target_dtype=%r contradicts the policy\'s target dtype %r'
+                             % (target_dtype, dtype))
         if loss_scaler is not None and spec != 'auto':
             mine = loss_scaler.current if isinstance(loss_scaler, LossScaleGroup) \
                 else make_loss_scaler(loss_scaler, dtype)
@@ -316,14 +288,18 @@ def resolve_precision(params, policy, target_dtype, loss_scaler):
                 raise ValueError('loss_scaler=%r contradicts the policy\'s loss_scaler %r'
                                  % (loss_scaler, spec))
     else:
-        names = set()
+        from .. import gluon as hook
+        names, policies = set(), {}   # the Parameters' dtypes; their network's policies
         for param in params:
+            found = hook.policy_of(param)
+            if found is not None:
+                policies.setdefault(found.target_dtype, found)
             try:
                 names.add(dtype_name(param.dtype))
             except TypeError:
                 pass
         dtype = next((d for d in LOW_PRECISION_DTYPES if d in names), None)
-        network = _network_policy(params)
+        network = next((policies[d] for d in LOW_PRECISION_DTYPES if d in policies), None)
         spec = network.loss_scaler if network is not None else 'auto'
         dtype = normalize_dtype(target_dtype if target_dtype is not None else
                                 dtype or getattr(network, 'target_dtype', 'float32'), True)
