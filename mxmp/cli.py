@@ -13,14 +13,14 @@ import sys
 from ._src.errors import CLIError, mxnet_error_line
 from ._src.model_io import (check_data_names, convert_model, diagnose_batch, epoch_of,
                             float32_block, fuse_model, load_params, load_symbol, need_file,
-                            save_model, strip_model)
+                            save_model)
 
 
 def cmd_convert(args):
     """mxmp convert: write a converted (or stripped) model."""
     import numpy as np
     from ._src.gluon_graph import count_fused
-    from ._src.graph.strip import count_casts
+    from ._src.graph.strip import count_casts, float32_arrays, remove_casts
     if not args.strip and args.dtype is None:
         raise CLIError('give --dtype float16 or --dtype bfloat16 (or --strip to get the '
                        'float32 model back)')
@@ -33,7 +33,8 @@ def cmd_convert(args):
     if not os.path.isdir(out_dir):
         raise CLIError('output directory %s does not exist' % out_dir)
     if args.strip:
-        out, arg_params, aux_params = strip_model(sym, arg_params, aux_params)
+        out = remove_casts(sym)
+        arg_params, aux_params = float32_arrays(arg_params), float32_arrays(aux_params)
         what = 'float32 (casts removed)'
     else:
         out, arg_params, aux_params = convert_model(sym, arg_params, aux_params, args.dtype,
@@ -129,9 +130,20 @@ def cmd_plot(args):
 
 
 def cmd_check_kernels(args):
-    """mxmp check-kernels: the kernel conformance run."""
-    from ._src.conformance.check import cmd
-    return cmd(args)
+    """mxmp check-kernels: the kernel conformance run; exit code 4 if an op failed."""
+    from ._src.conformance.check import check_kernels
+    ops = [o.strip() for o in args.ops.split(',') if o.strip()] if args.ops else None
+    emulate = {'auto': None, 'yes': True, 'no': False}[args.emulate]
+    report = check_kernels(args.dtype, ops=ops, emulate=emulate, jobs=args.jobs,
+                           timeout=args.timeout)
+    print(report.table())
+    if args.out:
+        report.save(args.out)
+        print('report written to %s; use it with mxmp.Policy.from_kernel_report(%r)'
+              % (args.out, args.out))
+    bad = [v for v in report.verdicts().values() if v.split('(')[0] in ('wrong', 'crash',
+                                                                          'error')]
+    return 4 if bad else 0
 
 
 _DTYPE_ALIASES = {'float16': 'float16', 'fp16': 'float16', 'half': 'float16',

@@ -91,75 +91,66 @@ def _infer_shapes(sym, input_shapes):
     return result
 
 
-def _conv_rows(name, op, attrs, data, weight, out, multiple):
+def _conv_rows(attrs, data, out, multiple):
+    """``(dimension, size, padded, fix, rule)`` of each misaligned size of a convolution."""
     layout = attrs.get('layout', 'None')
-    if layout in (None, 'None'):
-        c_axis = 1
-    else:
-        c_axis = layout.index('C')
+    c_axis = 1 if layout == 'None' else layout.index('C')
     batch = data[0]
     spatial_out = [s for i, s in enumerate(out) if i not in (0, c_axis)]
     groups = int(attrs.get('num_group', '1'))
-    in_channels = data[c_axis]
-    out_channels = out[c_axis]
-    shapes = dict(data_shape=data, weight_shape=weight, output_shape=out)
+    in_channels, out_channels = data[c_axis], out[c_axis]
     rows = []
-
-    def add(dimension, size, fix, rule, padded):
-        rows.append(Misalignment(name, op, dimension, size, padded, fix, rule, **shapes))
-
     if groups > 1 and in_channels // groups == 1:
-        add('depthwise', in_channels,
-            'none: depthwise (%d groups of 1 input channel, %d output channel(s) each) cannot '
-            'use Tensor Cores efficiently; leave it, or replace it by a dense convolution'
-            % (groups, out_channels // groups), _RULE_DEPTHWISE, None)
+        rows.append(('depthwise', in_channels, None,
+                     'none: depthwise (%d groups of 1 input channel, %d output channel(s) each) '
+                     'cannot use Tensor Cores efficiently; leave it, or replace it by a dense '
+                     'convolution' % (groups, out_channels // groups), _RULE_DEPTHWISE))
     elif groups > 1:
         for dim, total in (('in_channels_per_group', in_channels),
                            ('out_channels_per_group', out_channels)):
-            per = total // groups
+            per, padded = total // groups, _round_up(total // groups, multiple)
             if per % multiple:
-                add(dim, per, '%s %d (%d / %d groups) -> pad to %d (%s %d)'
-                    % (dim, per, total, groups, _round_up(per, multiple), dim.split('_per')[0],
-                       _round_up(per, multiple) * groups), _RULE_GROUP, _round_up(per, multiple))
+                rows.append((dim, per, padded, '%s %d (%d / %d groups) -> pad to %d (%s %d)'
+                             % (dim, per, total, groups, padded, dim.split('_per')[0],
+                                padded * groups), _RULE_GROUP))
     else:
         for dim, size in (('in_channels', in_channels), ('out_channels', out_channels)):
             if size % multiple:
-                add(dim, size, '%s %d -> pad to %d' % (dim, size, _round_up(size, multiple)),
-                    _RULE_CHANNELS % multiple, _round_up(size, multiple))
+                rows.append((dim, size, _round_up(size, multiple), '%s %d -> pad to %d'
+                             % (dim, size, _round_up(size, multiple)), _RULE_CHANNELS % multiple))
     m = batch * int(math.prod(spatial_out))
     if m % multiple:
         per_image = int(math.prod(spatial_out))
         batch_step = multiple // math.gcd(multiple, per_image)
-        add('M', m, 'M = batch*%s = %s = %d -> use a batch size that is a multiple of %d '
-            '(e.g. %d gives M = %d), or pad M to %d'
-            % ('*'.join('out_%s' % a for a in ('D', 'H', 'W')[-len(spatial_out):])
-               if spatial_out else '1',
-               '*'.join(str(s) for s in [batch] + spatial_out), m, batch_step,
-               _round_up(batch, batch_step), _round_up(batch, batch_step) * per_image,
-               _round_up(m, multiple)),
-            _RULE_CONV_M % multiple, _round_up(m, multiple))
+        rows.append(('M', m, _round_up(m, multiple),
+                     'M = batch*%s = %s = %d -> use a batch size that is a multiple of %d '
+                     '(e.g. %d gives M = %d), or pad M to %d'
+                     % ('*'.join('out_%s' % a for a in ('D', 'H', 'W')[-len(spatial_out):])
+                        if spatial_out else '1',
+                        '*'.join(str(s) for s in [batch] + spatial_out), m, batch_step,
+                        _round_up(batch, batch_step), _round_up(batch, batch_step) * per_image,
+                        _round_up(m, multiple)), _RULE_CONV_M % multiple))
     # N = out channels and K = in channels * filter size follow from the channel rule.
     return rows
 
 
-def _fc_rows(name, attrs, data, weight, out, multiple):
+def _fc_rows(attrs, data, weight, multiple):
+    """``(dimension, size, padded, fix, rule)`` of each misaligned GEMM size of a
+    FullyConnected layer."""
     flatten = attrs.get('flatten', 'True').lower() in ('true', '1')
     if flatten:
         batch, in_features = data[0], int(math.prod(data[1:]))
     else:
         batch, in_features = int(math.prod(data[:-1])), data[-1]
     out_features = weight[0]
-    shapes = dict(data_shape=data, weight_shape=weight, output_shape=out)
     rows = []
     for dim, gemm, size in (('in_features', 'K', in_features),
                             ('out_features', 'M', out_features), ('batch', 'N', batch)):
         if size % multiple:
             padded = _round_up(size, multiple)
             what = 'batch size' if dim == 'batch' else dim
-            rows.append(Misalignment(
-                name, 'FullyConnected', dim, size, padded,
-                '%s %d (GEMM %s) -> pad to %d' % (what, size, gemm, padded),
-                _RULE_FC % multiple, **shapes))
+            rows.append((dim, size, padded, '%s %d (GEMM %s) -> pad to %d'
+                         % (what, size, gemm, padded), _RULE_FC % multiple))
     return rows
 
 
@@ -213,10 +204,9 @@ def check_alignment(net_or_symbol, input_shapes, multiple=8):
             raise ValueError('cannot infer the shapes of %s %s from input_shapes=%r; inputs '
                              'without a known shape: %s. Give every data input a full shape.'
                              % (op, node['name'], input_shapes, ', '.join(missing) or '?'))
-        if op == 'FullyConnected':
-            rows.extend(_fc_rows(node['name'], attrs, data, weight, out, multiple))
-        else:
-            rows.extend(_conv_rows(node['name'], op, attrs, data, weight, out, multiple))
+        found = (_fc_rows(attrs, data, weight, multiple) if op == 'FullyConnected'
+                 else _conv_rows(attrs, data, out, multiple))
+        rows.extend(Misalignment(node['name'], op, *row, data, weight, out) for row in found)
     return rows
 
 

@@ -16,33 +16,31 @@ CudaLibrary = collections.namedtuple('CudaLibrary', ['soname', 'package', 'subdi
 CudaLibrary.__doc__ = """A shared library ``soname``, the pip ``package`` that ships it as
 ``site-packages/nvidia/<subdir>/lib/<soname>``."""
 
-#: What mxnet-cu112 1.9.1 needs (``readelf -d libmxnet.so``: NEEDED), dependencies first.
-CUDA_LIBRARIES = (
-    CudaLibrary('libcudart.so.11.0', 'nvidia-cuda-runtime-cu11', 'cuda_runtime'),
-    CudaLibrary('libnvToolsExt.so.1', 'nvidia-nvtx-cu11', 'nvtx'),
-    CudaLibrary('libcublasLt.so.11', 'nvidia-cublas-cu11', 'cublas'),
-    CudaLibrary('libcublas.so.11', 'nvidia-cublas-cu11', 'cublas'),
-    CudaLibrary('libnvrtc.so.11.2', 'nvidia-cuda-nvrtc-cu11', 'cuda_nvrtc'),
-    CudaLibrary('libcurand.so.10', 'nvidia-curand-cu11', 'curand'),
-    CudaLibrary('libcufft.so.10', 'nvidia-cufft-cu11', 'cufft'),
-    CudaLibrary('libcusolver.so.11', 'nvidia-cusolver-cu11', 'cusolver'),
-    CudaLibrary('libcudnn.so.8', 'nvidia-cudnn-cu11', 'cudnn'),
-    CudaLibrary('libnccl.so.2', 'nvidia-nccl-cu11', 'nccl'),
+#: ``(library, required)`` in load order, dependencies first. Required: what mxnet-cu112 1.9.1
+#: needs (``readelf -d libmxnet.so``: NEEDED). Optional: opened at run time by soname (cuDNN 8's
+#: sub-libraries...), loaded when present, never reported missing; shell patterns allowed.
+_LOAD_ORDER = (
+    (CudaLibrary('libcudart.so.11.0', 'nvidia-cuda-runtime-cu11', 'cuda_runtime'), True),
+    (CudaLibrary('libnvToolsExt.so.1', 'nvidia-nvtx-cu11', 'nvtx'), True),
+    (CudaLibrary('libcublasLt.so.11', 'nvidia-cublas-cu11', 'cublas'), True),
+    (CudaLibrary('libcublas.so.11', 'nvidia-cublas-cu11', 'cublas'), True),
+    (CudaLibrary('libnvrtc.so.11.2', 'nvidia-cuda-nvrtc-cu11', 'cuda_nvrtc'), True),
+    (CudaLibrary('libnvrtc-builtins.so.11.*', 'nvidia-cuda-nvrtc-cu11', 'cuda_nvrtc'), False),
+    (CudaLibrary('libcurand.so.10', 'nvidia-curand-cu11', 'curand'), True),
+    (CudaLibrary('libcufft.so.10', 'nvidia-cufft-cu11', 'cufft'), True),
+    (CudaLibrary('libcusparse.so.11', 'nvidia-cusparse-cu11', 'cusparse'), False),
+    (CudaLibrary('libcusolver.so.11', 'nvidia-cusolver-cu11', 'cusolver'), True),
+    (CudaLibrary('libcudnn_ops_infer.so.8', 'nvidia-cudnn-cu11', 'cudnn'), False),
+    (CudaLibrary('libcudnn_ops_train.so.8', 'nvidia-cudnn-cu11', 'cudnn'), False),
+    (CudaLibrary('libcudnn_cnn_infer.so.8', 'nvidia-cudnn-cu11', 'cudnn'), False),
+    (CudaLibrary('libcudnn_cnn_train.so.8', 'nvidia-cudnn-cu11', 'cudnn'), False),
+    (CudaLibrary('libcudnn_adv_infer.so.8', 'nvidia-cudnn-cu11', 'cudnn'), False),
+    (CudaLibrary('libcudnn_adv_train.so.8', 'nvidia-cudnn-cu11', 'cudnn'), False),
+    (CudaLibrary('libcudnn.so.8', 'nvidia-cudnn-cu11', 'cudnn'), True),
+    (CudaLibrary('libnccl.so.2', 'nvidia-nccl-cu11', 'nccl'), True),
 )
-
-#: ``(library, before)``: loaded when present (just before ``before``), never reported missing:
-#: opened at run time by soname (cuDNN 8's sub-libraries...). Shell patterns allowed.
-OPTIONAL_CUDA_LIBRARIES = (
-    (CudaLibrary('libnvrtc-builtins.so.11.*', 'nvidia-cuda-nvrtc-cu11', 'cuda_nvrtc'),
-     'libcurand.so.10'),
-    (CudaLibrary('libcusparse.so.11', 'nvidia-cusparse-cu11', 'cusparse'), 'libcusolver.so.11'),
-    (CudaLibrary('libcudnn_ops_infer.so.8', 'nvidia-cudnn-cu11', 'cudnn'), 'libcudnn.so.8'),
-    (CudaLibrary('libcudnn_ops_train.so.8', 'nvidia-cudnn-cu11', 'cudnn'), 'libcudnn.so.8'),
-    (CudaLibrary('libcudnn_cnn_infer.so.8', 'nvidia-cudnn-cu11', 'cudnn'), 'libcudnn.so.8'),
-    (CudaLibrary('libcudnn_cnn_train.so.8', 'nvidia-cudnn-cu11', 'cudnn'), 'libcudnn.so.8'),
-    (CudaLibrary('libcudnn_adv_infer.so.8', 'nvidia-cudnn-cu11', 'cudnn'), 'libcudnn.so.8'),
-    (CudaLibrary('libcudnn_adv_train.so.8', 'nvidia-cudnn-cu11', 'cudnn'), 'libcudnn.so.8'),
-)
+#: The required libraries, in load order.
+CUDA_LIBRARIES = tuple(lib for lib, required in _LOAD_ORDER if required)
 
 #: ``1``/``true``/``yes`` forces the preload at ``import mxmp``, ``0``/``false``/``no`` prevents
 #: it; unset: preload when a distribution of :data:`CUDA_DISTRIBUTIONS` is installed.
@@ -138,19 +136,6 @@ def cuda_library_dirs(search_paths=None):
     return dirs
 
 
-def _load_order(search_paths):
-    """[(CudaLibrary, path or None, required)] in dependency order."""
-    order = []
-    for lib in CUDA_LIBRARIES:
-        for optional, before in OPTIONAL_CUDA_LIBRARIES:
-            if before == lib.soname:
-                path = _locate(optional, search_paths)
-                if path is not None:
-                    order.append((optional, path, False))
-        order.append((lib, _locate(lib, search_paths), True))
-    return order
-
-
 def preload_cuda_libraries(search_paths=None, loader=None, system_fallback=True):
     """Open every library of :data:`CUDA_LIBRARIES` (and the present optional ones) with
     ``loader``, dependencies first, before ``import mxnet``.
@@ -171,25 +156,22 @@ def preload_cuda_libraries(search_paths=None, loader=None, system_fallback=True)
     paths = _search_paths(search_paths)
     load = loader or (lambda path: ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
     loaded, missing, failed = [], [], {}
-    for lib, path, required in _load_order(paths):
-        if path is None:
-            if not system_fallback:
-                missing.append(lib)
-                continue
-            try:
-                load(lib.soname)
-            except OSError:
-                missing.append(lib)
-                continue
-            loaded.append(lib.soname)
+    for lib, required in _LOAD_ORDER:
+        path = _locate(lib, paths)
+        if path is None and not required:
+            continue
+        if path is None and not system_fallback:
+            missing.append(lib)
             continue
         try:
-            load(path)
+            load(path or lib.soname)
         except OSError as err:
-            if required:
+            if path is None:
+                missing.append(lib)
+            elif required:
                 failed[lib.soname] = str(err)
             continue
-        loaded.append(path)
+        loaded.append(path or lib.soname)
     if missing or failed:
         raise CudaLibrariesNotFound(missing, failed, paths)
     if loader is None:
@@ -252,10 +234,9 @@ def main(argv=None):
     if args.print_path:
         print(os.pathsep.join(cuda_library_dirs(args.search_path)))
         return 0
-    found = find_cuda_libraries(args.search_path)
-    for soname, path in found.items():
+    for soname, path in find_cuda_libraries(args.search_path).items():
         print('%-22s %s' % (soname, path or 'MISSING'))
-    missing = [lib for lib in CUDA_LIBRARIES if found[lib.soname] is None]
+    missing = missing_cuda_libraries(args.search_path)
     if missing:
         print(CudaLibrariesNotFound(missing, searched=_search_paths(args.search_path)))
         return 1

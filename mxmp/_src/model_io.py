@@ -1,5 +1,5 @@
 """Model files and batches for the ``mxmp`` command: load and check a symbol and its parameters,
-convert, strip or fuse them, write them, and the float32 network and batch ``mxmp diagnose``
+convert or fuse them, write them, and the float32 network and batch ``mxmp diagnose``
 runs. Every problem with the user's files raises :class:`CLIError` naming it.
 """
 import json
@@ -36,16 +36,9 @@ def load_symbol(path):
 
 
 def load_params(path, sym, data_names):
-    """Load a params file and check it against ``sym``.
-
-    Returns:
-        (arg_params, aux_params): dicts of name -> NDArray.
-
-    Raises:
-        CLIError: not a params file; parameters the symbol needs are missing (the symbol and
-            the params are not from the same model). Shapes MXNet cannot check without the
-            data shapes, or that do not fit, only warn (on stderr).
-    """
+    """``(arg_params, aux_params)`` of a params file checked against ``sym``: CLIError if it
+    is not one or lacks parameters the symbol needs; unused parameters and shapes that do not
+    fit (or cannot be checked without the data shapes) only warn on stderr."""
     import mxnet as mx
     need_file(path, 'params file')
     try:
@@ -68,15 +61,13 @@ def load_params(path, sym, data_names):
     missing = [n for n in needed if n not in have]
     if missing:
         raise CLIError('%s does not match the symbol: %d parameter(s) the symbol needs are not '
-                       'in it (%s%s); pass the params file saved with this symbol, and the '
-                       'model\'s data inputs with --data-name'
-                       % (path, len(missing), ', '.join(missing[:4]),
-                          ', ...' if len(missing) > 4 else ''))
+                       'in it (%s); pass the params file saved with this symbol, and the '
+                       'model\'s data inputs with --data-name' % (path, len(missing),
+                                                                  _first4(missing)))
     extra = sorted(have - args - aux)
     if extra:
-        print('mxmp: warning: %s holds %d parameter(s) the symbol does not use (%s%s); they '
-              'are ignored' % (path, len(extra), ', '.join(extra[:4]),
-                               ', ...' if len(extra) > 4 else ''), file=sys.stderr)
+        print('mxmp: warning: %s holds %d parameter(s) the symbol does not use (%s); they '
+              'are ignored' % (path, len(extra), _first4(extra)), file=sys.stderr)
         arg_params = {k: v for k, v in arg_params.items() if k in args}
         aux_params = {k: v for k, v in aux_params.items() if k in aux}
     # Shapes can only warn: without the data shapes MXNet's partial inference fails on valid
@@ -90,6 +81,10 @@ def load_params(path, sym, data_names):
               'without the data shapes (%s); going on' % (path, mxnet_error_line(err)),
               file=sys.stderr)
     return arg_params, aux_params
+
+
+def _first4(names):
+    return ', '.join(names[:4]) + (', ...' if len(names) > 4 else '')
 
 
 def check_data_names(sym, data_names, arg_params):
@@ -119,21 +114,10 @@ def save_model(prefix, epoch, sym, arg_params, aux_params):
     return sym_path, params_path
 
 
-def strip_model(sym, arg_params, aux_params):
-    """The float32 model: ``(remove_casts(sym), arg_params, aux_params)``, arrays in float32."""
-    from .graph.strip import remove_casts
-    from .graph.strip import float32_arrays
-    return remove_casts(sym), float32_arrays(arg_params), float32_arrays(aux_params)
-
-
 def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data_names):
     """The mixed-precision model ``(graph, arg_params, aux_params)``: :func:`mxmp.convert_symbol`'s
     graph; arrays float32 except those the graph stores or pins (``__dtype__``) to another
-    dtype, which plain MXNet needs in that dtype to bind.
-
-    Raises:
-        CLIError: the pass refused the graph (its ValueError's message).
-    """
+    dtype, which plain MXNet needs in that dtype to bind. CLIError if the pass refuses it."""
     from .graph.strip import arrays_for_graph
     from .graph.convert import convert_symbol
     try:
@@ -145,11 +129,8 @@ def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data
 
 
 def fuse_model(sym, arg_params, aux_params, shapes, data_names):
-    """``sym`` fused by oneDNN for inference (:func:`mxmp._src.gluon_graph.fuse_symbol`).
-
-    Raises:
-        CLIError: a data input without a shape in ``shapes``; the backend refused the graph.
-    """
+    """``sym`` fused by oneDNN for inference (:func:`mxmp._src.gluon_graph.fuse_symbol`);
+    CLIError if a data input has no shape in ``shapes`` or the backend refuses the graph."""
     import mxnet as mx
     from .gluon_graph import fuse_symbol
     if not all(n in shapes for n in data_names):
@@ -164,19 +145,9 @@ def fuse_model(sym, arg_params, aux_params, shapes, data_names):
 
 
 def diagnose_batch(net, args, ctx):
-    """The batch ``mxmp diagnose`` runs: ``(data, label, description)``.
-
-    Args:
-        net (gluon.Block): the float32 classifier (run once here, to check its output).
-        args (argparse.Namespace): ``rec`` (image RecordIO file; else synthetic N(0, 1) data
-            with random labels from ``seed``), ``batch_size``, ``data_shape``, ``mean_rgb``,
-            ``std_rgb``.
-        ctx (mxnet.Context): where the batch goes.
-
-    Raises:
-        CLIError: a missing RecordIO file; a model that cannot run on the batch or is not a
-            classifier (output batch x classes); labels beyond the model's classes.
-    """
+    """``(data, label, description)`` of the batch ``mxmp diagnose`` runs on ``ctx``: the
+    first images of ``args.rec``, else synthetic N(0, 1) data with random labels. ``net`` runs
+    once on it: CLIError if it cannot, is not a classifier, or has fewer classes than labels."""
     import mxnet as mx
     import numpy as np
     if args.rec:
@@ -211,41 +182,23 @@ def diagnose_batch(net, args, ctx):
 
 def strip_loss_heads(sym):
     """``sym`` with its loss-output heads (the LOSS_OUTPUT class: ``SoftmaxOutput``...)
-    replaced by their data input (``sym`` itself if there is none): diagnose computes the loss
-    itself, and a Module symbol's label is not a network input."""
+    replaced by their data input: diagnose computes the loss itself, and a Module symbol's
+    label is not a network input."""
     import mxnet as mx
-    from .diagnose.capture import output_names
     from .policy.tables import classes_for
     loss_ops = set(classes_for('float16')['LOSS_OUTPUT'])
-    js = json.loads(sym.tojson())
-    heads, changed = [], False
-    for nid, idx, version in js['heads']:
-        node = js['nodes'][nid]
-        if node['op'] in loss_ops and node['inputs']:
-            src = node['inputs'][0]
-            heads.append([src[0], src[1], src[2]])
-            changed = True
-        else:
-            heads.append([nid, idx, version])
-    if not changed:
-        return sym
-    internals = sym.get_internals()
-    names = output_names(sym)
     outs = []
-    for nid, idx, _ in heads:
-        name = js['nodes'][nid]['name']
-        outs.append(internals[names[name][idx]] if name in names else internals[name])
+    for i in range(len(sym.list_outputs())):
+        js = json.loads(sym[i].tojson())
+        loss = js['nodes'][js['heads'][0][0]]['op'] in loss_ops
+        outs.append(sym[i].get_children()[0] if loss else sym[i])
     return outs[0] if len(outs) == 1 else mx.sym.Group(outs)
 
 
 def float32_block(sym, arg_params, aux_params, data_name='data', ctx=None):
     """A saved graph (casts removed, loss heads stripped) and its parameters (any float dtype)
-    as an initialized float32 ``gluon.SymbolBlock`` for :func:`mxmp.diagnose`.
-
-    Raises:
-        ValueError: ``sym`` has no input ``data_name``; a parameter of the graph is in neither
-            dict.
-    """
+    as an initialized float32 ``gluon.SymbolBlock`` for :func:`mxmp.diagnose`; ValueError if
+    ``sym`` has no input ``data_name`` or a parameter of the graph is in neither dict."""
     import warnings
     import mxnet as mx
     import numpy as np
@@ -271,12 +224,8 @@ def float32_block(sym, arg_params, aux_params, data_name='data', ctx=None):
 
 
 def first_record_shape(rec):
-    """(3, height, width) of the first image of the image RecordIO file ``rec``.
-
-    Raises:
-        ValueError: the file holds no record, is not RecordIO, or its first record is not an
-            encoded image.
-    """
+    """(3, height, width) of the first image of the image RecordIO file ``rec``; ValueError
+    naming the problem otherwise."""
     import mxnet as mx
     img = empty = object()
     try:
@@ -297,16 +246,9 @@ def first_record_shape(rec):
 
 def read_rec_batch(rec, batch_size, data_shape=None, mean_rgb=(0, 0, 0), std_rgb=(1, 1, 1),
                    ctx=None):
-    """The first ``batch_size`` images of ``rec`` (``ImageRecordIter``, no shuffling, wrapping
-    around) and their labels; each channel becomes ``(pixel - mean) / std``, 0-255 scale;
-    ``data_shape`` (C, H, W) defaults to the first record's.
-
-    Returns:
-        (data, label): float32 NDArrays of shape (batch_size,) + data_shape and (batch_size,).
-
-    Raises:
-        ValueError: not an image RecordIO file, or MXNet cannot read it.
-    """
+    """``(data, label)``: the first ``batch_size`` images of ``rec`` (no shuffling, wrapping
+    around), each channel ``(pixel - mean) / std`` on the 0-255 scale, and their labels;
+    ``data_shape`` (C, H, W) defaults to the first record's. ValueError if MXNet cannot read it."""
     import mxnet as mx
     shape = data_shape or first_record_shape(rec)
     ctx = ctx or mx.cpu()

@@ -73,10 +73,7 @@ def _finite(v):
 
 
 def _first_key(records, keys):
-    for key in keys:
-        if any(_finite(r.get(key)) for r in records):
-            return key
-    return None
+    return next((key for key in keys if any(_finite(r.get(key)) for r in records)), None)
 
 
 #: Keys of a run's description: the header record of metrics.jsonl, or summary.json beside it.

@@ -115,8 +115,9 @@ def test_diagnose_save_plots_writes_two_pngs(report, tmp_path):
 
 
 def test_layer_chart_for_bfloat16(report, tmp_path):
-    from mxmp._src.diagnose.report import plot_layer_ranges
-    assert_png(plot_layer_ranges(report, str(tmp_path / 'bf16.png'), 'bfloat16'),
+    from mxmp._src.diagnose.report import layer_ranges_figure
+    from mxmp._src.plotting import save_png
+    assert_png(save_png(layer_ranges_figure(report, 'bfloat16'), str(tmp_path / 'bf16.png')),
                min_height=250)
 
 

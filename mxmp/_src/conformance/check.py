@@ -1,17 +1,18 @@
-""":func:`check_kernels` and ``mxmp check-kernels``: choose the ops, run each in a process forked
-by the zygote of :mod:`.run`, collect the rows into a :class:`KernelReport` (docs/conformance.md).
+""":func:`check_kernels` (``mxmp check-kernels``): choose the ops, run each in a process forked
+by the forkserver of :mod:`.run`, collect the rows into a :class:`KernelReport` (docs/conformance.md).
 """
 import concurrent.futures
 import json
+import os
 import signal
-import threading
 
 from ..policy.policy import Policy
 from ..dtypes import normalize_dtype
 from ..policy.kernel_report import KernelReport, machine_info
 from ..policy.tables import aliases as table_aliases
 from .cases import CASES, NOT_TESTED
-from .run import _CASE_NAMES, _TESTED_CLASSES, _row, _Zygote, cases_of, has_params, tolerances
+from .run import (_CASE_NAMES, _TESTED_CLASSES, _row, cases_of, has_params, run_job,
+                  start_forkserver, tolerances)
 
 
 def _ops_to_test(policy, ops):
@@ -27,11 +28,7 @@ def _ops_to_test(policy, ops):
             raise ValueError('ops must be a list of op names, not the string %r' % ops)
         Policy(policy.target_dtype, fp32_ops=ops)  # validates the names
         chosen, extra = list(dict.fromkeys(ops)), []
-    out = []
-    for op in chosen + extra:
-        cls, _ = policy.classify(op)
-        out.append((op, cls, op in extra))
-    return out, aliases
+    return [(op, policy.classify(op)[0], op in extra) for op in chosen + extra], aliases
 
 
 def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, jobs=2,
@@ -75,32 +72,20 @@ def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, 
         emulate = True  # no float16 Convolution/FullyConnected on a CPU
     todo, aliases = _ops_to_test(policy, ops)
     info = machine_info(target)
-    rows, local, zygotes = [], threading.local(), []
-
-    def execute(job, limit):  # one zygote per worker thread, started on first use
-        if not hasattr(local, 'zygote'):
-            local.zygote = _Zygote()
-            zygotes.append(local.zygote)
-        return local.zygote(job, limit)
-
-    def run(op, cls, params_only):
-        return _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only, cases)
-
-    try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(int(jobs), len(todo) or 1)) as pool:
-            futures = [pool.submit(run, op, cls, only) for op, cls, only in todo]
-            for fut in futures:
-                for row in fut.result():
-                    rows.append(row)
-                    if progress is not None:
-                        progress(row)
-    finally:
-        for z in zygotes:
-            z.close()
+    rows = []
+    start_forkserver()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(int(jobs), len(todo) or 1)) as pool:
+        futures = [pool.submit(_run_op, op, cls, policy, emulate, timeout, seeds, only, cases)
+                   for op, cls, only in todo]
+        for fut in futures:
+            for row in fut.result():
+                rows.append(row)
+                if progress is not None:
+                    progress(row)
     fwd, bwd = tolerances(target)
     return KernelReport(target_dtype=target, machine=info, rows=rows,
                         tolerances={'forward': fwd, 'backward': bwd},
-                        aliases={a: c for a, c in aliases.items()})
+                        aliases=dict(aliases))
 
 
 def _signal_name(rc):
@@ -110,7 +95,7 @@ def _signal_name(rc):
         return 'signal %d' % -rc
 
 
-def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only=False, cases=None):
+def _run_op(op, cls, policy, emulate, timeout, seeds, params_only=False, cases=None):
     """All cases of one op (``params_only``: its ``lp-params`` cases; ``cases``: only these),
     in subprocesses; a crash ends that case, the rest run anew."""
     if op not in CASES:
@@ -118,13 +103,15 @@ def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only=False
         return [_row(op, cls, '', '', detail=reason)]
     pending = [p for p in cases_of(op, params_only) if cases is None or p[1] in cases]
     order = {p: i for i, p in enumerate(pending)}
+    env = dict(os.environ)
+    env.setdefault('OMP_NUM_THREADS', '1')
     rows = []
     while pending:
         job = {'op': op, 'class': cls, 'cases': pending, 'seeds': list(seeds),
                'emulate': emulate,
                'target_dtype': policy.target_dtype, 'lp_ops': sorted(policy.lp_ops),
-               'fp32_ops': sorted(policy.fp32_ops)}
-        out, err, rc = execute(job, timeout)
+               'fp32_ops': sorted(policy.fp32_ops), 'env': env}
+        out, err, rc = run_job(job, timeout)
         started, done = None, set()
         for line in out.splitlines():
             if not line.startswith('{'):
@@ -153,7 +140,7 @@ def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only=False
         if started is None or started not in pending:
             # died before its first case or after its last (e.g. heap checks at exit)
             for r in rows:
-                if r['op'] == op and r['verdict'] == 'ok':
+                if r['verdict'] == 'ok':
                     r['verdict'] = verdict
                     r['detail'] = 'process ended with %s after the case: %s' % (
                         _signal_name(rc) if rc and rc < 0 else 'exit code %s' % rc, tail)
@@ -166,18 +153,3 @@ def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only=False
     rows.sort(key=lambda r: order.get((r['variant'], r['case']), -1))
     return rows
 
-
-def cmd(args):
-    """``mxmp check-kernels`` (arguments from :func:`mxmp.cli.build_parser`); the exit code."""
-    ops = [o.strip() for o in args.ops.split(',') if o.strip()] if args.ops else None
-    emulate = {'auto': None, 'yes': True, 'no': False}[args.emulate]
-    report = check_kernels(args.dtype, ops=ops, emulate=emulate, jobs=args.jobs,
-                           timeout=args.timeout)
-    print(report.table())
-    if args.out:
-        report.save(args.out)
-        print('report written to %s; use it with mxmp.Policy.from_kernel_report(%r)'
-              % (args.out, args.out))
-    bad = [op for op, v in report.verdicts().items() if v.split('(')[0] in ('wrong', 'crash',
-                                                                              'error')]
-    return 4 if bad else 0

@@ -1,6 +1,7 @@
 """:func:`diagnose`: float32 iterations of a network with every layer's output rewired through
 ``y + probe`` (a zero input whose gradient is d loss / d y); the method is in docs/diagnose.md.
 """
+import collections
 import json
 
 import numpy as np
@@ -11,15 +12,6 @@ from .stats import FORMATS, LayerStats, TensorStats, advise_loss_scale, judge_la
 
 #: Suffix of the probe variables and ``+ probe`` nodes added to the traced graph (node names).
 _PROBE = '__probe__'
-
-
-def output_names(sym):
-    """dict: node name -> the names of its visible outputs in ``sym.get_internals()``, in order
-    (e.g. ``{'fc1': ['fc1_output'], 'split0': ['split0_output0', 'split0_output1']}``)."""
-    names = {}
-    for out in sym.get_internals().list_outputs():
-        names.setdefault(out.rsplit('_output', 1)[0], []).append(out)
-    return names
 
 
 def _as_nd(x, ctx):
@@ -40,7 +32,8 @@ def _instrument(sym, layer_names):
     """
     import mxnet as mx
     js = json.loads(sym.tojson())
-    n_out = {name: len(outs) for name, outs in output_names(sym).items()}
+    n_out = collections.Counter(out.rsplit('_output', 1)[0]
+                                for out in sym.get_internals().list_outputs())
     wanted = set(layer_names)
     nodes, remap, probes, new_id = [], {}, [], {}
 
@@ -156,9 +149,7 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
         raise ValueError('steps must be an integer >= 1, got %r' % (steps,))
     if not callable(loss_fn):
         raise TypeError('loss_fn must be callable as loss_fn(output, label), got %r' % (loss_fn,))
-    if isinstance(data_names, str):
-        data_names = (data_names,)
-    data_names = tuple(data_names)
+    data_names = (data_names,) if isinstance(data_names, str) else tuple(data_names)
     ctx = ctx or mx.cpu()
     inputs = list(data) if isinstance(data, (list, tuple)) else [data]
     if len(inputs) != len(data_names):
@@ -239,13 +230,11 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
         for layer, _, names in layers:
             for n in names:
                 if n not in seen:
+                    grad = exe.grad_dict.get(n)
                     seen[n] = (TensorStats.of(exe.arg_dict[n].asnumpy()),
-                               TensorStats.of(exe.grad_dict[n].asnumpy())
-                               if exe.grad_dict.get(n) is not None else None)
-            for n in names:
+                               None if grad is None else TensorStats.of(grad.asnumpy()))
                 weights[layer] = merged((weights.get(layer), seen[n][0]))
-                if seen[n][1] is not None:
-                    wgrads[layer] = merged((wgrads.get(layer), seen[n][1]))
+                wgrads[layer] = merged((wgrads.get(layer), seen[n][1]))
         if learning_rate and step + 1 < steps:
             for n, g in exe.grad_dict.items():
                 if g is not None and n in params:

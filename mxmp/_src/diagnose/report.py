@@ -55,10 +55,6 @@ class NumericsReport:
                 return layer
         raise KeyError('no reported layer named %r' % name)
 
-    def gradients(self):
-        """TensorStats of every reported gradient together."""
-        return merged(layer.gradients() for layer in self.layers)
-
     def table(self, dtype=None, flagged_only=False):
         """str: loss-scale advice and one row per layer, in ``dtype``'s format (default the
         target dtype); ``flagged_only``: only the layers recommended for float32."""
@@ -74,7 +70,12 @@ class NumericsReport:
         Returns:
             dict str -> str: plot name -> path.
         """
-        return save_report_plots(self, directory, dtype)
+        from ..plotting import save_png
+        os.makedirs(directory, exist_ok=True)
+        fmt = number_format(dtype or self.target_dtype).name
+        return {name: save_png(figure(self, fmt), os.path.join(directory, name + '.png'))
+                for name, figure in (('gradient_histogram', gradient_histogram_figure),
+                                     ('layer_ranges', layer_ranges_figure))}
 
     def to_dict(self):
         """JSON-ready dict of everything in the report."""
@@ -209,7 +210,9 @@ def _gradient_series(report):
 
 
 def gradient_histogram_figure(report, dtype=None):
-    """The figure of :func:`plot_gradient_histogram` (a matplotlib Figure, one Axes)."""
+    """The histogram of the gradients' log2 magnitudes against the range of ``dtype``
+    (default the report's target dtype); the scaled series is drawn only where the loss scale
+    rescues values. A matplotlib Figure with one Axes."""
     fmt = number_format(dtype or report.target_dtype)
     from ..plotting import pyplot
     plt = pyplot()
@@ -265,15 +268,6 @@ def gradient_histogram_figure(report, dtype=None):
     return fig
 
 
-def plot_gradient_histogram(report, out_png, dtype=None):
-    """Write the histogram of the gradients' log2 magnitudes against the range of ``dtype``
-    (``'float16'`` or ``'bfloat16'``, default the report's target dtype) to ``out_png`` (its
-    directory is created); the scaled series is drawn only where the loss scale rescues
-    values. Returns ``out_png``."""
-    from ..plotting import save_png
-    return save_png(gradient_histogram_figure(report, dtype), out_png)
-
-
 def _span(stats):
     """(lowest, highest + 1) log2 bin of the finite non-zero values, or None."""
     if stats is None or not stats.nonzero:
@@ -283,7 +277,9 @@ def _span(stats):
 
 
 def layer_ranges_figure(report, dtype=None):
-    """The figure of :func:`plot_layer_ranges` (a matplotlib Figure with two Axes)."""
+    """The per-layer chart in ``dtype``'s format (default the target): left, the log2 span of
+    activations, weights and gradients over the format's zones; right, the fractions out of
+    range; flagged layers in red. A matplotlib Figure with two Axes."""
     fmt = number_format(dtype or report.target_dtype)
     from ..plotting import pyplot
     plt = pyplot()
@@ -352,32 +348,6 @@ def layer_ranges_figure(report, dtype=None):
     for ax in (ax_span, ax_frac):
         ax.grid(True, axis='x', alpha=0.3)
     height = fig.get_size_inches()[1]
-    handles, labels = [], []
-    for ax in (ax_span, ax_frac):
-        hs, ls = ax.get_legend_handles_labels()
-        handles += hs
-        labels += ls
-    fig.legend(handles, labels, fontsize=7, loc='lower center', ncol=4, frameon=False)
+    fig.legend(fontsize=7, loc='lower center', ncol=4, frameon=False)  # every Axes' labels
     fig.tight_layout(rect=(0, 0.6 / height, 1, 1))
     return fig
-
-
-def plot_layer_ranges(report, out_png, dtype=None):
-    """Write the per-layer chart (left: log2 span of activations, weights and gradients over
-    the format's zones; right: the fractions out of range; flagged layers in red) to
-    ``out_png``. Arguments and return value as :func:`plot_gradient_histogram`."""
-    from ..plotting import save_png
-    return save_png(layer_ranges_figure(report, dtype), out_png)
-
-
-def save_report_plots(report, directory, dtype=None):
-    """Both charts of ``report`` in ``directory`` (:meth:`NumericsReport.save_plots`);
-    returns ``{'gradient_histogram': path, 'layer_ranges': path}``."""
-    os.makedirs(directory, exist_ok=True)
-    fmt = number_format(dtype or report.target_dtype)
-    return {
-        'gradient_histogram': plot_gradient_histogram(
-            report, os.path.join(directory, 'gradient_histogram.png'), fmt.name),
-        'layer_ranges': plot_layer_ranges(
-            report, os.path.join(directory, 'layer_ranges.png'), fmt.name),
-    }

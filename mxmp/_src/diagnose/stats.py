@@ -122,9 +122,7 @@ class TensorStats:
                    hist.astype(np.int64), overflow)
 
     def merge(self, other):
-        """The statistics of both tensors together (``other`` may be None)."""
-        if other is None:
-            return self
+        """The statistics of both tensors together."""
         return TensorStats(self.count + other.count, self.zeros + other.zeros,
                            self.nonfinite + other.nonfinite, max(self.max_abs, other.max_abs),
                            self.hist + other.hist,
@@ -196,7 +194,7 @@ class LayerStats:
 
     def gradients(self):
         """TensorStats of the activation and weight gradients together."""
-        return self.act_grad.merge(self.weight_grad)
+        return merged((self.act_grad, self.weight_grad))
 
 
 @dataclasses.dataclass(frozen=True)

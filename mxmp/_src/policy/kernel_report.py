@@ -3,6 +3,7 @@ the policy changes it justifies (read by :meth:`mxmp.Policy.from_kernel_report`)
 ``wrong``, ``crash(...)`` or ``error`` case goes to float32; a float32 op ``ok`` in every case on
 real kernels may compute in the target dtype (emulated evidence widens nothing).
 """
+import collections
 import dataclasses
 import datetime
 import json
@@ -78,9 +79,8 @@ class KernelReport:
         (default: every row)."""
         out = {}
         for r in self.rows if rows is None else rows:
-            v = r['verdict'].split('(')[0]
             old = out.get(r['op'])
-            if old is None or _rank(v) > _rank(old.split('(')[0]):
+            if old is None or _rank(r['verdict']) > _rank(old):
                 out[r['op']] = r['verdict']
         return out
 
@@ -98,11 +98,11 @@ class KernelReport:
         widen = self.verdicts([r for r in self.rows if r.get('case') != 'lp-params'])
         for op, verdict in self.verdicts().items():
             names = names_of.get(op, {op})
-            kind = verdict.split('(')[0]
+            kind = _kind(verdict)
             if kind in _BAD:
                 fp32 |= names
             elif (kind == 'ok' and self.machine.get('real_kernels') and op in keep32 and
-                  widen.get(op, '').split('(')[0] == 'ok'):
+                  _kind(widen.get(op, '')) == 'ok'):
                 lp |= names & keep32
         return frozenset(lp), frozenset(fp32 - lp)
 
@@ -121,14 +121,10 @@ class KernelReport:
                  _fmt_err(r['fwd_err']), _fmt_err(r['bwd_err']),
                  r['verdict'] + (': ' + r['detail'] if r['detail'] else ''))
                 for r in self.rows]
-        widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c)
-                  for i, c in enumerate(cols)]
+        widths = [max([len(c)] + [len(b[i]) for b in body]) for i, c in enumerate(cols)]
         widths[-1] = len(cols[-1])
         line = lambda cells: '  '.join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-        counts = {}
-        for r in self.rows:
-            k = r['verdict'].split('(')[0]
-            counts[k] = counts.get(k, 0) + 1
+        counts = collections.Counter(_kind(r['verdict']) for r in self.rows)
         summary = ', '.join('%d %s' % (n, k) for k, n in sorted(counts.items()))
         return '\n'.join(head + [line(cols)] + [line(b) for b in body]
                          + ['%d cases: %s' % (len(self.rows), summary)])
@@ -146,8 +142,13 @@ class KernelReport:
             f.write('\n')
 
 
-def _rank(kind):
-    return 2 if kind in _BAD else (1 if kind == 'ok' else 0)
+def _kind(verdict):
+    """The verdict without its detail: ``'crash'`` for ``'crash(SIGSEGV)'``."""
+    return verdict.split('(')[0]
+
+
+def _rank(verdict):
+    return 2 if _kind(verdict) in _BAD else (1 if verdict == 'ok' else 0)
 
 
 def load_kernel_report(path):
@@ -179,7 +180,7 @@ def load_kernel_report(path):
         missing = [k for k in _ROW_KEYS if not isinstance(row, dict) or k not in row]
         if missing:
             raise ValueError('%s: row %d lacks %s; %s' % (path, i, ', '.join(missing), fix))
-        if row['verdict'].split('(')[0] not in VERDICTS:
+        if _kind(row['verdict']) not in VERDICTS:
             raise ValueError('%s: row %d (%s) has unknown verdict %r (one of %s)'
                              % (path, i, row['op'], row['verdict'], ', '.join(VERDICTS)))
     return KernelReport(target_dtype=data['target_dtype'], machine=data['machine'],
