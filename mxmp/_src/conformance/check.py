@@ -1,18 +1,17 @@
-""":func:`check_kernels` (``mxmp check-kernels``): choose the ops, run each in a process forked
-by the forkserver of :mod:`.run`, collect the rows into a :class:`KernelReport` (docs/conformance.md).
+""":func:`check_kernels`: choose the ops, run each in a process forked by the zygote of
+:mod:`.run`, collect the rows into a :class:`KernelReport` (docs/conformance.md).
 """
 import concurrent.futures
 import json
-import os
 import signal
+import threading
 
 from ..policy.policy import Policy
 from ..dtypes import normalize_dtype
 from ..policy.kernel_report import KernelReport, machine_info
 from ..policy.tables import aliases as table_aliases
 from .cases import CASES, NOT_TESTED
-from .run import (_CASE_NAMES, _TESTED_CLASSES, _row, cases_of, has_params, run_job,
-                  start_forkserver, tolerances)
+from .run import _CASE_NAMES, _TESTED_CLASSES, _row, _Zygote, cases_of, has_params, tolerances
 
 
 def _ops_to_test(policy, ops):
@@ -72,16 +71,28 @@ def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, 
         emulate = True  # no float16 Convolution/FullyConnected on a CPU
     todo, aliases = _ops_to_test(policy, ops)
     info = machine_info(target)
-    rows = []
-    start_forkserver()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(int(jobs), len(todo) or 1)) as pool:
-        futures = [pool.submit(_run_op, op, cls, policy, emulate, timeout, seeds, only, cases)
-                   for op, cls, only in todo]
-        for fut in futures:
-            for row in fut.result():
-                rows.append(row)
-                if progress is not None:
-                    progress(row)
+    rows, local, zygotes = [], threading.local(), []
+
+    def execute(job, limit):  # one zygote per worker thread, started on first use
+        if not hasattr(local, 'zygote'):
+            local.zygote = _Zygote()
+            zygotes.append(local.zygote)
+        return local.zygote(job, limit)
+
+    def run(op, cls, params_only):
+        return _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only, cases)
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(int(jobs), len(todo) or 1)) as pool:
+            futures = [pool.submit(run, op, cls, only) for op, cls, only in todo]
+            for fut in futures:
+                for row in fut.result():
+                    rows.append(row)
+                    if progress is not None:
+                        progress(row)
+    finally:
+        for z in zygotes:
+            z.close()
     fwd, bwd = tolerances(target)
     return KernelReport(target_dtype=target, machine=info, rows=rows,
                         tolerances={'forward': fwd, 'backward': bwd},
@@ -95,7 +106,7 @@ def _signal_name(rc):
         return 'signal %d' % -rc
 
 
-def _run_op(op, cls, policy, emulate, timeout, seeds, params_only=False, cases=None):
+def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only=False, cases=None):
     """All cases of one op (``params_only``: its ``lp-params`` cases; ``cases``: only these),
     in subprocesses; a crash ends that case, the rest run anew."""
     if op not in CASES:
@@ -103,15 +114,13 @@ def _run_op(op, cls, policy, emulate, timeout, seeds, params_only=False, cases=N
         return [_row(op, cls, '', '', detail=reason)]
     pending = [p for p in cases_of(op, params_only) if cases is None or p[1] in cases]
     order = {p: i for i, p in enumerate(pending)}
-    env = dict(os.environ)
-    env.setdefault('OMP_NUM_THREADS', '1')
     rows = []
     while pending:
         job = {'op': op, 'class': cls, 'cases': pending, 'seeds': list(seeds),
                'emulate': emulate,
                'target_dtype': policy.target_dtype, 'lp_ops': sorted(policy.lp_ops),
-               'fp32_ops': sorted(policy.fp32_ops), 'env': env}
-        out, err, rc = run_job(job, timeout)
+               'fp32_ops': sorted(policy.fp32_ops)}
+        out, err, rc = execute(job, timeout)
         started, done = None, set()
         for line in out.splitlines():
             if not line.startswith('{'):

@@ -1,10 +1,12 @@
-"""The conformance suite's processes: one per op (:func:`run_job`), forked by a server that
-imported MXNet once, measuring each case (:func:`_child`).
+"""The conformance suite's processes: the zygote that imports MXNet once and forks one child per
+op (:class:`_Zygote`, :func:`_serve`), and the child that measures each case (:func:`_child`).
 Method, error measure and tolerances: docs/conformance.md.
 """
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 
@@ -40,48 +42,84 @@ def tolerances(target_dtype):
     return eps, 2 * eps
 
 
-def start_forkserver():
-    """Start multiprocessing's forkserver with MXNet imported (once per Python process; with
-    ``OMP_NUM_THREADS=1`` unless set): :func:`run_job` forks each op's process from it."""
-    import multiprocessing.forkserver
-    multiprocessing.get_context('forkserver').set_forkserver_preload(
-        ['mxnet', 'mxmp._src.graph.convert'])
-    unset = 'OMP_NUM_THREADS' not in os.environ
-    os.environ.setdefault('OMP_NUM_THREADS', '1')  # libgomp reads it as MXNet loads
-    multiprocessing.forkserver.ensure_running()
-    if unset:
-        del os.environ['OMP_NUM_THREADS']
+def _env():
+    env = dict(os.environ)
+    env.setdefault('OMP_NUM_THREADS', '1')
+    env['LIBC_FATAL_STDERR_'] = '1'  # glibc's "corrupted size vs. prev_size" to stderr, not tty
+    return env
 
 
-def run_job(job, timeout):
-    """``(stdout, stderr, rc)`` of :func:`_child` in a process forked by the forkserver: a
-    kernel that corrupts the heap kills that process only. ``rc``: the exit code, ``-signal``,
-    or None when it ran past ``timeout`` seconds (then killed)."""
-    import multiprocessing
-    import tempfile
-    with tempfile.TemporaryDirectory(prefix='mxmp-check-kernels-') as tmp:
-        paths = [os.path.join(tmp, name) for name in ('out', 'err')]
-        for path in paths:
-            open(path, 'w').close()
-        proc = multiprocessing.get_context('forkserver').Process(target=_child_process,
-                                                                 args=[job] + paths)
-        proc.start()
-        proc.join(timeout)
-        hung = proc.is_alive()
-        if hung:
-            proc.kill()
-            proc.join()
-        with open(paths[0]) as fo, open(paths[1], errors='replace') as fe:
-            return fo.read(), fe.read(), None if hung else proc.exitcode
+class _Zygote:
+    """A Python process that imports MXNet once and forks one child per op: a kernel that
+    corrupts the child's heap kills that child only; the zygote reports its exit status."""
+
+    def __init__(self):
+        import tempfile
+        self.dir = tempfile.mkdtemp(prefix='mxmp-check-kernels-')
+        self.proc = subprocess.Popen([sys.executable, '-c',
+                                      'from mxmp._src.conformance.run import _serve; _serve()'],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=_env(), text=True)
+
+    def __call__(self, job, timeout):
+        job = dict(job, timeout=timeout, stdout=os.path.join(self.dir, 'out'),
+                   stderr=os.path.join(self.dir, 'err'))
+        try:
+            self.proc.stdin.write(json.dumps(job) + '\n')
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ''
+        if not line:
+            raise RuntimeError('the check-kernels zygote process ended (exit code %s)'
+                               % self.proc.poll())
+        rc = json.loads(line)['rc']
+        with open(job['stdout']) as fo, open(job['stderr'], errors='replace') as fe:
+            return fo.read(), fe.read(), rc
+
+    def close(self):
+        import shutil
+        self.proc.stdin.close()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _child_process(job, out, err):
-    """The forked process: stdout and stderr to files, the parent's environment, the cases."""
-    for fd, path in ((1, out), (2, err)):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
-    os.environ.clear()
-    os.environ.update(job['env'], LIBC_FATAL_STDERR_='1')  # glibc's heap checks to stderr
-    _child(job)
+def _serve():
+    """Zygote loop (run by :class:`_Zygote`): one job per stdin line, one fork per job."""
+    import time
+    import traceback
+    import mxnet  # noqa: F401  pylint: disable=unused-import
+    from ..graph import convert  # noqa: F401  pylint: disable=unused-import
+    for line in sys.stdin:
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                for fd, path in ((1, job['stdout']), (2, job['stderr'])):
+                    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+                _child(job)
+                code = 0
+            except BaseException:  # pylint: disable=broad-except
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)  # pylint: disable=protected-access
+        deadline = time.time() + job['timeout']
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.time() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                status = None
+                break
+            time.sleep(0.02)
+        rc = None if status is None else (-os.WTERMSIG(status) if os.WIFSIGNALED(status)
+                                          else os.WEXITSTATUS(status))
+        print(json.dumps({'rc': rc}), flush=True)
 
 
 def _row(op, cls, variant, case, **kw):
@@ -92,7 +130,7 @@ def _row(op, cls, variant, case, **kw):
 
 
 # ---------------------------------------------------------------------------------------------
-# Child side: runs in a process forked by the forkserver
+# Child side: runs in a process forked by the zygote
 # ---------------------------------------------------------------------------------------------
 def _values(rng, shape, kind):
     if kind in ('n', 'w'):
