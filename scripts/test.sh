@@ -33,9 +33,9 @@ python -c "import gluonnlp" 2>/dev/null \
 bash scripts/install_dataset.sh
 
 # the tests that take emulate (or skip) from mxmp.lp_kernels_available
-EMULATED_PATH_TESTS=(tests/test_graph.py tests/test_gluon.py tests/test_module.py tests/test_amp.py
-                     tests/test_layout.py tests/test_device.py tests/test_nonfinite.py
-                     tests/test_cli.py tests/test_bad_inputs.py tests/test_gluoncv_models.py)
+EMULATED_PATH_TESTS=(tests/graph/test_pass.py tests/gluon/test_convert.py tests/training/test_module.py tests/amp/test_amp.py
+                     tests/gluon/test_onednn_layout.py tests/device/test_device.py tests/training/test_nonfinite.py
+                     tests/cli/test_cli.py tests/test_bad_inputs.py tests/gluon/test_gluoncv_models.py)
 
 echo "== pytest"
 status=0

@@ -3,8 +3,8 @@
 The list (issue 7): unknown dtype, non-hybridizable block, op in no list, model converted twice,
 NaN loss, corrupt or mismatched checkpoint (Trainer states, Module checkpoint, the example's
 --resume), missing dataset, wrong RecordIO path, batch size larger than the dataset. This file is
-the index: several of these are also tested where the code lives (tests/test_gluon.py,
-tests/test_graph.py, tests/test_trainer.py, tests/examples/...); here each message is pinned
+the index: several of these are also tested where the code lives (tests/gluon/test_convert.py,
+tests/graph/test_pass.py, tests/training/test_trainer.py, tests/examples/...); here each message is pinned
 once, with the helpers imported from those files.
 """
 import importlib.util
@@ -19,10 +19,10 @@ from mxnet import gluon
 import mxmp
 from mxmp._src.errors import LossScaleAtFloorError, NonFiniteForwardWarning
 
-import test_module as tm
-from test_gluon import small_resnet
-from test_nonfinite import floor_trainer, nan_grad_step
-from test_trainer import fresh_trainer, trained_bf16_trainer
+import helpers as tm
+from helpers import small_resnet
+from helpers import floor_trainer, nan_grad_step
+from helpers import fresh_trainer, trained_bf16_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,7 +112,7 @@ def test_trainer_states_of_another_target_dtype_are_refused(tmp_path):
     _, trainer = trained_bf16_trainer('lp_')
     fname = tmp_path / 'trainer.states'
     trainer.save_states(str(fname))
-    from test_trainer import cast_mlp
+    from helpers import cast_mlp
     from mxmp._src.scaling import DynamicLossScaler
     net16 = cast_mlp('lp_', 'float16')
     other = mxmp.Trainer(net16.collect_params(), 'sgd', {'learning_rate': .05, 'momentum': .9},

@@ -209,7 +209,7 @@ def test_resume_continues_from_the_checkpoint_epoch_like_an_uninterrupted_run(
     # Not bitwise: MXNet 1.9.1's oneDNN convolution backward is not reproducible run to run on
     # this CPU (two *uninterrupted* runs differ by 1-2 ulp in deep conv weights, measured even
     # with OMP_NUM_THREADS=1 and MXNET_CPU_WORKER_NTHREADS=1). Everything mxmp and the script
-    # restore is exact; tests/test_resume.py pins bitwise resume on nets without convolutions.
+    # restore is exact; tests/training/test_resume.py pins bitwise resume on nets without convolutions.
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6,
                                    err_msg=name)

@@ -21,7 +21,7 @@ Where the facts come from:
   src/operator/tensor/dot-inl.h, src/operator/contrib/transformer.cc) and runs of every op with
   float16 inputs on CPU with the 1.9.1 wheel. float16 Convolution, Deconvolution,
   FullyConnected, RNN, dot and batch_dot have GPU (cuDNN/cuBLAS) kernels only; every FOLLOW and
-  WIDEST_TYPE op runs in float16 on CPU (tests/test_lists.py runs them).
+  WIDEST_TYPE op runs in float16 on CPU (tests/policy/test_op_coverage.py runs them).
 - contrib.amp's own lists (mxnet/contrib/amp/lists/symbol_fp16.py), read for facts and not imported.
   Differences: ops it calls dtype-neutral that have no float16 kernel (Crop, GridGenerator, sort,
   SpatialTransformer, BatchNorm_v1) are FLOAT32 here; argmax/argmin/arange_like are FLOAT32

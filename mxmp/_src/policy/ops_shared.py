@@ -10,7 +10,7 @@ error there). So adding an op that behaves alike in both dtypes is one edit, her
 Every operator name MXNet 1.9.1 registers (``mx.operator.get_all_registered_operators()``) is in
 exactly one class of each merged table, or a rule in
 ``EXCLUDED_PREFIXES`` of ``tables.py`` excludes it
-(tests/test_lists.py enforces it). Aliases are listed under each of their names; a Symbol's JSON
+(tests/policy/test_op_coverage.py enforces it). Aliases are listed under each of their names; a Symbol's JSON
 always names the canonical op. Where a group's reason differs between the dtypes, its legend gives
 both (``float16:``, ``bfloat16:``); the sources are those named in ops_float16.py and
 ops_bfloat16.py: NVIDIA's "Training with Mixed Precision" guide, Micikevicius et al., "Mixed

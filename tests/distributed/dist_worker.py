@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Worker of tests/test_distributed.py: a tiny MLP in emulated bfloat16, mxmp.Trainer or Module.
+"""Worker of tests/distributed/test_kvstore.py: a tiny MLP in emulated bfloat16, mxmp.Trainer or Module.
 
 Run it under ``scripts/launch_local.py`` with ``--kvstore dist_sync`` (each worker trains on its
 shard of a global batch) or alone with ``--kvstore none`` (one process on the whole global
@@ -41,7 +41,7 @@ import sys
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 

@@ -1,6 +1,6 @@
-"""Worker of tests/test_gluoncv_models.py: one GluonCV detector trained as GluonCV trains it.
+"""Worker of tests/gluon/test_gluoncv_models.py: one GluonCV detector trained as GluonCV trains it.
 
-    python -m tests.gluoncv_worker MODEL MODE [--seed S] [--steps N]
+    python -m tests.gluon.gluoncv_worker MODEL MODE [--seed S] [--steps N]
 
 MODEL is one of ``MODELS`` (SSD, YOLO3, Faster-RCNN, CenterNet; no pretrained weights), MODE one
 of ``float32`` (no mxmp), ``convert`` (``net = mxmp.convert(net, 'bfloat16')`` right after the

@@ -7,19 +7,12 @@ from mxnet import autograd, gluon, nd
 
 import mxmp
 from mxmp._src.gluon import converted_graph
+from helpers import small_resnet  # noqa: E402
 
 EMULATE = not mxmp.lp_kernels_available('bfloat16')
 #: the output dtype of a low-precision layer in the executed graph: emulation runs float32
 #: kernels and rounds their outputs through bfloat16 with elementwise nodes
 LP = 'float32' if EMULATE else 'bfloat16'
-
-
-def small_resnet(seed=0):
-    from gluoncv.model_zoo import get_model
-    mx.random.seed(seed)
-    net = get_model('cifar_resnet20_v1', classes=10)
-    net.initialize(mx.init.Xavier())
-    return net
 
 
 def batch(n=8, seed=1):

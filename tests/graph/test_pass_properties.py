@@ -30,7 +30,7 @@ data input in float32 or in the target dtype (``data_dtypes``), and these proper
 
 Example budget: ``MXMP_FUZZ_EXAMPLES`` sets ``max_examples`` of every property (default 200
 graphs each, about 1.5 minutes for the file on a 2-core CPU); e.g.
-``MXMP_FUZZ_EXAMPLES=2000 python -m pytest tests/test_graph_fuzz.py`` for a long hunt.
+``MXMP_FUZZ_EXAMPLES=2000 python -m pytest tests/graph/test_pass_properties.py`` for a long hunt.
 Examples are derandomized (fixed seed), so CI checks the same graphs every run; a failing
 graph is printed as the ``mx.sym`` calls that build it.
 

@@ -20,51 +20,9 @@ from mxmp._src.graph.loss_heads import (HEAD_GRADIENT_LOSS_OPS, LOSS_SCALE_NAME,
 from mxmp._src.training.module import Module
 from mxmp._src.policy.policy import LOSS_OUTPUT
 from mxmp._src.scaling import DynamicLossScaler, StaticLossScaler
+from helpers import CLASSES, EMULATE, FEATURES, MODULE_BATCH, batch_of, bf16, device_params, mlp, module_initial_params, module_optimizer_state, np_params, problem, ready  # noqa: E402
 
-EMULATE = not mxmp.lp_kernels_available('bfloat16')
-BATCH, FEATURES, CLASSES = 32, 12, 4
 TWO_CPUS = [mx.cpu(0), mx.cpu(1)]
-
-
-# ---------------------------------------------------------------------------- helpers
-def mlp(hidden=16):
-    data = mx.sym.var('data')
-    h = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=hidden, name='fc1'),
-                          act_type='relu', name='relu1')
-    out = mx.sym.FullyConnected(h, num_hidden=CLASSES, name='fc2')
-    return mx.sym.SoftmaxOutput(out, name='softmax')
-
-
-def problem(n=256, seed=0):
-    """A separable 4-class problem: labels are the argmax of a random linear map."""
-    rng = np.random.RandomState(seed)
-    x = rng.randn(n, FEATURES).astype(np.float32)
-    y = (x @ rng.randn(FEATURES, CLASSES)).argmax(1).astype(np.float32)
-    return x, y
-
-
-def initial_params(sym=None, seed=1, batch=BATCH):
-    """Deterministic float32 parameters for ``sym`` (default: mlp())."""
-    sym = mlp() if sym is None else sym
-    known = {'data': (batch, FEATURES), 'softmax_label': (batch,)}
-    shapes, _, _ = sym.infer_shape(**{k: v for k, v in known.items()
-                                      if k in sym.list_arguments()})
-    rng = np.random.RandomState(seed)
-    return {n: nd.array(rng.uniform(-.5, .5, s)) for n, s in zip(sym.list_arguments(), shapes)
-            if n not in ('data', 'softmax_label')}
-
-
-def batch_of(x, y):
-    return mx.io.DataBatch(data=[nd.array(x)], label=[nd.array(y)])
-
-
-def ready(mod, batch=BATCH, momentum=.9, lr=.1, params=None):
-    mod.bind(data_shapes=[('data', (batch, FEATURES))],
-             label_shapes=[('softmax_label', (batch,))])
-    mod.init_params(arg_params=params or initial_params(batch=batch), aux_params={})
-    mod.init_optimizer(optimizer='sgd',
-                       optimizer_params={'learning_rate': lr, 'momentum': momentum})
-    return mod
 
 
 def step(mod, x, y):
@@ -72,42 +30,15 @@ def step(mod, x, y):
     return mod.update()
 
 
-def np_params(mod):
-    arg, _ = mod.get_params()
-    return {k: v.asnumpy().copy() for k, v in arg.items()}
-
-
-def device_params(mod):
-    """Raw device arrays of every parameter on every context (float32 view of low precision)."""
-    group = mod._exec_group
-    return {(n, k): nd.amp_cast(a, dtype='float32').asnumpy()
-            for n, arrs in zip(group.param_names, group.param_arrays) for k, a in enumerate(arrs)}
-
-
-def optimizer_state(mod):
-    out = {}
-    for idx, state in mod._updater.states.items():
-        out[idx] = None if state is None else state.asnumpy().copy()
-    return out, dict(mod._optimizer._index_update_count), mod._optimizer.num_update
-
-
-def bf16(**kwargs):
-    """Module keyword arguments; ``emulate`` follows the probe of the target dtype given (a CPU
-    never has float16 kernels, whatever its bfloat16 kernels)."""
-    kwargs.setdefault('target_dtype', 'bfloat16')
-    kwargs.setdefault('emulate', not mxmp.lp_kernels_available(kwargs['target_dtype']))
-    return kwargs
-
-
 def cross_entropy(mod, x, y):
-    it = mx.io.NDArrayIter(x, y, batch_size=BATCH)
+    it = mx.io.NDArrayIter(x, y, batch_size=MODULE_BATCH)
     return dict(mod.score(it, mx.metric.CrossEntropy()))['cross-entropy']
 
 
 # ---------------------------------------------------------------------------- loss-scale node
 @pytest.mark.parametrize('target', ['float32', 'bfloat16'])
 def test_loss_scale_node_keeps_forward_bit_identical_and_scales_gradients_exactly(target):
-    x, y = problem(BATCH, seed=3)
+    x, y = problem(MODULE_BATCH, seed=3)
     x[0, 0] = 0.0
     runs = {}
     for name, scaler in (('plain', 'none'), ('scaled', StaticLossScaler(2.0 ** 12))):
@@ -195,13 +126,13 @@ def test_make_loss_over_softmax_cross_entropy_scales_the_gradient_once():
     data, label = mx.sym.var('data'), mx.sym.var('softmax_label')
     fc = mx.sym.FullyConnected(data, num_hidden=CLASSES, name='fc')
     sym = mx.sym.MakeLoss(mx.sym.softmax_cross_entropy(fc, label), name='loss')
-    x, y = problem(BATCH)
+    x, y = problem(MODULE_BATCH)
     grads = []
     for scaler in ('none', StaticLossScaler(2.0 ** 7)):
         mod = Module(sym, target_dtype='float32', loss_scaler=scaler)
-        mod.bind(data_shapes=[('data', (BATCH, FEATURES))],
-                 label_shapes=[('softmax_label', (BATCH,))])
-        mod.init_params(arg_params=initial_params(sym), aux_params={})
+        mod.bind(data_shapes=[('data', (MODULE_BATCH, FEATURES))],
+                 label_shapes=[('softmax_label', (MODULE_BATCH,))])
+        mod.init_params(arg_params=module_initial_params(sym), aux_params={})
         mod.forward_backward(batch_of(x, y))
         grads.append(mod._exec_group.grad_arrays[0][0].asnumpy())
     assert mod.loss_scale_nodes == 1
@@ -217,7 +148,7 @@ def test_out_grads_of_non_loss_heads_are_scaled_and_input_gradients_reported_uns
     for scaler in ('none', StaticLossScaler(2.0 ** 10)):
         mod = Module(sym, label_names=None, target_dtype='float32', loss_scaler=scaler)
         mod.bind(data_shapes=[('data', (8, FEATURES))], inputs_need_grad=True)
-        mod.init_params(arg_params=initial_params(sym, batch=8), aux_params={})
+        mod.init_params(arg_params=module_initial_params(sym, batch=8), aux_params={})
         mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': .5})
         mod.forward(mx.io.DataBatch(data=[nd.array(x)]), is_train=True)
         mod.backward(out_grads=[head_grad])
@@ -261,8 +192,8 @@ def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match='already holds the loss-scale input'):
         Module(mod.mxmp_symbol, **bf16())
     mod = Module(mlp(), **bf16())
-    mod.bind(data_shapes=[('data', (BATCH, FEATURES))],
-             label_shapes=[('softmax_label', (BATCH,))])
+    mod.bind(data_shapes=[('data', (MODULE_BATCH, FEATURES))],
+             label_shapes=[('softmax_label', (MODULE_BATCH,))])
     mod.init_params()
     with pytest.raises(ValueError, match='asynchronous kvstore'):
         mod.init_optimizer(kvstore='dist_async')
@@ -277,8 +208,8 @@ def test_bfloat16_module_with_dynamic_scaling_trains_to_float32_loss():
                                                                      growth_interval=10)))):
         mod = Module(mlp(), **kw)
         mx.random.seed(0)
-        mod.fit(mx.io.NDArrayIter(x, y, batch_size=BATCH), num_epoch=6,
-                arg_params=initial_params(), aux_params={}, optimizer='sgd',
+        mod.fit(mx.io.NDArrayIter(x, y, batch_size=MODULE_BATCH), num_epoch=6,
+                arg_params=module_initial_params(), aux_params={}, optimizer='sgd',
                 optimizer_params={'learning_rate': .1, 'momentum': .9},
                 batch_end_callback=lambda p, m=mod: scales.append(m.loss_scale)
                 if name == 'bfloat16' else None)
@@ -294,19 +225,19 @@ def test_bfloat16_module_with_dynamic_scaling_trains_to_float32_loss():
 
 
 def test_injected_overflow_skips_exactly_one_update_halves_scale_and_changes_nothing():
-    x, y = problem(3 * BATCH)
+    x, y = problem(3 * MODULE_BATCH)
     mod = ready(Module(mlp(), context=TWO_CPUS, cast_params=True,
                        loss_scaler=DynamicLossScaler(init_scale=2.0 ** 10, growth_interval=100),
                        **bf16()))
     assert mod.cast_params and mod.master_weights('fc1_weight')[0].dtype == np.float32
-    assert step(mod, x[:BATCH], y[:BATCH]) and step(mod, x[BATCH:2 * BATCH], y[BATCH:2 * BATCH])
-    before = (np_params(mod), device_params(mod), optimizer_state(mod))
-    bad = x[2 * BATCH:].copy()
+    assert step(mod, x[:MODULE_BATCH], y[:MODULE_BATCH]) and step(mod, x[MODULE_BATCH:2 * MODULE_BATCH], y[MODULE_BATCH:2 * MODULE_BATCH])
+    before = (np_params(mod), device_params(mod), module_optimizer_state(mod))
+    bad = x[2 * MODULE_BATCH:].copy()
     bad[-1, 3] = np.inf            # one sample, on the second context only
-    assert step(mod, bad, y[2 * BATCH:]) is False
+    assert step(mod, bad, y[2 * MODULE_BATCH:]) is False
     assert mod.skipped_steps == 1
     assert mod.loss_scale == 2.0 ** 9
-    after = (np_params(mod), device_params(mod), optimizer_state(mod))
+    after = (np_params(mod), device_params(mod), module_optimizer_state(mod))
     for name, value in before[0].items():
         np.testing.assert_array_equal(value, after[0][name])
     for key, value in before[1].items():
@@ -316,13 +247,13 @@ def test_injected_overflow_skips_exactly_one_update_halves_scale_and_changes_not
     assert counts0 == counts1 and num0 == num1 and states0.keys() == states1.keys()
     for idx, value in states0.items():
         np.testing.assert_array_equal(value, states1[idx])
-    assert step(mod, x[2 * BATCH:], y[2 * BATCH:]) is True
+    assert step(mod, x[2 * MODULE_BATCH:], y[2 * MODULE_BATCH:]) is True
     assert mod.skipped_steps == 1 and mod.loss_scale == 2.0 ** 9
     assert not np.array_equal(np_params(mod)['fc1_weight'], before[0]['fc1_weight'])
 
 
 def test_scale_grows_after_its_interval_and_the_graph_sees_the_new_scale():
-    x, y = problem(BATCH)
+    x, y = problem(MODULE_BATCH)
     mod = ready(Module(mlp(), loss_scaler=DynamicLossScaler(init_scale=2.0 ** 4,
                                                             growth_interval=3), **bf16()))
     scales = []
@@ -338,7 +269,7 @@ def test_scale_grows_after_its_interval_and_the_graph_sees_the_new_scale():
 def test_float16_gradients_that_overflow_back_the_scale_off_until_they_fit():
     """float16 (emulated on CPU): at S = 2**24 the scaled gradients exceed float16's maximum
     65504 and become inf; the Module skips and halves S until they fit, then trains."""
-    x, y = problem(BATCH)
+    x, y = problem(MODULE_BATCH)
     mod = ready(Module(mlp(), target_dtype='float16', emulate=True,
                        loss_scaler=DynamicLossScaler(init_scale=2.0 ** 24, growth_interval=1000)),
                 lr=.05)
@@ -353,7 +284,7 @@ def test_float16_gradients_that_overflow_back_the_scale_off_until_they_fit():
 
 
 def test_master_weights_keep_float32_precision_and_device_weights_are_their_rounding():
-    x, y = problem(BATCH)
+    x, y = problem(MODULE_BATCH)
     mod = ready(Module(mlp(), cast_params=True, loss_scaler='dynamic', **bf16()), lr=.01)
     for _ in range(3):
         assert step(mod, x, y)
@@ -374,20 +305,20 @@ def test_master_weights_keep_float32_precision_and_device_weights_are_their_roun
     # about 2**-8 of their size.
     ('bfloat16', 2.0 ** -6)])
 def test_two_contexts_update_like_one_context_on_the_concatenated_batch(target, tolerance):
-    x, y = problem(4 * BATCH, seed=5)
+    x, y = problem(4 * MODULE_BATCH, seed=5)
     kw = bf16(cast_params=True) if target == 'bfloat16' else {'target_dtype': 'float32'}
     results = []
     for ctx in (mx.cpu(0), TWO_CPUS):
         mod = ready(Module(mlp(), context=ctx,
                            loss_scaler=DynamicLossScaler(init_scale=2.0 ** 10,
                                                          growth_interval=2), **kw),
-                    batch=2 * BATCH)
+                    batch=2 * MODULE_BATCH)
         for k in range(2):
-            assert step(mod, x[k * 2 * BATCH:(k + 1) * 2 * BATCH],
-                        y[k * 2 * BATCH:(k + 1) * 2 * BATCH])
+            assert step(mod, x[k * 2 * MODULE_BATCH:(k + 1) * 2 * MODULE_BATCH],
+                        y[k * 2 * MODULE_BATCH:(k + 1) * 2 * MODULE_BATCH])
         results.append((np_params(mod), mod.loss_scale))
     assert results[0][1] == results[1][1] == 2.0 ** 11
-    start = initial_params(batch=2 * BATCH)
+    start = module_initial_params(batch=2 * MODULE_BATCH)
     for name, value in results[0][0].items():
         one = value - start[name].asnumpy()
         two = results[1][0][name] - start[name].asnumpy()
@@ -398,14 +329,14 @@ def test_two_contexts_update_like_one_context_on_the_concatenated_batch(target, 
 # ---------------------------------------------------------------------------- checkpoints
 def test_checkpoint_round_trip_and_plain_mxnet_reads_the_files(tmp_path):
     prefix = str(tmp_path / 'mlp')
-    x, y = problem(2 * BATCH)
+    x, y = problem(2 * MODULE_BATCH)
     scaler = DynamicLossScaler(init_scale=2.0 ** 10, growth_interval=50)
     mod = ready(Module(mlp(), cast_params=True, loss_scaler=scaler, **bf16()))
-    assert step(mod, x[:BATCH], y[:BATCH])
-    bad = x[BATCH:].copy()
+    assert step(mod, x[:MODULE_BATCH], y[:MODULE_BATCH])
+    bad = x[MODULE_BATCH:].copy()
     bad[0] = np.nan
-    assert not step(mod, bad, y[BATCH:])
-    assert step(mod, x[BATCH:], y[BATCH:])
+    assert not step(mod, bad, y[MODULE_BATCH:])
+    assert step(mod, x[MODULE_BATCH:], y[MODULE_BATCH:])
     mod.save_checkpoint(prefix, 3, save_optimizer_states=True)
     saved = np_params(mod)
     for suffix in ('-symbol.json', '-0003.params', '-0003.states', '-0003.mxmp.json'):
@@ -420,23 +351,23 @@ def test_checkpoint_round_trip_and_plain_mxnet_reads_the_files(tmp_path):
 
     # plain MXNet: float32 symbol and parameters
     plain = mx.mod.Module.load(prefix, 3)
-    plain.bind(data_shapes=[('data', (BATCH, FEATURES))],
-               label_shapes=[('softmax_label', (BATCH,))], for_training=False)
+    plain.bind(data_shapes=[('data', (MODULE_BATCH, FEATURES))],
+               label_shapes=[('softmax_label', (MODULE_BATCH,))], for_training=False)
     arg, _ = plain.get_params()
     assert all(v.dtype == np.float32 for v in arg.values())
     for name, value in saved.items():
         np.testing.assert_array_equal(arg[name].asnumpy(), value)
-    plain.forward(batch_of(x[:BATCH], y[:BATCH]), is_train=False)
-    mod.forward(batch_of(x[:BATCH], y[:BATCH]), is_train=False)
+    plain.forward(batch_of(x[:MODULE_BATCH], y[:MODULE_BATCH]), is_train=False)
+    mod.forward(batch_of(x[:MODULE_BATCH], y[:MODULE_BATCH]), is_train=False)
     np.testing.assert_allclose(plain.get_outputs()[0].asnumpy(),
                                mod.get_outputs()[0].asnumpy(), atol=0.03)
 
     # plain MXNet reads the optimizer states file too (momentum of the float32 masters)
     plain = mx.mod.Module.load(prefix, 3, load_optimizer_states=True)
-    plain.bind(data_shapes=[('data', (BATCH, FEATURES))],
-               label_shapes=[('softmax_label', (BATCH,))])
+    plain.bind(data_shapes=[('data', (MODULE_BATCH, FEATURES))],
+               label_shapes=[('softmax_label', (MODULE_BATCH,))])
     plain.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': .1, 'momentum': .9})
-    for idx, value in optimizer_state(mod)[0].items():
+    for idx, value in module_optimizer_state(mod)[0].items():
         np.testing.assert_array_equal(plain._updater.states[idx].asnumpy(), value)
 
     # mxmp: everything back, from the files alone
@@ -446,11 +377,11 @@ def test_checkpoint_round_trip_and_plain_mxnet_reads_the_files(tmp_path):
     ready(back)
     for name, value in saved.items():
         np.testing.assert_array_equal(back.master_weights(name)[0].asnumpy(), value)
-    states, counts, num_update = optimizer_state(back)
-    assert (counts, num_update) == optimizer_state(mod)[1:] and num_update == 2
-    for idx, value in optimizer_state(mod)[0].items():
+    states, counts, num_update = module_optimizer_state(back)
+    assert (counts, num_update) == module_optimizer_state(mod)[1:] and num_update == 2
+    for idx, value in module_optimizer_state(mod)[0].items():
         np.testing.assert_array_equal(states[idx], value)
-    assert step(back, x[:BATCH], y[:BATCH]) and step(mod, x[:BATCH], y[:BATCH])
+    assert step(back, x[:MODULE_BATCH], y[:MODULE_BATCH]) and step(mod, x[:MODULE_BATCH], y[:MODULE_BATCH])
     for name, value in np_params(mod).items():
         np.testing.assert_array_equal(np_params(back)[name], value)
 
@@ -466,15 +397,15 @@ def test_loading_with_another_loss_scaler_configuration_raises(tmp_path):
 
 def test_plain_mxnet_checkpoint_loads_into_mxmp_module(tmp_path):
     prefix = str(tmp_path / 'plain')
-    x, y = problem(BATCH)
+    x, y = problem(MODULE_BATCH)
     plain = mx.mod.Module(mlp())
     ready(plain)
     step(plain, x, y)
     plain.save_checkpoint(prefix, 2)
     mod = Module.load(prefix, 2, loss_scaler='dynamic', **bf16())
     assert mod.loss_scale == 2.0 ** 16 and mod.skipped_steps == 0
-    mod.bind(data_shapes=[('data', (BATCH, FEATURES))],
-             label_shapes=[('softmax_label', (BATCH,))])
+    mod.bind(data_shapes=[('data', (MODULE_BATCH, FEATURES))],
+             label_shapes=[('softmax_label', (MODULE_BATCH,))])
     for name, value in np_params(plain).items():
         np.testing.assert_array_equal(np_params(mod)[name], value)
     plain.forward(batch_of(x, y), is_train=False)
@@ -487,15 +418,15 @@ def test_plain_mxnet_checkpoint_loads_into_mxmp_module(tmp_path):
 
 def test_fit_with_checkpoint_callback_and_validation(tmp_path):
     prefix = str(tmp_path / 'fit')
-    x, y = problem(4 * BATCH)
+    x, y = problem(4 * MODULE_BATCH)
     mod = Module(mlp(), context=TWO_CPUS, loss_scaler=DynamicLossScaler(init_scale=2.0 ** 5,
                                                                        growth_interval=2),
                  **bf16())
     seen = []
-    mod.fit(mx.io.NDArrayIter(x, y, batch_size=BATCH), num_epoch=2,
-            eval_data=mx.io.NDArrayIter(x, y, batch_size=BATCH), eval_metric='acc',
-            arg_params=initial_params(), aux_params={},
-            batch_end_callback=[mx.callback.Speedometer(BATCH, 2),
+    mod.fit(mx.io.NDArrayIter(x, y, batch_size=MODULE_BATCH), num_epoch=2,
+            eval_data=mx.io.NDArrayIter(x, y, batch_size=MODULE_BATCH), eval_metric='acc',
+            arg_params=module_initial_params(), aux_params={},
+            batch_end_callback=[mx.callback.Speedometer(MODULE_BATCH, 2),
                                 lambda p: seen.append((p.epoch, mod.loss_scale))],
             epoch_end_callback=mod.checkpoint_callback(prefix))
     assert seen[-1] == (1, 2.0 ** 9) and len(seen) == 8
@@ -516,17 +447,17 @@ def bucket_sym_gen(length):
 
 
 def bucket_batch(rng, length, poison=False):
-    x = rng.randn(BATCH, length, 5).astype(np.float32)
+    x = rng.randn(MODULE_BATCH, length, 5).astype(np.float32)
     if poison:
         x[0, 0, 0] = np.inf
     return mx.io.DataBatch(
-        data=[nd.array(x)], label=[nd.array(rng.randint(0, CLASSES, BATCH))],
-        bucket_key=length, provide_data=[mx.io.DataDesc('data', (BATCH, length, 5))],
-        provide_label=[mx.io.DataDesc('softmax_label', (BATCH,))])
+        data=[nd.array(x)], label=[nd.array(rng.randint(0, CLASSES, MODULE_BATCH))],
+        bucket_key=length, provide_data=[mx.io.DataDesc('data', (MODULE_BATCH, length, 5))],
+        provide_label=[mx.io.DataDesc('softmax_label', (MODULE_BATCH,))])
 
 
 def bind_bucketing(mod):
-    mod.bind(data_shapes=[('data', (BATCH, 8, 5))], label_shapes=[('softmax_label', (BATCH,))])
+    mod.bind(data_shapes=[('data', (MODULE_BATCH, 8, 5))], label_shapes=[('softmax_label', (MODULE_BATCH,))])
 
 
 def new_bucketing_module():

@@ -69,7 +69,7 @@ def test_grouped_and_depthwise_convolutions_convert_after_a_float32_forward(cast
         ref = net(x).asnumpy()
         data = mx.sym.var('data')   # a float32 graph over the same Parameters
         plain = gluon.SymbolBlock(net(data), [data], params=net.collect_params())
-        # unfused: the bound is the unfused graph's (fusion has its own, tests/test_fusion.py)
+        # unfused: the bound is the unfused graph's (fusion has its own, tests/gluon/test_fused_inference.py)
         conv = mxmp.convert(net, 'bfloat16', cast_params=cast_params, emulate=EMULATE,
                             fuse_inference=False)
         assert rel_err(conv(x).asnumpy(), ref) <= 3 * EPS

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Worker of tests/test_real_kernels.py: one model in real bfloat16 against float32.
+"""Worker of tests/conformance/test_real_kernels.py: one model in real bfloat16 against float32.
 
-    python tests/real_kernels_worker.py MODEL [--seed S] [--cast-params] [--steps N] [--lr LR]
+    python tests/conformance/real_kernels_worker.py MODEL [--seed S] [--cast-params] [--steps N] [--lr LR]
 
 Runs in its own process, so that a oneDNN kernel that corrupts memory fails this model only.
 Two copies of MODEL get the same initial float32 values (seed ``S``). The float32 copy runs
@@ -33,7 +33,7 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 import mxmp  # noqa: E402
 
 
@@ -144,7 +144,7 @@ def run(model, seed=0, cast_params=False, steps=3, lr=1e-4):
         param.set_data(theirs[name].data())
     ref_out = ref(x).asnumpy()
     net(x).wait_to_read()                 # float32 inference forward before converting
-    # unfused inference: the bounds are the unfused graph's (fusion: tests/test_fusion.py)
+    # unfused inference: the bounds are the unfused graph's (fusion: tests/gluon/test_fused_inference.py)
     conv = mxmp.convert(net, 'bfloat16', cast_params=cast_params, fuse_inference=False)
     out = {'model': model, 'seed': seed, 'cast_params': cast_params,
            'rel_err_before': _rel(conv(x).asnumpy(), ref_out), 'rel_err_train': [],

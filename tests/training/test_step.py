@@ -14,7 +14,7 @@ from mxmp._src.scaling import (DynamicLossScaler, NoOpLossScaler, StaticLossScal
 from mxmp._src.errors import LossScaleAtFloorError
 from mxmp._src.training.step import Stage, Step, device_update
 
-MXMP = pathlib.Path(__file__).resolve().parent.parent / 'mxmp'
+MXMP = pathlib.Path(__file__).resolve().parents[2] / 'mxmp'
 
 
 def test_multi_all_finite_is_called_in_one_module_only():

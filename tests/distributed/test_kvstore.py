@@ -6,7 +6,7 @@ workers on 127.0.0.1) with a ``--timeout``, and the launcher itself is waited fo
 ``MXMP_TEST_TAG`` in its environment, and the ``tag`` fixture fails the test if one survives the
 job (after killing it). The whole file takes 70-110 s on 2 shared cores.
 
-The training jobs run ``tests/dist_worker.py``: a tiny MLP, converted with
+The training jobs run ``tests/distributed/dist_worker.py``: a tiny MLP, converted with
 ``mxmp.convert(net, 'bfloat16', emulate=True)`` (this CPU has no bfloat16 oneDNN kernels), trained
 by ``mxmp.Trainer`` (``trainer.step(global batch)``) or ``mxmp.Module`` with dynamic loss
 scaling, 2 workers + 1 server. The single-process reference runs the same code in this process
@@ -28,57 +28,11 @@ import numpy as np
 import pytest
 
 import mxmp
+from helpers import DIST_BATCH, INF_RANK, INF_STEP, REPO, STEPS, WORKER, assert_float32_matches_one_process, assert_identical_workers, assert_matches_one_process, assert_skipped_together, dist_initial_params, dist_worker, reference, relative_error, tag  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / 'scripts' / 'launch_local.py'
-WORKER = REPO / 'tests' / 'dist_worker.py'
 #: Upper bound of one training job (the launcher's --timeout); they take ~10 s on 2 cores.
 JOB_TIMEOUT = 120
-STEPS, BATCH, INF_STEP, INF_RANK = 6, 8, 3, 1
-
-
-def _load_worker():
-    spec = importlib.util.spec_from_file_location('dist_worker', WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-dist_worker = _load_worker()
-
-
-# ---------------------------------------------------------------------------- processes
-def tagged_pids(tag):
-    """PIDs of the live processes whose environment holds ``MXMP_TEST_TAG=tag``."""
-    needle = ('MXMP_TEST_TAG=%s' % tag).encode()
-    pids = []
-    for entry in os.listdir('/proc'):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open('/proc/%s/environ' % entry, 'rb') as f:
-                env = f.read().split(b'\0')
-            with open('/proc/%s/stat' % entry, 'rb') as f:
-                state = f.read().rsplit(b')', 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and state != b'Z':
-            pids.append(int(entry))
-    return pids
-
-
-@pytest.fixture
-def tag():
-    """A unique tag for one job's processes; fails the test if any of them outlives it."""
-    value = uuid.uuid4().hex
-    yield value
-    stray = tagged_pids(value)
-    for pid in stray:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    assert not stray, 'processes of the job survived the launcher: %s' % stray
 
 
 def launch(tag, worker_args, num_workers=2, num_servers=1, timeout=JOB_TIMEOUT,
@@ -107,88 +61,13 @@ def train_job(tag, out_dir, *extra, num_workers=2):
     if not init.exists():
         dist_worker.write_init(str(init))
     result = launch(tag, [sys.executable, str(WORKER), '--out', str(out_dir), '--init',
-                          str(init), '--steps', str(STEPS), '--batch', str(BATCH),
+                          str(init), '--steps', str(STEPS), '--batch', str(DIST_BATCH),
                           '--inf-step', str(INF_STEP), '--inf-rank', str(INF_RANK), *extra],
                     num_workers=num_workers)
     assert result.returncode == 0, result.stdout
     # The optimizer runs on the workers, never on the kvstore, and the wrappers say so.
     assert result.stdout.count('update_on_kvstore=False') == num_workers, result.stdout
     return {r: np.load(out_dir / ('rank%d.npz' % r)) for r in range(num_workers)}
-
-
-def reference(out_dir, num_shards=2, **kwargs):
-    """Single-process training on the concatenated batch of ``num_shards`` workers."""
-    return dist_worker.train(str(out_dir / 'init.params'), STEPS, BATCH, kvstore='none',
-                             num_shards=num_shards, inf_step=INF_STEP, inf_rank=INF_RANK,
-                             **kwargs)
-
-
-def initial_params(out_dir, api='gluon'):
-    """name -> float32 initial value, named as the records of ``api`` name them."""
-    net = dist_worker.make_net()
-    net.load_parameters(str(out_dir / 'init.params'))
-    values = {name: p.data().asnumpy() for name, p in net.collect_params().items()}
-    if api == 'module':   # mlp_fc1_weight -> fc1_weight
-        values = {name[len('mlp_'):]: v for name, v in values.items()}
-    return values
-
-
-def param_names(records):
-    return sorted({k.split('/', 1)[1] for k in records.files if k.startswith('k0/')})
-
-
-def relative_error(dist, ref, init, step):
-    """||p_dist - p_ref|| / ||p_ref - p_init|| over all Parameters after ``step``."""
-    num = den = 0.0
-    for name in param_names(dist):
-        d = dist['k%d/%s' % (step, name)].astype(np.float64)
-        r = ref['params'][step][name].astype(np.float64)
-        num += ((d - r) ** 2).sum()
-        den += ((r - init[name]) ** 2).sum()
-    return np.sqrt(num / den)
-
-
-def assert_identical_workers(records):
-    a, b = records[0], records[1]
-    assert sorted(a.files) == sorted(b.files)
-    for key in a.files:
-        assert a[key].dtype == b[key].dtype
-        assert a[key].tobytes() == b[key].tobytes(), 'workers differ in %s' % key
-
-
-def assert_skipped_together(records):
-    for rank, rec in records.items():
-        assert int(rec['num_workers']) == 2
-        expected_applied = [step != INF_STEP for step in range(STEPS)]
-        assert rec['applied'].tolist() == expected_applied, rank
-        assert rec['skipped_steps'].tolist() == [int(s >= INF_STEP) for s in range(STEPS)]
-        scale = rec['loss_scale']
-        assert scale[INF_STEP] == scale[INF_STEP - 1] / 2, scale   # halved on the overflow
-        assert scale[0] == 2.0 ** 10 and scale[-1] == 2.0 ** 9, scale
-        for name in param_names(rec):   # the skipped step changed nothing
-            assert np.array_equal(rec['k%d/%s' % (INF_STEP, name)],
-                                  rec['k%d/%s' % (INF_STEP - 1, name)])
-
-
-# ---------------------------------------------------------------------------- training
-def assert_matches_one_process(records, tmp_path, tolerance=0.02, **reference_args):
-    """Rank 0's steps against one process on the concatenated batch: same applied steps and
-    loss scales, parameters within ``tolerance`` relative error of the distance travelled."""
-    ref = reference(tmp_path, **reference_args)
-    assert ref['applied'] == records[0]['applied'].tolist()
-    assert ref['loss_scale'] == records[0]['loss_scale'].tolist()
-    init = initial_params(tmp_path)
-    for step in range(STEPS):
-        assert relative_error(records[0], ref, init, step) < tolerance, step
-
-
-def assert_float32_matches_one_process(records, tmp_path):
-    """float32: rank 0's parameters equal one process's to rtol 1e-5 at every step."""
-    ref = reference(tmp_path, dtype='float32')
-    for step in range(STEPS):
-        for name in param_names(records[0]):
-            np.testing.assert_allclose(records[0]['k%d/%s' % (step, name)],
-                                       ref['params'][step][name], rtol=1e-5, atol=1e-6)
 
 
 def test_dist_sync_bfloat16_workers_stay_identical_skip_together_and_match_one_process(
@@ -232,7 +111,7 @@ def test_dist_sync_bfloat16_parameters_travel_as_float32_and_match_one_process(t
     assert int(records[0]['bytes_pushed']) == 4 * PARAMS
     ref = reference(tmp_path, cast_params=True)
     assert ref['applied'] == records[0]['applied'].tolist()
-    init = initial_params(tmp_path)
+    init = dist_initial_params(tmp_path)
     for step in range(STEPS):
         assert relative_error(records[0], ref, init, step) < 0.02, step
 
@@ -246,7 +125,7 @@ def test_dist_sync_float16_gradient_exchange_halves_the_bytes_and_matches_one_pr
     assert set(records[0]['exchange_dtypes'].tolist()) == {'float16'}
     assert int(records[0]['bytes_pushed']) == 2 * PARAMS
     ref = reference(tmp_path)
-    init = initial_params(tmp_path)
+    init = dist_initial_params(tmp_path)
     for step in range(STEPS):
         assert relative_error(records[0], ref, init, step) < 0.02, step
 
@@ -323,7 +202,7 @@ def test_dist_sync_module_bfloat16_workers_stay_identical_and_match_one_process(
     assert_skipped_together(records)
     ref = reference(tmp_path, api='module')
     assert ref['applied'] == records[0]['applied'].tolist()
-    init = initial_params(tmp_path, api='module')
+    init = dist_initial_params(tmp_path, api='module')
     for step in range(STEPS):
         assert relative_error(records[0], ref, init, step) < 0.02, step
 

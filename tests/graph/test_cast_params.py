@@ -6,7 +6,7 @@ import numpy as np
 import mxmp
 from mxmp._src.dtypes import dtype_name
 from mxmp._src.graph import strip, symbol_json
-from test_graph import conv_bn_relu_fc_softmax, nodes_of
+from helpers import conv_bn_relu_fc_softmax, nodes_of
 
 
 def test_cast_param_names_are_the_variables_the_pass_stores_in_the_target_dtype():

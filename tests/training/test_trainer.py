@@ -17,34 +17,11 @@ from mxnet.contrib.amp.amp import bfloat16
 
 from mxmp._src.scaling import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
 from mxmp._src.training.trainer import Trainer
+from helpers import CastDense, LP_DTYPES, cast_mlp, f32, fresh_trainer, linear_backward, linear_batches, optimizer_state, params_of, set_random_params, trained_bf16_trainer  # noqa: E402
 
-LP_DTYPES = {'float16': np.float16, 'bfloat16': bfloat16}
 #: Significand bits (with the implicit one) of the low-precision dtypes: a value m in
 #: [2**e, 2**(e+1)) rounds to within half a unit in the last place, 2**(e - BITS).
 BITS = {'bfloat16': 8, 'float16': 11}
-
-
-# ---------------------------------------------------------------------------- helpers
-class CastDense(gluon.HybridBlock):
-    """Dense layer whose weight and bias (any float dtype) are cast to float32 before
-    FullyConnected, so that it runs on CPUs without float16/bfloat16 GEMM kernels."""
-
-    def __init__(self, units, in_units, **kwargs):
-        super().__init__(**kwargs)
-        self._units = units
-        with self.name_scope():
-            self.weight = self.params.get('weight', shape=(units, in_units))
-            self.bias = self.params.get('bias', shape=(units,))
-
-    def hybrid_forward(self, F, x, weight, bias):  # pylint: disable=arguments-differ
-        return F.FullyConnected(x, F.amp_cast(weight, dtype='float32'),
-                                F.amp_cast(bias, dtype='float32'), num_hidden=self._units)
-
-
-def set_random_params(net, seed):
-    rng = np.random.RandomState(seed)
-    for _, param in sorted(net.collect_params().items()):
-        param.set_data(nd.array(rng.uniform(-.5, .5, param.shape)))
 
 
 def mlp(prefix, ctx=None, seed=0):
@@ -55,27 +32,6 @@ def mlp(prefix, ctx=None, seed=0):
     net.initialize(mx.init.Zero(), ctx=ctx or mx.cpu())
     set_random_params(net, seed)
     return net
-
-
-def cast_mlp(prefix, dtype='float32', seed=0):
-    """Two CastDense layers; parameters cast to ``dtype`` (rounding the random values)."""
-    net = nn.HybridSequential(prefix=prefix)
-    with net.name_scope():
-        net.add(CastDense(5, 4), CastDense(3, 5))
-    net.initialize(mx.init.Zero())
-    set_random_params(net, seed)
-    if dtype != 'float32':
-        net.cast(LP_DTYPES[dtype])
-    return net
-
-
-def f32(arr):
-    """Float32 numpy copy of an NDArray of any float dtype (bfloat16 via amp_cast)."""
-    return nd.amp_cast(arr, dtype='float32').asnumpy()
-
-
-def params_of(net):
-    return [p for _, p in sorted(net.collect_params().items())]
 
 
 def snapshot(net):
@@ -108,18 +64,6 @@ def train(net, trainer, data, ctxs=None):
         backward(net, trainer, x, y, ctxs)
         results.append(trainer.step(x.shape[0]))
     return results
-
-
-def optimizer_state(trainer):
-    """Numpy copies of every optimizer state array of every device, plus update counts."""
-    out = []
-    for updater in trainer._updaters:
-        for idx in sorted(updater.states):
-            state = updater.states[idx]
-            flat = state if isinstance(state, (list, tuple)) else [state]
-            out.extend(s.asnumpy() for s in flat if s is not None)
-    counts = {k: dict(v) for k, v in trainer._optimizer._all_index_update_counts.items()}
-    return out, counts, trainer._optimizer.num_update
 
 
 def assert_states_equal(a, b):
@@ -450,22 +394,6 @@ def cast_linear(prefix, dtype='float32', seed=0, ctx=None):
     return net
 
 
-def linear_batches(n, seed=3):
-    """Data for the loss sum(c * (x W^T + b)) of one linear layer: the gradients c^T x and
-    sum(c) do not depend on the weights and are small integers, exactly representable in
-    float16 and bfloat16, so low-precision and float32 training see the same gradients."""
-    rng = np.random.RandomState(seed)
-    return [(nd.array(rng.randint(-2, 3, (4, 4))), nd.array(rng.randint(-1, 2, (4, 3))))
-            for _ in range(n)]
-
-
-def linear_backward(net, trainer, x, c):
-    with autograd.record():
-        loss = (net(x) * c).sum()
-        with trainer.scale_loss(loss) as scaled:
-            scaled.backward()
-
-
 @pytest.mark.parametrize('optimizer, opt_params', OPTIMIZERS)
 @pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
 def test_low_precision_parameters_follow_float32_master_weights(dtype, optimizer, opt_params):
@@ -603,20 +531,6 @@ def test_invalid_batch_size_raises(batch_size):
         trainer.step(batch_size)
 
 
-# ---------------------------------------------------------------------------- checkpoints
-def trained_bf16_trainer(prefix, steps=3, skip=True):
-    net = cast_mlp(prefix, 'bfloat16')
-    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': .05, 'momentum': .9},
-                      loss_scaler=DynamicLossScaler(init_scale=2.**6, growth_interval=4))
-    data = linear_batches(steps + 1)
-    for k, (x, c) in enumerate(data):
-        linear_backward(net, trainer, x, c)
-        if skip and k == 1:
-            params_of(net)[0].grad()[0] = np.inf
-        trainer.step(4)
-    return net, trainer
-
-
 def copy_params(src, dst):
     for a, b in zip(params_of(src), params_of(dst)):
         b.set_data(a.data())
@@ -676,13 +590,6 @@ def saved(tmp_path):
     fname = tmp_path / 'trainer.states'
     trainer.save_states(str(fname))
     return net, trainer, fname
-
-
-def fresh_trainer(prefix='lp_', **kwargs):
-    net = cast_mlp(prefix, 'bfloat16')
-    kwargs.setdefault('loss_scaler', DynamicLossScaler(init_scale=2.**6, growth_interval=4))
-    return net, Trainer(net.collect_params(), 'sgd', {'learning_rate': .05, 'momentum': .9},
-                        **kwargs)
 
 
 def assert_untouched(trainer, net):

@@ -6,7 +6,7 @@ emulated (this CPU has no bfloat16/float16 GEMM) with parameters stored in the t
 float32 master weights. The networks hold BatchNorm (aux states) and Dropout (MXNet's
 generator), the optimizers a learning-rate schedule (update counts) and momentum or Adam
 moments; the float16 runs use a dynamic loss scaler that grows and skips an overflowed step
-before the checkpoint and after the resume. Each run is ``tests/resume_worker.py`` in its own
+before the checkpoint and after the resume. Each run is ``tests/training/resume_worker.py`` in its own
 process (its docstring lists what the checkpoint holds and how Dropout stays reproducible).
 """
 import os
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 WORKER = str(Path(__file__).resolve().parent / 'resume_worker.py')
-REPO = str(Path(__file__).resolve().parents[1])
+REPO = str(Path(__file__).resolve().parents[2])
 STEPS, SAVE_AT = 6, 3
 
 

@@ -23,7 +23,7 @@ from mxmp._src.dtypes import MSHADOW_ENUM
 from mxmp._src.graph.strip import arrays_for_graph
 from mxmp._src.graph.symbol_json import MARK, float32_param_names
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def nodes_of(sym):

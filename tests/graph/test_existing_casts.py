@@ -14,7 +14,7 @@ from mxnet.contrib import amp as contrib_amp
 
 import mxmp
 from mxmp.cli import main
-from test_graph import casts, conv_bn_relu_fc_softmax, infer_types, nodes_of, random_args, run
+from helpers import casts, conv_bn_relu_fc_softmax, infer_types, nodes_of, random_args, run
 
 KERNELS = mxmp.lp_kernels_available('bfloat16')
 

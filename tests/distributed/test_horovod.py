@@ -4,12 +4,12 @@ Skipped when ``horovod.mxnet`` cannot be imported: CI does not have Horovod (bui
 ~10 minutes on 2 cores). Build it as docs/distributed.md says (``pip install 'cmake<4' wheel
 setuptools``, then ``HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1
 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 pip install --no-build-isolation
-horovod==0.28.1``) and run ``python -m pytest tests/test_horovod.py`` with that Python.
+horovod==0.28.1``) and run ``python -m pytest tests/distributed/test_horovod.py`` with that Python.
 
-The training jobs run ``tests/dist_worker.py --kvstore horovod`` (the tiny MLP of
-tests/test_distributed.py in emulated bfloat16, dynamic loss scaling, an inf on rank 1's loss
+The training jobs run ``tests/distributed/dist_worker.py --kvstore horovod`` (the tiny MLP of
+tests/distributed/test_kvstore.py in emulated bfloat16, dynamic loss scaling, an inf on rank 1's loss
 at one step); the helpers (single-process reference, comparisons, the process ``tag`` fixture
-that fails a test whose processes outlive it) are tests/test_distributed.py's. Every job is
+that fails a test whose processes outlive it) are tests/distributed/test_kvstore.py's. Every job is
 bounded: ``horovodrun`` is waited for with a timeout, then SIGTERMed (it stops its workers) and
 SIGKILLed with its process group. The whole file takes ~40 s on 2 shared cores (measured).
 """
@@ -29,13 +29,13 @@ hvd = pytest.importorskip(
            "HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1 pip install --no-build-isolation "
            "horovod==0.28.1 (with 'cmake<4'; see docs/distributed.md)")
 
-from test_distributed import (BATCH, INF_RANK, INF_STEP, STEPS, WORKER,  # noqa: E402
+from helpers import (DIST_BATCH, INF_RANK, INF_STEP, STEPS, WORKER,  # noqa: E402
                               assert_float32_matches_one_process, assert_identical_workers,
                               assert_matches_one_process, assert_skipped_together, dist_worker,
-                              initial_params, reference, relative_error,
+                              dist_initial_params, reference, relative_error,
                               tagged_pids, tag)  # noqa: F401  (tag is a fixture)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: Upper bound of one horovodrun job; they take 6-8 s on 2 shared cores (measured).
 JOB_TIMEOUT = 240
 PARAMS = 10 * 16 + 16 + 16 * 4 + 4   # elements of the MLP's Parameters
@@ -78,7 +78,7 @@ def train_job(tag, out_dir, *extra):
     dist_worker.write_init(str(init))
     result = horovodrun(tag, [sys.executable, str(WORKER), '--kvstore', 'horovod',
                               '--out', str(out_dir), '--init', str(init), '--steps', str(STEPS),
-                              '--batch', str(BATCH), '--inf-step', str(INF_STEP),
+                              '--batch', str(DIST_BATCH), '--inf-step', str(INF_STEP),
                               '--inf-rank', str(INF_RANK), *extra])
     assert result.returncode == 0, result.stdout
     return {r: np.load(out_dir / ('rank%d.npz' % r)) for r in range(2)}
@@ -125,7 +125,7 @@ def test_horovod_bfloat16_parameters_and_float16_sums_match_one_process(tag, tmp
     assert int(records[0]['bytes_pushed']) == 2 * PARAMS
     ref = reference(tmp_path, cast_params=True)
     assert ref['applied'] == records[0]['applied'].tolist()
-    init = initial_params(tmp_path)
+    init = dist_initial_params(tmp_path)
     for step in range(STEPS):
         assert relative_error(records[0], ref, init, step) < 0.02, step
 

@@ -27,7 +27,7 @@ from mxnet import nd
 from mxnet.contrib.amp.amp import bfloat16
 from mxnet.gluon import nn
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 UNITS = 512   # one 512x512 bfloat16 weight: 0.5 MB of parameters, 3 MB of trainer states
 
 CHILD = r'''

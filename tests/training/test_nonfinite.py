@@ -19,25 +19,11 @@ from mxmp._src.scaling import DynamicLossScaler
 from mxmp._src.training.trainer import Trainer
 from mxmp._src.errors import LossScaleAtFloorError, NonFiniteForwardWarning
 
-from test_trainer import CastDense, LP_DTYPES, f32, optimizer_state, set_random_params
-import test_module as tm
+from helpers import CastDense, LP_DTYPES, f32, optimizer_state, set_random_params
+import helpers as tm
+from helpers import CTXS, floor_trainer, nan_grad_step, params, two_layer  # noqa: E402
 
-CTXS = [mx.cpu(0), mx.cpu(1)]
 STEPS = 14
-
-
-def two_layer(dtype, ctxs=CTXS, prefix='nf_'):
-    net = nn.HybridSequential(prefix=prefix)
-    with net.name_scope():
-        net.add(CastDense(6, 4), CastDense(3, 6))
-    net.initialize(mx.init.Zero(), ctx=ctxs)
-    set_random_params(net, 0)
-    net.cast(LP_DTYPES[dtype])
-    return net
-
-
-def params(net):
-    return [p for _, p in sorted(net.collect_params().items())]
 
 
 def everything(net, trainer):
@@ -113,7 +99,7 @@ def test_injected_inf_nan_in_loss_or_one_gradient_on_one_device_changes_nothing(
 
 
 def test_injected_inf_nan_in_the_module_on_one_of_two_contexts_changes_nothing():
-    x, y = tm.problem(STEPS * tm.BATCH, seed=3)
+    x, y = tm.problem(STEPS * tm.MODULE_BATCH, seed=3)
     mod = tm.ready(mxmp.Module(tm.mlp(), context=CTXS, cast_params=True,
                                loss_scaler=DynamicLossScaler(init_scale=2.0 ** 12,
                                                              growth_interval=3),
@@ -122,12 +108,12 @@ def test_injected_inf_nan_in_the_module_on_one_of_two_contexts_changes_nothing()
     assert {p[0] for p in plan if p} == {'loss', 'grad'}
     group = mod._exec_group
     for s, inject in enumerate(plan):
-        xb, yb = x[s * tm.BATCH:(s + 1) * tm.BATCH].copy(), y[s * tm.BATCH:(s + 1) * tm.BATCH]
+        xb, yb = x[s * tm.MODULE_BATCH:(s + 1) * tm.MODULE_BATCH].copy(), y[s * tm.MODULE_BATCH:(s + 1) * tm.MODULE_BATCH]
         if inject and inject[0] == 'loss':       # one sample on the chosen context
             # +inf: relu(NaN) is 0 in MXNet, so an input NaN can vanish from the forward
             # pass (finite outputs, NaN weight gradient: a gradient overflow, not a forward one)
-            xb[(inject[1] + 1) * tm.BATCH // 2 - 1, 0] = np.inf
-        before = (tm.np_params(mod), tm.device_params(mod), tm.optimizer_state(mod))
+            xb[(inject[1] + 1) * tm.MODULE_BATCH // 2 - 1, 0] = np.inf
+        before = (tm.np_params(mod), tm.device_params(mod), tm.module_optimizer_state(mod))
         scale = mod.loss_scale
         mod.forward_backward(tm.batch_of(xb, yb))
         if inject and inject[0] == 'grad':
@@ -142,7 +128,7 @@ def test_injected_inf_nan_in_the_module_on_one_of_two_contexts_changes_nothing()
             continue
         assert applied is False and mod.loss_scale == scale / 2
         assert len(forward_warnings) == (1 if inject[0] == 'loss' else 0)
-        after = (tm.np_params(mod), tm.device_params(mod), tm.optimizer_state(mod))
+        after = (tm.np_params(mod), tm.device_params(mod), tm.module_optimizer_state(mod))
         for name, value in before[0].items():
             np.testing.assert_array_equal(after[0][name], value)
         for key, value in before[1].items():
@@ -152,26 +138,6 @@ def test_injected_inf_nan_in_the_module_on_one_of_two_contexts_changes_nothing()
         for idx, value in s0.items():
             np.testing.assert_array_equal(s1[idx], value)
     assert mod.skipped_steps == sum(1 for p in plan if p)
-
-
-# ---------------------------------------------------------------------------- stuck at floor
-def floor_trainer(k):
-    net = two_layer('float16', ctxs=[mx.cpu()], prefix='floor_')
-    scaler = DynamicLossScaler(init_scale=4.0, min_scale=1.0, max_overflows_at_floor=k)
-    return net, Trainer(net.collect_params(), 'sgd', {'learning_rate': .1}, loss_scaler=scaler)
-
-
-def nan_grad_step(net, trainer, where='grad'):
-    x, y = nd.ones((2, 4)), nd.zeros((2, 3))
-    with autograd.record():
-        loss = ((net(x) - y) ** 2).mean()
-        if where == 'loss':
-            loss = loss * np.nan
-        with trainer.scale_loss(loss) as scaled:
-            scaled.backward()
-    if where == 'grad':
-        params(net)[3].grad()[1, 1] = np.nan     # floor_castdense1_weight
-    return trainer.step(2)
 
 
 def test_scale_stuck_at_its_floor_for_k_overflows_raises_naming_the_parameters():
@@ -216,7 +182,7 @@ def test_stuck_at_floor_with_a_nan_loss_says_the_forward_pass_was_not_finite():
 
 
 def test_module_stuck_at_its_floor_raises_naming_the_parameters():
-    x, y = tm.problem(tm.BATCH)
+    x, y = tm.problem(tm.MODULE_BATCH)
     mod = tm.ready(mxmp.Module(tm.mlp(), loss_scaler=DynamicLossScaler(
         init_scale=2.0, max_overflows_at_floor=2), **tm.bf16()))
     for expected in (False, False):

@@ -9,60 +9,13 @@ from mxnet import nd
 
 import mxmp
 from mxmp._src.graph.symbol_json import MARK
-
-
-def nodes_of(sym):
-    return json.loads(sym.tojson(remove_amp_cast=False))['nodes']
-
-
-def casts(sym):
-    """{(cast target dtype, name of the cast tensor's source node)} and the raw count."""
-    nodes = nodes_of(sym)
-    out = []
-    for n in nodes:
-        if n['op'] == 'amp_cast':
-            src = nodes[n['inputs'][0][0]]
-            out.append((n['attrs']['dtype'], src['name']))
-    return sorted(out)
+from helpers import casts, conv_bn_relu_fc_softmax, infer_types, nodes_of, random_args, run  # noqa: E402
 
 
 def consumers_of(sym, name):
     nodes = nodes_of(sym)
     idx = [i for i, n in enumerate(nodes) if n['name'] == name][0]
     return sorted(n['name'] for n in nodes if any(e[0] == idx for e in n['inputs']))
-
-
-def conv_bn_relu_fc_softmax():
-    data = mx.sym.var('data')
-    x = mx.sym.Convolution(data, kernel=(3, 3), num_filter=8, pad=(1, 1), name='conv')
-    x = mx.sym.BatchNorm(x, name='bn')
-    x = mx.sym.Activation(x, act_type='relu', name='relu')
-    x = mx.sym.FullyConnected(x, num_hidden=10, name='fc')
-    return mx.sym.softmax(x, name='softmax')
-
-
-def run(sym, args, aux=None, ctx=mx.cpu()):
-    exe = sym.bind(ctx, args={k: v.copy() for k, v in args.items()},
-                   aux_states={k: v.copy() for k, v in (aux or {}).items()})
-    return [o.asnumpy() for o in exe.forward(is_train=False)]
-
-
-def infer_types(sym, **given):
-    """{output or argument name: dtype name}, every untyped input taken as float32."""
-    from mxmp._src.graph.symbol_json import infer_dtypes as _infer_dtypes
-    js = json.loads(sym.tojson(remove_amp_cast=False))
-    names = [n['name'] for n in js['nodes']]
-    return {names[nid] if k == 0 else '%s:%d' % (names[nid], k): d
-            for (nid, k), d in _infer_dtypes(js, given).items()}
-
-
-def random_args(sym, shapes, seed=0):
-    rng = np.random.RandomState(seed)
-    arg_shapes, _, aux_shapes = sym.infer_shape(**shapes)
-    args = {n: nd.array(rng.uniform(-1, 1, s)) for n, s in zip(sym.list_arguments(), arg_shapes)}
-    aux = {n: nd.array(rng.uniform(0.5, 1.5, s))
-           for n, s in zip(sym.list_auxiliary_states(), aux_shapes)}
-    return args, aux
 
 
 # --- exact cast nodes -------------------------------------------------------------------------

@@ -3,9 +3,9 @@
 Run as a script (one process per run, so a resumed run shares nothing with the first one but
 its checkpoint files)::
 
-    python tests/resume_worker.py --api gluon --dtype float16 --steps 6 --save-at 3 \
+    python tests/training/resume_worker.py --api gluon --dtype float16 --steps 6 --save-at 3 \
         --ckpt DIR --out first.npz
-    python tests/resume_worker.py --api gluon --dtype float16 --steps 6 --resume \
+    python tests/training/resume_worker.py --api gluon --dtype float16 --steps 6 --resume \
         --ckpt DIR --out resumed.npz
 
 The first command trains steps 0..5, checkpointing *everything* after step 3 (index 2); the
@@ -234,7 +234,7 @@ def run(argv=None):
     p.add_argument('--out', required=True)
     args = p.parse_args(argv)
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     import mxnet as mx
     from mxmp._src.training.checkpoint import write_atomic
 

@@ -1,6 +1,6 @@
 """GluonCV's detectors trained with the calls GluonCV's training scripts make, in float32, through
 ``mxmp.convert`` and through ``mxmp.amp.init``; each model and mode in its own process
-(tests/gluoncv_worker.py, which documents the models, inputs and calls).
+(tests/gluon/gluoncv_worker.py, which documents the models, inputs and calls).
 
 What is checked, for SSD (VGG-16, 300), YOLO3 (MobileNet), Faster-RCNN (ResNet-50 v1b) and
 CenterNet (ResNet-18 v1b), none pretrained:
@@ -17,7 +17,7 @@ two mixed-precision tests).
 
 Bounds: ``|loss - loss_float32| / |loss_float32|`` of the total loss, measured for seeds 0-3
 (Faster-RCNN 0-2), ``mxmp.convert`` and ``mxmp.amp.init`` (which gave the same losses, bit for
-bit: the same graph), on a 2-core AMD EPYC with avx512_bf16 (``python -m tests.gluoncv_worker
+bit: the same graph), on a 2-core AMD EPYC with avx512_bf16 (``python -m tests.gluon.gluoncv_worker
 MODEL MODE --seed S`` from the repository root), as measured range -> bound (about twice the
 largest value):
 
@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # model -> (bound on the step-0 relative loss difference, bound on steps 1..N-1)
 BOUNDS = {
@@ -66,7 +66,7 @@ def run_worker(model, mode, seed=0):
     pytest.importorskip('gluoncv')
     env = dict(os.environ)
     env.setdefault('OMP_NUM_THREADS', '1')
-    proc = subprocess.run([sys.executable, '-m', 'tests.gluoncv_worker', model, mode,
+    proc = subprocess.run([sys.executable, '-m', 'tests.gluon.gluoncv_worker', model, mode,
                            '--seed', str(seed)], cwd=str(ROOT), env=env, capture_output=True,
                           text=True, timeout=1200)
     tail = '\n'.join(proc.stderr.strip().splitlines()[-20:])

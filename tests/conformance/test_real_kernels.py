@@ -2,7 +2,7 @@
 
 Marked ``real_kernels``: on a CPU without the kernels (AVX2 only, or ``DNNL_MAX_CPU_ISA=AVX2``)
 they skip with the reason (tests/conftest.py). Each model runs in its own process
-(tests/real_kernels_worker.py, which documents the models, sizes and the training), so a kernel
+(tests/conformance/real_kernels_worker.py, which documents the models, sizes and the training), so a kernel
 that corrupts memory fails that model alone, with the signal named.
 
 For every model: two copies with the same float32 values; one is run once in float32 (the
@@ -11,7 +11,7 @@ trained 3 steps with ``mxmp.Trainer`` (SGD, learning rate 1e-4, momentum 0.9) on
 batches. Figures are ``max|bfloat16 - float32| / max|float32|``.
 
 Bounds come from seeds 0-3 on a 2-core AMD EPYC with avx512_bf16 (``python
-tests/real_kernels_worker.py MODEL --seed S``), as (measured range) -> bound:
+tests/conformance/real_kernels_worker.py MODEL --seed S``), as (measured range) -> bound:
 
 =================  ================  ================  ===============  ===============
 model              before training   after 3 steps     train forward    gradients

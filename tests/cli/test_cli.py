@@ -13,7 +13,7 @@ from mxnet.gluon import nn
 import mxmp
 from mxmp.cli import main
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 
