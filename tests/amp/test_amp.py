@@ -532,3 +532,26 @@ def test_convert_hybrid_block_leaves_the_original_in_float32():
     assert converted is not net and isinstance(converted, gluon.SymbolBlock)
     np.testing.assert_array_equal(net(x).asnumpy(), ref)
     assert not np.array_equal(converted(x).asnumpy(), ref)
+
+
+def test_a_policy_is_accepted_where_contrib_amp_takes_the_target_dtype():
+    policy = mxmp.Policy('bfloat16', fp32_ops=['Activation'], loss_scaler='dynamic')
+    sym = conv_net()(mx.sym.var('data'))
+    nodes = json.loads(amp.convert_symbol(sym, policy).tojson(remove_amp_cast=False))['nodes']
+    act = next(n for n in nodes if n['op'] == 'Activation')
+    cast = nodes[act['inputs'][0][0]]          # relu moved to float32 by the policy
+    assert cast['op'] == 'amp_cast' and cast['attrs']['dtype'] == 'float32'
+    with pytest.raises(ValueError, match='holds the op lists'):
+        amp.convert_symbol(sym, policy, fp32_ops=['Activation'])
+    amp.init(policy)
+    net = conv_net()
+    net.hybridize()
+    net(mx.nd.ones((2, 3, 8, 8)))
+    graph = json.loads(mxmp.converted_graph(net).tojson(remove_amp_cast=False))['nodes']
+    act = next(n for n in graph if n['op'] == 'Activation')
+    assert graph[act['inputs'][0][0]]['op'] == 'amp_cast'
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    amp.init_trainer(trainer)
+    assert trainer._amp_loss_scaler.loss_scale == 2.0 ** 16   # the policy's dynamic scaling
+    with pytest.raises(ValueError, match='holds the op lists'):
+        amp.init(policy, fp32_ops=['Activation'])

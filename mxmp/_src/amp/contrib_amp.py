@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 from mxnet import autograd
 
 from ..dtypes import normalize_dtype
-from ..policy.policy import conditional_rules
+from ..policy.policy import Policy, conditional_rules
 from ..scaling import make_loss_scaler, scale_losses
 from ..training.step import Step, param_grads
 
@@ -24,17 +24,21 @@ logger = logging.getLogger('mxmp.amp')
 
 @dataclasses.dataclass(frozen=True)
 class _Config:
-    """What :func:`init` recorded: defaults of the convert calls."""
+    """What :func:`init` recorded: defaults of the convert calls (``policy``: the Policy
+    :func:`init` was given, if any)."""
     target_dtype: Optional[str] = None
     lp_ops: Tuple[str, ...] = ()
     fp32_ops: Tuple[str, ...] = ()
     conditional_fp32_ops: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = ()
+    policy: Optional[Policy] = None
 
 
 _CONFIG = _Config()
 
 
 def _dtype(target_dtype):
+    if isinstance(target_dtype, Policy):
+        return target_dtype.target_dtype
     if target_dtype is None:
         target_dtype = _CONFIG.target_dtype or 'float16'
     return normalize_dtype(target_dtype)
@@ -54,8 +58,16 @@ def _conditional(value):
 
 
 def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names):
-    """The mxmp Policy of a convert call (:func:`mxmp._src.amp.lists.policy_for`)."""
+    """The mxmp Policy of a convert call: ``target_dtype`` itself when it is a Policy (the op
+    lists then must be None: the policy holds them), :func:`init`'s Policy when nothing is
+    given, else :func:`mxmp._src.amp.lists.policy_for` of the lists."""
     from .lists import policy_for
+    lists = (target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names)
+    if isinstance(target_dtype, Policy):
+        _no_lists_with(target_dtype, lists)
+        return target_dtype
+    if target_dtype is None and _CONFIG.policy is not None and lists == (None,) * 4:
+        return _CONFIG.policy
     if excluded_sym_names is not None and not isinstance(excluded_sym_names, (list, tuple, set)):
         raise ValueError('excluded_sym_names must be a list of node names, got %r'
                          % (excluded_sym_names,))
@@ -64,6 +76,13 @@ def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excl
         _names(fp32_ops, 'fp32_ops'), _conditional(conditional_fp32_ops),
         excluded_names=set(excluded_sym_names or ()), init_lp=_CONFIG.lp_ops,
         init_fp32=_CONFIG.fp32_ops, init_conditional=_CONFIG.conditional_fp32_ops)
+
+
+def _no_lists_with(policy, lists):
+    if any(value is not None for value in lists):
+        raise ValueError('target_dtype is an mxmp.Policy (%s), which holds the op lists: give '
+                         'them as Policy(lp_ops=..., fp32_ops=..., excluded_names=...), not as '
+                         'arguments as well' % policy.target_dtype)
 
 
 def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops=None,
@@ -79,7 +98,8 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
 
     Args:
         target_dtype: ``'float16'`` or ``'bfloat16'`` (or ``numpy.float16`` /
-            ``mxnet.contrib.amp.amp.bfloat16``).
+            ``mxnet.contrib.amp.amp.bfloat16``), or an :class:`mxmp.Policy` (mxmp's one
+            precision config; the lists below must then be None).
         target_precision_ops (list of str): ops to run in the target dtype, added to mxmp's
             low-precision list (``Policy(lp_ops=...)``).
         conditional_fp32_ops (list of (str, str, list of str)): ``(op, attribute, values)``:
@@ -87,10 +107,18 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
         fp32_ops (list of str): ops to keep in float32 (``Policy(fp32_ops=...)``).
 
     Raises:
-        ValueError: unknown dtype or malformed lists (contrib.amp asserts instead).
+        ValueError: unknown dtype or malformed lists (contrib.amp asserts instead); op lists
+            given with a Policy.
     """
     global _CONFIG  # pylint: disable=global-statement
     from ..gluon import Conversion, set_global
+    if isinstance(target_dtype, Policy):
+        _no_lists_with(target_dtype, (target_precision_ops, conditional_fp32_ops, fp32_ops))
+        _CONFIG = _Config(target_dtype.target_dtype, policy=target_dtype)
+        set_global(Conversion(target_dtype))
+        logger.info('mxmp.amp: mixed precision (%s policy) on for Gluon graphs built from now '
+                    'on', target_dtype.target_dtype)
+        return
     config = _Config(_dtype(target_dtype),
                      _names(target_precision_ops, 'target_precision_ops') or (),
                      _names(fp32_ops, 'fp32_ops') or (), _conditional(conditional_fp32_ops) or ())
@@ -122,7 +150,8 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
 
     Args:
         sym (Symbol): the float32 graph.
-        target_dtype (str): ``'float16'`` or ``'bfloat16'``.
+        target_dtype (str or Policy): ``'float16'`` or ``'bfloat16'``, or an :class:`mxmp.Policy`
+            (then the op-list arguments must be None: the policy holds them).
         target_dtype_ops, fp32_ops (list of str): replace the default low-precision /
             float32 lists (None: the defaults, :func:`list_lp16_ops`, :func:`list_fp32_ops`,
             with :func:`init`'s additions); loss outputs stay float32. An op that ends up in
@@ -299,7 +328,8 @@ def init_trainer(optimizer_or_trainer):
         from ..gluon import policy_of
         marks = {policy_of(p).target_dtype for p in trainer._params if policy_of(p)}
         dtype = 'bfloat16' if marks == {'bfloat16'} else 'float16'
-    trainer._amp_loss_scaler = _TrainerLossScaler(make_loss_scaler(None, dtype))
+    spec = _CONFIG.policy.loss_scaler if _CONFIG.policy is not None else None
+    trainer._amp_loss_scaler = _TrainerLossScaler(make_loss_scaler(spec, dtype))
     trainer._amp_original_scale = trainer._scale
 
 
