@@ -10,7 +10,7 @@ dtype than its weight uses its own key ``i + num_params``. See docs/distributed.
 import numpy as np
 from mxnet import autograd, nd
 
-from .dtypes import dtype_name, itemsize, mx_dtype, normalize_dtype
+from .dtypes import dtype_name, is_low_precision, itemsize, mx_dtype, normalize_dtype
 from .device import to_default_layout
 
 __all__ = ['EXCHANGE_DTYPES', 'check_grad_dtype', 'check_kvstore_args', 'exchange_dtype',
@@ -209,9 +209,9 @@ def broadcast_initial(kv, params, index_of, masters):
     Returns:
         list of Parameter: those broadcast (initialised dense ones).
     """
-    from .training.master_weights import is_low_precision
     ready = [p for p in params if not p._deferred_init and p._stype == 'default']
-    low = {p: masters.of(index_of(p)) for p in ready if is_low_precision(p)}
+    low = {p: masters.of(index_of(p)) for p in ready
+           if p.grad_req != 'null' and is_low_precision(p.dtype)}
 
     def send(idx, wire):
         kv.init(idx, wire)

@@ -22,27 +22,20 @@ from mxnet import autograd, gluon
 
 from .graph.strip import float32_arrays, remove_casts
 from .graph.stem import check_option as check_pad_stem
-from .gluon_graph import Conversion, cast_deferred, rewrite
+from .gluon_graph import PARAM_POLICY, Conversion, cast_deferred, rewrite
 from .policy.policy import resolve_policy
 
-__all__ = ['convert', 'policy_of', 'converted_graph', 'fused_graph',
+__all__ = ['convert', 'converted_graph', 'fused_graph',
            'set_global', 'install_hooks', 'remove_hooks', 'Conversion']
 
 logger = logging.getLogger('mxmp.gluon')
 
 _CONVERTED = weakref.WeakKeyDictionary()   # block -> Conversion (mxmp.convert)
 _BUILT = weakref.WeakKeyDictionary()       # block -> BuiltGraph of its current graph
-_PARAM_POLICY = weakref.WeakKeyDictionary()  # Parameter -> Policy of its network
 _GLOBAL = [None]                           # the Conversion of mxmp.amp.init, or None
 _ORIGINAL = {}                             # method name -> MXNet's function
 _LOCAL = threading.local()                 # imperative call depth (the amp.init warning)
 _WARNED = set()
-
-
-def policy_of(param):
-    """The :class:`mxmp.Policy` of the converted network ``param`` (a Parameter) belongs to, or
-    None; the Trainers read their defaults (loss scaler, target dtype) from it."""
-    return _PARAM_POLICY.get(param)
 
 
 def converted_graph(block):
@@ -134,7 +127,7 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
             child._clear_cached_op()
     block.apply(register)
     for param in block.collect_params().values():
-        _PARAM_POLICY[param] = policy
+        PARAM_POLICY[param] = policy
     if isinstance(block, gluon.SymbolBlock):
         # Its graph is fixed: convert it now (Parameters stored in the target dtype are cast
         # now too), on the context of its Parameters.
@@ -187,7 +180,7 @@ def _convert_graph(block, conversion, args, ctx=None):
     built = rewrite(block, conversion, inputs, sym, args, ctx)
     if conversion is _GLOBAL[0]:
         for param in block.collect_params().values():
-            _PARAM_POLICY.setdefault(param, conversion.policy)
+            PARAM_POLICY.setdefault(param, conversion.policy)
     _BUILT[block] = built
     block._cached_graph = inputs, built.symbol
 
@@ -321,5 +314,5 @@ def remove_hooks():
     _ORIGINAL.clear()
     _CONVERTED.clear()
     _BUILT.clear()
-    _PARAM_POLICY.clear()
+    PARAM_POLICY.clear()
     _GLOBAL[0] = None

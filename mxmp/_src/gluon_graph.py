@@ -39,6 +39,18 @@ logger = logging.getLogger('mxmp.gluon')
 _UNROUNDED = weakref.WeakKeyDictionary()
 
 
+#: Parameter -> the Policy of the converted network it belongs to; written by
+#: :func:`mxmp.convert` and ``amp.init``'s graphs (:mod:`mxmp._src.gluon`), read through
+#: :func:`policy_of`. Weak keys: nothing is stamped on the Parameters.
+PARAM_POLICY = weakref.WeakKeyDictionary()
+
+
+def policy_of(param):
+    """The :class:`mxmp.Policy` of the converted network ``param`` (a Parameter) belongs to, or
+    None; the Trainers read their defaults (loss scaler, target dtype) from it."""
+    return PARAM_POLICY.get(param)
+
+
 @dataclasses.dataclass(frozen=True)
 class Conversion:
     """How a network is converted (:func:`mxmp.convert` describes each field).

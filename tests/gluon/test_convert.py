@@ -319,7 +319,7 @@ def test_emulate_auto_emulates_float16_on_cpu_and_says_so(caplog):
 def test_parameters_know_their_target_dtype_for_the_trainer():
     net = small_resnet()
     mxmp.convert(net, 'float16')
-    assert {mxmp._src.gluon.policy_of(p).target_dtype for p in net.collect_params().values()} == {'float16'}
+    assert {mxmp._src.gluon_graph.policy_of(p).target_dtype for p in net.collect_params().values()} == {'float16'}
     trainer = mxmp.Trainer(net.collect_params(), 'sgd')
     assert trainer.loss_scaler.enabled  # float16: dynamic loss scaling by default
 

@@ -325,7 +325,7 @@ def init_trainer(optimizer_or_trainer):
         config['update_on_kvstore'] = False
     dtype = _CONFIG.target_dtype
     if dtype is None:
-        from ..gluon import policy_of
+        from ..gluon_graph import policy_of
         marks = {policy_of(p).target_dtype for p in trainer._params if policy_of(p)}
         dtype = 'bfloat16' if marks == {'bfloat16'} else 'float16'
     spec = _CONFIG.policy.loss_scaler if _CONFIG.policy is not None else None

@@ -9,6 +9,7 @@ from mxnet import autograd, gluon
 
 from .. import distributed
 from ..dtypes import LOW_PRECISION_DTYPES, dtype_name, normalize_dtype
+from ..gluon_graph import policy_of
 from ..policy.policy import Policy
 from ..scaling import LossScaleGroup, make_loss_scaler
 from . import checkpoint
@@ -288,10 +289,9 @@ def resolve_precision(params, policy, target_dtype, loss_scaler):
                 raise ValueError('loss_scaler=%r contradicts the policy\'s loss_scaler %r'
                                  % (loss_scaler, spec))
     else:
-        from .. import gluon as hook
         names, policies = set(), {}   # the Parameters' dtypes; their network's policies
         for param in params:
-            found = hook.policy_of(param)
+            found = policy_of(param)
             if found is not None:
                 policies.setdefault(found.target_dtype, found)
             try:
