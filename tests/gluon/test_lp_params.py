@@ -100,7 +100,7 @@ _TRAIN = textwrap.dedent('''
     from mxmp._src.dtypes import MSHADOW_ENUM, mx_dtype
     from mxmp._src.graph.strip import arrays_for_graph
     sys.path.insert(0, sys.argv[1])
-    from tests.test_lp_params import deconv_graph
+    from tests.gluon.test_lp_params import deconv_graph
     lp, emulate = 'bfloat16', not mxmp.lp_kernels_available('bfloat16')
     sym = deconv_graph(lp)
     out = mxmp.convert_symbol(sym, lp, emulate=emulate)

@@ -102,7 +102,7 @@ def check_loads_intact(save_dir):
 
 
 def start_child(save_dir, mode, start):
-    code = CHILD.format(repo=str(REPO), tests=str(REPO / 'tests'))
+    code = CHILD.format(repo=str(REPO), tests=str(Path(__file__).resolve().parent))
     return subprocess.Popen([sys.executable, '-c', code, str(save_dir), mode, str(start)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
