@@ -15,9 +15,8 @@ import numpy as np
 from ..dtypes import dtype_name
 from .master_weights import is_low_precision
 
-__all__ = ['write_atomic', 'save_atomic', 'pack_states', 'read_states', 'check_format',
-           'check_param_records',
-           'param_records', 'read_trainer_states']
+__all__ = ['write_atomic', 'save_atomic', 'check_format', 'write_trainer_states',
+           'read_trainer_states']
 
 #: Header of the states file written by :meth:`mxmp.Trainer.save_states`.
 _MAGIC = b'MXMP-TRAINER-STATES\x00'
@@ -66,21 +65,18 @@ def _fsync(path):
         os.close(fd)
 
 
-def pack_states(state):
-    """The bytes of a states file holding ``state`` (dict): header, then the pickled payload."""
-    payload = pickle.dumps(dict({'format': 'mxmp.Trainer', 'version': _FORMAT_VERSION}, **state),
-                           protocol=4)
-    return _MAGIC + _HEADER.pack(len(payload), hashlib.sha256(payload).digest()) + payload
+def write_trainer_states(fname, params, state):
+    """Write a states file atomically: header, then ``state`` (dict) pickled with the record
+    of every Parameter of ``params``."""
+    payload = pickle.dumps(dict({'format': 'mxmp.Trainer', 'version': _FORMAT_VERSION,
+                                 'params': _param_records(params)}, **state), protocol=4)
+    write_atomic(fname, _MAGIC + _HEADER.pack(len(payload), hashlib.sha256(payload).digest())
+                 + payload)
 
 
-def read_states(fname):
-    """The payload of a states file written by :meth:`mxmp.Trainer.save_states`, checked.
-
-    Raises:
-        ValueError: not such a file (bad header), truncated, corrupt (SHA-256 mismatch),
-            undecodable, of another format version, or without an optimizer.
-        OSError: the file cannot be read.
-    """
+def _read_payload(fname):
+    """The checked payload of a states file (ValueError: bad header, truncated, corrupt,
+    undecodable, another format version, no optimizer)."""
     with open(fname, 'rb') as fin:
         blob = fin.read()
     if not blob.startswith(_MAGIC):
@@ -120,10 +116,8 @@ def check_format(state, fname, name, version):
                          % (fname, state.get('version'), version))
 
 
-def check_param_records(fname, saved, mine, check_names):
-    """Raise ValueError naming the first difference between the Parameter records of a states
-    file (``saved``) and of the Trainer (``mine``): count, names (with ``check_names``),
-    shapes, low-precision dtypes, which Parameters have master weights."""
+def _check_param_records(fname, saved, mine, check_names):
+    """ValueError naming the first difference between the file's and the Trainer's records."""
     if len(saved) != len(mine):
         raise ValueError('%s holds states for %d Parameters but this Trainer has %d'
                          % (fname, len(saved), len(mine)))
@@ -147,24 +141,17 @@ def check_param_records(fname, saved, mine, check_names):
                              % (fname, k, m['name'], s['dtype'], m['dtype']))
 
 
-def param_records(params):
-    """The record of every Parameter a states file holds: name, shape, dtype, has masters."""
+def _param_records(params):
     return [{'name': p.name, 'shape': [int(s) for s in p.shape],
              'dtype': dtype_name(p.dtype), 'master': is_low_precision(p)} for p in params]
 
 
 def read_trainer_states(fname, params, check_names, scaler):
-    """Read and validate a states file of :meth:`mxmp.Trainer.save_states` for a Trainer of
-    ``params`` whose scaler is ``scaler``.
-
-    Returns:
-        tuple ``(optimizer blob, {index: float32 numpy master}, loss scaler, skipped_steps)``.
-
-    Raises:
-        ValueError: as :meth:`mxmp.Trainer.load_states`.
-    """
+    """``(optimizer blob, {index: float32 numpy master}, loss scaler, skipped_steps)`` of a
+    states file, checked against a Trainer of ``params`` and ``scaler`` (ValueError as
+    :meth:`mxmp.Trainer.load_states`)."""
     fname = os.fspath(fname)
-    state = read_states(fname)
+    state = _read_payload(fname)
     try:
         saved_params = state['params']
         masters = state['master_weights']
@@ -173,9 +160,9 @@ def read_trainer_states(fname, params, check_names, scaler):
         opt_blob = state['optimizer']
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError('%s misses a field: %s' % (fname, err)) from None
-    records = param_records(params)
+    records = _param_records(params)
     try:
-        check_param_records(fname, saved_params, records, check_names)
+        _check_param_records(fname, saved_params, records, check_names)
     except (KeyError, TypeError, AttributeError) as err:
         raise ValueError('%s: malformed Parameter records: %r' % (fname, err)) from None
     out = {}

@@ -235,17 +235,16 @@ class Trainer(gluon.Trainer):
     # ------------------------------------------------------------------ states file
     def save_states(self, fname):
         """Write optimizer (first device, as gluon), master weights, loss scaler and
-        skipped_steps to ``fname`` atomically (:func:`mxmp._src.training.checkpoint.pack_states`;
-        a pickle: load only files you trust). Model parameters are not included."""
+        skipped_steps to ``fname`` atomically (a checksummed pickle: load only files you
+        trust). Model parameters are not included."""
         self._prepare()
         self._masters.ensure_all()
-        checkpoint.write_atomic(fname, checkpoint.pack_states({
-            'params': checkpoint.param_records(self._params),
+        checkpoint.write_trainer_states(fname, self._params, {
             'optimizer': self._updaters[0].get_states(dump_optimizer=True),
             'master_weights': self._masters.to_numpy(),
             'loss_scaler': self._step.scaler.state_dict(),
             'skipped_steps': self._step.skipped_steps,
-            'target_dtype': self._target_dtype}))
+            'target_dtype': self._target_dtype})
 
     def load_states(self, fname, check_names=True):
         """Load what :meth:`save_states` wrote: all of it or, on any error, nothing.
