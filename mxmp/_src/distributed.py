@@ -27,13 +27,8 @@ def _no_bfloat16(kv_type):
 
 
 def check_grad_dtype(grad_dtype, kv_type, dynamic_scaler):
-    """``grad_dtype`` (None, str or dtype) as a canonical name or None, for a kvstore of type
-    ``kv_type`` and a loss scaler that is dynamic or not (``dynamic_scaler``).
-
-    Raises:
-        ValueError: not one of :data:`EXCHANGE_DTYPES`; ``'float16'`` without a dynamic loss
-            scaler; ``'bfloat16'`` with a dist kvstore or Horovod.
-    """
+    """``grad_dtype`` as a canonical name or None; ValueError if it is not one of
+    :data:`EXCHANGE_DTYPES`, or not possible with ``kv_type`` or without a dynamic scaler."""
     if grad_dtype is None:
         return None
     try:
@@ -57,9 +52,9 @@ def check_grad_dtype(grad_dtype, kv_type, dynamic_scaler):
 
 
 def exchange_dtype(own_dtype, requested, kv_type):
-    """str: the dtype a gradient of dtype ``own_dtype`` travels in over ``kv_type`` (str or
-    None; ``'horovod'`` for Horovod): the checked ``grad_dtype`` ``requested`` for float
-    gradients, else their own; bfloat16 becomes float32 over dist kvstores and Horovod."""
+    """str: the dtype a gradient travels in over ``kv_type`` (``'horovod'`` for Horovod): the
+    checked ``requested`` for float gradients, else its own; bfloat16 becomes float32 where
+    :func:`_no_bfloat16`."""
     if own_dtype not in _FLOAT_DTYPES:
         return own_dtype
     out = requested or own_dtype
@@ -69,8 +64,7 @@ def exchange_dtype(own_dtype, requested, kv_type):
 
 
 def bytes_per_step(params, dtype_of):
-    """int: gradient bytes one worker sends per step: over ``params`` with a gradient,
-    elements x bytes of ``dtype_of(param)`` (the exchange dtype); deferred shapes count 0."""
+    """int: elements x bytes of ``dtype_of(param)`` over ``params`` with a gradient."""
     return int(sum(int(np.prod(p.shape)) * itemsize(dtype_of(p))
                    for p in params if p.grad_req != 'null'))
 
@@ -94,19 +88,10 @@ def check_kvstore_args(kvstore, update_on_kvstore):
 
 
 def broadcast_from_root(entries, send, kv_type=None):
-    """Overwrite every weight with the root worker's value, in place, and wait for it.
-
-    Args:
-        entries (iterable of (key, list of NDArray)): a weight's backend key and its arrays,
-            one per device (the first is sent, as a fresh copy in the default layout).
-        send (callable): ``send(key, wire)`` replaces NDArray ``wire`` in place with the
-            root's value of ``key`` (``kv.init`` and ``kv.pull``, or ``hvd.broadcast_``).
-        kv_type (str or None): the backend (a kvstore type or ``'horovod'``); a weight travels
-            in :func:`exchange_dtype` ``(own, None, kv_type)``.
-
-    Returns:
-        list: the keys broadcast, in order. One host synchronisation per weight.
-    """
+    """Overwrite every weight with the root worker's value, in place, and wait for it;
+    returns the keys, in order. ``entries``: ``(key, arrays on every device)``; ``send(key,
+    wire)`` replaces ``wire`` (a copy of the first array, in its :func:`exchange_dtype` over
+    ``kv_type``) in place with the root's value."""
     done = []
     for key, arrays in entries:
         own = dtype_name(arrays[0].dtype)
@@ -125,16 +110,10 @@ def broadcast_from_root(entries, send, kv_type=None):
 
 
 class KVStoreExchange:
-    """A Trainer's gradient reduction over MXNet's kvstore, each gradient in its exchange dtype.
-
-    Args:
-        num_params (int): number of the Trainer's Parameters (offset of the extra keys).
-        grad_dtype (str or None): the checked ``grad_dtype`` (:func:`check_grad_dtype`).
-
-    The extra key of Parameter ``i`` is initialised on first use, on every worker in the same
-    order (a dist kvstore's ``init`` is a barrier). Gradients are cast into buffers of their
-    exchange dtype for the reduction, and back; per key, made again when the shape changes.
-    """
+    """A Trainer's gradient reduction over MXNet's kvstore, each gradient in its exchange dtype
+    (``grad_dtype``: checked by :func:`check_grad_dtype`), cast into per-key buffers and back.
+    The extra key ``i + num_params`` is initialised on first use, on every worker in the same
+    order (a dist kvstore's ``init`` is a barrier)."""
 
     def __init__(self, num_params, grad_dtype):
         self.grad_dtype = grad_dtype
@@ -143,14 +122,12 @@ class KVStoreExchange:
         self._inited = set()
 
     def dtype(self, param, kv_type):
-        """str: the dtype ``param``'s gradient travels in over a reduction of ``kv_type`` (str,
-        ``'horovod'`` for Horovod; None: none, its own dtype)."""
+        """str: the dtype ``param``'s gradient travels in over ``kv_type`` (None: its own)."""
         own = dtype_name(param.dtype)
         return exchange_dtype(own, self.grad_dtype, kv_type) if kv_type else own
 
     def cast_in(self, key, grads, dtype):
-        """``grads`` cast to ``dtype`` (dtype name): ``grads`` itself if they have it already,
-        else this key's buffers, holding the cast values."""
+        """``grads`` if they are of ``dtype``, else this key's buffers holding them cast."""
         if dtype_name(grads[0].dtype) == dtype:
             return grads
         bufs = self._buffers.get(key)
@@ -169,8 +146,8 @@ class KVStoreExchange:
                 nd.amp_cast(b, dtype=g.dtype, out=g)
 
     def reduce(self, kv, params, distributed):
-        """Sum every gradient of ``params`` (list of Parameter) across devices and workers
-        over ``kv``, in place; sparse gradients in their own dtype, as gluon.Trainer."""
+        """Sum every gradient of ``params`` across devices and workers over ``kv``, in place;
+        sparse ones in their own dtype, as gluon.Trainer."""
         for i, param in enumerate(params):
             if param.grad_req == 'null':
                 continue
@@ -196,19 +173,10 @@ class KVStoreExchange:
 
 
 def broadcast_initial(kv, params, index_of, masters):
-    """Give every worker worker 0's initial weights through a dist kvstore, and wait for them
-    (docs/distributed.md: a late pull would write the summed gradient into the weight). A
-    low-precision Parameter travels as the root's float32 master, every worker's master.
-
-    Args:
-        kv (KVStore): the dist kvstore.
-        params (list of Parameter): the Parameters to initialise.
-        index_of (callable): Parameter -> its key (index in the Trainer).
-        masters (mxmp._src.training.master_weights.ParameterMasters): the Trainer's masters.
-
-    Returns:
-        list of Parameter: those broadcast (initialised dense ones).
-    """
+    """Give every worker worker 0's initial weights of ``params`` through the dist kvstore
+    ``kv`` (key: ``index_of(param)``), and wait for them (docs/distributed.md). A low-precision
+    Parameter travels as the root's float32 master (``masters``), every worker's master.
+    Returns the Parameters broadcast (the initialised dense ones)."""
     ready = [p for p in params if not p._deferred_init and p._stype == 'default']
     low = {p: masters.of(index_of(p)) for p in ready
            if p.grad_req != 'null' and is_low_precision(p.dtype)}

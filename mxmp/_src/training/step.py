@@ -25,12 +25,8 @@ _FINITE_DTYPES = ('float16', 'float32', 'float64')
 
 
 def all_finite(per_device_grads):
-    """Whether every gradient is free of inf and NaN: one check over all devices.
-
-    ``per_device_grads`` (list of list of NDArray): per device, the gradients about to be
-    applied, any float dtype or sparse (integer ones are ignored). Returns False if any element
-    is inf or NaN; one host synchronisation.
-    """
+    """Whether no gradient (per device, a list of NDArray of any dtype or storage; integer
+    ones are ignored) holds inf or NaN: one host synchronisation."""
     flags = []
     for grads in per_device_grads:
         if not grads:
@@ -97,29 +93,17 @@ class Stage(enum.Enum):
 
 
 class Step:
-    """The state of one training loop between updates, and the update itself.
-
-    Args:
-        scaler (mxmp.LossScaler or mxmp._src.scaling.LossScaleGroup): the starting scaler
-            (this Step's alone) or a group shared with other owners.
-        owner (object or None): the group's member (the Trainer; held weakly); None: the Step.
-
-    Attributes: ``group`` (LossScaleGroup), ``skipped_steps`` (int), ``stage`` (Stage),
-    ``losses`` (list of NDArray: this step's, from :meth:`scale_loss`).
-    """
+    """The state of one training loop between updates, and the update itself: ``scaler`` is
+    a LossScaler (this Step's alone) or a LossScaleGroup whose member is ``owner`` (held
+    weakly; None: the Step itself). ``losses``: this step's, from :meth:`scale_loss`."""
 
     def __init__(self, scaler, owner=None):
         self.group = scaler if isinstance(scaler, LossScaleGroup) else LossScaleGroup(scaler)
-        self._owner = None if owner is None else weakref.ref(owner)   # no reference cycle
-        self.group.join(self.owner)
+        self._owner = weakref.ref(self if owner is None else owner)   # no reference cycle
+        self.group.join(self._owner())
         self.skipped_steps = 0
         self.stage = Stage.READY
         self.losses = []
-
-    @property
-    def owner(self):
-        """The group member this Step stands for: the owner given, or the Step itself."""
-        return self if self._owner is None else self._owner()
 
     @property
     def scaler(self):
@@ -131,9 +115,8 @@ class Step:
         self.group.current = value
 
     def scale_loss(self, loss):
-        """The loss (an NDArray or lists/tuples nesting them) times the loss scale, with the
-        same nesting; ``loss`` itself when scaling is disabled. Keeps the flat losses in
-        :attr:`losses`. TypeError naming an element that is not an NDArray."""
+        """``loss`` times the loss scale (:func:`scale_losses`), kept flat in :attr:`losses`;
+        ``loss`` itself when scaling is disabled."""
         scaler = self.scaler
         if not scaler.enabled:
             return loss
@@ -141,12 +124,8 @@ class Step:
         return scale_losses(loss, float(scaler.scale))
 
     def unscale(self, grads):
-        """Divide ``grads`` (NDArrays) by the loss scale in place, in their own dtype; a no-op
-        when scaling is disabled; inf/NaN stay for :meth:`check`.
-
-        Raises:
-            RuntimeError: the gradients were unscaled already in this step.
-        """
+        """Divide ``grads`` by the loss scale in place (inf/NaN stay for :meth:`check`); a
+        no-op when scaling is disabled. RuntimeError if they were unscaled in this step."""
         scaler = self.scaler
         if not scaler.enabled:
             return
@@ -161,42 +140,25 @@ class Step:
         self.stage = Stage.UNSCALED
 
     def check(self, per_device_grads):
-        """bool: whether every gradient is finite; True without checking (no host sync) unless
-        the scaler is dynamic. ``per_device_grads``: list (per device) of lists of NDArray."""
+        """:func:`all_finite`, for a dynamic scaler only (else True, without a host sync)."""
         return not self.scaler.dynamic or all_finite(per_device_grads)
 
     def end(self, finite):
-        """Close the step: the group adjusts the scaler (once per iteration), a skip counts,
-        and the stage is READY again. ``finite`` (bool): the result of :meth:`check`."""
-        self.group.stepped(self.owner, finite)
+        """Close the step (``finite``: the result of :meth:`check`) in the group."""
+        self.group.stepped(self._owner(), finite)
         if not finite:
             self.skipped_steps += 1
         self.stage = Stage.READY
         self.losses = []
 
     def apply(self, calls, optimizer, rescale_grad, name_of=None, forward_finite=None):
-        """Check for overflow, then run the optimizer on every device, or skip the step.
-
-        Args:
-            calls (list of (updater, DeviceUpdate)): one per device (an updater may repeat).
-            optimizer (mx.optimizer.Optimizer): its ``rescale_grad`` is set to
-                ``rescale_grad / loss_scale`` (without the scale if disabled or UNSCALED).
-            rescale_grad (float): the factor without the loss scale.
-            name_of (callable or None): optimizer index -> parameter name, for errors.
-            forward_finite (callable or None): ``() -> bool``, whether the forward pass was
-                finite; called only on an overflow. Default: the losses of :meth:`scale_loss`.
-
-        Returns:
-            bool: False if the step was skipped because a gradient was inf/NaN.
-
-        Raises:
-            LossScaleAtFloorError: the step overflowed with the scale stuck at its floor
-                (:attr:`mxmp.DynamicLossScaler.stuck_at_floor`); nothing was updated, the
-                scaler and ``skipped_steps`` are unchanged and the stage is READY again.
-
-        Warns:
-            NonFiniteForwardWarning: the step was skipped and ``forward_finite()`` is False.
-        """
+        """Check for overflow, then run every ``(updater, DeviceUpdate)`` of ``calls`` with
+        ``optimizer.rescale_grad = rescale_grad / loss_scale`` (no scale if disabled or
+        UNSCALED), or skip the step; returns False if skipped. ``name_of``: optimizer index ->
+        parameter name; ``forward_finite() -> bool`` (default: the losses of
+        :meth:`scale_loss`) is asked on an overflow only and warns NonFiniteForwardWarning if
+        False. LossScaleAtFloorError when the scale is stuck at its floor (nothing changes but
+        the stage, READY again)."""
         losses, self.losses = self.losses, []
         if forward_finite is None and losses:
             forward_finite = lambda: all_finite([losses])  # noqa: E731
