@@ -71,12 +71,9 @@ class LossScaler:
         return {'class': type(self).__name__, **{n: getattr(self, n) for n in fields}}
 
     def load_state_dict(self, state: dict) -> 'LossScaler':
-        """A new scaler with this configuration and the running state in ``state`` (dict, from
-        :meth:`state_dict` of a scaler of the same class and configuration).
-
-        ValueError if ``state`` is not a dict, is of another class or configuration (the
-        field is named), misses a key or holds an invalid state.
-        """
+        """A new scaler with this configuration and the running state in ``state`` (from
+        :meth:`state_dict` of a scaler of the same class and configuration); ValueError
+        naming the field if it is not, misses a key or holds an invalid state."""
         if not isinstance(state, dict):
             raise ValueError('loss scaler state must be a dict, got %s' % type(state).__name__)
         cls = state.get('class')
@@ -141,10 +138,7 @@ class DynamicLossScaler(LossScaler):
         overflows_at_floor (int): consecutive overflows with the scale already at
             ``min_scale`` (state), >= 0; default 0; a finite step resets it.
 
-    Raises:
-        ValueError: an argument is out of range; the message names it.
-
-    Rule (:meth:`adjust`), as torch's GradScaler and ``mxnet.contrib.amp``: on overflow
+    ValueError naming an argument out of range. Rule (:meth:`adjust`), as torch's GradScaler and ``mxnet.contrib.amp``: on overflow
     ``scale = max(scale * backoff_factor, min_scale)``, ``counter = 0``; on a finite step
     ``counter += 1`` and at ``growth_interval``: ``scale = min(scale * growth_factor,
     max_scale)``, ``counter = 0``.
@@ -252,13 +246,8 @@ _CLASSES = {c.__name__: c for c in (NoOpLossScaler, StaticLossScaler, DynamicLos
 
 
 def from_state_dict(state) -> LossScaler:
-    """The scaler (class, configuration, running state) a :meth:`LossScaler.state_dict` came from.
-
-    Raises:
-        ValueError: ``state`` is not a dict naming one of the three scaler classes
-            (``'unknown loss scaler state ...'``), or its fields are invalid (``'invalid loss
-            scaler state: ...'``, the scaler's own message follows).
-    """
+    """The scaler a :meth:`LossScaler.state_dict` came from; ValueError ``'unknown loss scaler
+    state ...'`` (no scaler class named) or ``'invalid loss scaler state: ...'`` otherwise."""
     if not isinstance(state, dict) or state.get('class') not in _CLASSES:
         raise ValueError('unknown loss scaler state %r' % (state,))
     cls = _CLASSES[state['class']]

@@ -61,15 +61,13 @@ class MasterWeights:
 
     def discard(self, key):
         """Forget the masters (and any pending value) of ``key``."""
-        self._masters.pop(key, None)
-        self._sources.pop(key, None)
-        self._pending.pop(key, None)
+        for table in (self._masters, self._sources, self._pending):
+            table.pop(key, None)
 
     def clear(self):
         """Forget every master and pending value."""
-        self._masters.clear()
-        self._sources.clear()
-        self._pending.clear()
+        for table in (self._masters, self._sources, self._pending):
+            table.clear()
 
     def first_device(self, key):
         """The master of ``key`` on the first device (NDArray), or its pending value, or None."""
@@ -94,11 +92,7 @@ _OWNERS = weakref.WeakKeyDictionary()
 
 
 class ParameterMasters(MasterWeights):
-    """The master weights of a Trainer's Parameters, by index in ``params``.
-
-    Args:
-        params (list of gluon.Parameter): the Trainer's Parameters.
-    """
+    """The master weights of a Trainer's Parameters, by index in ``params``."""
 
     def __init__(self, params):
         super().__init__()
@@ -124,20 +118,20 @@ class ParameterMasters(MasterWeights):
 
 
 def _owner(param):
+    """``(the live ParameterMasters that last made masters of param or None, its index)``."""
     masters, i = _OWNERS.get(param, (lambda: None, None))
     return masters(), i
 
 
 def master_value(param):
-    """The float32 master weight (first device, NDArray) a Trainer keeps for ``param``, or
-    None if no live Trainer made one."""
+    """The float32 master weight (first device) a live Trainer keeps for ``param``, or None."""
     masters, i = _owner(param)
     return None if masters is None else masters.first_device(i)
 
 
 def set_master_value(param, value):
-    """Make ``value`` (NDArray) the float32 master weight of ``param`` in the Trainer that
-    keeps one (from the next update on); nothing if none does."""
+    """Make ``value`` (NDArray) ``param``'s float32 master weight in the Trainer that keeps
+    one, from the next update on."""
     masters, i = _owner(param)
     if masters is not None:
         masters.set_pending(i, value if dtype_name(value.dtype) == 'float32'
