@@ -35,16 +35,10 @@ def _value(param, dtype):
 
 
 def save_block_parameters(block, filename, deduplicate=False, dtype='float32'):
-    """Write the parameters of ``block``'s original network to ``filename`` (``nd.save`` format).
-
-    Args:
-        block (gluon.Block): a converted block, or any block.
-        filename (str or os.PathLike): the file, written atomically.
-        deduplicate (bool): as ``gluon.Block.save_parameters`` (a shared Parameter once,
-            under its last name); default False.
-        dtype (str or None): dtype of every floating-point value: ``'float32'`` (default;
-            a Trainer's master weights where it keeps them), ``'bfloat16'``, ``'float16'``,
-            or None for each parameter's stored dtype.
+    """Write the parameters of ``block`` (converted or not) to ``filename`` atomically, as
+    ``gluon.Block.save_parameters`` (``nd.save`` format, ``deduplicate`` as there). ``dtype``
+    of every floating-point value: ``'float32'`` (a Trainer's master weights where it keeps
+    them), ``'bfloat16'``, ``'float16'``, or None for each one's stored dtype.
 
     Raises:
         ValueError: unknown ``dtype`` (the message names the accepted ones).
@@ -93,20 +87,15 @@ def _lookup(block):
 
 def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore_extra=False,
                           cast_dtype=False, dtype_source='current'):
-    """Load a parameter file into ``block`` (a converted block, or any block).
+    """Load a parameter file into ``block`` (converted or not), as
+    ``gluon.Block.load_parameters`` (``ctx``, ``allow_missing``, ``ignore_extra``; ``cast_dtype``
+    is accepted: values are always cast; ``dtype_source``: ``'current'`` only).
 
     Accepts files of ``save_parameters`` (structural names), :func:`save_block_parameters`,
     ``export`` (``arg:``/``aux:`` keys) and ``collect_params().save`` (full names). Every value
     is cast (``amp_cast``) to the dtype the Parameter is stored in; a Trainer's master weight
     of a Parameter (:func:`~mxmp._src.training.master_weights.set_master_value`) becomes the
     file's value.
-
-    Args:
-        block (gluon.Block): where to load.
-        filename (str): the file.
-        ctx, allow_missing, ignore_extra: as ``gluon.Block.load_parameters``.
-        cast_dtype (bool): accepted for Gluon's signature; values are always cast.
-        dtype_source (str): ``'current'`` only (the converted graph's dtypes stay).
 
     Raises:
         ParameterFileError: (ValueError and AssertionError) a parameter is missing from the
