@@ -157,9 +157,7 @@ class KVStoreExchange:
                 kv.push(i, grads, priority=-i)
                 if param._stype == 'default':
                     kv.pull(i, grads, priority=-i, ignore_sparse=distributed)
-            elif dtype == own:
-                kv.pushpull(i, grads, priority=-i)
-            else:
+            else:   # cast_in/cast_out do nothing for a gradient already in its exchange dtype
                 own_key = exchange_dtype(own, None, kv.type) == dtype
                 key = i if own_key else i + self._num_params
                 with autograd.pause():
