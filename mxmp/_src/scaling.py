@@ -231,10 +231,8 @@ def make_loss_scaler(spec, target_dtype) -> LossScaler:
                              'static loss scale), got %r' % (spec,)) from None
     key = {None: 'auto', True: 'dynamic', False: 'none'}[spec] if spec is None or \
         isinstance(spec, bool) else spec.lower() if isinstance(spec, str) else None
-    if key == 'auto':
-        key = 'dynamic' if dtype == 'float16' else 'none'
-    made = {'dynamic': DynamicLossScaler, 'static': StaticLossScaler,
-            'none': NoOpLossScaler}.get(key)
+    made = {'dynamic': DynamicLossScaler, 'static': StaticLossScaler, 'none': NoOpLossScaler,
+            'auto': DynamicLossScaler if dtype == 'float16' else NoOpLossScaler}.get(key)
     if made is not None:
         return made()
     raise ValueError("unknown loss_scaler %r; accepted: None/'auto' (dynamic for float16, none "
@@ -274,9 +272,8 @@ class LossScaleGroup:
         self._finite = True                 # no member overflowed in this iteration
 
     def join(self, member):
-        """Add ``member`` (held through a weak reference); returns the group."""
+        """Add ``member`` (held through a weak reference)."""
         self._members.add(member)
-        return self
 
     def check_can_step(self, member):
         """Raise RuntimeError if ``member`` already stepped in this iteration of the group."""
