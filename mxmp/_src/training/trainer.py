@@ -1,6 +1,5 @@
-"""mxmp.Trainer: ``gluon.Trainer`` owning a :class:`~mxmp._src.training.step.Step`, the
-:class:`~mxmp._src.training.master_weights.ParameterMasters` of its Parameters and a
-:class:`~mxmp._src.distributed.KVStoreExchange` (docs/training.md)."""
+"""mxmp.Trainer: ``gluon.Trainer`` owning a Step, the master weights of its Parameters and a
+KVStoreExchange (docs/training.md)."""
 import contextlib
 import logging
 
@@ -40,11 +39,6 @@ class Trainer(gluon.Trainer):
         ValueError: ``update_on_kvstore=True``, an async kvstore, an unknown ``target_dtype``,
             ``loss_scaler`` or ``grad_dtype``, arguments contradicting ``policy``; plus what
             ``gluon.Trainer`` raises.
-
-    :meth:`step` reduces the gradients, checks them once for inf/NaN (dynamic scalers: one
-    host sync) and skips the update (nothing changes but the scale and ``skipped_steps``) or
-    steps with ``rescale_grad = rescale_grad0 / (loss_scale * batch_size)``. After changing a
-    low-precision Parameter in place, call :meth:`reset_master_weights`.
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, kvstore='device',
@@ -153,10 +147,10 @@ class Trainer(gluon.Trainer):
         self._step.unscale(param_grads(self._params))
 
     def step(self, batch_size, ignore_stale_grad=False):
-        """Reduce the gradients, check them, and apply one update unless they overflowed.
-
+        """Reduce the gradients, check them once for inf/NaN (dynamic scalers: one host sync)
+        and skip the update (nothing changes but the scale and ``skipped_steps``; returns
+        False) or step with ``rescale_grad = rescale_grad0 / (loss_scale * batch_size)``.
         ``batch_size`` (> 0, else ValueError) and ``ignore_stale_grad`` as gluon.Trainer.
-        Returns False if the update was skipped on overflow.
 
         Raises:
             RuntimeError: this Trainer stepped already in this iteration of its LossScaleGroup.
