@@ -115,17 +115,14 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
     if isinstance(target_dtype, Policy):
         _no_lists_with(target_dtype, (target_precision_ops, conditional_fp32_ops, fp32_ops))
         _CONFIG = _Config(target_dtype.target_dtype, policy=target_dtype)
-        set_global(Conversion(target_dtype))
-        logger.info('mxmp.amp: mixed precision (%s policy) on for Gluon graphs built from now '
-                    'on', target_dtype.target_dtype)
-        return
-    config = _Config(_dtype(target_dtype),
-                     _names(target_precision_ops, 'target_precision_ops') or (),
-                     _names(fp32_ops, 'fp32_ops') or (), _conditional(conditional_fp32_ops) or ())
-    _CONFIG = config
-    set_global(Conversion(_policy(config.target_dtype, None, None, None, None)))
-    logger.info('mxmp.amp: mixed precision (%s) on for Gluon graphs built from now on',
-                config.target_dtype)
+    else:
+        _CONFIG = _Config(_dtype(target_dtype),
+                          _names(target_precision_ops, 'target_precision_ops') or (),
+                          _names(fp32_ops, 'fp32_ops') or (),
+                          _conditional(conditional_fp32_ops) or ())
+    set_global(Conversion(_policy(None, None, None, None, None)))
+    logger.info('mxmp.amp: mixed precision (%s%s) on for Gluon graphs built from now on',
+                _CONFIG.target_dtype, ' policy' if _CONFIG.policy is not None else '')
 
 
 def disable():
@@ -391,8 +388,6 @@ def unscale(optimizer_or_trainer):
     factor = trainer._scale / trainer._amp_original_scale   # 1 / loss scale
     if factor != 1.0:
         with autograd.pause():
-            for param in trainer._params:
-                if param.grad_req != 'null' and param._grad is not None:
-                    for g in param.list_grad():
-                        g *= factor
+            for g in param_grads(trainer._params):
+                g *= factor
     trainer._scale = trainer._amp_original_scale

@@ -64,14 +64,6 @@ def _instrument(sym, layer_names):
     return mx.sym.load_json(json.dumps(out)), probes
 
 
-def _trace(net, data_names):
-    import mxnet as mx
-    out = net(*[mx.sym.var(n) for n in data_names])
-    if isinstance(out, (list, tuple)):
-        out = mx.sym.Group(list(out))
-    return out
-
-
 def _layer_nodes(sym, policy, data_names):
     """(name, op, weight parameter names) of the nodes that compute in the target dtype."""
     from ..graph.plan import explain
@@ -169,7 +161,8 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
             raise ValueError('parameter %s is not initialized: call net.initialize() (or load '
                              'its parameters) before diagnose' % p.name)
 
-    sym = _trace(net, data_names)
+    out = net(*[mx.sym.var(n) for n in data_names])
+    sym = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
     layers = _layer_nodes(sym, policy, data_names)
     probed, probes = _instrument(sym, [name for name, _, _ in layers])
     n_heads = len(sym.list_outputs())
@@ -245,11 +238,9 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
     advice = {name: advise_loss_scale(result, fmt, max_loss_scale) for name, fmt in FORMATS.items()}
     reasons = {}
     for name, fmt in FORMATS.items():
-        reasons[name] = {}
-        for layer in result:
-            why = judge_layer(layer, fmt, advice[name].log2_scale, underflow_tol)
-            if why:
-                reasons[name][layer.name] = why
+        whys = ((layer.name, judge_layer(layer, fmt, advice[name].log2_scale, underflow_tol))
+                for layer in result)
+        reasons[name] = {layer: why for layer, why in whys if why}
     report = NumericsReport(target, steps, batch, tuple(losses), result, advice, reasons,
                             float(underflow_tol))
     if verbose:
