@@ -128,20 +128,10 @@ def was_scaled(steps):
 
 
 def plot_run(jsonl_path, out_png, title=None):
-    """Draw the training curves of a run (loss, accuracy, loss scale if it was not 1
-    throughout, learning rate) to a PNG file; the panels are listed in docs/cli.md.
-
-    Args:
-        jsonl_path (str): metrics file (see :func:`read_metrics`).
-        out_png (str): output path; its directory (and parents) are created if needed.
-        title (str): figure title; default the model and dtype of the run (:func:`run_title`).
-
-    Returns:
-        str: ``out_png``.
-
-    Raises:
-        FileNotFoundError, ValueError: as :func:`read_metrics`.
-    """
+    """Draw the training curves of the metrics file ``jsonl_path`` (loss, accuracy, loss scale
+    if it was not 1 throughout, learning rate; docs/cli.md) to ``out_png`` (its directories
+    created) and return ``out_png``. ``title`` defaults to the run's model and dtype
+    (:func:`run_title`). FileNotFoundError, ValueError: as :func:`read_metrics`."""
     return save_png(run_figure(jsonl_path, title), out_png)
 
 
