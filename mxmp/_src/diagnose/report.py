@@ -8,6 +8,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
+from ..plotting import pyplot, save_png
 from .stats import HIST_LO, LayerStats, LossScaleAdvice, _pct, merged, number_format
 
 
@@ -133,7 +134,6 @@ class NumericsReport:
         Returns:
             dict str -> str: plot name -> path.
         """
-        from ..plotting import save_png
         os.makedirs(directory, exist_ok=True)
         fmt = number_format(dtype or self.target_dtype).name
         return {name: save_png(figure(self, fmt), os.path.join(directory, name + '.png'))
@@ -211,8 +211,6 @@ def gradient_histogram_figure(report, dtype=None):
     (default the report's target dtype); the scaled series is drawn only where the loss scale
     rescues values. A matplotlib Figure with one Axes."""
     fmt = number_format(dtype or report.target_dtype)
-    from ..plotting import pyplot
-    plt = pyplot()
     advice = report.loss_scale[fmt.name]
     k = advice.log2_scale
     series = _gradient_series(report)
@@ -223,7 +221,7 @@ def gradient_histogram_figure(report, dtype=None):
     if used:
         lo_edge = min(lo_edge, min(used) - 2)
         hi_edge = max(hi_edge, max(used) + 3 + (k if scaled else 0))
-    fig, ax = plt.subplots(figsize=(11, 6))
+    fig, ax = pyplot().subplots(figsize=(11, 6))
     _shade_format(ax, fmt, lo_edge, hi_edge)
     total = sum(s.nonzero for s, _, _ in series) or 1
     bins = np.arange(HIST_LO, HIST_LO + len(series[0][0].hist)) if series else np.array([])
@@ -278,15 +276,13 @@ def layer_ranges_figure(report, dtype=None):
     activations, weights and gradients over the format's zones; right, the fractions out of
     range; flagged layers in red. A matplotlib Figure with two Axes."""
     fmt = number_format(dtype or report.target_dtype)
-    from ..plotting import pyplot
-    plt = pyplot()
     advice = report.loss_scale[fmt.name]
     k = advice.log2_scale
     flagged = report.reasons[fmt.name]
     layers = report.layers
     n = max(1, len(layers))
-    fig, (ax_span, ax_frac) = plt.subplots(1, 2, figsize=(14, 2.6 + 0.24 * n), sharey=True,
-                                           gridspec_kw={'width_ratios': [3, 2]})
+    fig, (ax_span, ax_frac) = pyplot().subplots(1, 2, figsize=(14, 2.6 + 0.24 * n),
+                                                sharey=True, gridspec_kw={'width_ratios': [3, 2]})
     y = np.arange(len(layers))
 
     # left: where the values lie (log2 of the smallest and largest finite non-zero magnitude)
