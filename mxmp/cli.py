@@ -110,8 +110,7 @@ def cmd_diagnose(args):
                       underflow_tol=args.underflow_tol, verbose=False)
     print(report.table(flagged_only=args.flagged_only))
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        paths = report.save_plots(args.out)
+        paths = report.save_plots(args.out)   # creates args.out
         with open(os.path.join(args.out, 'report.txt'), 'w') as f:
             f.write(report.table() + '\n')
         report.save_json(os.path.join(args.out, 'report.json'))
