@@ -105,12 +105,10 @@ def epoch_of(params_path):
 def save_model(prefix, epoch, sym, arg_params, aux_params):
     """Write ``prefix-symbol.json`` (casts kept) and ``prefix-NNNN.params`` (``arg:``/``aux:``
     keys, as ``Module.save_checkpoint``); returns the two paths."""
-    import mxnet as mx
+    from .training.module_checkpoint import write_params
     sym_path, params_path = '%s-symbol.json' % prefix, '%s-%04d.params' % (prefix, epoch)
     sym.save(sym_path, remove_amp_cast=False)
-    blob = {'arg:%s' % k: v for k, v in arg_params.items()}
-    blob.update({'aux:%s' % k: v for k, v in aux_params.items()})
-    mx.nd.save(params_path, blob)
+    write_params(params_path, arg_params, aux_params)
     return sym_path, params_path
 
 

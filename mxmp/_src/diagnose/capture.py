@@ -178,18 +178,15 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
         raise ValueError('the network graph needs inputs that are neither data_names %s nor '
                          'parameters: %s; pass them in data_names (and data)'
                          % (data_names, ', '.join(missing)))
-    shapes = {n: x.shape for n, x in zip(data_names, inputs)}
-    shapes.update({n: params[n].shape for n in args + aux if n in params})
-    grad_req = {n: 'null' for n in args}
-    for n in args:
-        if n in probe_vars or (n in params and params[n].grad_req != 'null'):
-            grad_req[n] = 'write'
+    data_shapes = {n: x.shape for n, x in zip(data_names, inputs)}
+    shapes = dict(data_shapes, **{n: params[n].shape for n in args + aux if n in params})
+    grad_req = {n: 'write' if n in probe_vars or (n in params and params[n].grad_req != 'null')
+                else 'null' for n in args}
     try:
         exe = group.simple_bind(ctx, grad_req=grad_req, **shapes)
     except mx.base.MXNetError as err:
         raise ValueError('cannot bind the network for data shapes %s: %s'
-                         % ({n: x.shape for n, x in zip(data_names, inputs)},
-                            mxnet_error_line(err))) from None
+                         % (data_shapes, mxnet_error_line(err))) from None
     with autograd.pause():
         for name, arr in list(exe.arg_dict.items()) + list(exe.aux_dict.items()):
             if name in params:
