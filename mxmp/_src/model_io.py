@@ -193,7 +193,7 @@ def strip_loss_heads(sym):
     return outs[0] if len(outs) == 1 else mx.sym.Group(outs)
 
 
-def float32_block(sym, arg_params, aux_params, data_name='data', ctx=None):
+def float32_block(sym, arg_params, aux_params, data_name, ctx):
     """A saved graph (casts removed, loss heads stripped) and its parameters (any float dtype)
     as an initialized float32 ``gluon.SymbolBlock`` for :func:`mxmp.diagnose`; ValueError if
     a parameter of the graph is in neither dict."""
@@ -206,7 +206,6 @@ def float32_block(sym, arg_params, aux_params, data_name='data', ctx=None):
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         net = gluon.SymbolBlock(sym, mx.sym.var(data_name))
-    ctx = ctx or mx.cpu()
     for name, param in net.collect_params().items():
         value = arg_params.get(name, aux_params.get(name))
         if value is None:
