@@ -132,6 +132,7 @@ def cmd_plot(args):
 def cmd_check_kernels(args):
     """mxmp check-kernels: the kernel conformance run; exit code 4 if an op failed."""
     from ._src.conformance.check import check_kernels
+    from ._src.policy.kernel_report import _BAD, _kind
     ops = [o.strip() for o in args.ops.split(',') if o.strip()] if args.ops else None
     emulate = {'auto': None, 'yes': True, 'no': False}[args.emulate]
     report = check_kernels(args.dtype, ops=ops, emulate=emulate, jobs=args.jobs,
@@ -141,9 +142,7 @@ def cmd_check_kernels(args):
         report.save(args.out)
         print('report written to %s; use it with mxmp.Policy.from_kernel_report(%r)'
               % (args.out, args.out))
-    bad = [v for v in report.verdicts().values() if v.split('(')[0] in ('wrong', 'crash',
-                                                                          'error')]
-    return 4 if bad else 0
+    return 4 if any(_kind(v) in _BAD for v in report.verdicts().values()) else 0
 
 
 _DTYPE_ALIASES = {'float16': 'float16', 'fp16': 'float16', 'half': 'float16',
