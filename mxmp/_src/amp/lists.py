@@ -1,5 +1,6 @@
 """contrib.amp's (MXNet 1.9.1) op lists: what a convert call's lists mean as an
 :class:`mxmp.Policy` (:func:`policy_for`), and the lists computed from mxmp's op classes."""
+from ..dtypes import normalize_dtype
 from ..errors import AmpListConflict
 from ..policy.tables import classes_for
 
@@ -71,12 +72,11 @@ def check_lists(dtype, lp, fp32, cond_ops, defaults):
 
 
 def contrib_lists(target_dtype):
-    """contrib.amp's lists of ``target_dtype`` from mxmp's op classes: a new dict of sorted
-    lists ``'lp16'``, ``'lp16_fp32'``, ``'fp32'``, ``'widest'``, ``'loss'`` (op names) and
-    ``'conditional'`` (``(op, attribute, sorted values)``). Raises ValueError for another
-    dtype.
-    """
-    classes = classes_for(target_dtype)
+    """contrib.amp's lists of ``target_dtype`` (any spelling of float16 or bfloat16, else
+    ValueError) from mxmp's op classes: a new dict of sorted lists ``'lp16'``, ``'lp16_fp32'``,
+    ``'fp32'``, ``'widest'``, ``'loss'`` (op names) and ``'conditional'`` (``(op, attribute,
+    sorted values)``)."""
+    classes = classes_for(normalize_dtype(target_dtype))
     rules = classes['CONDITIONAL_FLOAT32']
     conditional = sorted((op, attr, sorted(values)) for op, attrs in rules.items()
                          for attr, values in attrs.items())
