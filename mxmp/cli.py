@@ -99,6 +99,7 @@ def cmd_diagnose(args):
         raise CLIError('give either --rec FILE.rec (a batch of real images) or --synthetic')
     sym = load_symbol(args.symbol)
     arg_params, aux_params = load_params(args.params, sym, (args.data_name,))
+    check_data_names(sym, (args.data_name,), arg_params)
     ctx = mx.cpu()
     net = float32_block(sym, arg_params, aux_params, args.data_name, ctx)
     data, label, source = diagnose_batch(net, args, ctx)
@@ -109,8 +110,7 @@ def cmd_diagnose(args):
                       underflow_tol=args.underflow_tol, verbose=False)
     print(report.table(flagged_only=args.flagged_only))
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        paths = report.save_plots(args.out)
+        paths = report.save_plots(args.out)   # creates args.out
         with open(os.path.join(args.out, 'report.txt'), 'w') as f:
             f.write(report.table() + '\n')
         report.save_json(os.path.join(args.out, 'report.json'))
@@ -132,6 +132,7 @@ def cmd_plot(args):
 def cmd_check_kernels(args):
     """mxmp check-kernels: the kernel conformance run; exit code 4 if an op failed."""
     from ._src.conformance.check import check_kernels
+    from ._src.policy.kernel_report import _BAD, _kind
     ops = [o.strip() for o in args.ops.split(',') if o.strip()] if args.ops else None
     emulate = {'auto': None, 'yes': True, 'no': False}[args.emulate]
     report = check_kernels(args.dtype, ops=ops, emulate=emulate, jobs=args.jobs,
@@ -141,9 +142,7 @@ def cmd_check_kernels(args):
         report.save(args.out)
         print('report written to %s; use it with mxmp.Policy.from_kernel_report(%r)'
               % (args.out, args.out))
-    bad = [v for v in report.verdicts().values() if v.split('(')[0] in ('wrong', 'crash',
-                                                                          'error')]
-    return 4 if bad else 0
+    return 4 if any(_kind(v) in _BAD for v in report.verdicts().values()) else 0
 
 
 _DTYPE_ALIASES = {'float16': 'float16', 'fp16': 'float16', 'half': 'float16',
@@ -195,41 +194,8 @@ def _triple(text):
 _FORMAT = argparse.ArgumentDefaultsHelpFormatter
 
 
-#: Each subcommand's one-line help and its description (``mxmp SUBCOMMAND --help``).
-_TEXTS = {
-    'convert': ('write a mixed-precision (or, with --strip, float32) model',
-                'Convert a float32 model to mixed precision for deployment: amp_cast nodes are '
-                'kept in the written symbol (load it with gluon.SymbolBlock.imports or '
-                'mx.mod.Module). --strip removes every cast and writes float32 parameters.'),
-    'explain': ("print the pass's decision for every node",
-                'Print the dtype the graph pass chooses for every node and the rule that chose it '
-                '(node, op, dtype, rule).'),
-    'check-alignment': ('Tensor Core alignment report (sizes not multiples of 8)',
-                        'List the Convolution, Deconvolution and FullyConnected sizes that are not'
-                        ' multiples of --multiple (8 for float16 Tensor Cores; NVIDIA Deep '
-                        'Learning Performance guide).'),
-    'diagnose': ('per-layer overflow/underflow report on one batch',
-                 'Run a few float32 training iterations of a saved classifier on one batch and '
-                 'report, per layer, the values that would overflow, become subnormal or flush to '
-                 'zero in float16 / bfloat16, the loss scale that keeps the gradients in range and'
-                 ' the layers to keep in float32 (docs/diagnose.md). Loss: softmax cross-entropy;'
-                 ' a SoftmaxOutput head of a Module symbol is replaced by it.'),
-    'plot': ('draw the training curves of a metrics.jsonl file',
-             'Draw loss, accuracy, the loss-scale staircase (skipped steps marked) and the '
-             'learning rate from the JSON-lines file the example scripts write '
-             '(--save-dir/metrics.jsonl).'),
-    'check-kernels': ("verify this machine's low-precision kernels op by op",
-                      'Run every op the policy computes in low precision as a one-op graph, '
-                      'forward and backward, each in its own subprocess, against float32 on the '
-                      'same rounded inputs; print the table and write a report that '
-                      'mxmp.Policy.from_kernel_report loads (see docs/conformance.md). Exit code 4'
-                      ' if any op is wrong, crashed or failed.'),
-}
-
-
-def _subparser(sub, name, func):
+def _subparser(sub, name, func, help_text, description):
     """A subcommand's parser, which runs ``func(args)``."""
-    help_text, description = _TEXTS[name]
     parser = sub.add_parser(name, formatter_class=_FORMAT, help=help_text,
                             description=description)
     parser.set_defaults(func=func)
@@ -246,7 +212,11 @@ def build_parser():
     sub.required = True
     dtype_help = 'target dtype: float16 (NVIDIA GPUs) or bfloat16 (CPUs with oneDNN)'
 
-    c = _subparser(sub, 'convert', cmd_convert)
+    c = _subparser(sub, 'convert', cmd_convert,
+                   'write a mixed-precision (or, with --strip, float32) model',
+                   'Convert a float32 model to mixed precision for deployment: amp_cast nodes are'
+                   ' kept in the written symbol (load it with gluon.SymbolBlock.imports or '
+                   'mx.mod.Module). --strip removes every cast and writes float32 parameters.')
     c.add_argument('symbol', help='prefix-symbol.json')
     c.add_argument('params', help='prefix-NNNN.params')
     c.add_argument('--dtype', type=_dtype, help=dtype_help + ' (required unless --strip)')
@@ -272,7 +242,9 @@ def build_parser():
     c.add_argument('--shape', type=_shape, action='append', default=[], metavar='NAME=DIMS',
                    help='shape of a data input for --fuse (repeatable), e.g. data=1,3,224,224')
 
-    e = _subparser(sub, 'explain', cmd_explain)
+    e = _subparser(sub, 'explain', cmd_explain, "print the pass's decision for every node",
+                   'Print the dtype the graph pass chooses for every node and the rule that chose'
+                   ' it (node, op, dtype, rule).')
     e.add_argument('symbol', help='prefix-symbol.json')
     e.add_argument('--dtype', type=_dtype, required=True, help=dtype_help)
     e.add_argument('--json', action='store_true', help='JSON list instead of a table')
@@ -282,7 +254,11 @@ def build_parser():
     e.add_argument('--data-name', action='append', default=None,
                    help='name of a data input (repeatable); default: data')
 
-    a = _subparser(sub, 'check-alignment', cmd_check_alignment)
+    a = _subparser(sub, 'check-alignment', cmd_check_alignment,
+                   'Tensor Core alignment report (sizes not multiples of 8)',
+                   'List the Convolution, Deconvolution and FullyConnected sizes that are not '
+                   'multiples of --multiple (8 for float16 Tensor Cores; NVIDIA Deep Learning '
+                   'Performance guide).')
     a.add_argument('symbol', help='prefix-symbol.json')
     a.add_argument('--shape', type=_shape, action='append', default=[], metavar='NAME=DIMS',
                    help='input shape, batch first, e.g. data=32,3,224,224 (repeatable)')
@@ -290,7 +266,13 @@ def build_parser():
     a.add_argument('--json', action='store_true', help='JSON list instead of a table')
     a.add_argument('--strict', action='store_true', help='exit code 1 if any size is misaligned')
 
-    d = _subparser(sub, 'diagnose', cmd_diagnose)
+    d = _subparser(sub, 'diagnose', cmd_diagnose,
+                   'per-layer overflow/underflow report on one batch',
+                   'Run a few float32 training iterations of a saved classifier on one batch and '
+                   'report, per layer, the values that would overflow, become subnormal or flush '
+                   'to zero in float16 / bfloat16, the loss scale that keeps the gradients in '
+                   'range and the layers to keep in float32 (docs/diagnose.md). Loss: softmax '
+                   'cross-entropy; a SoftmaxOutput head of a Module symbol is replaced by it.')
     d.add_argument('symbol', help='prefix-symbol.json (float32 model)')
     d.add_argument('params', help='prefix-NNNN.params')
     d.add_argument('--rec', help='image RecordIO file (im2rec / prepare_fashion_mnist.py); the '
@@ -317,7 +299,10 @@ def build_parser():
     d.add_argument('--flagged-only', action='store_true', help='print only the flagged layers')
     d.add_argument('--seed', type=int, default=0, help='seed of --synthetic data')
 
-    t = _subparser(sub, 'plot', cmd_plot)
+    t = _subparser(sub, 'plot', cmd_plot, 'draw the training curves of a metrics.jsonl file',
+                   'Draw loss, accuracy, the loss-scale staircase (skipped steps marked) and the '
+                   'learning rate from the JSON-lines file the example scripts write ('
+                   '--save-dir/metrics.jsonl).')
     t.add_argument('metrics', help='metrics.jsonl')
     t.add_argument('--out', default='curves.png',
                    help='output PNG (its directory is created if needed)')
@@ -325,7 +310,13 @@ def build_parser():
                    help='figure title (default: the model and dtype of the run, from the '
                         'metrics file or the summary.json beside it)')
 
-    k = _subparser(sub, 'check-kernels', cmd_check_kernels)
+    k = _subparser(sub, 'check-kernels', cmd_check_kernels,
+                   "verify this machine's low-precision kernels op by op",
+                   'Run every op the policy computes in low precision as a one-op graph, forward '
+                   'and backward, each in its own subprocess, against float32 on the same rounded'
+                   ' inputs; print the table and write a report that '
+                   'mxmp.Policy.from_kernel_report loads (see docs/conformance.md). Exit code 4 '
+                   'if any op is wrong, crashed or failed.')
     k.add_argument('--dtype', type=_dtype, default='bfloat16', help=dtype_help)
     k.add_argument('--ops', default=None, help='comma-separated op names (default: every op '
                    'of the LOW_PRECISION, FOLLOW and WIDEST_TYPE classes)')

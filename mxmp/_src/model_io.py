@@ -105,12 +105,10 @@ def epoch_of(params_path):
 def save_model(prefix, epoch, sym, arg_params, aux_params):
     """Write ``prefix-symbol.json`` (casts kept) and ``prefix-NNNN.params`` (``arg:``/``aux:``
     keys, as ``Module.save_checkpoint``); returns the two paths."""
-    import mxnet as mx
+    from .training.module_checkpoint import write_params
     sym_path, params_path = '%s-symbol.json' % prefix, '%s-%04d.params' % (prefix, epoch)
     sym.save(sym_path, remove_amp_cast=False)
-    blob = {'arg:%s' % k: v for k, v in arg_params.items()}
-    blob.update({'aux:%s' % k: v for k, v in aux_params.items()})
-    mx.nd.save(params_path, blob)
+    write_params(params_path, arg_params, aux_params)
     return sym_path, params_path
 
 
@@ -152,8 +150,8 @@ def diagnose_batch(net, args, ctx):
     import numpy as np
     if args.rec:
         need_file(args.rec, 'RecordIO file')
-        data, label = read_rec_batch(args.rec, args.batch_size, args.data_shape, args.mean_rgb,
-                                     args.std_rgb, ctx)
+        data, label = _read_rec(args.rec, args.batch_size, args.data_shape, args.mean_rgb,
+                                args.std_rgb, ctx)
         source = '%s (first %d images, %s)' % (args.rec, data.shape[0], 'x'.join(
             str(s) for s in data.shape[1:]))
     else:
@@ -195,22 +193,19 @@ def strip_loss_heads(sym):
     return outs[0] if len(outs) == 1 else mx.sym.Group(outs)
 
 
-def float32_block(sym, arg_params, aux_params, data_name='data', ctx=None):
+def float32_block(sym, arg_params, aux_params, data_name, ctx):
     """A saved graph (casts removed, loss heads stripped) and its parameters (any float dtype)
     as an initialized float32 ``gluon.SymbolBlock`` for :func:`mxmp.diagnose`; ValueError if
-    ``sym`` has no input ``data_name`` or a parameter of the graph is in neither dict."""
+    a parameter of the graph is in neither dict."""
     import warnings
     import mxnet as mx
     import numpy as np
     from mxnet import gluon
     from .graph.strip import remove_casts
-    if data_name not in sym.list_arguments():
-        raise ValueError('the symbol has no input named %r; pass --data-name' % data_name)
     sym = strip_loss_heads(remove_casts(sym))   # diagnose looks at the float32 graph
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         net = gluon.SymbolBlock(sym, mx.sym.var(data_name))
-    ctx = ctx or mx.cpu()
     for name, param in net.collect_params().items():
         value = arg_params.get(name, aux_params.get(name))
         if value is None:
@@ -223,38 +218,31 @@ def float32_block(sym, arg_params, aux_params, data_name='data', ctx=None):
     return net
 
 
-def first_record_shape(rec):
-    """(3, height, width) of the first image of the image RecordIO file ``rec``; ValueError
-    naming the problem otherwise."""
-    import mxnet as mx
-    img = empty = object()
-    try:
-        reader = mx.recordio.MXRecordIO(rec, 'r')
-        item = reader.read()
-        reader.close()
-        if item is not None:
-            _, img = mx.recordio.unpack_img(item, iscolor=-1)
-    except Exception as err:  # MXNetError, cv2 errors on a file that is not RecordIO
-        raise ValueError('%s is not an image RecordIO file (%s)' % (rec, mxnet_error_line(err))) \
-            from None
-    if img is empty:
-        raise ValueError('%s holds no record' % rec)
-    if img is None:
-        raise ValueError('%s: the first record is not an encoded image' % rec)
-    return (3, img.shape[0], img.shape[1])
-
-
-def read_rec_batch(rec, batch_size, data_shape=None, mean_rgb=(0, 0, 0), std_rgb=(1, 1, 1),
-                   ctx=None):
+def _read_rec(rec, batch_size, data_shape, mean_rgb, std_rgb, ctx):
     """``(data, label)``: the first ``batch_size`` images of ``rec`` (no shuffling, wrapping
     around), each channel ``(pixel - mean) / std`` on the 0-255 scale, and their labels;
-    ``data_shape`` (C, H, W) defaults to the first record's. ValueError if MXNet cannot read it."""
+    ``data_shape`` (C, H, W) defaults to the first record's. ValueError naming the problem if
+    MXNet cannot read it."""
     import mxnet as mx
-    shape = data_shape or first_record_shape(rec)
-    ctx = ctx or mx.cpu()
+    if data_shape is None:
+        img = empty = object()
+        try:
+            reader = mx.recordio.MXRecordIO(rec, 'r')
+            item = reader.read()
+            reader.close()
+            if item is not None:
+                _, img = mx.recordio.unpack_img(item, iscolor=-1)
+        except Exception as err:  # MXNetError, cv2 errors on a file that is not RecordIO
+            raise ValueError('%s is not an image RecordIO file (%s)'
+                             % (rec, mxnet_error_line(err))) from None
+        if img is empty:
+            raise ValueError('%s holds no record' % rec)
+        if img is None:
+            raise ValueError('%s: the first record is not an encoded image' % rec)
+        data_shape = (3, img.shape[0], img.shape[1])
     try:
         it = mx.io.ImageRecordIter(
-            path_imgrec=rec, data_shape=shape, batch_size=batch_size,
+            path_imgrec=rec, data_shape=data_shape, batch_size=batch_size,
             shuffle=False, round_batch=True, preprocess_threads=1, verbose=False,
             mean_r=mean_rgb[0], mean_g=mean_rgb[1], mean_b=mean_rgb[2],
             std_r=std_rgb[0], std_g=std_rgb[1], std_b=std_rgb[2])

@@ -128,20 +128,10 @@ def was_scaled(steps):
 
 
 def plot_run(jsonl_path, out_png, title=None):
-    """Draw the training curves of a run (loss, accuracy, loss scale if it was not 1
-    throughout, learning rate) to a PNG file; the panels are listed in docs/cli.md.
-
-    Args:
-        jsonl_path (str): metrics file (see :func:`read_metrics`).
-        out_png (str): output path; its directory (and parents) are created if needed.
-        title (str): figure title; default the model and dtype of the run (:func:`run_title`).
-
-    Returns:
-        str: ``out_png``.
-
-    Raises:
-        FileNotFoundError, ValueError: as :func:`read_metrics`.
-    """
+    """Draw the training curves of the metrics file ``jsonl_path`` (loss, accuracy, loss scale
+    if it was not 1 throughout, learning rate; docs/cli.md) to ``out_png`` (its directories
+    created) and return ``out_png``. ``title`` defaults to the run's model and dtype
+    (:func:`run_title`). FileNotFoundError, ValueError: as :func:`read_metrics`."""
     return save_png(run_figure(jsonl_path, title), out_png)
 
 
@@ -204,9 +194,22 @@ def run_figure(jsonl_path, title=None):
     ax_acc.xaxis.set_major_locator(MaxNLocator(integer=True))
     _legend_or_note(ax_acc, drawn, 'no accuracy in the log (%s)' % ', '.join(ACCURACY_KEYS[:2]))
 
-    scale_pts = [(x, r['loss_scale']) for x, r in zip(xs, steps) if _finite(r.get('loss_scale'))]
-    if ax_scale is not None:
-        _scale_panel(ax_scale, scale_pts, skipped)
+    if ax_scale is not None:   # the loss-scale staircase (log2 axis), skipped steps marked
+        scale_pts = [(x, r['loss_scale']) for x, r in zip(xs, steps)
+                     if _finite(r.get('loss_scale'))]
+        if scale_pts:
+            sx, sy = zip(*scale_pts)
+            ax_scale.step(sx, sy, where='post', color='tab:green', lw=1.5, label='loss scale')
+            if min(sy) > 0:
+                ax_scale.set_yscale('log', base=2)
+            if skipped:
+                scale_at = dict(scale_pts)
+                kx = [x for x, _ in skipped if x in scale_at]
+                ax_scale.plot(kx, [scale_at[x] for x in kx], 'x', color='red', ms=8, mew=1.5,
+                              label='skipped step (overflow): %d' % len(skipped))
+        ax_scale.set_title('loss scale (after each step)')
+        ax_scale.set_xlabel('step')
+        _legend_or_note(ax_scale, scale_pts, 'no loss_scale in the log')
 
     lr_pts = [(x, r['lr']) for x, r in zip(xs, steps) if _finite(r.get('lr'))]
     if lr_pts:
@@ -219,23 +222,6 @@ def run_figure(jsonl_path, title=None):
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig
-
-
-def _scale_panel(ax_scale, scale_pts, skipped):
-    """The loss-scale staircase (log2 axis) with the skipped steps marked."""
-    if scale_pts:
-        sx, sy = zip(*scale_pts)
-        ax_scale.step(sx, sy, where='post', color='tab:green', lw=1.5, label='loss scale')
-        if min(sy) > 0:
-            ax_scale.set_yscale('log', base=2)
-        if skipped:
-            scale_at = dict(scale_pts)
-            kx = [x for x, _ in skipped if x in scale_at]
-            ax_scale.plot(kx, [scale_at[x] for x in kx], 'x', color='red', ms=8, mew=1.5,
-                          label='skipped step (overflow): %d' % len(skipped))
-    ax_scale.set_title('loss scale (after each step)')
-    ax_scale.set_xlabel('step')
-    _legend_or_note(ax_scale, scale_pts, 'no loss_scale in the log')
 
 
 def _legend_or_note(ax, has_data, note):

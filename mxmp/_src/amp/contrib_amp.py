@@ -96,15 +96,10 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
     (warned once). Calling ``init`` again replaces the settings, which are also the defaults
     of the ``convert_*`` calls.
 
-    Args:
-        target_dtype: ``'float16'`` or ``'bfloat16'`` (or ``numpy.float16`` /
-            ``mxnet.contrib.amp.amp.bfloat16``), or an :class:`mxmp.Policy` (mxmp's one
-            precision config; the lists below must then be None).
-        target_precision_ops (list of str): ops to run in the target dtype, added to mxmp's
-            low-precision list (``Policy(lp_ops=...)``).
-        conditional_fp32_ops (list of (str, str, list of str)): ``(op, attribute, values)``:
-            nodes of that op whose attribute has one of the values stay float32.
-        fp32_ops (list of str): ops to keep in float32 (``Policy(fp32_ops=...)``).
+    ``target_dtype``: any spelling of float16 or bfloat16, or an :class:`mxmp.Policy` (the
+    lists must then be None). ``target_precision_ops`` and ``fp32_ops`` are added to mxmp's
+    low-precision and float32 lists (``Policy(lp_ops=..., fp32_ops=...)``);
+    ``conditional_fp32_ops``: ``(op, attribute, values)`` rules keeping matching nodes float32.
 
     Raises:
         ValueError: unknown dtype or malformed lists (contrib.amp asserts instead); op lists
@@ -115,17 +110,14 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
     if isinstance(target_dtype, Policy):
         _no_lists_with(target_dtype, (target_precision_ops, conditional_fp32_ops, fp32_ops))
         _CONFIG = _Config(target_dtype.target_dtype, policy=target_dtype)
-        set_global(Conversion(target_dtype))
-        logger.info('mxmp.amp: mixed precision (%s policy) on for Gluon graphs built from now '
-                    'on', target_dtype.target_dtype)
-        return
-    config = _Config(_dtype(target_dtype),
-                     _names(target_precision_ops, 'target_precision_ops') or (),
-                     _names(fp32_ops, 'fp32_ops') or (), _conditional(conditional_fp32_ops) or ())
-    _CONFIG = config
-    set_global(Conversion(_policy(config.target_dtype, None, None, None, None)))
-    logger.info('mxmp.amp: mixed precision (%s) on for Gluon graphs built from now on',
-                config.target_dtype)
+    else:
+        _CONFIG = _Config(_dtype(target_dtype),
+                          _names(target_precision_ops, 'target_precision_ops') or (),
+                          _names(fp32_ops, 'fp32_ops') or (),
+                          _conditional(conditional_fp32_ops) or ())
+    set_global(Conversion(_policy(None, None, None, None, None)))
+    logger.info('mxmp.amp: mixed precision (%s%s) on for Gluon graphs built from now on',
+                _CONFIG.target_dtype, ' policy' if _CONFIG.policy is not None else '')
 
 
 def disable():
@@ -148,25 +140,14 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
     Same signature as ``mxnet.contrib.amp.convert_symbol`` except that ``target_dtype``
     defaults to the dtype recorded by :func:`mxmp.amp.init` (else ``'float16'``).
 
-    Args:
-        sym (Symbol): the float32 graph.
-        target_dtype (str or Policy): ``'float16'`` or ``'bfloat16'``, or an :class:`mxmp.Policy`
-            (then the op-list arguments must be None: the policy holds them).
-        target_dtype_ops, fp32_ops (list of str): replace the default low-precision /
-            float32 lists (None: the defaults, :func:`list_lp16_ops`, :func:`list_fp32_ops`,
-            with :func:`init`'s additions); loss outputs stay float32. An op that ends up in
-            no list runs in the dtype of its data, its parameters stored in that dtype.
-        conditional_fp32_ops (list of (op, attr, values)): replace the default rules
-            (:func:`list_conditional_fp32_ops`); matching nodes compute in float32, the
-            others follow their data.
-        excluded_sym_names (list of str): node names kept in float32.
-        data_names (list of str): the graph's data inputs; the others are parameters.
-            Default, as in contrib.amp: every input without a ``__dtype__`` attribute.
-        cast_optional_params (bool): ``cast_params=True`` (the caller casts the arrays, as
-            :func:`convert_model` does).
-
-    Returns:
-        Symbol: the real (never emulated) mixed-precision graph, float32 outputs.
+    ``target_dtype`` may be an :class:`mxmp.Policy` (the op lists then must be None: it holds
+    them). A list given (``target_dtype_ops``, ``fp32_ops``, ``conditional_fp32_ops``)
+    replaces its default (``list_*``, with :func:`init`'s additions), as in contrib.amp; loss
+    outputs stay float32; an op left in no list runs in its data's dtype, its parameters
+    stored in that dtype; ``excluded_sym_names`` stay float32. ``data_names`` defaults, as in
+    contrib.amp, to the inputs without a ``__dtype__``; ``cast_optional_params`` is
+    ``cast_params=True`` (:func:`convert_model` casts the arrays). Returns the real (never
+    emulated) graph, float32 outputs.
 
     Raises:
         AmpListConflict: an op in two lists (the default lists included), or a widest-type
@@ -257,9 +238,8 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
 
 
 class _TrainerLossScaler(Step):
-    """The training step (:class:`mxmp._src.training.step.Step`) :func:`init_trainer` puts in
-    ``trainer._amp_loss_scaler``, which ``gluon.Trainer._update`` (MXNet 1.9.1) asks
-    ``has_overflow(params)`` before each update. ``scaler``: the starting mxmp.LossScaler."""
+    """The :class:`Step` :func:`init_trainer` puts in ``trainer._amp_loss_scaler``, asked
+    ``has_overflow(params)`` by ``gluon.Trainer._update`` (MXNet 1.9.1) before each update."""
 
     @property
     def loss_scale(self):
@@ -391,8 +371,6 @@ def unscale(optimizer_or_trainer):
     factor = trainer._scale / trainer._amp_original_scale   # 1 / loss scale
     if factor != 1.0:
         with autograd.pause():
-            for param in trainer._params:
-                if param.grad_req != 'null' and param._grad is not None:
-                    for g in param.list_grad():
-                        g *= factor
+            for g in param_grads(trainer._params):
+                g *= factor
     trainer._scale = trainer._amp_original_scale

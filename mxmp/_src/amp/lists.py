@@ -1,18 +1,14 @@
-"""contrib.amp's meaning of the op lists of the convert calls, as an :class:`mxmp.Policy`
-(:func:`policy_for`), and contrib.amp's list names computed from mxmp's op classes.
-
-``mxnet.contrib.amp.convert_symbol`` (MXNet 1.9.1): each list given replaces its default, the
-lists must be disjoint and hold only ops some list can take, and an op in no list runs in its
-data's dtype with its parameters stored in that dtype (``Policy.follow_params``).
-"""
+"""contrib.amp's (MXNet 1.9.1) op lists: what a convert call's lists mean as an
+:class:`mxmp.Policy` (:func:`policy_for`), and the lists computed from mxmp's op classes."""
+from ..dtypes import normalize_dtype
 from ..errors import AmpListConflict
 from ..policy.tables import classes_for
 
 __all__ = ['policy_for', 'check_lists', 'contrib_lists', 'module_names']
 
 
-def policy_for(dtype, lp_ops, fp32_ops, conditional, excluded_names=(), emulate='auto',
-               init_lp=(), init_fp32=(), init_conditional=()):
+def policy_for(dtype, lp_ops, fp32_ops, conditional, excluded_names=(), init_lp=(), init_fp32=(),
+               init_conditional=()):
     """The Policy of a convert call, with contrib.amp's meaning of the op lists: a list given
     (not None) *replaces* its default (``lp_ops``, ``fp32_ops``: tuples of op names;
     ``conditional``: ``(op, attr, values)`` rules); None takes the default plus what
@@ -37,7 +33,7 @@ def policy_for(dtype, lp_ops, fp32_ops, conditional, excluded_names=(), emulate=
                 (lp_ops is None, fp32_ops is None, conditional is None))
     follow = ((base_lp - lp) | (base_fp32 - fp32)) - lp - fp32
     return Policy(dtype, lp_ops=lp - base_lp, fp32_ops=fp32 - base_fp32 - classes['LOSS_OUTPUT'],
-                  excluded_names=excluded_names, emulate=emulate, follow_ops=follow,
+                  excluded_names=excluded_names, follow_ops=follow,
                   conditional_fp32=rules, follow_params=True)
 
 
@@ -76,12 +72,11 @@ def check_lists(dtype, lp, fp32, cond_ops, defaults):
 
 
 def contrib_lists(target_dtype):
-    """contrib.amp's lists of ``target_dtype`` from mxmp's op classes: a new dict of sorted
-    lists ``'lp16'``, ``'lp16_fp32'``, ``'fp32'``, ``'widest'``, ``'loss'`` (op names) and
-    ``'conditional'`` (``(op, attribute, sorted values)``). Raises ValueError for another
-    dtype.
-    """
-    classes = classes_for(target_dtype)
+    """contrib.amp's lists of ``target_dtype`` (any spelling of float16 or bfloat16, else
+    ValueError) from mxmp's op classes: a new dict of sorted lists ``'lp16'``, ``'lp16_fp32'``,
+    ``'fp32'``, ``'widest'``, ``'loss'`` (op names) and ``'conditional'`` (``(op, attribute,
+    sorted values)``)."""
+    classes = classes_for(normalize_dtype(target_dtype))
     rules = classes['CONDITIONAL_FLOAT32']
     conditional = sorted((op, attr, sorted(values)) for op, attrs in rules.items()
                          for attr, values in attrs.items())

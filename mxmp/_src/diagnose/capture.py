@@ -64,14 +64,6 @@ def _instrument(sym, layer_names):
     return mx.sym.load_json(json.dumps(out)), probes
 
 
-def _trace(net, data_names):
-    import mxnet as mx
-    out = net(*[mx.sym.var(n) for n in data_names])
-    if isinstance(out, (list, tuple)):
-        out = mx.sym.Group(list(out))
-    return out
-
-
 def _layer_nodes(sym, policy, data_names):
     """(name, op, weight parameter names) of the nodes that compute in the target dtype."""
     from ..graph.plan import explain
@@ -169,7 +161,8 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
             raise ValueError('parameter %s is not initialized: call net.initialize() (or load '
                              'its parameters) before diagnose' % p.name)
 
-    sym = _trace(net, data_names)
+    out = net(*[mx.sym.var(n) for n in data_names])
+    sym = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
     layers = _layer_nodes(sym, policy, data_names)
     probed, probes = _instrument(sym, [name for name, _, _ in layers])
     n_heads = len(sym.list_outputs())
@@ -185,18 +178,15 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
         raise ValueError('the network graph needs inputs that are neither data_names %s nor '
                          'parameters: %s; pass them in data_names (and data)'
                          % (data_names, ', '.join(missing)))
-    shapes = {n: x.shape for n, x in zip(data_names, inputs)}
-    shapes.update({n: params[n].shape for n in args + aux if n in params})
-    grad_req = {n: 'null' for n in args}
-    for n in args:
-        if n in probe_vars or (n in params and params[n].grad_req != 'null'):
-            grad_req[n] = 'write'
+    data_shapes = {n: x.shape for n, x in zip(data_names, inputs)}
+    shapes = dict(data_shapes, **{n: params[n].shape for n in args + aux if n in params})
+    grad_req = {n: 'write' if n in probe_vars or (n in params and params[n].grad_req != 'null')
+                else 'null' for n in args}
     try:
         exe = group.simple_bind(ctx, grad_req=grad_req, **shapes)
     except mx.base.MXNetError as err:
         raise ValueError('cannot bind the network for data shapes %s: %s'
-                         % ({n: x.shape for n, x in zip(data_names, inputs)},
-                            mxnet_error_line(err))) from None
+                         % (data_shapes, mxnet_error_line(err))) from None
     with autograd.pause():
         for name, arr in list(exe.arg_dict.items()) + list(exe.aux_dict.items()):
             if name in params:
@@ -245,11 +235,9 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
     advice = {name: advise_loss_scale(result, fmt, max_loss_scale) for name, fmt in FORMATS.items()}
     reasons = {}
     for name, fmt in FORMATS.items():
-        reasons[name] = {}
-        for layer in result:
-            why = judge_layer(layer, fmt, advice[name].log2_scale, underflow_tol)
-            if why:
-                reasons[name][layer.name] = why
+        whys = ((layer.name, judge_layer(layer, fmt, advice[name].log2_scale, underflow_tol))
+                for layer in result)
+        reasons[name] = {layer: why for layer, why in whys if why}
     report = NumericsReport(target, steps, batch, tuple(losses), result, advice, reasons,
                             float(underflow_tol))
     if verbose:

@@ -8,6 +8,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
+from ..plotting import pyplot, save_png
 from .stats import HIST_LO, LayerStats, LossScaleAdvice, _pct, merged, number_format
 
 
@@ -58,7 +59,70 @@ class NumericsReport:
     def table(self, dtype=None, flagged_only=False):
         """str: loss-scale advice and one row per layer, in ``dtype``'s format (default the
         target dtype); ``flagged_only``: only the layers recommended for float32."""
-        return _format_table(self, number_format(dtype or self.target_dtype), flagged_only)
+        fmt = number_format(dtype or self.target_dtype)
+        advice = self.loss_scale[fmt.name]
+        reasons = self.reasons[fmt.name]
+        k = advice.log2_scale
+        lines = ['mxmp numerics report for %s: overflow above %g, subnormal below 2^%d, zero below '
+                 '2^%d, %d significant bits' % (fmt.name, fmt.max_finite, fmt.log2_min_normal,
+                                                fmt.log2_zero_below, fmt.significand_bits)]
+        losses = ', '.join('%.4g' % l for l in self.losses)
+        lines.append('%d float32 iteration(s), batch %d, loss %s; %d layer(s) would compute in %s'
+                     % (self.steps, self.batch_size, losses, len(self.layers),
+                        self.target_dtype))
+        if advice.max_grad == 0:
+            lines.append('loss scale: no non-zero gradient seen')
+        elif advice.zero_unscaled == 0:
+            lines.append('loss scale: not needed, no gradient value flushes to zero in %s '
+                         'unscaled (max |gradient| %.3g; largest safe scale 2^%d%s)'
+                         % (fmt.name, advice.max_grad, k, ', capped' if advice.capped else ''))
+        else:
+            note = ' (capped)' if advice.capped else ''
+            if k < 0:
+                note += ': gradients overflow %s even unscaled' % fmt.name
+            lines.append('loss scale: 2^%d = %g%s keeps max |gradient| %.3g in range (x scale = '
+                         '%.4g <= %g)' % (k, advice.scale, note, advice.max_grad,
+                                          advice.max_grad * advice.scale, fmt.max_finite))
+            lines.append('gradient values that flush to zero: %s unscaled, %s with 2^%d; the scale '
+                         'rescues %s' % (_pct(advice.zero_unscaled), _pct(advice.zero_scaled), k,
+                                         _pct(advice.rescued)))
+        lines.append('precision: ' + fmt.risk)
+        names = self.recommended(fmt.name)
+        if names:
+            lines.append('keep in float32 (%d layer(s)): mxmp.Policy(%r, excluded_names=%r)'
+                         % (len(names), fmt.name, list(names)))
+        else:
+            lines.append('keep in float32: none; every layer fits %s' % fmt.name)
+        header = ('layer', 'op', '|act|max', 'act ovf%', 'act sub%', 'act 0%', 'w ovf%', 'w 0%',
+                  '|grad|max', 'agrad 0%', 'agrad 0%@S', 'wgrad 0%@S', 'fp32')
+        rows = [header]
+        cell = lambda frac: _pct(frac, sign='')  # noqa: E731
+        for layer in self.layers:
+            if flagged_only and layer.name not in reasons:
+                continue
+            a, g, w, wg = layer.activation, layer.act_grad, layer.weight, layer.weight_grad
+            rows.append((layer.name, layer.op, _num(a.max_abs), cell(a.overflow_fraction(fmt)),
+                         cell(a.subnormal_fraction(fmt)), cell(a.zero_fraction(fmt)),
+                         cell(w.overflow_fraction(fmt)) if w else '-',
+                         cell(w.zero_fraction(fmt)) if w else '-',
+                         _num(layer.gradients().max_abs), cell(g.zero_fraction(fmt)),
+                         cell(g.zero_fraction(fmt, k)),
+                         cell(wg.zero_fraction(fmt, k)) if wg else '-',
+                         '*' if layer.name in reasons else ''))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        lines.append('')
+        for n, row in enumerate(rows):
+            cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
+            cells += [c.rjust(wd) for c, wd in zip(row[2:], widths[2:])]
+            lines.append('  '.join(cells).rstrip())
+            if n == 0:
+                lines.append('  '.join('-' * wd for wd in widths))
+        lines.append('')
+        lines.append('%% of finite non-zero values; sub = subnormal, 0 = flushed to zero, @S = '
+                     'with loss scale 2^%d; fp32 * = recommended to stay float32:' % k)
+        for name in names:
+            lines.append('  %s: %s' % (name, '; '.join(reasons[name])))
+        return '\n'.join(lines)
 
     def __str__(self):
         return self.table()
@@ -70,7 +134,6 @@ class NumericsReport:
         Returns:
             dict str -> str: plot name -> path.
         """
-        from ..plotting import save_png
         os.makedirs(directory, exist_ok=True)
         fmt = number_format(dtype or self.target_dtype).name
         return {name: save_png(figure(self, fmt), os.path.join(directory, name + '.png'))
@@ -105,72 +168,6 @@ class NumericsReport:
 
 def _num(x):
     return '0' if x == 0 else '%.3g' % x
-
-
-def _format_table(report, fmt, flagged_only):
-    advice = report.loss_scale[fmt.name]
-    reasons = report.reasons[fmt.name]
-    k = advice.log2_scale
-    lines = ['mxmp numerics report for %s: overflow above %g, subnormal below 2^%d, zero below '
-             '2^%d, %d significant bits' % (fmt.name, fmt.max_finite, fmt.log2_min_normal,
-                                            fmt.log2_zero_below, fmt.significand_bits)]
-    losses = ', '.join('%.4g' % l for l in report.losses)
-    lines.append('%d float32 iteration(s), batch %d, loss %s; %d layer(s) would compute in %s'
-                 % (report.steps, report.batch_size, losses, len(report.layers),
-                    report.target_dtype))
-    if advice.max_grad == 0:
-        lines.append('loss scale: no non-zero gradient seen')
-    elif advice.zero_unscaled == 0:
-        lines.append('loss scale: not needed, no gradient value flushes to zero in %s '
-                     'unscaled (max |gradient| %.3g; largest safe scale 2^%d%s)'
-                     % (fmt.name, advice.max_grad, k, ', capped' if advice.capped else ''))
-    else:
-        note = ' (capped)' if advice.capped else ''
-        if k < 0:
-            note += ': gradients overflow %s even unscaled' % fmt.name
-        lines.append('loss scale: 2^%d = %g%s keeps max |gradient| %.3g in range (x scale = '
-                     '%.4g <= %g)' % (k, advice.scale, note, advice.max_grad,
-                                      advice.max_grad * advice.scale, fmt.max_finite))
-        lines.append('gradient values that flush to zero: %s unscaled, %s with 2^%d; the scale '
-                     'rescues %s' % (_pct(advice.zero_unscaled), _pct(advice.zero_scaled), k,
-                                     _pct(advice.rescued)))
-    lines.append('precision: ' + fmt.risk)
-    names = report.recommended(fmt.name)
-    if names:
-        lines.append('keep in float32 (%d layer(s)): mxmp.Policy(%r, excluded_names=%r)'
-                     % (len(names), fmt.name, list(names)))
-    else:
-        lines.append('keep in float32: none; every layer fits %s' % fmt.name)
-    header = ('layer', 'op', '|act|max', 'act ovf%', 'act sub%', 'act 0%', 'w ovf%', 'w 0%',
-              '|grad|max', 'agrad 0%', 'agrad 0%@S', 'wgrad 0%@S', 'fp32')
-    rows = [header]
-    cell = lambda frac: _pct(frac, sign='')  # noqa: E731
-    for layer in report.layers:
-        if flagged_only and layer.name not in reasons:
-            continue
-        a, g, w, wg = layer.activation, layer.act_grad, layer.weight, layer.weight_grad
-        rows.append((layer.name, layer.op, _num(a.max_abs), cell(a.overflow_fraction(fmt)),
-                     cell(a.subnormal_fraction(fmt)), cell(a.zero_fraction(fmt)),
-                     cell(w.overflow_fraction(fmt)) if w else '-',
-                     cell(w.zero_fraction(fmt)) if w else '-',
-                     _num(layer.gradients().max_abs), cell(g.zero_fraction(fmt)),
-                     cell(g.zero_fraction(fmt, k)),
-                     cell(wg.zero_fraction(fmt, k)) if wg else '-',
-                     '*' if layer.name in reasons else ''))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines.append('')
-    for n, row in enumerate(rows):
-        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
-        cells += [c.rjust(wd) for c, wd in zip(row[2:], widths[2:])]
-        lines.append('  '.join(cells).rstrip())
-        if n == 0:
-            lines.append('  '.join('-' * wd for wd in widths))
-    lines.append('')
-    lines.append('%% of finite non-zero values; sub = subnormal, 0 = flushed to zero, @S = with '
-                 'loss scale 2^%d; fp32 * = recommended to stay float32:' % k)
-    for name in names:
-        lines.append('  %s: %s' % (name, '; '.join(reasons[name])))
-    return '\n'.join(lines)
 
 
 def _count(n):
@@ -214,8 +211,6 @@ def gradient_histogram_figure(report, dtype=None):
     (default the report's target dtype); the scaled series is drawn only where the loss scale
     rescues values. A matplotlib Figure with one Axes."""
     fmt = number_format(dtype or report.target_dtype)
-    from ..plotting import pyplot
-    plt = pyplot()
     advice = report.loss_scale[fmt.name]
     k = advice.log2_scale
     series = _gradient_series(report)
@@ -226,7 +221,7 @@ def gradient_histogram_figure(report, dtype=None):
     if used:
         lo_edge = min(lo_edge, min(used) - 2)
         hi_edge = max(hi_edge, max(used) + 3 + (k if scaled else 0))
-    fig, ax = plt.subplots(figsize=(11, 6))
+    fig, ax = pyplot().subplots(figsize=(11, 6))
     _shade_format(ax, fmt, lo_edge, hi_edge)
     total = sum(s.nonzero for s, _, _ in series) or 1
     bins = np.arange(HIST_LO, HIST_LO + len(series[0][0].hist)) if series else np.array([])
@@ -281,15 +276,13 @@ def layer_ranges_figure(report, dtype=None):
     activations, weights and gradients over the format's zones; right, the fractions out of
     range; flagged layers in red. A matplotlib Figure with two Axes."""
     fmt = number_format(dtype or report.target_dtype)
-    from ..plotting import pyplot
-    plt = pyplot()
     advice = report.loss_scale[fmt.name]
     k = advice.log2_scale
     flagged = report.reasons[fmt.name]
     layers = report.layers
     n = max(1, len(layers))
-    fig, (ax_span, ax_frac) = plt.subplots(1, 2, figsize=(14, 2.6 + 0.24 * n), sharey=True,
-                                           gridspec_kw={'width_ratios': [3, 2]})
+    fig, (ax_span, ax_frac) = pyplot().subplots(1, 2, figsize=(14, 2.6 + 0.24 * n),
+                                                sharey=True, gridspec_kw={'width_ratios': [3, 2]})
     y = np.arange(len(layers))
 
     # left: where the values lie (log2 of the smallest and largest finite non-zero magnitude)

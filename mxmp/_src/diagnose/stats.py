@@ -74,11 +74,8 @@ FORMATS = {'float16': FLOAT16, 'bfloat16': BFLOAT16}
 
 
 def number_format(dtype):
-    """The :class:`NumberFormat` of ``dtype`` (a name, numpy dtype or NumberFormat).
-
-    Raises:
-        ValueError: not float16 or bfloat16 (from :func:`mxmp.normalize_dtype`).
-    """
+    """The :class:`NumberFormat` of ``dtype`` (a name, numpy dtype or NumberFormat);
+    ValueError if not float16 or bfloat16."""
     if isinstance(dtype, NumberFormat):
         return dtype
     from ..dtypes import normalize_dtype
