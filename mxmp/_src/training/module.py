@@ -1,16 +1,13 @@
 """mxmp.Module: ``mx.mod.Module`` whose symbol goes through :func:`mxmp.convert_symbol`, with
-dynamic loss scaling without rebinding (a loss-scale node before the loss outputs,
-:mod:`mxmp._src.graph.loss_heads`), the overflow check and float32 master weights of mxmp's one
-training step (:class:`mxmp._src.training.step.Step`). Its parts are in
-:mod:`mxmp._src.training.module_parts`, its files in :mod:`mxmp._src.training.module_checkpoint`.
-"""
+a loss-scale input before the loss outputs (:mod:`mxmp._src.graph.loss_heads`) and the training
+step of :class:`mxmp._src.training.step.Step`."""
 import logging
 from operator import attrgetter
 
 import mxnet as mx
 from mxnet import nd
 
-from ..distributed import check_kvstore_args
+from ..distributed import broadcast_from_root, check_kvstore_args
 from ..graph.convert import convert_symbol
 from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, scaled_loss_ops
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
@@ -18,8 +15,7 @@ from ..graph.strip import remove_casts
 from ..graph.symbol_json import cast_param_names
 from . import module_checkpoint as files
 from .checkpoint import write_atomic
-from .module_parts import (ModuleMasters, reduced_updates, module_policy, start_kvstore,
-    write_loss_scale)
+from .module_parts import ModuleMasters, reduced_updates, module_policy
 from .step import Step, all_finite
 from .trainer import resolve_precision
 from .updater import Updater
@@ -50,7 +46,7 @@ class Module(mx.mod.Module):
     """
 
     _rescale_grad = None   # rescale_grad0 (init_optimizer): the factor without the loss scale
-    _scale_written = None  # (loss-scale input arrays, value) of the last write
+    _scale_written = None  # the value in the loss-scale input (until the executors change)
 
     def __init__(self, symbol, data_names=('data',), label_names=('softmax_label',), *,
                  target_dtype=None, loss_scaler=None, cast_params=None, emulate='auto',
@@ -103,14 +99,18 @@ class Module(mx.mod.Module):
     loss_scale_nodes = property(attrgetter('_loss_scale_nodes'), doc='int: loss-scale nodes '
                                 'in the bound graph (0 when scaling is disabled).')
 
-    def _share(self, other):   # buckets: one loss scaler, skipped count and set of masters
+    def _share(self, other):
+        """Share ``other``'s loss scaler, skipped count and masters (buckets)."""
         self._step, self._masters = other._step, other._masters
         self._rescale_grad = other._rescale_grad
 
     def _write_loss_scale(self, force=False):
-        if self._loss_scale_nodes and self.binded:
-            self._scale_written = write_loss_scale(self._exec_group, self.loss_scale,
-                                                   self._scale_written, force)
+        """Write the loss scale into the executors' loss-scale input unless they hold it."""
+        scale = self.loss_scale
+        if self._loss_scale_nodes and self.binded and (force or self._scale_written != scale):
+            for executor in self._exec_group.execs:
+                executor.arg_dict[LOSS_SCALE_NAME][:] = scale
+            self._scale_written = scale
 
     # ------------------------------------------------------------------ Module API
     def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
@@ -158,8 +158,14 @@ class Module(mx.mod.Module):
         if kv:
             self.logger.info('mxmp.Module: update_on_kvstore=False on the %r kvstore: it only '
                              'reduces the gradients', kv.type)
-            if start_kvstore(kv, self._exec_group.param_names, self._arg_params,
-                             self._compression_params):
+            if self._compression_params:
+                kv.set_gradient_compression(self._compression_params)
+            names = self._exec_group.param_names
+            for name in names:
+                kv.init(name, self._arg_params[name])
+            if 'dist' in kv.type:   # every worker starts from worker 0's parameters
+                broadcast_from_root([(name, [self._arg_params[name]]) for name in names],
+                                    lambda name, wire: kv.pull(name, out=wire))
                 self.set_params(self._arg_params, self._aux_params, force_init=True)
         self._updater = Updater(self._optimizer)
         self.optimizer_initialized = True
@@ -192,7 +198,7 @@ class Module(mx.mod.Module):
     def reshape(self, data_shapes, label_shapes=None):
         """As ``mx.mod.Module.reshape``."""
         super().reshape(data_shapes, label_shapes)
-        self._write_loss_scale()
+        self._write_loss_scale(force=True)
 
     def forward(self, data_batch, is_train=None):
         """As ``mx.mod.Module.forward`` (outputs bit-identical to no loss scaling)."""
@@ -297,12 +303,7 @@ class Module(mx.mod.Module):
 
     def checkpoint_callback(self, prefix, period=1, save_optimizer_states=False):
         """An ``epoch_end_callback``: :meth:`save_checkpoint` every ``period`` epochs."""
-        period = int(max(1, period))
-
-        def _callback(iter_no, sym=None, arg=None, aux=None):   # pylint: disable=unused-argument
-            if (iter_no + 1) % period == 0:
-                self.save_checkpoint(prefix, iter_no + 1, save_optimizer_states)
-        return _callback
+        return mx.callback.module_checkpoint(self, prefix, period, save_optimizer_states)
 
     def set_loaded(self, args, auxs, state, state_file):
         """Give this unbound Module loaded parameters and state (None: none)."""

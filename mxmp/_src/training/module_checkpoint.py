@@ -1,9 +1,6 @@
-"""Checkpoint files of :class:`mxmp.Module` and :class:`mxmp.BucketingModule`: MXNet's own files
-in float32 (``prefix-symbol.json``, ``prefix-%04d.params``, optionally ``prefix-%04d.states``),
-which plain MXNet loads, plus ``prefix-%04d.mxmp.json``: the loss scaler (class, configuration,
-running state), skipped steps, target dtype, ``cast_params`` and ``emulate``. Every file is
-written atomically (:func:`mxmp._src.training.checkpoint.write_atomic`).
-"""
+"""Checkpoint files of :class:`mxmp.Module` and :class:`mxmp.BucketingModule`: MXNet's own, in
+float32, plus ``prefix-%04d.mxmp.json`` (:meth:`mxmp.Module.mixed_precision_state`), all
+written atomically."""
 import json
 import os
 
@@ -25,8 +22,7 @@ STATES_VERSION = 1
 
 
 def write_state(prefix, epoch, state):
-    """Write ``state`` (dict, :meth:`mxmp.Module.mixed_precision_state`) to
-    ``prefix-%04d.mxmp.json``."""
+    """Write ``state`` (dict) to ``prefix-%04d.mxmp.json``."""
     write_atomic('%s-%04d.mxmp.json' % (prefix, epoch),
                  json.dumps(state, indent=1, sort_keys=True))
 
@@ -39,9 +35,8 @@ def write_params(fname, arg_params, aux_params):
 
 
 def restore_state(scaler, state, fname):
-    """``(scaler, skipped_steps)`` from ``state``, read from ``fname`` by :func:`read_state`;
-    the saved scaler state must match ``scaler``'s class and configuration, else ValueError
-    (also for a missing field)."""
+    """``(scaler, skipped_steps)`` from ``state`` (read from ``fname``); ValueError for a missing
+    field or a scaler state of another class or configuration than ``scaler``'s."""
     try:
         return scaler.load_state_dict(state['loss_scaler']), int(state['skipped_steps'])
     except (KeyError, TypeError) as err:
@@ -51,12 +46,9 @@ def restore_state(scaler, state, fname):
 
 
 def read_state(prefix, epoch, kwargs):
-    """Read ``prefix-%04d.mxmp.json`` (if any) and fill in the Module keyword arguments.
-
-    Returns ``(state or None, state file name, kwargs)``: without ``loss_scaler`` /
-    ``target_dtype`` / ``cast_params`` / ``emulate`` in ``kwargs``, the saved ones are used.
-    Raises ValueError as :meth:`mxmp.Module.load` documents.
-    """
+    """``(state or None, state file name, kwargs)``: ``prefix-%04d.mxmp.json`` if it exists,
+    and the Module keyword arguments with the saved precision settings where ``kwargs`` has
+    none. ValueError as :meth:`mxmp.Module.load` documents."""
     kwargs = dict(kwargs)
     state_file = '%s-%04d.mxmp.json' % (prefix, epoch)
     state = None
@@ -96,12 +88,8 @@ def float32_params(params):
 
 
 def load_params(prefix, epoch, with_symbol):
-    """``mx.model.load_checkpoint`` (``with_symbol``) or ``mx.model.load_params``, with a clear
-    error: returns ``(symbol, args, auxs)`` (``symbol`` None without ``with_symbol``).
-
-    Raises:
-        ValueError: a truncated or corrupt file (the message says to load an earlier epoch).
-    """
+    """``(symbol or None, args, auxs)`` by ``mx.model.load_checkpoint`` (``with_symbol``) or
+    ``mx.model.load_params``; ValueError (saying to load an earlier epoch) for a bad file."""
     try:
         if with_symbol:
             return mx.model.load_checkpoint(prefix, epoch)
