@@ -7,15 +7,15 @@ from operator import attrgetter
 import mxnet as mx
 from mxnet import nd
 
-from ..distributed import broadcast_from_root, check_kvstore_args
+from ..distributed import check_kvstore_args
 from ..graph.convert import convert_symbol
 from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, scaled_loss_ops
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
 from ..graph.symbol_json import cast_param_names
 from . import module_checkpoint as files
-from .checkpoint import write_atomic
-from .module_parts import ModuleMasters, reduced_updates, module_policy
+from .checkpoint import save_atomic, write_atomic
+from .module_parts import ModuleMasters, module_policy, reduced_updates, start_kvstore
 from .step import Step, all_finite
 from .trainer import resolve_precision
 from .updater import Updater
@@ -65,12 +65,9 @@ class Module(mx.mod.Module):
         self._target_dtype, self._policy, self._cast_params = module_policy(
             target_dtype, policy, cast_params, emulate, contexts)
         self._fp32_symbol = remove_casts(symbol)
-        data_names = list(data_names) if data_names is not None else []
-        label_names = list(label_names) if label_names is not None else []
-        state_names = list(state_names) if state_names is not None else []
         mp_symbol = self._fp32_symbol if self._policy is None else convert_symbol(
             self._fp32_symbol, policy=self._policy, cast_params=self._cast_params,
-            data_names=data_names + label_names + state_names)
+            data_names=[*(data_names or ()), *(label_names or ()), *(state_names or ())])
         self._mp_symbol = mp_symbol
         self._masters = ModuleMasters(cast_param_names(mp_symbol) if self._cast_params
                                       else frozenset())
@@ -80,7 +77,7 @@ class Module(mx.mod.Module):
         if self._step.scaler.enabled:
             bound, nodes = insert_loss_scale(mp_symbol, scaled_loss_ops(self._policy))
             if nodes:
-                state_names = state_names + [LOSS_SCALE_NAME]
+                state_names = [*(state_names or ()), LOSS_SCALE_NAME]
         self._loss_scale_nodes = nodes
         super().__init__(bound, data_names, label_names, logger=logger, context=context,
                          state_names=state_names, **module_kwargs)
@@ -158,14 +155,8 @@ class Module(mx.mod.Module):
         if kv:
             self.logger.info('mxmp.Module: update_on_kvstore=False on the %r kvstore: it only '
                              'reduces the gradients', kv.type)
-            if self._compression_params:
-                kv.set_gradient_compression(self._compression_params)
-            names = self._exec_group.param_names
-            for name in names:
-                kv.init(name, self._arg_params[name])
-            if 'dist' in kv.type:   # every worker starts from worker 0's parameters
-                broadcast_from_root([(name, [self._arg_params[name]]) for name in names],
-                                    lambda name, wire: kv.pull(name, out=wire))
+            if start_kvstore(kv, self._exec_group.param_names, self._arg_params,
+                             self._compression_params):
                 self.set_params(self._arg_params, self._aux_params, force_init=True)
         self._updater = Updater(self._optimizer)
         self.optimizer_initialized = True
@@ -294,7 +285,7 @@ class Module(mx.mod.Module):
         sym = self.symbol if remove_amp_cast else self._mp_symbol
         write_atomic('%s-symbol.json' % prefix, sym.tojson(remove_amp_cast=remove_amp_cast))
         param_name = '%s-%04d.params' % (prefix, epoch)
-        files.write_params(param_name, *self.get_params())
+        save_atomic(param_name, self.save_params)
         if save_optimizer_states:
             self.save_optimizer_states('%s-%04d.states' % (prefix, epoch))
         files.write_state(prefix, epoch, self.mixed_precision_state())

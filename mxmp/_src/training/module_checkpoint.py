@@ -5,14 +5,13 @@ import json
 import os
 
 import mxnet as mx
-from mxnet import nd
 
 from ..dtypes import is_low_precision, normalize_dtype
 from ..errors import mxnet_error_line
 from ..scaling import from_state_dict
-from .checkpoint import check_format, save_atomic, write_atomic
+from .checkpoint import check_format, write_atomic
 
-__all__ = ['STATES_FORMAT', 'STATES_VERSION', 'write_state', 'write_params', 'restore_state',
+__all__ = ['STATES_FORMAT', 'STATES_VERSION', 'write_state', 'restore_state',
            'read_state', 'float32_params', 'load_params']
 
 #: ``format`` field of ``prefix-%04d.mxmp.json``.
@@ -25,13 +24,6 @@ def write_state(prefix, epoch, state):
     """Write ``state`` (dict) to ``prefix-%04d.mxmp.json``."""
     write_atomic('%s-%04d.mxmp.json' % (prefix, epoch),
                  json.dumps(state, indent=1, sort_keys=True))
-
-
-def write_params(fname, arg_params, aux_params):
-    """Write MXNet's parameter file (``arg:``/``aux:`` keys, on the CPU) to ``fname``."""
-    save = {'arg:%s' % k: v.as_in_context(mx.cpu()) for k, v in arg_params.items()}
-    save.update({'aux:%s' % k: v.as_in_context(mx.cpu()) for k, v in aux_params.items()})
-    save_atomic(fname, lambda tmp: nd.save(tmp, save))
 
 
 def restore_state(scaler, state, fname):

@@ -3,12 +3,13 @@ parameters, its optimizer calls, and the resolution of its precision arguments."
 
 from mxnet import nd
 
+from ..distributed import broadcast_from_root
 from ..dtypes import is_low_precision, normalize_dtype
 from ..policy.policy import resolve_policy
 from .master_weights import MasterWeights
 from .step import device_update
 
-__all__ = ['ModuleMasters', 'reduced_updates', 'module_policy']
+__all__ = ['ModuleMasters', 'start_kvstore', 'reduced_updates', 'module_policy']
 
 
 class ModuleMasters(MasterWeights):
@@ -26,9 +27,7 @@ class ModuleMasters(MasterWeights):
 
     def written(self, values, exec_group):
         """The device parameters were just written from ``values`` (dict name -> float32
-        array, or None): masters made again from them, so no precision is lost."""
-        if values is None:
-            return
+        array): masters made again from them, so no precision is lost."""
         for name in self.lp_names:
             if name in values and name in exec_group.param_names:
                 self.set_pending(name, values[name])
@@ -40,6 +39,20 @@ class ModuleMasters(MasterWeights):
             master = self.first_device(name)
             if isinstance(master, nd.NDArray):
                 master.copyto(arg_params[name])
+
+
+def start_kvstore(kv, names, arg_params, compression_params):
+    """Give the kvstore ``kv`` (which only reduces gradients) the parameters ``names``; on a dist
+    kvstore, ``arg_params`` become worker 0's. Returns whether they did."""
+    if compression_params:
+        kv.set_gradient_compression(compression_params)
+    for name in names:
+        kv.init(name, arg_params[name])
+    if 'dist' not in kv.type:
+        return False
+    broadcast_from_root([(name, [arg_params[name]]) for name in names],
+                        lambda name, wire: kv.pull(name, out=wire))
+    return True
 
 
 def reduced_updates(exec_group, kv, masters, updater):
