@@ -8,6 +8,7 @@ import mxnet as mx
 from mxnet import nd
 
 from ..distributed import check_kvstore_args
+from ..dtypes import is_low_precision
 from ..graph.convert import convert_symbol
 from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, scaled_loss_ops
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
@@ -298,7 +299,9 @@ class Module(mx.mod.Module):
 
     def set_loaded(self, args, auxs, state, state_file):
         """Give this unbound Module loaded parameters and state (None: none)."""
-        self._arg_params, self._aux_params = files.float32_params(args), auxs
+        self._arg_params = {k: v.astype('float32') if is_low_precision(v.dtype) else v
+                            for k, v in args.items()}
+        self._aux_params = auxs
         self.params_initialized = True
         if state is not None:
             self._step.scaler, self._step.skipped_steps = files.restore_state(

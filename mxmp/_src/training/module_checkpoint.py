@@ -6,13 +6,13 @@ import os
 
 import mxnet as mx
 
-from ..dtypes import is_low_precision, normalize_dtype
+from ..dtypes import normalize_dtype
 from ..errors import mxnet_error_line
 from ..scaling import from_state_dict
 from .checkpoint import check_format, write_atomic
 
 __all__ = ['STATES_FORMAT', 'STATES_VERSION', 'write_state', 'restore_state',
-           'read_state', 'float32_params', 'load_params']
+           'read_state', 'load_params']
 
 #: ``format`` field of ``prefix-%04d.mxmp.json``.
 STATES_FORMAT = 'mxmp.Module'
@@ -40,8 +40,7 @@ def restore_state(scaler, state, fname):
 def read_state(prefix, epoch, kwargs):
     """``(state or None, state file name, kwargs)``: ``prefix-%04d.mxmp.json`` if it exists,
     and the Module keyword arguments with the saved precision settings where ``kwargs`` has
-    none. ValueError as :meth:`mxmp.Module.load` documents."""
-    kwargs = dict(kwargs)
+    none (filled into ``kwargs``). ValueError as :meth:`mxmp.Module.load` documents."""
     state_file = '%s-%04d.mxmp.json' % (prefix, epoch)
     state = None
     if os.path.exists(state_file):
@@ -71,12 +70,6 @@ def read_state(prefix, epoch, kwargs):
             except ValueError as err:
                 raise ValueError('%s: %s' % (state_file, err)) from None
     return state, state_file, kwargs
-
-
-def float32_params(params):
-    """Parameters as stored for a Module: low-precision ones widened to float32."""
-    return {k: v.astype('float32') if is_low_precision(v.dtype) else v
-            for k, v in params.items()}
 
 
 def load_params(prefix, epoch, with_symbol):
