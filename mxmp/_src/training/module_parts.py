@@ -43,7 +43,7 @@ class ModuleMasters(MasterWeights):
 
 def start_kvstore(kv, names, arg_params, compression_params):
     """Give the kvstore ``kv`` (which only reduces gradients) the parameters ``names``; on a dist
-    kvstore, ``arg_params`` become worker 0's. Returns whether they did."""
+    kvstore, ``arg_params`` become worker 0's and True is returned."""
     if compression_params:
         kv.set_gradient_compression(compression_params)
     for name in names:
