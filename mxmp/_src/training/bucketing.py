@@ -26,6 +26,7 @@ class BucketingModule(mx.mod.BucketingModule):
         self._precision = dict(target_dtype=target_dtype, loss_scaler=loss_scaler,
                                cast_params=cast_params, emulate=emulate, policy=policy)
         super().__init__(sym_gen, default_bucket_key, **kwargs)
+        self._reset_bind()
 
     def _make_module(self, bucket_key):
         symbol, data_names, label_names = self._call_sym_gen(bucket_key)
@@ -36,23 +37,14 @@ class BucketingModule(mx.mod.BucketingModule):
                       **self._precision)
 
     def _reset_bind(self):
-        # MXNet's bind creates the default bucket's Module unless one is there: put an mxmp
-        # Module there, carrying over the loss scaler, skipped steps and master weights.
+        """Unbind, as MXNet, but keep an mxmp Module (with the old one's loss scaler, skipped
+        steps and master weights) in the default bucket, where MXNet's bind looks first."""
         old = self._buckets.get(self._default_bucket_key)
         super()._reset_bind()
         module = self._make_module(self._default_bucket_key)
         if old is not None:
             module._share(old)
         self._buckets[self._default_bucket_key] = module
-
-    def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
-             force_rebind=False, shared_module=None, grad_req='write'):
-        """Bind the default bucket, as ``mx.mod.BucketingModule.bind``."""
-        if self._default_bucket_key not in self._buckets:
-            self._buckets[self._default_bucket_key] = \
-                self._make_module(self._default_bucket_key)
-        super().bind(data_shapes, label_shapes, for_training, inputs_need_grad, force_rebind,
-                     shared_module, grad_req)
 
     def switch_bucket(self, bucket_key, data_shapes, label_shapes=None):
         """Switch to a bucket, as ``mx.mod.BucketingModule.switch_bucket`` (mxmp Modules)."""
@@ -83,9 +75,8 @@ class BucketingModule(mx.mod.BucketingModule):
         _, args, auxs = files.load_params(prefix, epoch, with_symbol=False)
         state, state_file, kwargs = files.read_state(prefix, epoch, kwargs)
         mod = BucketingModule(sym_gen, default_bucket_key, **kwargs)
-        default = mod._make_module(default_bucket_key)
-        default.set_loaded(args, auxs, state, state_file)
-        mod._buckets[default_bucket_key] = mod._curr_module = default
+        mod._curr_module = mod._default_module()
+        mod._curr_module.set_loaded(args, auxs, state, state_file)
         mod.params_initialized = True
         return mod
 

@@ -1,9 +1,6 @@
 """mxmp.Module: ``mx.mod.Module`` whose symbol goes through :func:`mxmp.convert_symbol`, with
-dynamic loss scaling without rebinding (a loss-scale node before the loss outputs,
-:mod:`mxmp._src.graph.loss_heads`), the overflow check and float32 master weights of mxmp's one
-training step (:class:`mxmp._src.training.step.Step`). Its parts are in
-:mod:`mxmp._src.training.module_parts`, its files in :mod:`mxmp._src.training.module_checkpoint`.
-"""
+a loss-scale input before the loss outputs (:mod:`mxmp._src.graph.loss_heads`) and the training
+step of :class:`mxmp._src.training.step.Step`."""
 import logging
 from operator import attrgetter
 
@@ -11,15 +8,15 @@ import mxnet as mx
 from mxnet import nd
 
 from ..distributed import check_kvstore_args
+from ..dtypes import is_low_precision
 from ..graph.convert import convert_symbol
 from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, scaled_loss_ops
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
 from ..graph.symbol_json import cast_param_names
 from . import module_checkpoint as files
-from .checkpoint import write_atomic
-from .module_parts import (ModuleMasters, reduced_updates, module_policy, start_kvstore,
-    write_loss_scale)
+from .checkpoint import save_atomic, write_atomic
+from .module_parts import ModuleMasters, module_policy, reduced_updates, start_kvstore
 from .step import Step, all_finite
 from .trainer import resolve_precision
 from .updater import Updater
@@ -50,7 +47,7 @@ class Module(mx.mod.Module):
     """
 
     _rescale_grad = None   # rescale_grad0 (init_optimizer): the factor without the loss scale
-    _scale_written = None  # (loss-scale input arrays, value) of the last write
+    _scale_written = None  # the value in the loss-scale input (until the executors change)
 
     def __init__(self, symbol, data_names=('data',), label_names=('softmax_label',), *,
                  target_dtype=None, loss_scaler=None, cast_params=None, emulate='auto',
@@ -69,12 +66,9 @@ class Module(mx.mod.Module):
         self._target_dtype, self._policy, self._cast_params = module_policy(
             target_dtype, policy, cast_params, emulate, contexts)
         self._fp32_symbol = remove_casts(symbol)
-        data_names = list(data_names) if data_names is not None else []
-        label_names = list(label_names) if label_names is not None else []
-        state_names = list(state_names) if state_names is not None else []
         mp_symbol = self._fp32_symbol if self._policy is None else convert_symbol(
             self._fp32_symbol, policy=self._policy, cast_params=self._cast_params,
-            data_names=data_names + label_names + state_names)
+            data_names=[*(data_names or ()), *(label_names or ()), *(state_names or ())])
         self._mp_symbol = mp_symbol
         self._masters = ModuleMasters(cast_param_names(mp_symbol) if self._cast_params
                                       else frozenset())
@@ -84,7 +78,7 @@ class Module(mx.mod.Module):
         if self._step.scaler.enabled:
             bound, nodes = insert_loss_scale(mp_symbol, scaled_loss_ops(self._policy))
             if nodes:
-                state_names = state_names + [LOSS_SCALE_NAME]
+                state_names = [*(state_names or ()), LOSS_SCALE_NAME]
         self._loss_scale_nodes = nodes
         super().__init__(bound, data_names, label_names, logger=logger, context=context,
                          state_names=state_names, **module_kwargs)
@@ -103,14 +97,18 @@ class Module(mx.mod.Module):
     loss_scale_nodes = property(attrgetter('_loss_scale_nodes'), doc='int: loss-scale nodes '
                                 'in the bound graph (0 when scaling is disabled).')
 
-    def _share(self, other):   # buckets: one loss scaler, skipped count and set of masters
+    def _share(self, other):
+        """Share ``other``'s loss scaler, skipped count and masters (buckets)."""
         self._step, self._masters = other._step, other._masters
         self._rescale_grad = other._rescale_grad
 
     def _write_loss_scale(self, force=False):
-        if self._loss_scale_nodes and self.binded:
-            self._scale_written = write_loss_scale(self._exec_group, self.loss_scale,
-                                                   self._scale_written, force)
+        """Write the loss scale into the executors' loss-scale input unless they hold it."""
+        scale = self.loss_scale
+        if self._loss_scale_nodes and self.binded and (force or self._scale_written != scale):
+            for executor in self._exec_group.execs:
+                executor.arg_dict[LOSS_SCALE_NAME][:] = scale
+            self._scale_written = scale
 
     # ------------------------------------------------------------------ Module API
     def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
@@ -192,7 +190,7 @@ class Module(mx.mod.Module):
     def reshape(self, data_shapes, label_shapes=None):
         """As ``mx.mod.Module.reshape``."""
         super().reshape(data_shapes, label_shapes)
-        self._write_loss_scale()
+        self._write_loss_scale(force=True)
 
     def forward(self, data_batch, is_train=None):
         """As ``mx.mod.Module.forward`` (outputs bit-identical to no loss scaling)."""
@@ -288,7 +286,7 @@ class Module(mx.mod.Module):
         sym = self.symbol if remove_amp_cast else self._mp_symbol
         write_atomic('%s-symbol.json' % prefix, sym.tojson(remove_amp_cast=remove_amp_cast))
         param_name = '%s-%04d.params' % (prefix, epoch)
-        files.write_params(param_name, *self.get_params())
+        save_atomic(param_name, self.save_params)
         if save_optimizer_states:
             self.save_optimizer_states('%s-%04d.states' % (prefix, epoch))
         files.write_state(prefix, epoch, self.mixed_precision_state())
@@ -297,16 +295,13 @@ class Module(mx.mod.Module):
 
     def checkpoint_callback(self, prefix, period=1, save_optimizer_states=False):
         """An ``epoch_end_callback``: :meth:`save_checkpoint` every ``period`` epochs."""
-        period = int(max(1, period))
-
-        def _callback(iter_no, sym=None, arg=None, aux=None):   # pylint: disable=unused-argument
-            if (iter_no + 1) % period == 0:
-                self.save_checkpoint(prefix, iter_no + 1, save_optimizer_states)
-        return _callback
+        return mx.callback.module_checkpoint(self, prefix, period, save_optimizer_states)
 
     def set_loaded(self, args, auxs, state, state_file):
         """Give this unbound Module loaded parameters and state (None: none)."""
-        self._arg_params, self._aux_params = files.float32_params(args), auxs
+        self._arg_params = {k: v.astype('float32') if is_low_precision(v.dtype) else v
+                            for k, v in args.items()}
+        self._aux_params = auxs
         self.params_initialized = True
         if state is not None:
             self._step.scaler, self._step.skipped_steps = files.restore_state(

@@ -1,22 +1,18 @@
-"""Checkpoint files of :class:`mxmp.Module` and :class:`mxmp.BucketingModule`: MXNet's own files
-in float32 (``prefix-symbol.json``, ``prefix-%04d.params``, optionally ``prefix-%04d.states``),
-which plain MXNet loads, plus ``prefix-%04d.mxmp.json``: the loss scaler (class, configuration,
-running state), skipped steps, target dtype, ``cast_params`` and ``emulate``. Every file is
-written atomically (:func:`mxmp._src.training.checkpoint.write_atomic`).
-"""
+"""Checkpoint files of :class:`mxmp.Module` and :class:`mxmp.BucketingModule`: MXNet's own, in
+float32, plus ``prefix-%04d.mxmp.json`` (:meth:`mxmp.Module.mixed_precision_state`), all
+written atomically."""
 import json
 import os
 
 import mxnet as mx
-from mxnet import nd
 
-from ..dtypes import is_low_precision, normalize_dtype
+from ..dtypes import normalize_dtype
 from ..errors import mxnet_error_line
 from ..scaling import from_state_dict
-from .checkpoint import check_format, save_atomic, write_atomic
+from .checkpoint import check_format, write_atomic
 
-__all__ = ['STATES_FORMAT', 'STATES_VERSION', 'write_state', 'write_params', 'restore_state',
-           'read_state', 'float32_params', 'load_params']
+__all__ = ['STATES_FORMAT', 'STATES_VERSION', 'write_state', 'restore_state',
+           'read_state', 'load_params']
 
 #: ``format`` field of ``prefix-%04d.mxmp.json``.
 STATES_FORMAT = 'mxmp.Module'
@@ -25,23 +21,14 @@ STATES_VERSION = 1
 
 
 def write_state(prefix, epoch, state):
-    """Write ``state`` (dict, :meth:`mxmp.Module.mixed_precision_state`) to
-    ``prefix-%04d.mxmp.json``."""
+    """Write ``state`` (dict) to ``prefix-%04d.mxmp.json``."""
     write_atomic('%s-%04d.mxmp.json' % (prefix, epoch),
                  json.dumps(state, indent=1, sort_keys=True))
 
 
-def write_params(fname, arg_params, aux_params):
-    """Write MXNet's parameter file (``arg:``/``aux:`` keys, on the CPU) to ``fname``."""
-    save = {'arg:%s' % k: v.as_in_context(mx.cpu()) for k, v in arg_params.items()}
-    save.update({'aux:%s' % k: v.as_in_context(mx.cpu()) for k, v in aux_params.items()})
-    save_atomic(fname, lambda tmp: nd.save(tmp, save))
-
-
 def restore_state(scaler, state, fname):
-    """``(scaler, skipped_steps)`` from ``state``, read from ``fname`` by :func:`read_state`;
-    the saved scaler state must match ``scaler``'s class and configuration, else ValueError
-    (also for a missing field)."""
+    """``(scaler, skipped_steps)`` from ``state`` (read from ``fname``); ValueError for a missing
+    field or a scaler state of another class or configuration than ``scaler``'s."""
     try:
         return scaler.load_state_dict(state['loss_scaler']), int(state['skipped_steps'])
     except (KeyError, TypeError) as err:
@@ -51,13 +38,9 @@ def restore_state(scaler, state, fname):
 
 
 def read_state(prefix, epoch, kwargs):
-    """Read ``prefix-%04d.mxmp.json`` (if any) and fill in the Module keyword arguments.
-
-    Returns ``(state or None, state file name, kwargs)``: without ``loss_scaler`` /
-    ``target_dtype`` / ``cast_params`` / ``emulate`` in ``kwargs``, the saved ones are used.
-    Raises ValueError as :meth:`mxmp.Module.load` documents.
-    """
-    kwargs = dict(kwargs)
+    """``(state or None, state file name, kwargs)``: ``prefix-%04d.mxmp.json`` if it exists,
+    and the Module keyword arguments with the saved precision settings where ``kwargs`` has
+    none (filled into ``kwargs``). ValueError as :meth:`mxmp.Module.load` documents."""
     state_file = '%s-%04d.mxmp.json' % (prefix, epoch)
     state = None
     if os.path.exists(state_file):
@@ -89,19 +72,9 @@ def read_state(prefix, epoch, kwargs):
     return state, state_file, kwargs
 
 
-def float32_params(params):
-    """Parameters as stored for a Module: low-precision ones widened to float32."""
-    return {k: v.astype('float32') if is_low_precision(v.dtype) else v
-            for k, v in params.items()}
-
-
 def load_params(prefix, epoch, with_symbol):
-    """``mx.model.load_checkpoint`` (``with_symbol``) or ``mx.model.load_params``, with a clear
-    error: returns ``(symbol, args, auxs)`` (``symbol`` None without ``with_symbol``).
-
-    Raises:
-        ValueError: a truncated or corrupt file (the message says to load an earlier epoch).
-    """
+    """``(symbol or None, args, auxs)`` by ``mx.model.load_checkpoint`` (``with_symbol``) or
+    ``mx.model.load_params``; ValueError (saying to load an earlier epoch) for a bad file."""
     try:
         if with_symbol:
             return mx.model.load_checkpoint(prefix, epoch)

@@ -1,42 +1,20 @@
-"""The parts :class:`mxmp.Module` owns: the loss-scale input of its executors, the float32
-master weights of its low-precision parameters, its kvstore (which only reduces gradients), and
-the resolution of its precision arguments.
-"""
+"""The parts of :class:`mxmp.Module`: the float32 master weights of its low-precision
+parameters, its optimizer calls, and the resolution of its precision arguments."""
 
 from mxnet import nd
 
 from ..distributed import broadcast_from_root
 from ..dtypes import is_low_precision, normalize_dtype
-from ..graph.loss_heads import LOSS_SCALE_NAME
 from ..policy.policy import resolve_policy
 from .master_weights import MasterWeights
 from .step import device_update
 
-__all__ = ['write_loss_scale', 'ModuleMasters', 'start_kvstore', 'reduced_updates',
-           'module_policy']
-
-
-def write_loss_scale(exec_group, scale, written, force=False):
-    """Write ``scale`` (float) into the loss-scale input (:data:`LOSS_SCALE_NAME`, shape
-    ``(1,)``, float32, multiplied into the gradient of every loss op) of every executor of
-    ``exec_group``, unless ``written`` (the ``(arrays, value)`` this returned last time, or
-    None) shows they hold it already and not ``force``. Returns the new ``written``."""
-    arrays = [e.arg_dict[LOSS_SCALE_NAME] for e in exec_group.execs]
-    if not force and written is not None and written[1] == scale and \
-            len(written[0]) == len(arrays) and all(a is b for a, b in zip(written[0], arrays)):
-        return written
-    for arr in arrays:
-        arr[:] = scale
-    return arrays, scale
+__all__ = ['ModuleMasters', 'start_kvstore', 'reduced_updates', 'module_policy']
 
 
 class ModuleMasters(MasterWeights):
-    """float32 master weights of a Module's parameters stored in low precision, by name.
-
-    Args:
-        lp_names (frozenset of str): the parameters stored in the target dtype
-            (``cast_params``); empty: no masters.
-    """
+    """float32 master weights of the parameters ``lp_names`` (frozenset of str) a Module
+    stores in the target dtype (``cast_params``), by name."""
 
     def __init__(self, lp_names):
         super().__init__()
@@ -49,9 +27,7 @@ class ModuleMasters(MasterWeights):
 
     def written(self, values, exec_group):
         """The device parameters were just written from ``values`` (dict name -> float32
-        array, or None): masters made again from them, so no precision is lost."""
-        if values is None:
-            return
+        array): masters made again from them, so no precision is lost."""
         for name in self.lp_names:
             if name in values and name in exec_group.param_names:
                 self.set_pending(name, values[name])
@@ -66,9 +42,8 @@ class ModuleMasters(MasterWeights):
 
 
 def start_kvstore(kv, names, arg_params, compression_params):
-    """Give the kvstore ``kv`` the parameters ``names`` of ``arg_params`` (it only reduces
-    gradients); on a dist kvstore every worker's ``arg_params`` become worker 0's (the
-    root-rank broadcast, waited for before any gradient is pushed). Returns whether it did."""
+    """Give the kvstore ``kv`` (which only reduces gradients) the parameters ``names``; on a dist
+    kvstore, ``arg_params`` become worker 0's and True is returned."""
     if compression_params:
         kv.set_gradient_compression(compression_params)
     for name in names:
@@ -81,20 +56,9 @@ def start_kvstore(kv, names, arg_params, compression_params):
 
 
 def reduced_updates(exec_group, kv, masters, updater):
-    """The optimizer calls of one step, after the reduction of the gradients.
-
-    Args:
-        exec_group: the Module's executor group.
-        kv (KVStore or None): reduces the gradients across contexts and workers
-            (``pushpull``; ``push`` and ``pull`` for sparse ones); low-precision gradients are
-            cast to float32 first.
-        masters (ModuleMasters): low-precision weights are updated through them.
-        updater: the Module's updater; optimizer index ``i * num_contexts + k``.
-
-    Returns:
-        list of ``(updater, DeviceUpdate)``, one per context, for
-        :meth:`mxmp._src.training.step.Step.apply`.
-    """
+    """The ``(updater, DeviceUpdate)`` per context of one step (for
+    :meth:`mxmp._src.training.step.Step.apply`), after ``kv`` (or None) reduced the gradients,
+    the low-precision ones cast to float32 first; optimizer index ``i * num_contexts + k``."""
     ndev = len(exec_group.contexts)
     per_ctx = [[] for _ in range(ndev)]
     for i, (name, weights, grads) in enumerate(zip(exec_group.param_names,
@@ -118,19 +82,11 @@ def reduced_updates(exec_group, kv, masters, updater):
 
 
 def module_policy(target_dtype, policy, cast_params, emulate, contexts):
-    """``(target dtype, policy or None, cast_params bool)`` of a Module's arguments.
-
-    ``target_dtype``, ``cast_params`` (None, True, False) and ``emulate`` ('auto', True, False)
-    are shorthands for the policy's fields (:func:`mxmp._src.policy.policy.resolve_policy`);
-    the policy's ``emulate`` is then resolved on every context (:meth:`mxmp.Policy.on`):
-    emulated everywhere if one context lacks the kernels. ``target_dtype='float32'`` without a
-    policy: (``'float32'``, None, False), plain MXNet.
-
-    Raises:
-        TypeError: ``policy`` is not an mxmp.Policy.
-        ValueError: a shorthand contradicts ``policy``.
-        RuntimeError: ``emulate`` is False and a context has no kernels for the target dtype.
-    """
+    """``(target dtype, policy or None, cast_params bool)`` of a Module's arguments: the
+    shorthands of :func:`mxmp._src.policy.policy.resolve_policy` (``emulate='auto'``: None),
+    emulated on every context if one lacks the kernels; ``target_dtype='float32'`` without a
+    policy: plain MXNet. TypeError and ValueError as ``resolve_policy``; RuntimeError as
+    :meth:`mxmp.Policy.on` (``emulate=False``, a context without the kernels)."""
     if policy is None and target_dtype is not None and \
             normalize_dtype(target_dtype, allow_float32=True) == 'float32':
         return 'float32', None, False

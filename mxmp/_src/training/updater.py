@@ -1,7 +1,6 @@
 """The optimizer's updater of mxmp's Trainer and Module: ``mx.optimizer.SGD`` on dense float32
 CPU arrays calls MXNet's aggregated kernel once per weight (the same numbers, faster on a CPU;
-measurements in docs/training.md); every other case is ``mx.optimizer.Updater`` unchanged.
-"""
+measurements in docs/training.md); every other case is ``mx.optimizer.Updater`` unchanged."""
 import numpy as np
 import mxnet as mx
 from mxnet import nd
@@ -10,15 +9,8 @@ __all__ = ['Updater', 'runs_single_array']
 
 
 def runs_single_array(optimizer, weights, grads):
-    """bool: whether :class:`Updater` updates these one weight per kernel call.
-
-    Args:
-        optimizer (mx.optimizer.Optimizer): the updater's optimizer.
-        weights, grads (list of NDArray): the arrays of one updater call.
-
-    True when ``type(optimizer) is mx.optimizer.SGD`` and every weight and gradient is a dense
-    (``'default'`` storage) float32 array on a CPU context.
-    """
+    """bool: whether :class:`Updater` updates ``weights`` one per kernel call: ``optimizer`` is
+    exactly ``mx.optimizer.SGD`` and every weight and gradient is dense float32 on a CPU."""
     if type(optimizer) is not mx.optimizer.SGD:  # pylint: disable=unidiomatic-typecheck
         return False
     return all(a.context.device_type == 'cpu' and a.stype == 'default' and a.dtype == np.float32
@@ -42,10 +34,9 @@ class Updater(mx.optimizer.Updater):
         for idx, w in zip(indices, weights):
             if idx not in self.states:
                 self.states[idx] = opt.create_state_multi_precision(idx, w)
-                self.states_synced[idx] = True
             elif not self.states_synced[idx]:
                 self.states[idx] = self.sync_state_context(self.states[idx], w.context)
-                self.states_synced[idx] = True
+            self.states_synced[idx] = True
         # MXNet's Updater hands SGD chunks of aggregate_num weights (one at a time when it is 0),
         # and SGD counts a whole chunk before reading its learning rates.
         size = opt.aggregate_num if self.aggregate_updates else 1
@@ -61,14 +52,11 @@ def _sgd_update(opt, indices, weights, grads, states):
     opt._update_count(indices)  # pylint: disable=protected-access
     lrs, wds = opt._get_lrs(indices), opt._get_wds(indices)  # pylint: disable=protected-access
     kwargs = {'rescale_grad': opt.rescale_grad}
-    if opt.momentum > 0:
-        kwargs['momentum'] = opt.momentum
     if opt.clip_gradient:
         kwargs['clip_gradient'] = opt.clip_gradient
+    if opt.momentum > 0:
+        kwargs['momentum'] = opt.momentum
     for weight, grad, state, lr, wd in zip(weights, grads, states, lrs, wds):
-        if opt.momentum > 0:
-            nd.multi_sgd_mom_update(weight, grad, state, out=[weight], num_weights=1, lrs=(lr,),
-                                    wds=(wd,), **kwargs)
-        else:
-            nd.multi_sgd_update(weight, grad, out=[weight], num_weights=1, lrs=(lr,), wds=(wd,),
-                                **kwargs)
+        arrays = (weight, grad, state) if opt.momentum > 0 else (weight, grad)
+        update = nd.multi_sgd_mom_update if opt.momentum > 0 else nd.multi_sgd_update
+        update(*arrays, out=[weight], num_weights=1, lrs=(lr,), wds=(wd,), **kwargs)
