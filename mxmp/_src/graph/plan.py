@@ -160,15 +160,11 @@ def _storage(graph, stored_lp):
                 or graph.orig[(nid, 0)] != 'float32' or not users or name in out
                 or not all(graph.wants_low(c, p) or graph.cast_takes_low(c) for c, p in users)):
             continue
-        if all(graph.wants_low(c, p) for c, p in users):
-            rule = 'parameter stored in %s (cast_params: every consumer is a low-precision op)' \
-                % lp
-        else:
-            rule = ('parameter stored in %s (cast_params: every consumer takes it in %s: a '
-                    'low-precision op, the model\'s amp_cast to %s%s)'
-                    % (lp, lp, lp, ', an amp_multicast of variables' if policy.follow_params
-                       else ''))
-        out[name] = _variable(rule, lp, lp)
+        why = ('is a low-precision op' if all(graph.wants_low(c, p) for c, p in users) else
+               "takes it in %s: a low-precision op, the model's amp_cast to %s%s"
+               % (lp, lp, ', an amp_multicast of variables' if policy.follow_params else ''))
+        out[name] = _variable('parameter stored in %s (cast_params: every consumer %s)'
+                              % (lp, why), lp, lp)
     return out
 
 
@@ -199,15 +195,15 @@ def _op_decision(graph, nid, in_dtypes):
     op_class, rule = graph.classes[nid]
     skip = set(policy.index_inputs(op)) | set(policy.float32_inputs(op))
     data_pos = [p for p, d in enumerate(in_dtypes) if _is_float(d) and p not in skip]
-    if op_class == LOW_PRECISION:
-        compute = graph.lp if data_pos else None   # no float data: nothing runs low
-        wants = [compute if p in data_pos else None for p in range(len(in_dtypes))]
-    elif op_class in (FLOAT32, LOSS_OUTPUT):
+    if op_class in (FLOAT32, LOSS_OUTPUT):
         compute = 'float32'
         wants = ['float32' if d in _LOW and p not in policy.index_inputs(op) else None
                  for p, d in enumerate(in_dtypes)]
-    else:  # WIDEST_TYPE, FOLLOW
-        compute, rule = _widest(graph, node, in_dtypes, data_pos, rule)
+    else:
+        if op_class == LOW_PRECISION:
+            compute = graph.lp if data_pos else None   # no float data: nothing runs low
+        else:  # WIDEST_TYPE, FOLLOW
+            compute, rule = _widest(graph, node, in_dtypes, data_pos, rule)
         wants = [compute if p in data_pos else None for p in range(len(in_dtypes))]
     for p in policy.float32_inputs(op):
         if p < len(in_dtypes) and in_dtypes[p] in _LOW:
