@@ -28,7 +28,7 @@ from .graph.stem import pad_stem as pad_stem_of, padded_convolutions, wants_padd
 from .graph.symbol_json import CAST_OPS, cast_param_names, load
 from .policy.policy import Policy
 
-__all__ = ['Conversion', 'rewrite', 'BuiltGraph', 'unrounded_values', 'BACKEND', 'fuse_symbol',
+__all__ = ['Conversion', 'rewrite', 'cast_to_graph', 'BuiltGraph', 'unrounded_values', 'BACKEND', 'fuse_symbol',
            'count_fused', 'FusedInference']
 
 logger = logging.getLogger('mxmp.gluon')
@@ -86,13 +86,7 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
         converted = pad_stem_of(converted, shapes)
     params = block.collect_params()
     lp_names = cast_param_names(converted)
-    # Every Parameter takes the dtype the converted graph declares for its variable.
-    for node in load(converted)['nodes']:
-        declared = from_mshadow_enum(node.get('attrs', {}).get('__dtype__')) \
-            if node['op'] == 'null' else None
-        param = params[node['name']] if declared and node['name'] in params.keys() else None
-        if param is not None and dtype_name(param.dtype) != declared:
-            _cast_parameter(param, mx_dtype(declared))
+    cast_to_graph(params, converted)
     logger.info('mxmp: %s graph in %s%s: %d casts, %d parameters stored in %s', block.name,
                 policy.target_dtype, ' (emulated)' if policy.emulate else '',
                 count_casts(converted)['amp_cast'], len(lp_names), policy.target_dtype)
@@ -102,6 +96,17 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
     built = BuiltGraph(block, conversion.fuse_inference, policy, converted, precast)
     built.unrounded = [params[n] for n in lp_names if n in params]
     return built
+
+
+def cast_to_graph(params, converted):
+    """Cast each Parameter of ``params`` (a ParameterDict) to the dtype the converted graph
+    declares for its variable."""
+    for node in load(converted)['nodes']:
+        declared = from_mshadow_enum(node.get('attrs', {}).get('__dtype__')) \
+            if node['op'] == 'null' else None
+        param = params[node['name']] if declared and node['name'] in params.keys() else None
+        if param is not None and dtype_name(param.dtype) != declared:
+            _cast_parameter(param, mx_dtype(declared))
 
 
 def _precast_graph(float32_symbol, policy, data_dtypes, data_names, symbol, args):
