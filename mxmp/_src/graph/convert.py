@@ -143,14 +143,12 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
     Args:
         sym (mxnet.symbol.Symbol): the graph (float32, or holding casts: mxmp's and contrib.amp's
             are planned again, the model's own kept).
-        target_dtype (str): shorthand for ``policy.target_dtype`` (default ``'bfloat16'``).
+        target_dtype, cast_params, emulate: shorthands for fields of ``policy`` (docs/pass.md):
+            ``cast_params=True`` stores the parameters whose every consumer takes them in the
+            target dtype in that dtype (the caller casts the arrays:
+            :func:`mxmp._src.graph.strip.arrays_for_graph`); ``emulate='auto'`` is False here.
         policy (mxmp.Policy): every precision setting; default ``Policy(target_dtype)``.
         data_dtypes (dict of str -> dtype): dtypes of data inputs (default float32).
-        cast_params (bool): shorthand for ``policy.param_dtype``: store the parameters whose
-            every consumer takes them in the target dtype in that dtype (the caller casts the
-            arrays: :func:`mxmp._src.graph.strip.arrays_for_graph`).
-        emulate (bool): shorthand for ``policy.emulate``; ``'auto'`` means False here (no
-            context).
         data_names (iterable of str): inputs that are not parameters; default ``('data',)``
             plus the keys of ``data_dtypes``.
 

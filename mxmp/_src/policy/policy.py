@@ -317,11 +317,9 @@ def conditional_rules(entries, what='conditional_fp32', collect=frozenset):
 
 @functools.lru_cache(maxsize=None)
 def _effective_classes(target_dtype, lp_ops, fp32_ops, follow_ops=frozenset()):
-    module = classes_for(target_dtype)
-    moved = lp_ops | fp32_ops | follow_ops
-    out = {}
-    for list_name in OP_CLASSES:   # the class constants are the table's names in lower case
-        out[list_name.lower()] = module[list_name] - moved
+    table, moved = classes_for(target_dtype), lp_ops | fp32_ops | follow_ops
+    # the class constants are the table's names in lower case
+    out = {name.lower(): table[name] - moved for name in OP_CLASSES}
     out[LOW_PRECISION] |= lp_ops
     out[FLOAT32] |= fp32_ops
     out[FOLLOW] |= follow_ops
