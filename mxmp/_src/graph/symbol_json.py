@@ -13,7 +13,6 @@ from ..dtypes import LOW_PRECISION_DTYPES, MSHADOW_ENUM, dtype_name
 
 __all__ = ['MARK', 'ROUND_MARK', 'PINNED', 'CAST_OPS', 'FLOAT_DTYPES', 'load', 'dump',
            'is_cast_param', 'cast_param_names', 'storage_mark', 'original_dtype',
-           'float32_param_names',
            'cast_origin', 'pin_variable_dtypes', 'infer_dtypes', 'node_output_dtypes',
            'mutable_inputs', 'unique_name']
 
@@ -68,18 +67,8 @@ def is_cast_param(node):
 def cast_param_names(sym):
     """frozenset of the variables of ``sym`` (a Symbol or its JSON dict) stored in the target
     dtype: their arrays must be cast to it."""
-    return _names_where(sym, _CAST_PARAM)
-
-
-def float32_param_names(sym):
-    """frozenset of the variables of ``sym`` (a Symbol or its JSON dict) declared in low
-    precision that the graph stores in float32: their arrays must be cast to float32."""
-    return _names_where(sym, _FLOAT32_PARAM)
-
-
-def _names_where(sym, kind):
     return frozenset(n['name'] for n in (sym if isinstance(sym, dict) else load(sym))['nodes']
-                     if n['op'] == 'null' and n.get('attrs', {}).get(MARK, '').startswith(kind))
+                     if is_cast_param(n))
 
 
 def storage_mark(stored_dtype, attrs):
