@@ -242,7 +242,7 @@ def _float32_storage(graph):
     (``_MXNET_VARIABLE_INPUTS``, mutable inputs): they are stored in float32 instead."""
     nodes, out = graph.nodes, {}
     for nid, node in enumerate(nodes):
-        if node['op'] == 'null' or graph.classes[nid] is None:
+        if node['op'] == 'null':
             continue
         op = node['op']
         float32_op = graph.classes[nid][0] in (FLOAT32, LOSS_OUTPUT)

@@ -89,9 +89,9 @@ def converted_dtype(sym):
     dtypes = set()
     for node in (sym if isinstance(sym, dict) else load(sym))['nodes']:
         attrs = node.get('attrs', {})
-        if node['op'] in CAST_OPS and attrs.get(MARK) is not None:
-            if attrs.get('dtype') in LOW_PRECISION_DTYPES:
-                dtypes.add(attrs['dtype'])
+        if node['op'] in CAST_OPS and attrs.get(MARK) is not None and \
+                attrs.get('dtype') in LOW_PRECISION_DTYPES:
+            dtypes.add(attrs['dtype'])
         elif ROUND_MARK in attrs:
             dtypes.add(attrs[ROUND_MARK])
         elif is_cast_param(node):
