@@ -28,8 +28,8 @@ from .graph.stem import pad_stem as pad_stem_of, padded_convolutions, wants_padd
 from .graph.symbol_json import CAST_OPS, cast_param_names, load
 from .policy.policy import Policy
 
-__all__ = ['Conversion', 'rewrite', 'cast_to_graph', 'BuiltGraph', 'unrounded_values', 'BACKEND', 'fuse_symbol',
-           'count_fused', 'FusedInference']
+__all__ = ['Conversion', 'rewrite', 'cast_to_graph', 'BuiltGraph', 'unrounded_values',
+           'BACKEND', 'fuse_symbol', 'count_fused', 'FusedInference']
 
 logger = logging.getLogger('mxmp.gluon')
 

@@ -340,11 +340,9 @@ def format_explain_table(rows):
     table = [('node', 'op', 'dtype', 'rule')] + [
         (r.name, r.op if r.op != 'null' else 'variable', r.dtype or '-', r.rule) for r in rows]
     widths = [max(len(t[i]) for t in table) for i in range(3)]
-    lines = []
-    for k, line in enumerate(table):
-        lines.append('  '.join(c.ljust(w) for c, w in zip(line[:3], widths)) + '  ' + line[3])
-        if k == 0:
-            lines.append('  '.join('-' * w for w in widths) + '  ' + '-' * 4)
+    lines = ['  '.join(c.ljust(w) for c, w in zip(line[:3], widths)) + '  ' + line[3]
+             for line in table]
+    lines.insert(1, '  '.join('-' * w for w in widths) + '  ' + '-' * 4)
     counts = collections.Counter(r.dtype for r in rows if r.op != 'null')
     lines.append('%d node(s): %s' % (sum(counts.values()), ', '.join(
         '%d in %s' % (n, d or 'no float dtype')
