@@ -142,12 +142,7 @@ def _plan_once(graph, stored_lp=frozenset()):
 def _storage(graph, stored_lp):
     """{variable name: Decision} of the variables whose storage the pass chooses."""
     lp, policy = graph.lp, graph.policy
-    out = {}
-    for name, (op, where, pos) in _float32_storage(graph).items():
-        out[name] = _variable(
-            'parameter stored in float32 (its __dtype__ says %s, but %s %s takes it in float32 '
-            'at input %d, which MXNet needs as a graph variable)'
-            % (graph.input_dtypes[name], op, where, pos), 'float32', 'float32')
+    out = _float32_storage(graph)
     for name in set(stored_lp) - set(out):
         out[name] = _variable('parameter stored in %s (cast_params by follow_params: its '
                               'consumers follow %s data)' % (lp, lp), lp, lp)
@@ -237,9 +232,9 @@ def _widest(graph, node, in_dtypes, data_pos, rule):
 
 
 def _float32_storage(graph):
-    """{variable name: (op, node name, input position)} of the ``pinned`` variables that a
-    consumer takes in float32 at an input MXNet needs as a graph variable
-    (``_MXNET_VARIABLE_INPUTS``, mutable inputs): they are stored in float32 instead."""
+    """{variable name: Decision} of the ``pinned`` variables that a consumer takes in float32
+    at an input MXNet needs as a graph variable (``_MXNET_VARIABLE_INPUTS``, mutable inputs):
+    they are stored in float32 instead."""
     nodes, out = graph.nodes, {}
     for nid, node in enumerate(nodes):
         if node['op'] == 'null':
@@ -255,7 +250,10 @@ def _float32_storage(graph):
             if (pos in needs_var and nodes[src]['op'] == 'null' and name in graph.pinned and
                     name not in graph.data_names and name not in out and
                     (float32_op or pos in graph.policy.float32_inputs(op))):
-                out[name] = (op, node['name'], pos)
+                out[name] = _variable(
+                    'parameter stored in float32 (its __dtype__ says %s, but %s %s takes it in '
+                    'float32 at input %d, which MXNet needs as a graph variable)'
+                    % (graph.input_dtypes[name], op, node['name'], pos), 'float32', 'float32')
     return out
 
 
