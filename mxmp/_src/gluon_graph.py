@@ -93,9 +93,8 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
     precast = None
     if not policy.cast_params and not policy.emulate:   # the fused twin takes low weights
         precast = functools.partial(_precast_graph, sym, policy, dtypes, names, converted)
-    built = BuiltGraph(block, conversion.fuse_inference, policy, converted, precast)
-    built.unrounded = [params[n] for n in lp_names if n in params]
-    return built
+    return BuiltGraph(block, conversion.fuse_inference, policy, converted, precast,
+                      [params[n] for n in lp_names if n in params])
 
 
 def cast_to_graph(params, converted):
@@ -128,13 +127,13 @@ class BuiltGraph:
         fused (FusedInference or None): the oneDNN-fused inference twin (built at first use).
     """
 
-    def __init__(self, block, fuse_inference, policy, symbol, precast):
+    def __init__(self, block, fuse_inference, policy, symbol, precast, unrounded):
         self.fuse_inference = fuse_inference
         self.policy = policy
         self.symbol = symbol
         grouped = _grouped_weights_cast_in_graph(symbol)
         self._grouped = [p for n, p in block.collect_params().items() if n in grouped]
-        self.unrounded = []   # Parameters whose float32 values _UNROUNDED may still hold
+        self.unrounded = unrounded   # Parameters whose float32 values _UNROUNDED may hold
         self.fused = None if fuse_inference is False else FusedInference(block, precast)
 
     def fuses(self, ctx):
@@ -230,12 +229,11 @@ def cast_deferred(params):
 
 #: MXNet's oneDNN subgraph backend.
 BACKEND = 'MKLDNN'
-#: Prefix of the op names of fused nodes.
-FUSED_PREFIX = '_sg_mkldnn_'
+
 
 def count_fused(sym):
     """Number of fused oneDNN nodes (ops named ``_sg_mkldnn_*``) in ``sym`` (mxnet.sym.Symbol)."""
-    return sum(1 for n in load(sym)['nodes'] if n['op'].startswith(FUSED_PREFIX))
+    return sum(1 for n in load(sym)['nodes'] if n['op'].startswith('_sg_mkldnn_'))
 
 
 def fuse_symbol(sym, arg_params=None, aux_params=None, shapes=None, ctx=None):
