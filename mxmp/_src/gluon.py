@@ -20,13 +20,14 @@ import weakref
 import mxnet as mx
 from mxnet import autograd, gluon
 
+from .graph.convert import convert_symbol
 from .graph.strip import float32_arrays, remove_casts
 from .graph.stem import check_option as check_pad_stem
-from .gluon_graph import PARAM_POLICY, Conversion, cast_deferred, rewrite
+from .gluon_graph import PARAM_POLICY, Conversion, cast_deferred, cast_to_graph, rewrite
 from .policy.policy import resolve_policy
 
-__all__ = ['convert', 'converted_graph', 'fused_graph',
-           'set_global', 'install_hooks', 'remove_hooks', 'Conversion']
+__all__ = ['convert', 'converted_graph', 'fused_graph', 'set_global', 'install_hooks',
+           'remove_hooks']
 
 logger = logging.getLogger('mxmp.gluon')
 
@@ -143,23 +144,16 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
 
 
 def _cast_params_now(block, policy):
-    """Store the weights ``policy`` (``param_dtype`` the target dtype) stores in low precision
-    now, found on ``block`` traced with one input ``data`` (else at its first graph), so that
-    what runs before the first call sees their final dtypes."""
-    from .dtypes import mx_dtype
-    from .graph.convert import convert_symbol
-    from .graph.symbol_json import cast_param_names
-    from .gluon_graph import _cast_parameter
+    """Store the weights ``policy`` stores in low precision now, found on ``block`` traced with
+    one input ``data`` (else at its first graph), so that what runs before the first call sees
+    their final dtypes."""
     try:
         out = block(mx.sym.var('data'))
         sym = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
-        names = cast_param_names(convert_symbol(sym, policy=policy))
+        converted = convert_symbol(sym, policy=policy)
     except Exception:  # pylint: disable=broad-except  (other inputs: cast at the first call)
         return
-    params = block.collect_params()
-    for name in names:
-        if name in params:
-            _cast_parameter(params[name], mx_dtype(policy.target_dtype))
+    cast_to_graph(block.collect_params(), converted)
 
 
 def _applies(block):

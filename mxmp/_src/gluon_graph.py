@@ -28,8 +28,8 @@ from .graph.stem import pad_stem as pad_stem_of, padded_convolutions, wants_padd
 from .graph.symbol_json import CAST_OPS, cast_param_names, load
 from .policy.policy import Policy
 
-__all__ = ['Conversion', 'rewrite', 'BuiltGraph', 'unrounded_values', 'BACKEND', 'fuse_symbol',
-           'count_fused', 'FusedInference']
+__all__ = ['Conversion', 'rewrite', 'cast_to_graph', 'BuiltGraph', 'unrounded_values',
+           'BACKEND', 'fuse_symbol', 'count_fused', 'FusedInference']
 
 logger = logging.getLogger('mxmp.gluon')
 
@@ -86,22 +86,26 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
         converted = pad_stem_of(converted, shapes)
     params = block.collect_params()
     lp_names = cast_param_names(converted)
-    # Every Parameter takes the dtype the converted graph declares for its variable.
-    for node in load(converted)['nodes']:
-        declared = from_mshadow_enum(node.get('attrs', {}).get('__dtype__')) \
-            if node['op'] == 'null' else None
-        param = params[node['name']] if declared and node['name'] in params.keys() else None
-        if param is not None and dtype_name(param.dtype) != declared:
-            _cast_parameter(param, mx_dtype(declared))
+    cast_to_graph(params, converted)
     logger.info('mxmp: %s graph in %s%s: %d casts, %d parameters stored in %s', block.name,
                 policy.target_dtype, ' (emulated)' if policy.emulate else '',
                 count_casts(converted)['amp_cast'], len(lp_names), policy.target_dtype)
     precast = None
     if not policy.cast_params and not policy.emulate:   # the fused twin takes low weights
         precast = functools.partial(_precast_graph, sym, policy, dtypes, names, converted)
-    built = BuiltGraph(block, conversion.fuse_inference, policy, converted, precast)
-    built.unrounded = [params[n] for n in lp_names if n in params]
-    return built
+    return BuiltGraph(block, conversion.fuse_inference, policy, converted, precast,
+                      [params[n] for n in lp_names if n in params])
+
+
+def cast_to_graph(params, converted):
+    """Cast each Parameter of ``params`` (a ParameterDict) to the dtype the converted graph
+    declares for its variable."""
+    for node in load(converted)['nodes']:
+        declared = from_mshadow_enum(node.get('attrs', {}).get('__dtype__')) \
+            if node['op'] == 'null' else None
+        param = params[node['name']] if declared and node['name'] in params.keys() else None
+        if param is not None and dtype_name(param.dtype) != declared:
+            _cast_parameter(param, mx_dtype(declared))
 
 
 def _precast_graph(float32_symbol, policy, data_dtypes, data_names, symbol, args):
@@ -123,13 +127,13 @@ class BuiltGraph:
         fused (FusedInference or None): the oneDNN-fused inference twin (built at first use).
     """
 
-    def __init__(self, block, fuse_inference, policy, symbol, precast):
+    def __init__(self, block, fuse_inference, policy, symbol, precast, unrounded):
         self.fuse_inference = fuse_inference
         self.policy = policy
         self.symbol = symbol
         grouped = _grouped_weights_cast_in_graph(symbol)
         self._grouped = [p for n, p in block.collect_params().items() if n in grouped]
-        self.unrounded = []   # Parameters whose float32 values _UNROUNDED may still hold
+        self.unrounded = unrounded   # Parameters whose float32 values _UNROUNDED may hold
         self.fused = None if fuse_inference is False else FusedInference(block, precast)
 
     def fuses(self, ctx):
@@ -225,12 +229,11 @@ def cast_deferred(params):
 
 #: MXNet's oneDNN subgraph backend.
 BACKEND = 'MKLDNN'
-#: Prefix of the op names of fused nodes.
-FUSED_PREFIX = '_sg_mkldnn_'
+
 
 def count_fused(sym):
     """Number of fused oneDNN nodes (ops named ``_sg_mkldnn_*``) in ``sym`` (mxnet.sym.Symbol)."""
-    return sum(1 for n in load(sym)['nodes'] if n['op'].startswith(FUSED_PREFIX))
+    return sum(1 for n in load(sym)['nodes'] if n['op'].startswith('_sg_mkldnn_'))
 
 
 def fuse_symbol(sym, arg_params=None, aux_params=None, shapes=None, ctx=None):

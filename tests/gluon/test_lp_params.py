@@ -21,13 +21,19 @@ import mxmp
 from mxmp._src.conformance.check import check_kernels
 from mxmp._src.dtypes import MSHADOW_ENUM
 from mxmp._src.graph.strip import arrays_for_graph
-from mxmp._src.graph.symbol_json import MARK, float32_param_names
+from mxmp._src.graph.symbol_json import MARK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def nodes_of(sym):
     return json.loads(sym.tojson(remove_amp_cast=False))['nodes']
+
+
+def float32_param_names(sym):
+    """The variables declared in low precision that the converted graph stores in float32."""
+    return {n['name'] for n in nodes_of(sym)
+            if n['op'] == 'null' and n.get('attrs', {}).get(MARK, '').startswith('float32_param')}
 
 
 def deconv_graph(lp, bias=True):

@@ -13,6 +13,7 @@ from mxnet import nd
 from mxnet.contrib import amp as contrib_amp
 
 import mxmp
+from mxmp._src.graph.symbol_json import cast_origin, load
 from mxmp.cli import main
 from helpers import casts, conv_bn_relu_fc_softmax, infer_types, nodes_of, random_args, run
 
@@ -31,6 +32,12 @@ def box_decoder(cast_narrow=True):
                                      format='center', name='decode')
 
 
+def cast_origins(sym):
+    """``[(node name, op, origin)]`` of every cast of ``sym`` (``cast_origin`` of each node)."""
+    nodes = load(sym)['nodes']
+    return [(n['name'], n['op'], cast_origin(n)) for n in nodes if cast_origin(n) is not None]
+
+
 def decoder_args(seed):
     rng = np.random.RandomState(seed)
     args = {'data': nd.array(rng.uniform(-1, 1, (2, 8, 4, 4))),
@@ -46,17 +53,17 @@ def decoder_args(seed):
 def test_cast_origin_tells_mxmp_contrib_amp_and_model_casts_apart():
     sym = box_decoder()
     theirs = contrib_amp.convert_symbol(sym, target_dtype='bfloat16')
-    origins = {(name, op): who for name, op, who in mxmp._src.graph.strip.cast_origins(theirs)}
+    origins = {(name, op): who for name, op, who in cast_origins(theirs)}
     assert origins[('decoder_amp_multicast0', 'amp_multicast')] == 'model'
     assert origins[('data_amp_cast_bfloat16', 'amp_cast')] == 'contrib.amp'
     assert origins[('head_weight_amp_cast_bfloat16', 'amp_cast')] == 'contrib.amp'
     ours = mxmp.convert_symbol(sym, 'bfloat16')
-    origins = {(name, op): who for name, op, who in mxmp._src.graph.strip.cast_origins(ours)}
+    origins = {(name, op): who for name, op, who in cast_origins(ours)}
     assert origins[('decoder_amp_multicast0', 'amp_multicast')] == 'model'
     assert origins[('data_amp_cast_bfloat16', 'amp_cast')] == 'mxmp'
     # Cast is always the model's: neither mxmp nor contrib.amp writes one.
     index = mx.sym.Cast(mx.sym.var('data'), dtype='int32', name='to_index')
-    assert mxmp._src.graph.strip.cast_origins(index) == [('to_index', 'Cast', 'model')]
+    assert cast_origins(index) == [('to_index', 'Cast', 'model')]
 
 
 # --- the model's amp_multicast --------------------------------------------------------------------
@@ -155,7 +162,7 @@ def test_model_cast_to_int32_keeps_its_dtype_and_indexes_the_same(emulate):
 def test_contrib_amp_output_converts_to_what_the_float32_graph_converts_to(dtype, make):
     sym = make()
     theirs = contrib_amp.convert_symbol(sym, target_dtype=dtype)
-    assert any(who == 'contrib.amp' for _, _, who in mxmp._src.graph.strip.cast_origins(theirs))
+    assert any(who == 'contrib.amp' for _, _, who in cast_origins(theirs))
     assert mxmp.remove_casts(theirs).tojson() == sym.tojson()
     assert mxmp.convert_symbol(theirs, dtype).tojson(remove_amp_cast=False) == \
         mxmp.convert_symbol(sym, dtype).tojson(remove_amp_cast=False)
@@ -181,7 +188,7 @@ def test_contrib_amp_hybrid_block_converts():
     ours = mxmp.convert(theirs, 'bfloat16', emulate=True)
     got = ours(x).asnumpy()
     assert all(who != 'contrib.amp'
-               for _, _, who in mxmp._src.graph.strip.cast_origins(mxmp.converted_graph(ours)))
+               for _, _, who in cast_origins(mxmp.converted_graph(ours)))
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, ref, rtol=0.05, atol=0.02)
 
@@ -230,7 +237,7 @@ def detector(request):
         net = get_model(name, pretrained=False, pretrained_base=False)
         net.initialize()
     sym = mx.sym.Group(list(net(mx.sym.var('data'))))
-    model_casts = [c for c in mxmp._src.graph.strip.cast_origins(sym)]
+    model_casts = [c for c in cast_origins(sym)]
     return {'name': name, 'net': net, 'sym': sym, 'size': size, 'expected': expected,
             'model_casts': model_casts}
 
@@ -253,7 +260,7 @@ def test_detector_converts_with_mxmp_convert_and_keeps_its_casts(detector):
     ref = net(x)
     converted = mxmp.convert(net, 'bfloat16', emulate=True)
     got = converted(x)
-    origins = mxmp._src.graph.strip.cast_origins(mxmp.converted_graph(converted))
+    origins = cast_origins(mxmp.converted_graph(converted))
     assert [c for c in origins if c[2] == 'model'] == detector['model_casts']
     # Outputs (class ids, scores, boxes after NMS): float32 and shaped as float32's. Their values
     # are not compared: with random weights these deep nets amplify any rounding (measured on
@@ -267,7 +274,7 @@ def test_detector_converts_with_mxmp_convert_and_keeps_its_casts(detector):
 def test_detector_converts_with_convert_symbol_and_from_contrib_amp(detector):
     sym = detector['sym']
     ours = mxmp.convert_symbol(sym, 'bfloat16')
-    assert [c for c in mxmp._src.graph.strip.cast_origins(ours) if c[2] == 'model'] == \
+    assert [c for c in cast_origins(ours) if c[2] == 'model'] == \
         detector['model_casts']
     assert mxmp.remove_casts(ours).tojson() == sym.tojson()
     theirs = contrib_amp.convert_symbol(sym, target_dtype='bfloat16')
@@ -302,7 +309,7 @@ def test_export_with_model_casts_converts_with_the_cli(tmp_path, capsys):
                  'bfloat16', '--emulate', '--out', out])
     assert code == 0 and 'wrote' in capsys.readouterr()[0]
     sym = mx.sym.load(out + '-symbol.json')
-    assert [c for c in mxmp._src.graph.strip.cast_origins(sym) if c[2] == 'model'] == \
+    assert [c for c in cast_origins(sym) if c[2] == 'model'] == \
         [('head_amp_multicast0', 'amp_multicast', 'model')]
     loaded = mx.gluon.SymbolBlock.imports(out + '-symbol.json', ['data'], out + '-0000.params')
     got = loaded(x).asnumpy()
@@ -345,7 +352,7 @@ def test_remove_casts_on_contrib_amp_model_with_bfloat16_params_gives_a_float32_
                                              target_dtype='bfloat16', cast_optional_params=True)
     assert '12' in {n.get('attrs', {}).get('__dtype__') for n in nodes_of(theirs)}
     plain = mxmp.remove_casts(theirs)
-    assert mxmp._src.graph.strip.cast_origins(plain) == []
+    assert cast_origins(plain) == []
     assert set(infer_types(plain).values()) == {'float32'}
     got, = run(plain, dict(args, data=data), aux)     # the float32 arrays bind
     np.testing.assert_array_equal(got, ref)

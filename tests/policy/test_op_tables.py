@@ -39,13 +39,13 @@ def test_table_is_shared_plus_differences(target):
 
 def test_an_op_listed_twice_is_refused(monkeypatch):
     monkeypatch.setattr(ops_float16, 'FOLLOW', ops_float16.FOLLOW + ('relu',))  # shared FOLLOW
-    tables._merge.cache_clear()
+    tables.table.cache_clear()
     try:
         with pytest.raises(ValueError, match='relu is listed twice for float16'):
             tables.table('float16')
     finally:
         monkeypatch.undo()
-        tables._merge.cache_clear()
+        tables.table.cache_clear()
     assert 'relu' in tables.table('float16')['FOLLOW']
 
 

@@ -106,7 +106,8 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
             given with a Policy.
     """
     global _CONFIG  # pylint: disable=global-statement
-    from ..gluon import Conversion, set_global
+    from ..gluon import set_global
+    from ..gluon_graph import Conversion
     if isinstance(target_dtype, Policy):
         _no_lists_with(target_dtype, (target_precision_ops, conditional_fp32_ops, fp32_ops))
         _CONFIG = _Config(target_dtype.target_dtype, policy=target_dtype)

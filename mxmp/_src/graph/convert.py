@@ -103,29 +103,22 @@ class _Builder:
         return list(self.casts[key])
 
     def add(self, nid, node, decision):
-        if node['op'] == 'null':
-            new = dict(node)
-            if decision.stored_dtype is not None:
-                attrs = dict(node.get('attrs', {}))
-                attrs[MARK] = storage_mark(decision.stored_dtype, attrs)
-                attrs['__dtype__'] = MSHADOW_ENUM[decision.stored_dtype]
-                new['attrs'] = attrs
-            self.nodes.append(new)
-            me = len(self.nodes) - 1
-            self._place(nid, 0, [me, 0], decision.outputs[0], physical_low=True)
-            return
         new = dict(node)
-        new['inputs'] = []
-        for (src, out, version), want in zip(node['inputs'], decision.wants):
-            entry = self.get(src, out, want)
-            new['inputs'].append([entry[0], entry[1], version])
+        if node['op'] == 'null' and decision.stored_dtype is not None:
+            attrs = dict(node.get('attrs', {}))
+            attrs[MARK] = storage_mark(decision.stored_dtype, attrs)
+            attrs['__dtype__'] = MSHADOW_ENUM[decision.stored_dtype]
+            new['attrs'] = attrs
+        elif node['op'] != 'null':
+            new['inputs'] = [self.get(src, out, want) + [version] for (src, out, version), want
+                             in zip(node['inputs'], decision.wants)]
         self.nodes.append(new)
-        me = len(self.nodes) - 1
-        # Under emulation every tensor is held in float32, except the outputs of the nodes
-        # that set their dtype themselves: a model's amp_cast to a low-precision dtype, Cast.
-        fixes_dtype = node['op'] in ('amp_cast', 'Cast', 'cast')
+        # Under emulation every tensor is held in float32, except variables and the outputs of
+        # the nodes that set their dtype themselves: a model's amp_cast to a low-precision
+        # dtype, Cast.
+        physical_low = node['op'] in ('null', 'amp_cast', 'Cast', 'cast')
         for k, d in enumerate(decision.outputs):
-            self._place(nid, k, [me, k], d, physical_low=fixes_dtype)
+            self._place(nid, k, [len(self.nodes) - 1, k], d, physical_low)
 
     def _place(self, nid, k, entry, dtype, physical_low):
         self.logical[(nid, k)] = dtype
@@ -150,14 +143,12 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
     Args:
         sym (mxnet.symbol.Symbol): the graph (float32, or holding casts: mxmp's and contrib.amp's
             are planned again, the model's own kept).
-        target_dtype (str): shorthand for ``policy.target_dtype`` (default ``'bfloat16'``).
+        target_dtype, cast_params, emulate: shorthands for fields of ``policy`` (docs/pass.md):
+            ``cast_params=True`` stores the parameters whose every consumer takes them in the
+            target dtype in that dtype (the caller casts the arrays:
+            :func:`mxmp._src.graph.strip.arrays_for_graph`); ``emulate='auto'`` is False here.
         policy (mxmp.Policy): every precision setting; default ``Policy(target_dtype)``.
         data_dtypes (dict of str -> dtype): dtypes of data inputs (default float32).
-        cast_params (bool): shorthand for ``policy.param_dtype``: store the parameters whose
-            every consumer takes them in the target dtype in that dtype (the caller casts the
-            arrays: :func:`mxmp._src.graph.strip.arrays_for_graph`).
-        emulate (bool): shorthand for ``policy.emulate``; ``'auto'`` means False here (no
-            context).
         data_names (iterable of str): inputs that are not parameters; default ``('data',)``
             plus the keys of ``data_dtypes``.
 
@@ -186,9 +177,7 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
     pin_variable_dtypes(builder.nodes, {
         node['name']: builder.logical[(nid, 0)] for nid, node in enumerate(js['nodes'])
         if node['op'] == 'null' and node['name'] not in names})
-    out = dict(js)
-    out['nodes'] = builder.nodes
-    out['heads'] = heads
+    out = dict(js, nodes=builder.nodes, heads=heads)
     result = dump(out)
     _check_types(out, builder, input_dtypes, js['nodes'])
     return result

@@ -142,12 +142,7 @@ def _plan_once(graph, stored_lp=frozenset()):
 def _storage(graph, stored_lp):
     """{variable name: Decision} of the variables whose storage the pass chooses."""
     lp, policy = graph.lp, graph.policy
-    out = {}
-    for name, (op, where, pos) in _float32_storage(graph).items():
-        out[name] = _variable(
-            'parameter stored in float32 (its __dtype__ says %s, but %s %s takes it in float32 '
-            'at input %d, which MXNet needs as a graph variable)'
-            % (graph.input_dtypes[name], op, where, pos), 'float32', 'float32')
+    out = _float32_storage(graph)
     for name in set(stored_lp) - set(out):
         out[name] = _variable('parameter stored in %s (cast_params by follow_params: its '
                               'consumers follow %s data)' % (lp, lp), lp, lp)
@@ -160,15 +155,11 @@ def _storage(graph, stored_lp):
                 or graph.orig[(nid, 0)] != 'float32' or not users or name in out
                 or not all(graph.wants_low(c, p) or graph.cast_takes_low(c) for c, p in users)):
             continue
-        if all(graph.wants_low(c, p) for c, p in users):
-            rule = 'parameter stored in %s (cast_params: every consumer is a low-precision op)' \
-                % lp
-        else:
-            rule = ('parameter stored in %s (cast_params: every consumer takes it in %s: a '
-                    'low-precision op, the model\'s amp_cast to %s%s)'
-                    % (lp, lp, lp, ', an amp_multicast of variables' if policy.follow_params
-                       else ''))
-        out[name] = _variable(rule, lp, lp)
+        why = ('is a low-precision op' if all(graph.wants_low(c, p) for c, p in users) else
+               "takes it in %s: a low-precision op, the model's amp_cast to %s%s"
+               % (lp, lp, ', an amp_multicast of variables' if policy.follow_params else ''))
+        out[name] = _variable('parameter stored in %s (cast_params: every consumer %s)'
+                              % (lp, why), lp, lp)
     return out
 
 
@@ -199,15 +190,15 @@ def _op_decision(graph, nid, in_dtypes):
     op_class, rule = graph.classes[nid]
     skip = set(policy.index_inputs(op)) | set(policy.float32_inputs(op))
     data_pos = [p for p, d in enumerate(in_dtypes) if _is_float(d) and p not in skip]
-    if op_class == LOW_PRECISION:
-        compute = graph.lp if data_pos else None   # no float data: nothing runs low
-        wants = [compute if p in data_pos else None for p in range(len(in_dtypes))]
-    elif op_class in (FLOAT32, LOSS_OUTPUT):
+    if op_class in (FLOAT32, LOSS_OUTPUT):
         compute = 'float32'
         wants = ['float32' if d in _LOW and p not in policy.index_inputs(op) else None
                  for p, d in enumerate(in_dtypes)]
-    else:  # WIDEST_TYPE, FOLLOW
-        compute, rule = _widest(graph, node, in_dtypes, data_pos, rule)
+    else:
+        if op_class == LOW_PRECISION:
+            compute = graph.lp if data_pos else None   # no float data: nothing runs low
+        else:  # WIDEST_TYPE, FOLLOW
+            compute, rule = _widest(graph, node, in_dtypes, data_pos, rule)
         wants = [compute if p in data_pos else None for p in range(len(in_dtypes))]
     for p in policy.float32_inputs(op):
         if p < len(in_dtypes) and in_dtypes[p] in _LOW:
@@ -241,12 +232,12 @@ def _widest(graph, node, in_dtypes, data_pos, rule):
 
 
 def _float32_storage(graph):
-    """{variable name: (op, node name, input position)} of the ``pinned`` variables that a
-    consumer takes in float32 at an input MXNet needs as a graph variable
-    (``_MXNET_VARIABLE_INPUTS``, mutable inputs): they are stored in float32 instead."""
+    """{variable name: Decision} of the ``pinned`` variables that a consumer takes in float32
+    at an input MXNet needs as a graph variable (``_MXNET_VARIABLE_INPUTS``, mutable inputs):
+    they are stored in float32 instead."""
     nodes, out = graph.nodes, {}
     for nid, node in enumerate(nodes):
-        if node['op'] == 'null' or graph.classes[nid] is None:
+        if node['op'] == 'null':
             continue
         op = node['op']
         float32_op = graph.classes[nid][0] in (FLOAT32, LOSS_OUTPUT)
@@ -259,7 +250,10 @@ def _float32_storage(graph):
             if (pos in needs_var and nodes[src]['op'] == 'null' and name in graph.pinned and
                     name not in graph.data_names and name not in out and
                     (float32_op or pos in graph.policy.float32_inputs(op))):
-                out[name] = (op, node['name'], pos)
+                out[name] = _variable(
+                    'parameter stored in float32 (its __dtype__ says %s, but %s %s takes it in '
+                    'float32 at input %d, which MXNet needs as a graph variable)'
+                    % (graph.input_dtypes[name], op, node['name'], pos), 'float32', 'float32')
     return out
 
 
@@ -344,11 +338,9 @@ def format_explain_table(rows):
     table = [('node', 'op', 'dtype', 'rule')] + [
         (r.name, r.op if r.op != 'null' else 'variable', r.dtype or '-', r.rule) for r in rows]
     widths = [max(len(t[i]) for t in table) for i in range(3)]
-    lines = []
-    for k, line in enumerate(table):
-        lines.append('  '.join(c.ljust(w) for c, w in zip(line[:3], widths)) + '  ' + line[3])
-        if k == 0:
-            lines.append('  '.join('-' * w for w in widths) + '  ' + '-' * 4)
+    lines = ['  '.join(c.ljust(w) for c, w in zip(line[:3], widths)) + '  ' + line[3]
+             for line in table]
+    lines.insert(1, '  '.join('-' * w for w in widths) + '  ' + '-' * 4)
     counts = collections.Counter(r.dtype for r in rows if r.op != 'null')
     lines.append('%d node(s): %s' % (sum(counts.values()), ', '.join(
         '%d in %s' % (n, d or 'no float dtype')

@@ -3,10 +3,10 @@ arrays that go with a converted or stripped graph."""
 import numpy as np
 
 from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum, mx_dtype
-from .symbol_json import (CAST_OPS, FLOAT_DTYPES, MARK, PINNED, ROUND_MARK, STEM_MARK, STEM_SHAPE,
-    cast_origin, cast_param_original, dump, is_cast_param, is_float32_param, load)
+from .symbol_json import (CAST_OPS, FLOAT_DTYPES, MARK, ROUND_MARK, STEM_MARK, STEM_SHAPE,
+    cast_origin, dump, is_cast_param, load, original_dtype)
 
-__all__ = ['remove_casts', 'converted_dtype', 'count_casts', 'cast_origins', 'strip',
+__all__ = ['remove_casts', 'converted_dtype', 'count_casts', 'strip',
            'float32_arrays', 'arrays_for_graph']
 
 
@@ -58,18 +58,13 @@ def strip(js, unpin=False):
         if attrs and attrs.get(STEM_MARK, '').startswith(STEM_SHAPE):
             attrs = _restore(node, attrs, STEM_MARK, '__shape__',
                              attrs[STEM_MARK][len(STEM_SHAPE):])
-        if node['op'] == 'null' and attrs and attrs.get(MARK) == PINNED:
-            _restore(node, attrs, MARK, '__dtype__', '')
-        elif attrs and (is_cast_param(node) or is_float32_param(node)):
-            _restore(node, attrs, MARK, '__dtype__', cast_param_original(attrs))
+        if original_dtype(node) is not None:
+            _restore(node, attrs, MARK, '__dtype__', original_dtype(node))
         elif contrib and node['op'] == 'null' and attrs and \
                 from_mshadow_enum(attrs.get('__dtype__')) in LOW_PRECISION_DTYPES:
             node['attrs'] = dict(attrs, __dtype__='0')   # float32, as contrib.amp writes it
         out_nodes.append(node)
-    out = dict(js)
-    out['nodes'] = out_nodes
-    out['heads'] = [remap(h) for h in js['heads']]
-    return out
+    return dict(js, nodes=out_nodes, heads=[remap(h) for h in js['heads']])
 
 
 def remove_casts(sym):
@@ -83,17 +78,6 @@ def remove_casts(sym):
     return dump(strip(load(sym), unpin=True))
 
 
-def cast_origins(sym):
-    """``[(node name, op, origin)]`` of every cast of ``sym`` in topological order; origin is
-    ``'mxmp'``, ``'contrib.amp'`` or ``'model'`` (:func:`cast_origin`)."""
-    rows = []
-    for node in load(sym)['nodes']:
-        origin = cast_origin(node)
-        if origin is not None:
-            rows.append((node['name'], node['op'], origin))
-    return rows
-
-
 def converted_dtype(sym):
     """The target dtype an mxmp-converted graph (a Symbol or its JSON dict) was converted to,
     or None for other graphs (float32 graphs, graphs with model casts only, graphs converted by
@@ -105,9 +89,9 @@ def converted_dtype(sym):
     dtypes = set()
     for node in (sym if isinstance(sym, dict) else load(sym))['nodes']:
         attrs = node.get('attrs', {})
-        if node['op'] in CAST_OPS and attrs.get(MARK) is not None:
-            if attrs.get('dtype') in LOW_PRECISION_DTYPES:
-                dtypes.add(attrs['dtype'])
+        if node['op'] in CAST_OPS and attrs.get(MARK) is not None and \
+                attrs.get('dtype') in LOW_PRECISION_DTYPES:
+            dtypes.add(attrs['dtype'])
         elif ROUND_MARK in attrs:
             dtypes.add(attrs[ROUND_MARK])
         elif is_cast_param(node):

@@ -12,8 +12,7 @@ import numpy as np
 from ..dtypes import LOW_PRECISION_DTYPES, MSHADOW_ENUM, dtype_name
 
 __all__ = ['MARK', 'ROUND_MARK', 'PINNED', 'CAST_OPS', 'FLOAT_DTYPES', 'load', 'dump',
-           'is_cast_param', 'cast_param_names', 'storage_mark', 'cast_param_original',
-           'is_float32_param', 'float32_param_names',
+           'is_cast_param', 'cast_param_names', 'storage_mark', 'original_dtype',
            'cast_origin', 'pin_variable_dtypes', 'infer_dtypes', 'node_output_dtypes',
            'mutable_inputs', 'unique_name']
 
@@ -65,39 +64,26 @@ def is_cast_param(node):
     return node['op'] == 'null' and node.get('attrs', {}).get(MARK, '').startswith(_CAST_PARAM)
 
 
-def is_float32_param(node):
-    """bool: whether a JSON node is a low-precision variable the pass stores in float32."""
-    return node['op'] == 'null' and \
-        node.get('attrs', {}).get(MARK, '').startswith(_FLOAT32_PARAM + ':')
-
-
 def cast_param_names(sym):
     """frozenset of the variables of ``sym`` (a Symbol or its JSON dict) stored in the target
     dtype: their arrays must be cast to it."""
-    return _names_where(sym, is_cast_param)
-
-
-def float32_param_names(sym):
-    """frozenset of the variables of ``sym`` (a Symbol or its JSON dict) declared in low
-    precision that the graph stores in float32: their arrays must be cast to float32."""
-    return _names_where(sym, is_float32_param)
-
-
-def _names_where(sym, test):
     return frozenset(n['name'] for n in (sym if isinstance(sym, dict) else load(sym))['nodes']
-                     if test(n))
+                     if is_cast_param(n))
 
 
 def storage_mark(stored_dtype, attrs):
     """The :data:`MARK` value of a variable the pass stores in ``stored_dtype``; it keeps the
-    variable's own ``__dtype__`` (from ``attrs``) for :func:`cast_param_original`."""
+    variable's own ``__dtype__`` (from ``attrs``) for :func:`original_dtype`."""
     kind = _FLOAT32_PARAM if stored_dtype == 'float32' else _CAST_PARAM
     return '%s:%s' % (kind, attrs.get('__dtype__', ''))
 
 
-def cast_param_original(attrs):
-    """The ``__dtype__`` a variable had before the pass chose its storage ('' for none)."""
-    return attrs[MARK].partition(':')[2]
+def original_dtype(node):
+    """The ``__dtype__`` a variable had before the pass wrote its dtype ('' for none), or None
+    where the pass wrote none."""
+    kind, _, original = node.get('attrs', {}).get(MARK, '').partition(':')
+    return original if node['op'] == 'null' and kind in (PINNED, _CAST_PARAM, _FLOAT32_PARAM) \
+        else None
 
 
 def unique_name(name, taken):

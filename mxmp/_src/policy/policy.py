@@ -170,7 +170,9 @@ class Policy:
             return LOW_PRECISION, 'lp_ops (user override)'
         if op in self.fp32_ops:
             return FLOAT32, 'fp32_ops (user override)'
-        for attr, values in self.conditional_rules.get(op, {}).items():
+        rules = (classes_for(self.target_dtype)['CONDITIONAL_FLOAT32']
+                 if self.conditional_fp32 is None else rules_by_op(self.conditional_fp32))
+        for attr, values in rules.get(op, {}).items():
             if attrs.get(attr) in values:
                 return FLOAT32, 'conditional float32: %s %s=%s' % (op, attr, attrs[attr])
         if self.emulate is True:
@@ -185,13 +187,6 @@ class Policy:
         reason = excluded_reason(op)
         _warn_unlisted(op, reason)
         return FLOAT32, 'in no list: float32' + (' (%s)' % reason if reason else '')
-
-    @property
-    def conditional_rules(self):
-        """dict: op -> {attribute: frozenset of values that make the op compute in float32}."""
-        if self.conditional_fp32 is None:
-            return classes_for(self.target_dtype)['CONDITIONAL_FLOAT32']
-        return rules_by_op(self.conditional_fp32)
 
     @classmethod
     def from_kernel_report(cls, report, allow_other_cpu=False, **kwargs):
@@ -322,11 +317,9 @@ def conditional_rules(entries, what='conditional_fp32', collect=frozenset):
 
 @functools.lru_cache(maxsize=None)
 def _effective_classes(target_dtype, lp_ops, fp32_ops, follow_ops=frozenset()):
-    module = classes_for(target_dtype)
-    moved = lp_ops | fp32_ops | follow_ops
-    out = {}
-    for list_name in OP_CLASSES:   # the class constants are the table's names in lower case
-        out[list_name.lower()] = module[list_name] - moved
+    table, moved = classes_for(target_dtype), lp_ops | fp32_ops | follow_ops
+    # the class constants are the table's names in lower case
+    out = {name.lower(): table[name] - moved for name in OP_CLASSES}
     out[LOW_PRECISION] |= lp_ops
     out[FLOAT32] |= fp32_ops
     out[FOLLOW] |= follow_ops

@@ -10,7 +10,7 @@ import functools
 from . import ops_bfloat16, ops_float16, ops_shared
 
 __all__ = ['OP_CLASSES', 'table', 'classes_for', 'aliases', 'EXCLUDED_PREFIXES',
-           'NOT_EXCLUDED', 'excluded_reason', 'rules_by_op']
+           'excluded_reason', 'rules_by_op']
 
 #: Names of the class tuples of a table.
 OP_CLASSES = ('LOW_PRECISION', 'FLOAT32', 'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW')
@@ -21,7 +21,14 @@ _DIFFERENCES = {'float16': ops_float16, 'bfloat16': ops_bfloat16}
 
 
 @functools.lru_cache(maxsize=None)
-def _merge(target_dtype):
+def table(target_dtype):
+    """The merged table of ``'float16'`` or ``'bfloat16'`` (cached: do not modify it): the names
+    of :data:`OP_CLASSES` -> sorted tuples of op names, ``'CONDITIONAL_FLOAT32'`` -> tuple of
+    ``(op, attribute, values)``, and the ``{op: ...}`` dicts as :func:`classes_for`.
+
+    Raises:
+        ValueError: another dtype name; an op listed both in ops_shared.py and the dtype's module.
+    """
     if target_dtype not in _DIFFERENCES:
         raise ValueError('target dtype must be "float16" or "bfloat16", got %r' % (target_dtype,))
     diff = _DIFFERENCES[target_dtype]
@@ -44,18 +51,6 @@ def _merge(target_dtype):
     return out
 
 
-def table(target_dtype):
-    """The merged table of ``'float16'`` or ``'bfloat16'``: the names of :data:`OP_CLASSES` ->
-    sorted tuples of op names, ``'CONDITIONAL_FLOAT32'`` -> tuple of ``(op, attribute, values)``,
-    and the ``{op: ...}`` dicts as :func:`classes_for` (a new dict on every call).
-
-    Raises:
-        ValueError: another dtype name; an op listed both in ops_shared.py and the dtype's module.
-    """
-    return {name: (dict(value) if isinstance(value, dict) else value)
-            for name, value in _merge(target_dtype).items()}
-
-
 def classes_for(target_dtype):
     """The operator classes of ``'float16'`` or ``'bfloat16'`` (a new dict on every call).
 
@@ -68,11 +63,10 @@ def classes_for(target_dtype):
     Raises:
         ValueError: another dtype name.
     """
-    merged = _merge(target_dtype)
+    merged = table(target_dtype)
     classes = {name: frozenset(merged[name]) for name in OP_CLASSES}
     classes['CONDITIONAL_FLOAT32'] = rules_by_op(merged['CONDITIONAL_FLOAT32'])
-    for name in _DICTS:
-        classes[name] = dict(merged[name])
+    classes.update((name, dict(merged[name])) for name in _DICTS)
     return classes
 
 
@@ -93,7 +87,7 @@ def aliases(target_dtype):
     """
     import inspect
     import re
-    _merge(target_dtype)  # validates the name
+    table(target_dtype)  # validates the name
     out = {}
     for module in (ops_shared, _DIFFERENCES[target_dtype]):
         for line in inspect.getsource(module).splitlines():
@@ -118,17 +112,11 @@ EXCLUDED_PREFIXES = (
              'graph pass itself'),
 )
 
-#: (name, reason): names that a prefix rule would exclude but that are classified.
-NOT_EXCLUDED = (
-    ('_np_cumsum', 'canonical name of the legacy cumsum operator (cumsum is registered as its '
-                   'alias), so legacy graphs name it in their JSON'),
-)
-
 
 def excluded_reason(op_name):
     """The reason (str) of the first :data:`EXCLUDED_PREFIXES` rule matching ``op_name``, or
     None when the op is classified."""
-    if any(op_name == name for name, _ in NOT_EXCLUDED):
+    if op_name == '_np_cumsum':   # legacy cumsum's canonical name: legacy graphs hold it
         return None
     for prefix, reason in EXCLUDED_PREFIXES:
         if op_name.startswith(prefix):
