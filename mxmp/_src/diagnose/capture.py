@@ -124,18 +124,11 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
     """
     import mxnet as mx
     from mxnet import autograd, gluon
-    from ..policy.policy import Policy
-    from ..dtypes import normalize_dtype
+    from ..policy.policy import resolve_policy
     if not isinstance(net, gluon.HybridBlock):
         raise TypeError('diagnose needs a gluon.HybridBlock (or a SymbolBlock loaded with '
                         'gluon.SymbolBlock.imports), got %s' % type(net).__name__)
-    if policy is None:
-        policy = Policy(normalize_dtype(target_dtype or 'bfloat16'))
-    elif not isinstance(policy, Policy):
-        raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
-    elif target_dtype is not None and normalize_dtype(target_dtype) != policy.target_dtype:
-        raise ValueError('target_dtype=%r contradicts policy.target_dtype=%r; give one of them'
-                         % (target_dtype, policy.target_dtype))
+    policy = resolve_policy(policy, target_dtype)
     target = policy.target_dtype
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError('steps must be an integer >= 1, got %r' % (steps,))
