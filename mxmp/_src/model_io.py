@@ -105,10 +105,14 @@ def epoch_of(params_path):
 def save_model(prefix, epoch, sym, arg_params, aux_params):
     """Write ``prefix-symbol.json`` (casts kept) and ``prefix-NNNN.params`` (``arg:``/``aux:``
     keys, as ``Module.save_checkpoint``); returns the two paths."""
-    from .training.module_checkpoint import write_params
+    import mxnet as mx
+    from .training.checkpoint import save_atomic
     sym_path, params_path = '%s-symbol.json' % prefix, '%s-%04d.params' % (prefix, epoch)
-    sym.save(sym_path, remove_amp_cast=False)
-    write_params(params_path, arg_params, aux_params)
+    save_atomic(sym_path, lambda tmp: sym.save(tmp, remove_amp_cast=False))
+    arrays = {'%s:%s' % (kind, k): v.as_in_context(mx.cpu())
+              for kind, params in (('arg', arg_params), ('aux', aux_params))
+              for k, v in params.items()}
+    save_atomic(params_path, lambda tmp: mx.nd.save(tmp, arrays))
     return sym_path, params_path
 
 
