@@ -1,4 +1,4 @@
-"""Tests of mxmp._src.scaler: the loss scaler values and their rules."""
+"""Tests of mxmp._src.scaling: the loss scaler values and their rules."""
 import json
 import math
 

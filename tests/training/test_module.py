@@ -1,4 +1,4 @@
-"""Tests of mxmp._src.module: the mixed-precision Symbolic Module and its loss-scale node.
+"""Tests of mxmp._src.training.module: the mixed-precision Symbolic Module and its loss-scale node.
 
 CPU only. oneDNN's bfloat16 kernels need AVX-512 and MXNet has no float16 GEMM on CPU, so the
 low-precision Modules here run with ``emulate=True`` (the same mixed-precision graph, float32
