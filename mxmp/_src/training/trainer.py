@@ -30,7 +30,7 @@ class Trainer(gluon.Trainer):
         kvstore (str or KVStore): as for ``gluon.Trainer`` (default ``'device'``); it only
             reduces gradients. update_on_kvstore (None or False): True is refused.
         loss_scaler (keyword-only): anything :func:`mxmp.make_loss_scaler` accepts, or a
-            :class:`mxmp._src.scaling.LossScaleGroup` shared with other Trainers.
+            :class:`mxmp.LossScaleGroup` shared with other Trainers.
         target_dtype, policy (keyword-only): the precision; see :func:`resolve_precision`.
         grad_dtype (keyword-only, None or str): the dtype gradients travel in over the
             kvstore (:func:`mxmp._src.distributed.check_grad_dtype`).
