@@ -194,12 +194,18 @@ def _triple(text):
 _FORMAT = argparse.ArgumentDefaultsHelpFormatter
 
 
-def _subparser(sub, name, func, help_text, description):
-    """A subcommand's parser, which runs ``func(args)``."""
+def _subparser(sub, name, func, help_text, description, files=()):
+    """A subcommand's parser, which runs ``func(args)``, with the positional model files
+    ``files`` (``'symbol'``, ``'params'``)."""
     parser = sub.add_parser(name, formatter_class=_FORMAT, help=help_text,
                             description=description)
     parser.set_defaults(func=func)
+    for positional in files:
+        parser.add_argument(positional, help=_FILE_HELP[positional])
     return parser
+
+
+_FILE_HELP = {'symbol': 'prefix-symbol.json', 'params': 'prefix-NNNN.params'}
 
 
 def build_parser():
@@ -216,9 +222,8 @@ def build_parser():
                    'write a mixed-precision (or, with --strip, float32) model',
                    'Convert a float32 model to mixed precision for deployment: amp_cast nodes are'
                    ' kept in the written symbol (load it with gluon.SymbolBlock.imports or '
-                   'mx.mod.Module). --strip removes every cast and writes float32 parameters.')
-    c.add_argument('symbol', help='prefix-symbol.json')
-    c.add_argument('params', help='prefix-NNNN.params')
+                   'mx.mod.Module). --strip removes every cast and writes float32 parameters.',
+                   files=('symbol', 'params'))
     c.add_argument('--dtype', type=_dtype, help=dtype_help + ' (required unless --strip)')
     c.add_argument('--out', required=True,
                    help='output prefix: writes OUT-symbol.json and OUT-NNNN.params')
@@ -244,8 +249,7 @@ def build_parser():
 
     e = _subparser(sub, 'explain', cmd_explain, "print the pass's decision for every node",
                    'Print the dtype the graph pass chooses for every node and the rule that chose'
-                   ' it (node, op, dtype, rule).')
-    e.add_argument('symbol', help='prefix-symbol.json')
+                   ' it (node, op, dtype, rule).', files=('symbol',))
     e.add_argument('--dtype', type=_dtype, required=True, help=dtype_help)
     e.add_argument('--json', action='store_true', help='JSON list instead of a table')
     e.add_argument('--cast-params', action='store_true',
@@ -258,8 +262,7 @@ def build_parser():
                    'Tensor Core alignment report (sizes not multiples of 8)',
                    'List the Convolution, Deconvolution and FullyConnected sizes that are not '
                    'multiples of --multiple (8 for float16 Tensor Cores; NVIDIA Deep Learning '
-                   'Performance guide).')
-    a.add_argument('symbol', help='prefix-symbol.json')
+                   'Performance guide).', files=('symbol',))
     a.add_argument('--shape', type=_shape, action='append', default=[], metavar='NAME=DIMS',
                    help='input shape, batch first, e.g. data=32,3,224,224 (repeatable)')
     a.add_argument('--multiple', type=int, default=8, help='alignment in elements')
@@ -272,9 +275,8 @@ def build_parser():
                    'report, per layer, the values that would overflow, become subnormal or flush '
                    'to zero in float16 / bfloat16, the loss scale that keeps the gradients in '
                    'range and the layers to keep in float32 (docs/diagnose.md). Loss: softmax '
-                   'cross-entropy; a SoftmaxOutput head of a Module symbol is replaced by it.')
-    d.add_argument('symbol', help='prefix-symbol.json (float32 model)')
-    d.add_argument('params', help='prefix-NNNN.params')
+                   'cross-entropy; a SoftmaxOutput head of a Module symbol is replaced by it.',
+                   files=('symbol', 'params'))
     d.add_argument('--rec', help='image RecordIO file (im2rec / prepare_fashion_mnist.py); the '
                                  'first --batch-size images are used')
     d.add_argument('--synthetic', action='store_true',
