@@ -50,8 +50,10 @@ def all_finite(per_device_grads):
         flags.append(flag)
     if not flags:
         return True
-    ctx = flags[0].context
-    return bool(nd.min(nd.concat(*[f.as_in_context(ctx) for f in flags], dim=0)).asscalar() > 0)
+    if len(flags) > 1:   # one flag per device: combined on the first one
+        ctx = flags[0].context
+        flags = [nd.min(nd.concat(*[f.as_in_context(ctx) for f in flags], dim=0))]
+    return bool(flags[0].asscalar() > 0)
 
 
 def param_grads(params):
