@@ -235,22 +235,18 @@ def loss_scale_events(metrics_path):
     [first step that used the new scale, new scale]), ``first_scale`` and ``final_scale`` (None
     without step records).
     """
+    from mxmp._src.plotting import read_metrics
     skipped, changes, first, last = [], [], None, None
-    with open(metrics_path) as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue
-            if 'loss_scale' not in r or 'skipped' not in r:
-                continue
-            if first is None:
-                first = r['loss_scale']
-            elif r['loss_scale'] != last:
-                changes.append([r['step'], r['loss_scale']])
-            last = r['loss_scale']
-            if r['skipped']:
-                skipped.append(r['step'])
+    for r in read_metrics(metrics_path)[0]:
+        if 'loss_scale' not in r or 'skipped' not in r:
+            continue
+        if first is None:
+            first = r['loss_scale']
+        elif r['loss_scale'] != last:
+            changes.append([r['step'], r['loss_scale']])
+        last = r['loss_scale']
+        if r['skipped']:
+            skipped.append(r['step'])
     return {'skipped_steps': skipped, 'scale_changes': changes, 'first_scale': first,
             'final_scale': last}
 
