@@ -52,7 +52,6 @@ class LossScaler:
     dynamic = False
     _CONFIG_FIELDS = ()     # configuration fields, checked on load
     _STATE_FIELDS = ()      # running state, restored on load
-    _OPTIONAL_FIELDS = {}   # fields a saved state may miss -> value assumed
 
     def __post_init__(self):
         if type(self) is LossScaler:  # pylint: disable=unidiomatic-typecheck
@@ -81,7 +80,6 @@ class LossScaler:
             raise ValueError('loss scaler state is for %r but this scaler is %r; create the '
                              'Trainer with the same loss_scaler as the run that saved it'
                              % (cls, type(self).__name__))
-        state = dict(self._OPTIONAL_FIELDS, **state)
         for name in self._CONFIG_FIELDS + self._STATE_FIELDS:
             if name not in state:
                 raise ValueError('loss scaler state for %s misses the key %r'
@@ -158,7 +156,6 @@ class DynamicLossScaler(LossScaler):
     _CONFIG_FIELDS = ('init_scale', 'growth_factor', 'backoff_factor', 'growth_interval',
                       'min_scale', 'max_scale', 'max_overflows_at_floor')
     _STATE_FIELDS = ('scale', 'counter', 'overflows_at_floor')
-    _OPTIONAL_FIELDS = {'max_overflows_at_floor': 10, 'overflows_at_floor': 0}
     dynamic = True
 
     def __post_init__(self):

@@ -208,12 +208,11 @@ def test_scaler_counts_overflows_at_the_floor_and_saves_the_count():
     assert DynamicLossScaler().max_overflows_at_floor == 10
 
 
-def test_scaler_state_saved_before_the_floor_count_existed_still_loads():
-    old = {'class': 'DynamicLossScaler', 'init_scale': 65536.0, 'growth_factor': 2.0,
-           'backoff_factor': 0.5, 'growth_interval': 2000, 'min_scale': 1.0,
-           'max_scale': 2.0 ** 24, 'scale': 1024.0, 'counter': 3}
-    back = DynamicLossScaler().load_state_dict(old)
-    assert (back.scale, back.counter, back.overflows_at_floor) == (1024.0, 3, 0)
+def test_scaler_state_without_every_field_is_refused_naming_the_missing_key():
+    state = DynamicLossScaler(scale=1024.0, counter=3).state_dict()
+    del state['overflows_at_floor']
+    with pytest.raises(ValueError, match="misses the key 'overflows_at_floor'"):
+        DynamicLossScaler().load_state_dict(state)
 
 
 @pytest.mark.parametrize('value', [-1, 1.5, True])
