@@ -15,7 +15,7 @@ from mxnet import autograd
 
 from .dtypes import dtype_name, mx_dtype, normalize_dtype
 from .errors import ParameterFileError
-from .training.checkpoint import save_atomic
+from .files import save_atomic
 from .training.master_weights import master_value, set_master_value
 
 __all__ = ['ParameterFileError', 'save_block_parameters', 'load_block_parameters']

@@ -106,7 +106,7 @@ def save_model(prefix, epoch, sym, arg_params, aux_params):
     """Write ``prefix-symbol.json`` (casts kept) and ``prefix-NNNN.params`` (``arg:``/``aux:``
     keys, as ``Module.save_checkpoint``); returns the two paths."""
     import mxnet as mx
-    from .training.checkpoint import save_atomic
+    from .files import save_atomic
     sym_path, params_path = '%s-symbol.json' % prefix, '%s-%04d.params' % (prefix, epoch)
     save_atomic(sym_path, lambda tmp: sym.save(tmp, remove_amp_cast=False))
     arrays = {'%s:%s' % (kind, k): v.as_in_context(mx.cpu())

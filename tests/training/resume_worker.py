@@ -25,7 +25,7 @@ What a checkpoint holds, and how the run is made reproducible at step granularit
   ``get_state`` in ``mx.random``), so every step reseeds it from ``(seed, step)``; a resumed
   run then draws the same masks as an uninterrupted one.
 
-Every file is written with ``mxmp._src.training.checkpoint.write_atomic`` (or MXNet's writer then a rename).
+Every file is written with ``mxmp._src.files.write_atomic`` (or MXNet's writer then a rename).
 Injected overflow: ``--overflow-at K`` sets one gradient element to inf after backward at step K
 (a skipped step, a backed-off loss scale).
 """
@@ -236,7 +236,7 @@ def run(argv=None):
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     import mxnet as mx
-    from mxmp._src.training.checkpoint import write_atomic
+    from mxmp._src.files import write_atomic
 
     job = GluonRun(args) if args.api == 'gluon' else ModuleRun(args)
     x, y = make_data(args.seed)

@@ -1,68 +1,24 @@
-"""Checkpoint files: the crash-safe writers every file mxmp writes goes through, and the states
-file of :meth:`mxmp.Trainer.save_states`: a header (magic, payload length, SHA-256 of the
-payload) and a pickled payload (optimizer, master weights, loss scaler, skipped_steps, target
-dtype, a record of every Parameter checked on load).
+"""The states file of :meth:`mxmp.Trainer.save_states`: a header (magic, payload length,
+SHA-256 of the payload) and a pickled payload (optimizer, master weights, loss scaler,
+skipped_steps, target dtype, a record of every Parameter checked on load).
 """
 import hashlib
 import os
-import pathlib
 import pickle
 import struct
-import tempfile
 
 import numpy as np
 
 from ..dtypes import dtype_name
+from ..files import write_atomic
 from .master_weights import is_low_precision
 
-__all__ = ['write_atomic', 'save_atomic', 'check_format', 'write_trainer_states',
-           'read_trainer_states']
+__all__ = ['check_format', 'write_trainer_states', 'read_trainer_states']
 
 #: Header of the states file written by :meth:`mxmp.Trainer.save_states`.
 _MAGIC = b'MXMP-TRAINER-STATES\x00'
 _FORMAT_VERSION = 1
 _HEADER = struct.Struct('<Q32s')   # payload length, sha256 of the payload
-
-
-def write_atomic(fname, data):
-    """Write ``data`` (bytes, or str as UTF-8) to ``fname`` atomically (:func:`save_atomic`)."""
-    if isinstance(data, str):
-        data = data.encode('utf-8')
-    save_atomic(fname, lambda tmp: pathlib.Path(tmp).write_bytes(data))
-
-
-def save_atomic(fname, save):
-    """Let ``save(tmp_path)`` write a file, then move it over ``fname`` (str or PathLike)
-    atomically and durably: the temporary file (``.<name>.<random>.tmp``, same directory) is
-    fsynced, ``os.replace``d over ``fname``, then the directory is fsynced where possible. A
-    crash leaves the old ``fname`` or the new one, complete. On an error (what ``save`` raises,
-    or OSError) the temporary file is removed and ``fname`` is untouched.
-    """
-    fname = os.fspath(fname)
-    directory = os.path.dirname(os.path.abspath(fname))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix='.%s.' % os.path.basename(fname),
-                               suffix='.tmp')
-    os.close(fd)
-    try:
-        save(tmp)
-        _fsync(tmp)
-        os.replace(tmp, fname)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:   # make the rename durable; not possible on every platform/filesystem
-        _fsync(directory)
-    except OSError:
-        pass
-
-
-def _fsync(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_trainer_states(fname, params, state):

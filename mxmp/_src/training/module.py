@@ -15,7 +15,7 @@ from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
 from ..graph.symbol_json import cast_param_names
 from . import module_checkpoint as files
-from .checkpoint import save_atomic, write_atomic
+from ..files import save_atomic, write_atomic
 from .module_parts import ModuleMasters, module_policy, reduced_updates, start_kvstore
 from .step import Step, all_finite
 from .trainer import resolve_precision

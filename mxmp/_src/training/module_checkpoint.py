@@ -9,7 +9,8 @@ import mxnet as mx
 from ..dtypes import normalize_dtype
 from ..errors import mxnet_error_line
 from ..scaling import from_state_dict
-from .checkpoint import check_format, write_atomic
+from ..files import write_atomic
+from .checkpoint import check_format
 
 __all__ = ['STATES_FORMAT', 'STATES_VERSION', 'write_state', 'restore_state',
            'read_state', 'load_params']
