@@ -5,6 +5,7 @@ gives examples. Bad input raises :class:`CLIError`, which :func:`main` prints as
 ``mxmp SUBCOMMAND: error: ...`` on stderr, exit code 1.
 """
 import argparse
+import collections
 import json
 import os
 import re
@@ -55,7 +56,7 @@ def cmd_convert(args):
 
 def cmd_explain(args):
     """mxmp explain: the pass's decision for every node."""
-    from ._src.graph.plan import explain, format_explain_table
+    from ._src.graph.plan import explain
     sym = load_symbol(args.symbol)
     try:
         rows = explain(sym, args.dtype, cast_params=args.cast_params,
@@ -68,8 +69,24 @@ def cmd_explain(args):
         print(json.dumps([{'node': r.name, 'op': r.op, 'dtype': r.dtype, 'rule': r.rule}
                           for r in rows], indent=1))
     else:
-        print(format_explain_table(rows))
+        print(_explain_table(rows))
     return 0
+
+
+def _explain_table(rows):
+    """:func:`explain` rows as an aligned table (node, op, dtype, rule) and a line counting the
+    nodes per dtype (variables are not counted); str without a trailing newline."""
+    table = [('node', 'op', 'dtype', 'rule')] + [
+        (r.name, r.op if r.op != 'null' else 'variable', r.dtype or '-', r.rule) for r in rows]
+    widths = [max(len(t[i]) for t in table) for i in range(3)]
+    lines = ['  '.join(c.ljust(w) for c, w in zip(line[:3], widths)) + '  ' + line[3]
+             for line in table]
+    lines.insert(1, '  '.join('-' * w for w in widths) + '  ' + '-' * 4)
+    counts = collections.Counter(r.dtype for r in rows if r.op != 'null')
+    lines.append('%d node(s): %s' % (sum(counts.values()), ', '.join(
+        '%d in %s' % (n, d or 'no float dtype')
+        for d, n in sorted(counts.items(), key=lambda kv: str(kv[0])))))
+    return '\n'.join(lines)
 
 
 def cmd_check_alignment(args):

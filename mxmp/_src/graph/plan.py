@@ -16,8 +16,7 @@ from .strip import converted_dtype, strip
 from .symbol_json import (CAST_OPS, MARK, cast_origin, infer_dtypes, load, mutable_inputs,
     node_output_dtypes)
 
-__all__ = ['Decision', 'plan', 'prepare', 'ExplainRow', 'explain', 'format_explain',
-           'format_explain_table']
+__all__ = ['Decision', 'plan', 'prepare', 'ExplainRow', 'explain', 'format_explain']
 
 _RANK = {'float16': 1, 'bfloat16': 1, 'float32': 2, 'float64': 3}
 
@@ -331,18 +330,3 @@ def format_explain(rows, include_variables=False):
                                           row.dtype, row.rule)
                      for row in rows if row.op != 'null' or include_variables)
 
-
-def format_explain_table(rows):
-    """:func:`explain` rows as an aligned table (node, op, dtype, rule) and a line counting the
-    nodes per dtype (variables are not counted); str without a trailing newline."""
-    table = [('node', 'op', 'dtype', 'rule')] + [
-        (r.name, r.op if r.op != 'null' else 'variable', r.dtype or '-', r.rule) for r in rows]
-    widths = [max(len(t[i]) for t in table) for i in range(3)]
-    lines = ['  '.join(c.ljust(w) for c, w in zip(line[:3], widths)) + '  ' + line[3]
-             for line in table]
-    lines.insert(1, '  '.join('-' * w for w in widths) + '  ' + '-' * 4)
-    counts = collections.Counter(r.dtype for r in rows if r.op != 'null')
-    lines.append('%d node(s): %s' % (sum(counts.values()), ', '.join(
-        '%d in %s' % (n, d or 'no float dtype')
-        for d, n in sorted(counts.items(), key=lambda kv: str(kv[0])))))
-    return '\n'.join(lines)
