@@ -2,15 +2,16 @@
 rules that leave registered operators out of it.
 
 Every name of ``mx.operator.get_all_registered_operators()`` is in exactly one class of each
-table or matched by :data:`EXCLUDED_PREFIXES`. Aliases are classified under each of their names
-(a Symbol's JSON names the canonical op); an op in no class (a custom op) computes in float32.
+table or matched by :data:`EXCLUDED_PREFIXES`. An alias (a name MXNet registers for another op's
+handle) is classified with its canonical op, from MXNet's registry (a Symbol's JSON names the
+canonical op); an op in no class (a custom op) computes in float32.
 """
 import functools
 
 from . import ops_bfloat16, ops_float16, ops_shared
 
-__all__ = ['OP_CLASSES', 'table', 'classes_for', 'aliases', 'EXCLUDED_PREFIXES',
-           'excluded_reason', 'rules_by_op']
+__all__ = ['OP_CLASSES', 'table', 'classes_for', 'aliases', 'registered_aliases',
+           'EXCLUDED_PREFIXES', 'excluded_reason', 'rules_by_op']
 
 #: Names of the class tuples of a table.
 OP_CLASSES = ('LOW_PRECISION', 'FLOAT32', 'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW')
@@ -24,7 +25,9 @@ _DIFFERENCES = {'float16': ops_float16, 'bfloat16': ops_bfloat16}
 def table(target_dtype):
     """The merged table of ``'float16'`` or ``'bfloat16'`` (cached: do not modify it): the names
     of :data:`OP_CLASSES` -> sorted tuples of op names, ``'CONDITIONAL_FLOAT32'`` -> tuple of
-    ``(op, attribute, values)``, and the ``{op: ...}`` dicts as :func:`classes_for`.
+    ``(op, attribute, values)``, and the ``{op: ...}`` dicts as :func:`classes_for`. Each alias
+    of a listed op (:func:`registered_aliases`) that no :data:`EXCLUDED_PREFIXES` rule excludes
+    is in its op's class, rules and dicts.
 
     Raises:
         ValueError: another dtype name; an op listed both in ops_shared.py and the dtype's module.
@@ -42,12 +45,20 @@ def table(target_dtype):
                                      'only, else in each ops_<dtype>.py only'
                                      % (op, target_dtype, listed[op], module.__name__))
                 listed[op] = module.__name__
-    out = {name: tuple(sorted(getattr(ops_shared, name, ()) + getattr(diff, name, ())))
-           for name in OP_CLASSES}
-    out['CONDITIONAL_FLOAT32'] = (tuple(getattr(ops_shared, 'CONDITIONAL_FLOAT32', ()))
-                                  + tuple(getattr(diff, 'CONDITIONAL_FLOAT32', ())))
+    follow = _classified_aliases()
+    out = {}
+    for name in OP_CLASSES:
+        ops = set(getattr(ops_shared, name, ()) + getattr(diff, name, ()))
+        out[name] = tuple(sorted(ops | {alias for alias, op in follow.items() if op in ops}))
+    rules = (tuple(getattr(ops_shared, 'CONDITIONAL_FLOAT32', ()))
+             + tuple(getattr(diff, 'CONDITIONAL_FLOAT32', ())))
+    out['CONDITIONAL_FLOAT32'] = rules + tuple(
+        (alias, attr, values) for alias, op in sorted(follow.items())
+        for rule_op, attr, values in rules if rule_op == op)
     for name in _DICTS:
-        out[name] = dict(getattr(ops_shared, name, {}), **getattr(diff, name, {}))
+        merged = dict(getattr(ops_shared, name, {}), **getattr(diff, name, {}))
+        merged.update((alias, merged[op]) for alias, op in follow.items() if op in merged)
+        out[name] = dict(sorted(merged.items()))
     return out
 
 
@@ -79,22 +90,45 @@ def rules_by_op(entries):
 
 
 def aliases(target_dtype):
-    """``{alias: canonical op}`` of one target dtype's table, read from the tables' comments
-    (``# shape (alias of Reshape)``).
+    """``{alias: canonical op}`` of the aliases one target dtype's table classifies (each with
+    its canonical op), from MXNet's registry; a new dict on every call.
 
     Raises:
         ValueError: another dtype name.
     """
-    import inspect
-    import re
-    table(target_dtype)  # validates the name
+    merged = table(target_dtype)
+    classified = set().union(*(merged[name] for name in OP_CLASSES))
+    return {alias: op for alias, op in _classified_aliases().items() if alias in classified}
+
+
+@functools.lru_cache
+def registered_aliases():
+    """``{alias: canonical op}`` of every operator name MXNet registers for another op: an
+    alias shares its op's handle, whose info names the canonical op (cached: do not modify)."""
+    import ctypes
+
+    import mxnet as mx
+    from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
     out = {}
-    for module in (ops_shared, _DIFFERENCES[target_dtype]):
-        for line in inspect.getsource(module).splitlines():
-            m = re.match(r"\s+'([^']+)',\s+#.*\(alias of ([^)\s]+)\)", line)
-            if m:
-                out[m.group(1)] = m.group(2)
+    for name in mx.operator.get_all_registered_operators():
+        handle = OpHandle()
+        check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
+        canonical, desc, key_var_num_args, return_type = (ctypes.c_char_p() for _ in range(4))
+        num_args = ctypes.c_uint()
+        arg_names, arg_types, arg_descs = (ctypes.POINTER(ctypes.c_char_p)() for _ in range(3))
+        check_call(_LIB.MXSymbolGetAtomicSymbolInfo(
+            handle, ctypes.byref(canonical), ctypes.byref(desc), ctypes.byref(num_args),
+            ctypes.byref(arg_names), ctypes.byref(arg_types), ctypes.byref(arg_descs),
+            ctypes.byref(key_var_num_args), ctypes.byref(return_type)))
+        if py_str(canonical.value) != name:
+            out[name] = py_str(canonical.value)
     return out
+
+
+def _classified_aliases():
+    """:func:`registered_aliases` without the names an :data:`EXCLUDED_PREFIXES` rule excludes."""
+    return {alias: op for alias, op in registered_aliases().items()
+            if excluded_reason(alias) is None}
 
 
 #: (prefix, reason): registered names starting with the prefix are not classified.
