@@ -1,19 +1,20 @@
 """The op table of each target dtype (``ops_shared.py`` plus ``ops_<dtype>.py``), and the
 rules that leave registered operators out of it.
 
-Every name of ``mx.operator.get_all_registered_operators()`` is in exactly one class of each
+The modules hold each class as ``{group: (op, ...)}`` (:func:`ops_of` flattens one) and list no
+alias. Every name of ``mx.operator.get_all_registered_operators()`` is in exactly one class of each
 table or matched by :data:`EXCLUDED_PREFIXES`. An alias (a name MXNet registers for another op's
 handle) is classified with its canonical op, from MXNet's registry (a Symbol's JSON names the
-canonical op); an op in no class (a custom op) computes in float32.
+canonical op), and listing one is an error; an op in no class (a custom op) computes in float32.
 """
 import functools
 
 from . import ops_bfloat16, ops_float16, ops_shared
 
-__all__ = ['OP_CLASSES', 'table', 'classes_for', 'aliases', 'registered_aliases',
+__all__ = ['OP_CLASSES', 'table', 'classes_for', 'aliases', 'registered_aliases', 'ops_of',
            'EXCLUDED_PREFIXES', 'excluded_reason', 'rules_by_op']
 
-#: Names of the class tuples of a table.
+#: Names of the classes of a table ({group: (op, ...)} in the modules, sorted tuples merged).
 OP_CLASSES = ('LOW_PRECISION', 'FLOAT32', 'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW')
 #: Names of the {op: ...} dicts of a table.
 _DICTS = ('FLOAT32_INPUTS', 'INDEX_INPUTS', 'EMULATE_FLOAT32')
@@ -30,15 +31,17 @@ def table(target_dtype):
     is in its op's class, rules and dicts.
 
     Raises:
-        ValueError: another dtype name; an op listed both in ops_shared.py and the dtype's module.
+        ValueError: another dtype name; an op listed both in ops_shared.py and the dtype's module
+            (or twice in one); an alias listed.
     """
     if target_dtype not in _DIFFERENCES:
         raise ValueError('target dtype must be "float16" or "bfloat16", got %r' % (target_dtype,))
     diff = _DIFFERENCES[target_dtype]
     listed = {}
     for module in (ops_shared, diff):
+        _refuse_aliases(module)
         for name in OP_CLASSES:
-            for op in getattr(module, name, ()):
+            for op in ops_of(getattr(module, name, {})):
                 if op in listed:
                     raise ValueError('%s is listed twice for %s (%s and %s): an op whose class is '
                                      'the same for every target dtype belongs in ops_shared.py '
@@ -48,7 +51,7 @@ def table(target_dtype):
     follow = _classified_aliases()
     out = {}
     for name in OP_CLASSES:
-        ops = set(getattr(ops_shared, name, ()) + getattr(diff, name, ()))
+        ops = set(ops_of(getattr(ops_shared, name, {})) + ops_of(getattr(diff, name, {})))
         out[name] = tuple(sorted(ops | {alias for alias, op in follow.items() if op in ops}))
     rules = (tuple(getattr(ops_shared, 'CONDITIONAL_FLOAT32', ()))
              + tuple(getattr(diff, 'CONDITIONAL_FLOAT32', ())))
@@ -60,6 +63,23 @@ def table(target_dtype):
         merged.update((alias, merged[op]) for alias, op in follow.items() if op in merged)
         out[name] = dict(sorted(merged.items()))
     return out
+
+
+def ops_of(groups):
+    """The op names of one class of an ops_*.py module, ``{group: (op, ...)}``, as one tuple."""
+    return tuple(op for ops in groups.values() for op in ops)
+
+
+def _refuse_aliases(module):
+    """Raise ValueError when ``module`` lists an alias in a class, rule or dict."""
+    listed = [op for name in OP_CLASSES for op in ops_of(getattr(module, name, {}))]
+    listed += [op for op, _, _ in getattr(module, 'CONDITIONAL_FLOAT32', ())]
+    listed += [op for name in _DICTS for op in getattr(module, name, {})]
+    named = registered_aliases()
+    for op in listed:
+        if op in named:
+            raise ValueError('%s (%s) is an alias of %s: aliases follow their canonical op; list '
+                             'the canonical name' % (op, module.__name__, named[op]))
 
 
 def classes_for(target_dtype):
@@ -125,8 +145,10 @@ def registered_aliases():
     return out
 
 
+@functools.lru_cache
 def _classified_aliases():
-    """:func:`registered_aliases` without the names an :data:`EXCLUDED_PREFIXES` rule excludes."""
+    """:func:`registered_aliases` without the names an :data:`EXCLUDED_PREFIXES` rule excludes
+    (cached: do not modify)."""
     return {alias: op for alias, op in registered_aliases().items()
             if excluded_reason(alias) is None}
 
