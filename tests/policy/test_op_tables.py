@@ -95,3 +95,17 @@ def test_an_alias_is_classified_as_its_canonical_op(target):
     assert table['INDEX_INPUTS']['_sparse_where'] == table['INDEX_INPUTS']['where'] == (0,)
     assert named['_npx_convolution'] == 'Convolution'            # excluded by its prefix
     assert not any('_npx_convolution' in table[name] for name in tables.OP_CLASSES)
+
+
+def test_group_of_is_the_group_an_op_or_its_canonical_op_is_listed_under():
+    assert tables.group_of('float16', 'Convolution') == 'gemm'              # ops_shared.py
+    assert tables.group_of('float16', '_plus_scalar') == 'math'             # ops_float16.py
+    assert tables.group_of('bfloat16', '_plus_scalar') == 'absorb'          # ops_bfloat16.py
+    assert tables.group_of('bfloat16', '_PlusScalar') == 'absorb'           # alias
+    assert tables.group_of('float16', '_npx_convolution') is None           # excluded
+    assert tables.group_of('float16', 'NoSuchOp') is None
+    for target in sorted(DIFFS):
+        table = tables.table(target)
+        assert all(tables.group_of(target, op) for name in tables.OP_CLASSES for op in table[name])
+    with pytest.raises(ValueError, match='float16" or "bfloat16'):
+        tables.group_of('float32', 'Convolution')

@@ -11,8 +11,8 @@ import functools
 
 from . import ops_bfloat16, ops_float16, ops_shared
 
-__all__ = ['OP_CLASSES', 'table', 'classes_for', 'aliases', 'registered_aliases', 'ops_of',
-           'EXCLUDED_PREFIXES', 'excluded_reason', 'rules_by_op']
+__all__ = ['OP_CLASSES', 'table', 'classes_for', 'group_of', 'aliases', 'registered_aliases',
+           'ops_of', 'EXCLUDED_PREFIXES', 'excluded_reason', 'rules_by_op']
 
 #: Names of the classes of a table ({group: (op, ...)} in the modules, sorted tuples merged).
 OP_CLASSES = ('LOW_PRECISION', 'FLOAT32', 'LOSS_OUTPUT', 'WIDEST_TYPE', 'FOLLOW')
@@ -63,6 +63,23 @@ def table(target_dtype):
         merged.update((alias, merged[op]) for alias, op in follow.items() if op in merged)
         out[name] = dict(sorted(merged.items()))
     return out
+
+
+def group_of(target_dtype, op):
+    """The group of ``op`` (an alias: of its canonical op) in one target dtype's table, e.g.
+    ``'gemm'``; None for an op in no class.
+
+    Raises:
+        ValueError: another dtype name.
+    """
+    table(target_dtype)  # validates the name
+    op = _classified_aliases().get(op, op)
+    for module in (ops_shared, _DIFFERENCES[target_dtype]):
+        for name in OP_CLASSES:
+            for group, ops in getattr(module, name, {}).items():
+                if op in ops:
+                    return group
+    return None
 
 
 def ops_of(groups):
