@@ -22,8 +22,8 @@ Where the facts come from:
   (mxnet/contrib/amp/lists/symbol_bf16.py: BF16_FUNCS, BF16_FP32_FUNCS, BF16_USE_FP32_PARAMS; read
   for facts, not imported), the oneDNN sources (src/operator/nn/mkldnn/), BatchNormType in
   src/operator/nn/batch_norm.cc, and runs of every op with bfloat16 inputs on CPU with the 1.9.1
-  wheel (tests/policy/test_op_coverage.py runs the FOLLOW and WIDEST_TYPE ops). Generic bfloat16 kernels
-  (elementwise, shape, gather ops) run anywhere; oneDNN bfloat16 kernels (Convolution,
+  wheel (tests/policy/test_op_coverage.py runs the FOLLOW and WIDEST_TYPE ops). Generic bfloat16
+  kernels (elementwise, shape, gather ops) run anywhere; oneDNN bfloat16 kernels (Convolution,
   Deconvolution, FullyConnected, Activation, Pooling, LRN, BatchNorm) need avx512_bf16/AMX and
   fail on an AVX2-only CPU with "could not create a primitive descriptor iterator", which shows
   that the oneDNN path is taken.
