@@ -7,8 +7,11 @@ DIFFS = {'float16': ops_float16, 'bfloat16': ops_bfloat16}
 
 
 def _classes(module):
-    """{op: class name} of one ops_*.py module."""
-    return {op: name for name in tables.OP_CLASSES for op in getattr(module, name, ())}
+    """{op: class name} of one ops_*.py module, with the aliases of its ops (they follow them)."""
+    listed = {op: name for name in tables.OP_CLASSES
+              for op in tables.ops_of(getattr(module, name, {}))}
+    return dict(listed, **{alias: listed[op] for alias, op in tables.registered_aliases().items()
+                           if op in listed and tables.excluded_reason(alias) is None})
 
 
 def test_dtype_modules_list_only_ops_whose_class_differs():
@@ -38,7 +41,8 @@ def test_table_is_shared_plus_differences(target):
 
 
 def test_an_op_listed_twice_is_refused(monkeypatch):
-    monkeypatch.setattr(ops_float16, 'FOLLOW', ops_float16.FOLLOW + ('relu',))  # shared FOLLOW
+    follow = dict(ops_float16.FOLLOW, math=ops_float16.FOLLOW['math'] + ('relu',))
+    monkeypatch.setattr(ops_float16, 'FOLLOW', follow)  # relu: shared FOLLOW
     tables.table.cache_clear()
     try:
         with pytest.raises(ValueError, match='relu is listed twice for float16'):
@@ -55,3 +59,53 @@ def test_aliases_come_from_both_modules():
     assert aliases['_sparse_square'] == 'square'                    # ops_bfloat16.py
     with pytest.raises(ValueError, match='float16" or "bfloat16'):
         tables.aliases('float32')
+
+
+@pytest.mark.parametrize('module, name, patch', [
+    (ops_float16, 'LOW_PRECISION',
+     lambda groups: dict(groups, gemm=groups['gemm'] + ('_sparse_dot',))),
+    (ops_shared, 'INDEX_INPUTS', lambda inputs: dict(inputs, _sparse_where=(0,))),
+])
+def test_an_alias_listed_explicitly_is_refused(monkeypatch, module, name, patch):
+    monkeypatch.setattr(module, name, patch(getattr(module, name)))
+    tables.table.cache_clear()
+    try:
+        with pytest.raises(ValueError, match='_sparse_(dot|where) .* is an alias of (dot|where): '
+                                             'aliases follow their canonical op; list the '
+                                             'canonical name'):
+            tables.table('float16')
+    finally:
+        monkeypatch.undo()
+        tables.table.cache_clear()
+    assert '_sparse_dot' in tables.table('float16')['LOW_PRECISION']
+
+
+@pytest.mark.parametrize('target', sorted(DIFFS))
+def test_an_alias_is_classified_as_its_canonical_op(target):
+    classes, table = _classes(ops_shared), tables.table(target)
+    classes.update(_classes(DIFFS[target]))
+    named = tables.registered_aliases()
+    classified = {alias: op for alias, op in named.items() if tables.excluded_reason(alias) is None}
+    assert classified and all(classes.get(alias) == classes.get(op)
+                              for alias, op in classified.items())
+    assert tables.aliases(target) == {a: op for a, op in classified.items() if op in classes}
+    dot_class = {'float16': 'LOW_PRECISION', 'bfloat16': 'FLOAT32'}[target]
+    assert named['_sparse_dot'] == 'dot' and '_sparse_dot' in table[dot_class]
+    assert 'random_pdf_negative_binomial' in table['FLOAT32']   # alias of _random_pdf_...
+    assert table['INDEX_INPUTS']['_sparse_where'] == table['INDEX_INPUTS']['where'] == (0,)
+    assert named['_npx_convolution'] == 'Convolution'            # excluded by its prefix
+    assert not any('_npx_convolution' in table[name] for name in tables.OP_CLASSES)
+
+
+def test_group_of_is_the_group_an_op_or_its_canonical_op_is_listed_under():
+    assert tables.group_of('float16', 'Convolution') == 'gemm'              # ops_shared.py
+    assert tables.group_of('float16', '_plus_scalar') == 'math'             # ops_float16.py
+    assert tables.group_of('bfloat16', '_plus_scalar') == 'absorb'          # ops_bfloat16.py
+    assert tables.group_of('bfloat16', '_PlusScalar') == 'absorb'           # alias
+    assert tables.group_of('float16', '_npx_convolution') is None           # excluded
+    assert tables.group_of('float16', 'NoSuchOp') is None
+    for target in sorted(DIFFS):
+        table = tables.table(target)
+        assert all(tables.group_of(target, op) for name in tables.OP_CLASSES for op in table[name])
+    with pytest.raises(ValueError, match='float16" or "bfloat16'):
+        tables.group_of('float32', 'Convolution')

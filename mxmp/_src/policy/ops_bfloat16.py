@@ -4,11 +4,13 @@ oneDNN). Data only.
 The bfloat16 table is :mod:`mxmp._src.policy.ops_shared` (the ops whose class is the same for both
 target dtypes) plus this module, which holds only the ops whose bfloat16 class differs from their
 float16 class, and the bfloat16-only rules (CONDITIONAL_FLOAT32, FLOAT32_INPUTS of
-_contrib_BatchNormWithReLU); :mod:`mxmp._src.policy.tables` merges the two and refuses an op listed in
-both. Together they put every operator name MXNet 1.9.1 registers
+_contrib_BatchNormWithReLU); :mod:`mxmp._src.policy.tables` merges the two and refuses an op
+listed in both. Together they put every operator name MXNet 1.9.1 registers
 (``mx.operator.get_all_registered_operators()``) in exactly one of LOW_PRECISION, FLOAT32,
-LOSS_OUTPUT, WIDEST_TYPE, FOLLOW, or a rule in ``EXCLUDED_PREFIXES`` of ``tables.py`` excludes it. Aliases
-are listed under each of their names; a Symbol's JSON always names the canonical op.
+LOSS_OUTPUT, WIDEST_TYPE, FOLLOW, or a rule in ``EXCLUDED_PREFIXES`` of ``tables.py`` excludes it.
+Each class is ``{group: (op, ...)}``, with the evidence of each group in the legend above it.
+Aliases are not listed: ``tables.py`` gives each its canonical op's class and entries, from
+MXNet's registry; a Symbol's JSON always names the canonical op.
 
 Where the facts come from:
 
@@ -20,8 +22,8 @@ Where the facts come from:
   (mxnet/contrib/amp/lists/symbol_bf16.py: BF16_FUNCS, BF16_FP32_FUNCS, BF16_USE_FP32_PARAMS; read
   for facts, not imported), the oneDNN sources (src/operator/nn/mkldnn/), BatchNormType in
   src/operator/nn/batch_norm.cc, and runs of every op with bfloat16 inputs on CPU with the 1.9.1
-  wheel (tests/policy/test_op_coverage.py runs the FOLLOW and WIDEST_TYPE ops). Generic bfloat16 kernels
-  (elementwise, shape, gather ops) run anywhere; oneDNN bfloat16 kernels (Convolution,
+  wheel (tests/policy/test_op_coverage.py runs the FOLLOW and WIDEST_TYPE ops). Generic bfloat16
+  kernels (elementwise, shape, gather ops) run anywhere; oneDNN bfloat16 kernels (Convolution,
   Deconvolution, FullyConnected, Activation, Pooling, LRN, BatchNorm) need avx512_bf16/AMX and
   fail on an AVX2-only CPU with "could not create a primitive descriptor iterator", which shows
   that the oneDNN path is taken.
@@ -52,7 +54,7 @@ Where the facts come from:
 
 # ------------------------------------------------------------------------------------------------
 # FLOAT32: Compute in float32: low-precision float inputs are cast to float32. The safe default.
-# The comment after each name is its group:
+# Its groups, the keys of the dict:
 #   no-kernel: no bfloat16 kernel in MXNet 1.9.1, measured on CPU: their kernels switch over
 #       float32/float64/float16 only ("Unknown type enum 12"), accept float32 only (dot and
 #       batch_dot: float16 on GPU only; the interleaved attention matmuls: "Only FP32 is supported
@@ -104,65 +106,29 @@ Where the facts come from:
 #       bound executor fails "inputs[0].dptr_ == outputs[0].dptr_"); _contrib_boolean_mask has a
 #       data-dependent output shape; _contrib_SparseEmbedding's forward matched float32 exactly, its
 #       backward needs a row_sparse gradient the suite does not bind.
-FLOAT32 = (
-    'BilinearSampler',                             # no-kernel
-    'Correlation',                                 # no-kernel
-    'Deconvolution',                               # bf16-crash
-    'Dropout',                                     # no-kernel
-    'Pad',                                         # no-kernel
-    'Pooling_v1',                                  # no-kernel
-    'RNN',                                         # no-kernel
-    'ROIPooling',                                  # no-kernel
-    'UpSampling',                                  # no-kernel
-    '_CrossDeviceCopy',                            # untested
-    '_Mod',                                        # bf16-mod (alias of _mod)
-    '_ModScalar',                                  # bf16-mod (alias of _mod_scalar)
-    '_PlusScalar',                                 # absorb (alias of _plus_scalar)
-    '_RModScalar',                                 # bf16-mod (alias of _rmod_scalar)
-    '_contrib_AdaptiveAvgPooling2D',               # bf16-inexact
-    '_contrib_BilinearResize2D',                   # bf16-inexact
-    '_contrib_PSROIPooling',                       # no-kernel
-    '_contrib_ROIAlign',                           # no-kernel
-    '_contrib_RROIAlign',                          # no-kernel
-    '_contrib_SparseEmbedding',                    # untested
-    '_contrib_boolean_mask',                       # untested
-    '_contrib_interleaved_matmul_encdec_qk',       # no-kernel
-    '_contrib_interleaved_matmul_encdec_valatt',   # no-kernel
-    '_contrib_interleaved_matmul_selfatt_qk',      # no-kernel
-    '_contrib_interleaved_matmul_selfatt_valatt',  # no-kernel
-    '_copyto',                                     # untested
-    '_grad_add',                                   # bf16-inexact
-    '_mod',                                        # bf16-mod
-    '_mod_scalar',                                 # bf16-mod
-    '_plus_scalar',                                # absorb
-    '_random_exponential_like',                    # no-kernel
-    '_random_gamma_like',                          # no-kernel
-    '_random_generalized_negative_binomial_like',  # no-kernel
-    '_random_negative_binomial_like',              # no-kernel
-    '_random_normal_like',                         # no-kernel
-    '_random_poisson_like',                        # no-kernel
-    '_random_uniform_like',                        # no-kernel
-    '_rmod_scalar',                                # bf16-mod
-    '_scatter_set_nd',                             # untested
-    '_sparse_broadcast_div',                       # bf16-inexact (alias of broadcast_div)
-    '_sparse_broadcast_mul',                       # bf16-inexact (alias of broadcast_mul)
-    '_sparse_dot',                                 # no-kernel (alias of dot)
-    'batch_dot',                                   # no-kernel
-    'broadcast_div',                               # bf16-inexact
-    'broadcast_mod',                               # bf16-mod
-    'broadcast_mul',                               # bf16-inexact
-    'col2im',                                      # no-kernel
-    'dot',                                         # no-kernel
-    'gather_nd',                                   # no-kernel
-    'hard_sigmoid',                                # no-kernel
-    'im2col',                                      # no-kernel
-    'pad',                                         # no-kernel (alias of Pad)
-    'transpose',                                   # bf16-crash
-)
+FLOAT32 = {
+    'no-kernel': ('BilinearSampler', 'Correlation', 'Dropout', 'Pad', 'Pooling_v1', 'RNN',
+                  'ROIPooling', 'UpSampling', '_contrib_PSROIPooling', '_contrib_ROIAlign',
+                  '_contrib_RROIAlign', '_contrib_interleaved_matmul_encdec_qk',
+                  '_contrib_interleaved_matmul_encdec_valatt',
+                  '_contrib_interleaved_matmul_selfatt_qk',
+                  '_contrib_interleaved_matmul_selfatt_valatt', '_random_exponential_like',
+                  '_random_gamma_like', '_random_generalized_negative_binomial_like',
+                  '_random_negative_binomial_like', '_random_normal_like', '_random_poisson_like',
+                  '_random_uniform_like', 'batch_dot', 'col2im', 'dot', 'gather_nd', 'hard_sigmoid',
+                  'im2col'),
+    'bf16-crash': ('Deconvolution', 'transpose'),
+    'bf16-inexact': ('_contrib_AdaptiveAvgPooling2D', '_contrib_BilinearResize2D', '_grad_add',
+                     'broadcast_div', 'broadcast_mul'),
+    'bf16-mod': ('_mod', '_mod_scalar', '_rmod_scalar', 'broadcast_mod'),
+    'absorb': ('_plus_scalar',),
+    'untested': ('_CrossDeviceCopy', '_contrib_SparseEmbedding', '_contrib_boolean_mask', '_copyto',
+                 '_scatter_set_nd'),
+}
 
 # ------------------------------------------------------------------------------------------------
 # FOLLOW: Keep their input's dtype (treated like WIDEST_TYPE; they never cast down).
-# The comment after each name is its group:
+# Its groups, the keys of the dict:
 #   batchnorm: BatchNorm and _contrib_BatchNormWithReLU: bfloat16 data, float32 gamma/beta/moving
 #       stats (FLOAT32_INPUTS); BatchNormType in src/operator/nn/batch_norm.cc infers float32
 #       parameters for bfloat16 data and oneDNN computes the statistics in float32 (contrib.amp
@@ -172,12 +138,11 @@ FLOAT32 = (
 #       bilinear resize are bf16-inexact.
 #   math: pointwise math, scalar arithmetic, comparisons and max/min (no accumulation); bfloat16
 #       kernels checked on CPU (abs, clip, sqrt, square also in contrib.amp BF16_FP32_FUNCS).
-FOLLOW = (
-    'LRN',                                         # pooling
-    '_contrib_BatchNormWithReLU',                  # batchnorm
-    '_sparse_square',                              # math (alias of square)
-    'square',                                      # math
-)
+FOLLOW = {
+    'batchnorm': ('_contrib_BatchNormWithReLU',),
+    'pooling': ('LRN',),
+    'math': ('square',),
+}
 
 # ------------------------------------------------------------------------------------------------
 # CONDITIONAL_FLOAT32: (op, attr, values): the op is FLOAT32 when attr has one of the values.

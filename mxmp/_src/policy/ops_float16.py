@@ -4,11 +4,13 @@ Data only.
 The float16 table is :mod:`mxmp._src.policy.ops_shared` (the ops whose class is the same for both
 target dtypes) plus this module, which holds only the ops whose float16 class differs from their
 bfloat16 class, and the float16-only rules (CONDITIONAL_FLOAT32, EMULATE_FLOAT32);
-:mod:`mxmp._src.policy.tables` merges the two and refuses an op listed in both. Together they put every
-operator name MXNet 1.9.1 registers (``mx.operator.get_all_registered_operators()``) in exactly one
-of LOW_PRECISION, FLOAT32, LOSS_OUTPUT, WIDEST_TYPE, FOLLOW, or a rule in
-``EXCLUDED_PREFIXES`` of ``tables.py`` excludes it. Aliases are listed under each of their names (``_plus``,
-``_Plus``, ``elemwise_add``); a Symbol's JSON always names the canonical op.
+:mod:`mxmp._src.policy.tables` merges the two and refuses an op listed in both. Together they put
+every operator name MXNet 1.9.1 registers (``mx.operator.get_all_registered_operators()``) in
+exactly one of LOW_PRECISION, FLOAT32, LOSS_OUTPUT, WIDEST_TYPE, FOLLOW, or a rule in
+``EXCLUDED_PREFIXES`` of ``tables.py`` excludes it. Each class is ``{group: (op, ...)}``, with the
+evidence of each group in the legend above it. Aliases (``_plus``, ``_Plus`` of ``elemwise_add``)
+are not listed: ``tables.py`` gives each its canonical op's class and entries, from MXNet's
+registry; a Symbol's JSON always names the canonical op.
 
 Where the facts come from:
 
@@ -30,44 +32,36 @@ Where the facts come from:
 
 # ------------------------------------------------------------------------------------------------
 # LOW_PRECISION: Run in the target dtype: every float input is cast to it.
-# The comment after each name is its group:
+# Its groups, the keys of the dict:
 #   gemm: convolution, fully connected, recurrent and (batched) matrix products: the compute-bound
 #       ops that gain from float16 Tensor Cores and that NVIDIA's guide and Micikevicius et al. 2018
 #       run in float16 with float32 accumulation. MXNet 1.9.1 has their float16 kernels in
 #       cuDNN/cuBLAS only: on CPU they fail ("FP16 gemm on cpu not implemented!", "float16 fully
 #       connected layer is currently only supported by CuDNN", "Only FP32 is supported on CPU" for
 #       the interleaved attention matmuls; measured), so CPU runs use emulation.
-LOW_PRECISION = (
-    'Deconvolution',                               # gemm
-    'RNN',                                         # gemm
-    '_contrib_interleaved_matmul_encdec_qk',       # gemm
-    '_contrib_interleaved_matmul_encdec_valatt',   # gemm
-    '_contrib_interleaved_matmul_selfatt_qk',      # gemm
-    '_contrib_interleaved_matmul_selfatt_valatt',  # gemm
-    '_sparse_dot',                                 # gemm (alias of dot)
-    'batch_dot',                                   # gemm
-    'dot',                                         # gemm
-)
+LOW_PRECISION = {
+    'gemm': ('Deconvolution', 'RNN', '_contrib_interleaved_matmul_encdec_qk',
+             '_contrib_interleaved_matmul_encdec_valatt', '_contrib_interleaved_matmul_selfatt_qk',
+             '_contrib_interleaved_matmul_selfatt_valatt', 'batch_dot', 'dot'),
+}
 
 # ------------------------------------------------------------------------------------------------
 # FLOAT32: Compute in float32: low-precision float inputs are cast to float32. The safe default.
-# The comment after each name is its group:
+# Its groups, the keys of the dict:
 #   norm: normalizations whose mean/variance/sum of squares need float32 (NVIDIA guide).
 #       BatchNorm_v1 and _contrib_SyncBatchNorm infer float32 parameters for float16 data but their
 #       kernels read the parameters as float16 (TBlob "Expected: half v.s. given float", measured);
 #       _contrib_BatchNormWithReLU is oneDNN-only and has no float16 kernel; InstanceNorm and LRN
 #       have no float16 CPU kernel.
 #   pow: powers, reciprocals and squares overflow float16 (max 65504) or lose precision.
-FLOAT32 = (
-    'LRN',                                         # norm
-    '_contrib_BatchNormWithReLU',                  # norm
-    '_sparse_square',                              # pow (alias of square)
-    'square',                                      # pow
-)
+FLOAT32 = {
+    'norm': ('LRN', '_contrib_BatchNormWithReLU'),
+    'pow': ('square',),
+}
 
 # ------------------------------------------------------------------------------------------------
 # WIDEST_TYPE: Several float inputs that MXNet requires in one dtype: all cast to the widest.
-# The comment after each name is its group:
+# Its groups, the keys of the dict:
 #   binary: elementwise and broadcast binary ops: MXNet requires both inputs in one dtype (type
 #       inference fails otherwise, checked), so both are cast to the wider one.
 #   join: ops joining several float tensors that must share one dtype (Concat, stack, add_n, where's
@@ -75,28 +69,16 @@ FLOAT32 = (
 #   sampler: spatial samplers, ROI ops, Correlation and multi-input UpSampling: their float inputs
 #       must share one dtype (checked); float16 CPU kernels exist (checked). The rois and grids
 #       usually arrive in float32, so the widest dtype then keeps the op in float32.
-WIDEST_TYPE = (
-    'BilinearSampler',                             # sampler
-    'Correlation',                                 # sampler
-    'ROIPooling',                                  # sampler
-    'UpSampling',                                  # sampler
-    '_Mod',                                        # binary (alias of _mod)
-    '_contrib_PSROIPooling',                       # sampler
-    '_contrib_ROIAlign',                           # sampler
-    '_contrib_RROIAlign',                          # sampler
-    '_grad_add',                                   # binary
-    '_mod',                                        # binary
-    '_scatter_set_nd',                             # join
-    '_sparse_broadcast_div',                       # binary (alias of broadcast_div)
-    '_sparse_broadcast_mul',                       # binary (alias of broadcast_mul)
-    'broadcast_div',                               # binary
-    'broadcast_mod',                               # binary
-    'broadcast_mul',                               # binary
-)
+WIDEST_TYPE = {
+    'binary': ('_grad_add', '_mod', 'broadcast_div', 'broadcast_mod', 'broadcast_mul'),
+    'join': ('_scatter_set_nd',),
+    'sampler': ('BilinearSampler', 'Correlation', 'ROIPooling', 'UpSampling',
+                '_contrib_PSROIPooling', '_contrib_ROIAlign', '_contrib_RROIAlign'),
+}
 
 # ------------------------------------------------------------------------------------------------
 # FOLLOW: Keep their input's dtype (treated like WIDEST_TYPE; they never cast down).
-# The comment after each name is its group:
+# Its groups, the keys of the dict:
 #   activation: pointwise activations, bounded or dtype-safe (Activation softrelu is float32 by
 #       CONDITIONAL_FLOAT32).
 #   pooling: pooling and resizing keep their input's dtype (Pooling lp is float32 by
@@ -108,36 +90,17 @@ WIDEST_TYPE = (
 #       and max/min reductions (no accumulation).
 #   identity: identity-like ops: copies, gradient blocking/scaling, Dropout (Cast is float32, see
 #       explicit-cast), random *_like (input read for its shape and dtype only).
-FOLLOW = (
-    'Dropout',                                     # identity
-    'Pad',                                         # shape
-    'Pooling_v1',                                  # pooling
-    '_CrossDeviceCopy',                            # identity
-    '_ModScalar',                                  # math (alias of _mod_scalar)
-    '_PlusScalar',                                 # math (alias of _plus_scalar)
-    '_RModScalar',                                 # math (alias of _rmod_scalar)
-    '_contrib_AdaptiveAvgPooling2D',               # pooling
-    '_contrib_BilinearResize2D',                   # pooling
-    '_contrib_SparseEmbedding',                    # gather
-    '_contrib_boolean_mask',                       # gather
-    '_copyto',                                     # identity
-    '_mod_scalar',                                 # math
-    '_plus_scalar',                                # math
-    '_random_exponential_like',                    # identity
-    '_random_gamma_like',                          # identity
-    '_random_generalized_negative_binomial_like',  # identity
-    '_random_negative_binomial_like',              # identity
-    '_random_normal_like',                         # identity
-    '_random_poisson_like',                        # identity
-    '_random_uniform_like',                        # identity
-    '_rmod_scalar',                                # math
-    'col2im',                                      # shape
-    'gather_nd',                                   # gather
-    'hard_sigmoid',                                # activation
-    'im2col',                                      # shape
-    'pad',                                         # shape (alias of Pad)
-    'transpose',                                   # shape
-)
+FOLLOW = {
+    'activation': ('hard_sigmoid',),
+    'pooling': ('Pooling_v1', '_contrib_AdaptiveAvgPooling2D', '_contrib_BilinearResize2D'),
+    'shape': ('Pad', 'col2im', 'im2col', 'transpose'),
+    'gather': ('_contrib_SparseEmbedding', '_contrib_boolean_mask', 'gather_nd'),
+    'math': ('_mod_scalar', '_plus_scalar', '_rmod_scalar'),
+    'identity': ('Dropout', '_CrossDeviceCopy', '_copyto', '_random_exponential_like',
+                 '_random_gamma_like', '_random_generalized_negative_binomial_like',
+                 '_random_negative_binomial_like', '_random_normal_like', '_random_poisson_like',
+                 '_random_uniform_like'),
+}
 
 # ------------------------------------------------------------------------------------------------
 # CONDITIONAL_FLOAT32: (op, attr, values): the op is FLOAT32 when attr has one of the values.
