@@ -5,13 +5,13 @@ The modules hold each class as ``{group: (op, ...)}`` (:func:`ops_of` flattens o
 alias. Every name of ``mx.operator.get_all_registered_operators()`` is in exactly one class of each
 table or matched by :data:`EXCLUDED_PREFIXES`. An alias (a name MXNet registers for another op's
 handle) is classified with its canonical op, from MXNet's registry (a Symbol's JSON names the
-canonical op), and listing one is an error; an op in no class (a custom op) computes in float32.
+canonical op), so the modules list none; an op in no class (a custom op) computes in float32.
 """
 import functools
 
 from . import ops_bfloat16, ops_float16, ops_shared
 
-__all__ = ['OP_CLASSES', 'table', 'classes_for', 'group_of', 'aliases', 'registered_aliases',
+__all__ = ['OP_CLASSES', 'table', 'classes_for', 'aliases', 'registered_aliases',
            'ops_of', 'EXCLUDED_PREFIXES', 'excluded_reason', 'rules_by_op']
 
 #: Names of the classes of a table ({group: (op, ...)} in the modules, sorted tuples merged).
@@ -32,14 +32,13 @@ def table(target_dtype):
 
     Raises:
         ValueError: another dtype name; an op listed both in ops_shared.py and the dtype's module
-            (or twice in one); an alias listed.
+            (or twice in one).
     """
     if target_dtype not in _DIFFERENCES:
         raise ValueError('target dtype must be "float16" or "bfloat16", got %r' % (target_dtype,))
     diff = _DIFFERENCES[target_dtype]
     listed = {}
     for module in (ops_shared, diff):
-        _refuse_aliases(module)
         for name in OP_CLASSES:
             for op in ops_of(getattr(module, name, {})):
                 if op in listed:
@@ -65,38 +64,9 @@ def table(target_dtype):
     return out
 
 
-def group_of(target_dtype, op):
-    """The group of ``op`` (an alias: of its canonical op) in one target dtype's table, e.g.
-    ``'gemm'``; None for an op in no class.
-
-    Raises:
-        ValueError: another dtype name.
-    """
-    table(target_dtype)  # validates the name
-    op = _classified_aliases().get(op, op)
-    for module in (ops_shared, _DIFFERENCES[target_dtype]):
-        for name in OP_CLASSES:
-            for group, ops in getattr(module, name, {}).items():
-                if op in ops:
-                    return group
-    return None
-
-
 def ops_of(groups):
     """The op names of one class of an ops_*.py module, ``{group: (op, ...)}``, as one tuple."""
     return tuple(op for ops in groups.values() for op in ops)
-
-
-def _refuse_aliases(module):
-    """Raise ValueError when ``module`` lists an alias in a class, rule or dict."""
-    listed = [op for name in OP_CLASSES for op in ops_of(getattr(module, name, {}))]
-    listed += [op for op, _, _ in getattr(module, 'CONDITIONAL_FLOAT32', ())]
-    listed += [op for name in _DICTS for op in getattr(module, name, {})]
-    named = registered_aliases()
-    for op in listed:
-        if op in named:
-            raise ValueError('%s (%s) is an alias of %s: aliases follow their canonical op; list '
-                             'the canonical name' % (op, module.__name__, named[op]))
 
 
 def classes_for(target_dtype):
