@@ -7,6 +7,7 @@ import json
 import numpy as np
 
 from ..errors import mxnet_error_line
+from ..graph.strip import float32_arrays
 from ..graph.symbol_json import dump
 from .report import NumericsReport
 from .stats import FORMATS, LayerStats, TensorStats, advise_loss_scale, judge_layer, merged
@@ -176,14 +177,10 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
         raise ValueError('cannot bind the network for data shapes %s: %s'
                          % (data_shapes, mxnet_error_line(err))) from None
     with autograd.pause():
+        values = float32_arrays({n: params[n].list_data()[0] for n in args + aux if n in params})
         for name, arr in list(exe.arg_dict.items()) + list(exe.aux_dict.items()):
-            if name in params:
-                value = params[name].list_data()[0]
-                if np.dtype(value.dtype) != np.float32:
-                    from ..device import to_default_layout
-                    to_default_layout(value)   # amp_cast fails on reordered grouped weights
-                    value = mx.nd.amp_cast(value, dtype='float32')
-                value.copyto(arr)
+            if name in values:
+                values[name].copyto(arr)
             elif name in probe_vars:
                 arr[:] = 0
 
