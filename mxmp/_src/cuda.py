@@ -51,7 +51,7 @@ CUDA_DISTRIBUTIONS = ('mxnet-cu112',)
 #: cuDNN 9 also has a ``-cu11`` package; mxnet-cu112 needs cuDNN 8.
 _PIN = {'nvidia-cudnn-cu11': 'nvidia-cudnn-cu11<9'}
 
-_LOADED = {}  # soname -> path (or soname, when loaded from the system search path)
+_LOADED = []  # what preload_cuda_libraries opened with ctypes: paths, or sonames of the system
 
 
 class CudaLibrariesNotFound(ImportError):
@@ -175,8 +175,7 @@ def preload_cuda_libraries(search_paths=None, loader=None, system_fallback=True)
     if missing or failed:
         raise CudaLibrariesNotFound(missing, failed, paths)
     if loader is None:
-        for item in loaded:
-            _LOADED[os.path.basename(item)] = item
+        _LOADED.extend(loaded)
     return loaded
 
 
