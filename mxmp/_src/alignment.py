@@ -2,7 +2,6 @@
 multiples of 8 float16 elements. Rules: NVIDIA's *Deep Learning Performance* guide
 (https://docs.nvidia.com/deeplearning/performance/), summarised in docs/cli.md.
 """
-import collections
 import dataclasses
 import math
 from typing import Optional, Tuple
@@ -224,7 +223,6 @@ def format_alignment(rows):
         lines.append('  '.join(cell.ljust(w) for cell, w in zip(line, widths)) + '  ' + line[-1])
         if k == 0:
             lines.append('  '.join('-' * w for w in widths) + '  ' + '-' * 3)
-    layers = collections.OrderedDict((r.layer, None) for r in rows)
     lines.append('%d misaligned size(s) in %d layer(s); rules: NVIDIA Deep Learning Performance '
-                 'guide (Tensor Cores, float16)' % (len(rows), len(layers)))
+                 'guide (Tensor Cores, float16)' % (len(rows), len({r.layer for r in rows})))
     return '\n'.join(lines)

@@ -51,7 +51,7 @@ CUDA_DISTRIBUTIONS = ('mxnet-cu112',)
 #: cuDNN 9 also has a ``-cu11`` package; mxnet-cu112 needs cuDNN 8.
 _PIN = {'nvidia-cudnn-cu11': 'nvidia-cudnn-cu11<9'}
 
-_LOADED = {}  # soname -> path (or soname, when loaded from the system search path)
+_LOADED = []  # what preload_cuda_libraries opened with ctypes: paths, or sonames of the system
 
 
 class CudaLibrariesNotFound(ImportError):
@@ -108,7 +108,7 @@ def _search_paths(search_paths):
     if hasattr(site, 'getusersitepackages'):
         paths.append(site.getusersitepackages())
     paths = [os.path.abspath(p) for p in paths + [p for p in sys.path if p]]
-    return [p for i, p in enumerate(paths) if os.path.isdir(p) and p not in paths[:i]]
+    return [p for p in dict.fromkeys(paths) if os.path.isdir(p)]
 
 
 def find_cuda_libraries(search_paths=None):
@@ -129,11 +129,8 @@ def missing_cuda_libraries(search_paths=None):
 def cuda_library_dirs(search_paths=None):
     """list of str: the directories of the found libraries (for ``LD_LIBRARY_PATH``), in load
     order."""
-    dirs = []
-    for path in find_cuda_libraries(search_paths).values():
-        if path is not None and os.path.dirname(path) not in dirs:
-            dirs.append(os.path.dirname(path))
-    return dirs
+    found = find_cuda_libraries(search_paths).values()
+    return list(dict.fromkeys(os.path.dirname(path) for path in found if path is not None))
 
 
 def preload_cuda_libraries(search_paths=None, loader=None, system_fallback=True):
@@ -175,8 +172,7 @@ def preload_cuda_libraries(search_paths=None, loader=None, system_fallback=True)
     if missing or failed:
         raise CudaLibrariesNotFound(missing, failed, paths)
     if loader is None:
-        for item in loaded:
-            _LOADED[os.path.basename(item)] = item
+        _LOADED.extend(loaded)
     return loaded
 
 

@@ -203,21 +203,19 @@ def float32_block(sym, arg_params, aux_params, data_name, ctx):
     a parameter of the graph is in neither dict."""
     import warnings
     import mxnet as mx
-    import numpy as np
     from mxnet import gluon
-    from .graph.strip import remove_casts
+    from .graph.strip import float32_arrays, remove_casts
     sym = strip_loss_heads(remove_casts(sym))   # diagnose looks at the float32 graph
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         net = gluon.SymbolBlock(sym, mx.sym.var(data_name))
+    values = float32_arrays(dict(aux_params, **arg_params))
     for name, param in net.collect_params().items():
-        value = arg_params.get(name, aux_params.get(name))
+        value = values.get(name)
         if value is None:
             raise ValueError('parameter %s is missing from the parameters given' % name)
         param.shape = value.shape
         param.initialize(ctx=ctx)
-        if np.dtype(value.dtype) != np.float32:
-            value = mx.nd.amp_cast(value, dtype='float32')
         param.set_data(value)
     return net
 

@@ -79,12 +79,10 @@ def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, 
             zygotes.append(local.zygote)
         return local.zygote(job, limit)
 
-    def run(op, cls, params_only):
-        return _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only, cases)
-
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(int(jobs), len(todo) or 1)) as pool:
-            futures = [pool.submit(run, op, cls, only) for op, cls, only in todo]
+            futures = [pool.submit(_run_op, op, cls, policy, emulate, timeout, seeds, execute,
+                                   only, cases) for op, cls, only in todo]
             for fut in futures:
                 for row in fut.result():
                     rows.append(row)
@@ -106,9 +104,9 @@ def _signal_name(rc):
         return 'signal %d' % -rc
 
 
-def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only=False, cases=None):
-    """All cases of one op (``params_only``: its ``lp-params`` cases; ``cases``: only these),
-    in subprocesses; a crash ends that case, the rest run anew."""
+def _run_op(op, cls, policy, emulate, timeout, seeds, execute, params_only, cases):
+    """All cases of one op (``params_only``: its ``lp-params`` cases; ``cases``: only these, or
+    None), in subprocesses; a crash ends that case, the rest run anew."""
     if op not in CASES:
         reason = NOT_TESTED.get(op, 'no input spec in mxmp/_src/conformance/cases.py')
         return [_row(op, cls, '', '', detail=reason)]

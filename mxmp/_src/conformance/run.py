@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import mxnet_error_line
 from ..policy.policy import FOLLOW, LOW_PRECISION, WIDEST_TYPE, Policy
-from ..dtypes import normalize_dtype
+from ..dtypes import MSHADOW_ENUM, dtype_name, from_mshadow_enum, mx_dtype, normalize_dtype
 from .cases import CASES, PARAM_KINDS
 
 EPS = {'bfloat16': 2.0 ** -7, 'float16': 2.0 ** -10}
@@ -173,8 +173,7 @@ def _rel_err(got, ref):
 
 def _to_np(arr):
     import mxnet as mx
-    if arr.dtype not in (np.float16, np.float32, np.float64) and \
-            getattr(np.dtype(arr.dtype), 'names', None):
+    if dtype_name(arr.dtype) == 'bfloat16':   # numpy cannot hold it
         arr = mx.nd.amp_cast(arr, dtype='float32')
     return arr.asnumpy()
 
@@ -197,15 +196,13 @@ def _run(sym, arrays, aux, grad_names, head_grads):
 
 def _round(values, target):
     import mxnet as mx
-    from ..dtypes import mx_dtype as dtype_of
-    return mx.nd.amp_cast(mx.nd.amp_cast(mx.nd.array(values), dtype=dtype_of(target)),
+    return mx.nd.amp_cast(mx.nd.amp_cast(mx.nd.array(values), dtype=mx_dtype(target)),
                           dtype='float32').asnumpy()
 
 
 def _variable_dtypes(sym):
     """{variable name: dtype name} of the variables whose ``__dtype__`` a graph declares
     (the arrays a converted graph is bound with must have these dtypes)."""
-    from ..dtypes import from_mshadow_enum
     from ..graph.symbol_json import load
     return {n['name']: from_mshadow_enum(n['attrs']['__dtype__']) for n in load(sym)['nodes']
             if n['op'] == 'null' and '__dtype__' in n.get('attrs', {})}
@@ -258,7 +255,6 @@ def _measure(op, cls, inputs, attrs, case, base, target, mode, seed):
     """``(forward error, backward error or None, note)`` of one case (docs/conformance.md)."""
     import mxnet as mx
     from ..graph.convert import convert_symbol
-    from ..dtypes import mx_dtype as dtype_of
     rng = np.random.RandomState(seed)
     names = ['in%d' % i for i in range(len(inputs))]
     sym = _op_fn(op)(*[mx.sym.var(n) for n in names], name='op', **attrs)
@@ -294,7 +290,6 @@ def _measure(op, cls, inputs, attrs, case, base, target, mode, seed):
         policy = base if cls == LOW_PRECISION else widened
     graph = sym
     if params:
-        from ..dtypes import MSHADOW_ENUM
         graph = _op_fn(op)(*[mx.sym.var(n, __dtype__=MSHADOW_ENUM[target]) if n in params
                              else mx.sym.var(n) for n in names], name='op', **attrs)
     conv = convert_symbol(graph, policy=policy, data_dtypes=data_dtypes,
@@ -307,7 +302,7 @@ def _measure(op, cls, inputs, attrs, case, base, target, mode, seed):
         for n in names:
             a = mx.nd.array(values[n], dtype=dtypes[n])
             if low and (n in data_dtypes or stored.get(n) == target):
-                a = mx.nd.amp_cast(a, dtype=dtype_of(target))
+                a = mx.nd.amp_cast(a, dtype=mx_dtype(target))
             (aux if n in aux_names else args)[n] = a
         return args, aux
 

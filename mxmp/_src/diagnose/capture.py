@@ -7,6 +7,8 @@ import json
 import numpy as np
 
 from ..errors import mxnet_error_line
+from ..graph.strip import float32_arrays
+from ..graph.symbol_json import dump
 from .report import NumericsReport
 from .stats import FORMATS, LayerStats, TensorStats, advise_loss_scale, judge_layer, merged
 
@@ -30,7 +32,6 @@ def _instrument(sym, layer_names):
     ``+ probe`` node: that one may be a head of the graph too, and an executor given the same
     entry twice as an output does not sum the two head gradients.
     """
-    import mxnet as mx
     js = json.loads(sym.tojson())
     n_out = collections.Counter(out.rsplit('_output', 1)[0]
                                 for out in sym.get_internals().list_outputs())
@@ -56,12 +57,7 @@ def _instrument(sym, layer_names):
             remap[(old, k)] = (len(nodes) - 1, 0)
             probes.append((node['name'], '%s_output%s' % (
                 node['name'], k if n_out.get(node['name'], 1) > 1 else ''), var))
-    out = dict(js)
-    out['nodes'] = nodes
-    out['heads'] = [entry(*h) for h in js['heads']]
-    out['arg_nodes'] = [i for i, n in enumerate(nodes) if n['op'] == 'null']
-    out.pop('node_row_ptr', None)
-    return mx.sym.load_json(json.dumps(out)), probes
+    return dump(dict(js, nodes=nodes, heads=[entry(*h) for h in js['heads']])), probes
 
 
 def _layer_nodes(sym, policy, data_names):
@@ -181,14 +177,10 @@ def diagnose(net, data, label, loss_fn, target_dtype=None, steps=3, learning_rat
         raise ValueError('cannot bind the network for data shapes %s: %s'
                          % (data_shapes, mxnet_error_line(err))) from None
     with autograd.pause():
+        values = float32_arrays({n: params[n].list_data()[0] for n in args + aux if n in params})
         for name, arr in list(exe.arg_dict.items()) + list(exe.aux_dict.items()):
-            if name in params:
-                value = params[name].list_data()[0]
-                if np.dtype(value.dtype) != np.float32:
-                    from ..device import to_default_layout
-                    to_default_layout(value)   # amp_cast fails on reordered grouped weights
-                    value = mx.nd.amp_cast(value, dtype='float32')
-                value.copyto(arr)
+            if name in values:
+                values[name].copyto(arr)
             elif name in probe_vars:
                 arr[:] = 0
 

@@ -134,8 +134,7 @@ class NumericsReport:
         Returns:
             dict str -> str: plot name -> path.
         """
-        os.makedirs(directory, exist_ok=True)
-        fmt = number_format(dtype or self.target_dtype).name
+        fmt = number_format(dtype or self.target_dtype).name   # save_png creates directory
         return {name: save_png(figure(self, fmt), os.path.join(directory, name + '.png'))
                 for name, figure in (('gradient_histogram', gradient_histogram_figure),
                                      ('layer_ranges', layer_ranges_figure))}

@@ -31,8 +31,8 @@ class NumberFormat:
     max_finite: float
     min_normal: float
     zero_below: float
-    significand_bits: int = 24
-    min_subnormal: float = 2.0 ** -149
+    significand_bits: int
+    min_subnormal: float
 
     @property
     def unit_roundoff(self) -> float:
