@@ -12,6 +12,7 @@ import re
 import sys
 
 from ._src.errors import CLIError, mxnet_error_line
+from ._src.files import write_atomic
 from ._src.model_io import (check_data_names, convert_model, diagnose_batch, epoch_of,
                             float32_block, fuse_model, load_params, load_symbol, need_file,
                             save_model)
@@ -128,8 +129,7 @@ def cmd_diagnose(args):
     print(report.table(flagged_only=args.flagged_only))
     if args.out:
         paths = report.save_plots(args.out)   # creates args.out
-        with open(os.path.join(args.out, 'report.txt'), 'w') as f:
-            f.write(report.table() + '\n')
+        write_atomic(os.path.join(args.out, 'report.txt'), report.table() + '\n')
         report.save_json(os.path.join(args.out, 'report.json'))
         print('wrote %s, %s, report.txt and report.json in %s'
               % (os.path.basename(paths['gradient_histogram']),

@@ -4,6 +4,8 @@ import json
 import math
 import os
 
+from .files import save_atomic
+
 
 def pyplot():
     """``matplotlib.pyplot`` with the Agg backend selected (ImportError without matplotlib)."""
@@ -14,9 +16,10 @@ def pyplot():
 
 
 def save_png(fig, out_png):
-    """Save ``fig`` to ``out_png`` at 100 dpi (directories created), close it, return the path."""
+    """Save ``fig`` to ``out_png`` at 100 dpi, atomically (directories created), close it,
+    return the path."""
     os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
-    fig.savefig(out_png, dpi=100)
+    save_atomic(out_png, lambda tmp: fig.savefig(tmp, dpi=100, format='png'))
     pyplot().close(fig)
     return out_png
 

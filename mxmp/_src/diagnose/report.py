@@ -8,6 +8,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
+from ..files import write_atomic
 from ..plotting import pyplot, save_png
 from .stats import HIST_LO, LayerStats, LossScaleAdvice, _pct, merged, number_format
 
@@ -158,10 +159,10 @@ class NumericsReport:
         }
 
     def save_json(self, path):
-        """Write :meth:`to_dict` to ``path`` (its directory is created); returns ``path``."""
+        """Write :meth:`to_dict` to ``path`` atomically (its directory is created); returns
+        ``path``."""
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, 'w') as f:
-            json.dump(self.to_dict(), f, indent=1)
+        write_atomic(path, json.dumps(self.to_dict(), indent=1))
         return path
 
 

@@ -10,6 +10,8 @@ import json
 import platform
 from typing import Dict, List
 
+from ..files import write_atomic
+
 #: The ``format`` field of a report file, and its version.
 FORMAT = 'mxmp-kernel-report'
 VERSION = 1
@@ -136,10 +138,8 @@ class KernelReport:
                 'aliases': self.aliases, 'rows': self.rows}
 
     def save(self, path):
-        """Write the report as JSON to ``path`` (a file name)."""
-        with open(path, 'w') as f:
-            json.dump(self.to_dict(), f, indent=1, sort_keys=True)
-            f.write('\n')
+        """Write the report as JSON to ``path`` (a file name), atomically."""
+        write_atomic(path, json.dumps(self.to_dict(), indent=1, sort_keys=True) + '\n')
 
 
 def _kind(verdict):
