@@ -37,8 +37,6 @@ _CONFIG = _Config()
 
 
 def _dtype(target_dtype):
-    if isinstance(target_dtype, Policy):
-        return target_dtype.target_dtype
     if target_dtype is None:
         target_dtype = _CONFIG.target_dtype or 'float16'
     return normalize_dtype(target_dtype)
@@ -245,7 +243,7 @@ class _TrainerLossScaler(Step):
     @property
     def loss_scale(self):
         """float: the current loss scale (1.0 when scaling is off)."""
-        return float(self.scaler.scale) if self.scaler.enabled else 1.0
+        return float(self.scaler.scale)   # NoOpLossScaler's scale is 1.0
 
     def has_overflow(self, params):
         """True (skip the step) if a gradient on any device is inf/NaN; adjusts the scale.
