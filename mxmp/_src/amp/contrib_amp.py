@@ -13,7 +13,7 @@ from mxnet import autograd
 
 from ..dtypes import normalize_dtype
 from ..policy.policy import Policy, conditional_rules
-from ..scaling import make_loss_scaler, scale_losses
+from ..scaling import make_loss_scaler
 from ..training.step import Step, param_grads
 
 __all__ = ['init', 'disable', 'init_trainer', 'scale_loss', 'unscale', 'convert_symbol',
@@ -344,12 +344,8 @@ def scale_loss(loss, optimizer_or_trainer):
             yield scaled
         return
     scaler = _scaler_of(trainer)
-    scale = scaler.loss_scale
-    trainer._scale = trainer._amp_original_scale / scale
-    if not scaler.scaler.enabled:
-        yield loss
-    else:
-        yield scale_losses(loss, scale)   # NDArray or nested lists/tuples of them
+    trainer._scale = trainer._amp_original_scale / scaler.loss_scale
+    yield scaler.scale_loss(loss)
 
 
 def unscale(optimizer_or_trainer):
