@@ -19,7 +19,9 @@ import weakref
 
 import mxnet as mx
 from mxnet import autograd, gluon
+from mxnet.gluon.block import _flatten, _regroup
 
+from .block_params import load_block_parameters, save_block_parameters
 from .graph.convert import convert_symbol
 from .graph.strip import float32_arrays, remove_casts
 from .graph.stem import check_option as check_pad_stem
@@ -195,7 +197,6 @@ def _call_cached_op(self, *args):
     if built is None or not self._cached_graph or \
             built.symbol is not self._cached_graph[1] and not self._backend:
         return _ORIGINAL['_call_cached_op'](self, *args)
-    from mxnet.gluon.block import _flatten, _regroup
     flat = [a for a in _flatten(args, 'input')[0] if a is not None]
     ctx = flat[0].context
     recording = autograd.is_recording()
@@ -249,7 +250,6 @@ def _export(self, path, epoch=0, remove_amp_cast=True):
 def _save_parameters(self, filename, deduplicate=False, dtype='float32'):
     if self not in _CONVERTED:
         return _ORIGINAL['save_parameters'](self, filename, deduplicate)
-    from .block_params import save_block_parameters
     return save_block_parameters(self, filename, deduplicate=deduplicate, dtype=dtype)
 
 
@@ -258,7 +258,6 @@ def _load_parameters(self, filename, ctx=None, allow_missing=False, ignore_extra
     if self not in _CONVERTED:
         return _ORIGINAL['load_parameters'](self, filename, ctx, allow_missing, ignore_extra,
                                             cast_dtype, dtype_source)
-    from .block_params import load_block_parameters
     return load_block_parameters(self, filename, ctx=ctx, allow_missing=allow_missing,
                                  ignore_extra=ignore_extra, cast_dtype=cast_dtype,
                                  dtype_source=dtype_source)

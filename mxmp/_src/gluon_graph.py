@@ -18,7 +18,8 @@ import weakref
 from typing import Union
 
 import mxnet as mx
-from mxnet import autograd
+from mxnet import autograd, gluon
+from mxnet.gluon.block import _flatten
 
 from .device import lp_kernels_available, to_default_layout
 from .dtypes import dtype_name, from_mshadow_enum, mx_dtype
@@ -71,7 +72,6 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
     absent ones; empty for a SymbolBlock converted before its first call) on ``ctx`` (default:
     the inputs' context). Parameters get the dtypes the converted graph declares (cast now).
     """
-    from mxnet.gluon.block import _flatten
     flat = [a for a in _flatten(args, 'input')[0] if a is not None]
     ctx = ctx or next((a.context for a in flat if isinstance(a, mx.nd.NDArray)),
                       mx.current_context())
@@ -319,7 +319,6 @@ class FusedInference:
         return out
 
     def _build(self, args):
-        from mxnet import gluon
         inputs, sym = self.block._cached_graph
         # typed inputs: the SymbolBlock infers its Parameters' dtypes from them
         inputs = [mx.sym.var(s.name, dtype=a.dtype) for s, a in zip(inputs, args)]

@@ -33,7 +33,7 @@ from helpers import (DIST_BATCH, INF_RANK, INF_STEP, STEPS, WORKER,  # noqa: E40
                               assert_float32_matches_one_process, assert_identical_workers,
                               assert_matches_one_process, assert_skipped_together, dist_worker,
                               dist_initial_params, reference, relative_error,
-                              tagged_pids, tag)  # noqa: F401  (tag is a fixture)
+                              tagged_pids)
 
 REPO = Path(__file__).resolve().parents[2]
 #: Upper bound of one horovodrun job; they take 6-8 s on 2 shared cores (measured).

@@ -13,7 +13,6 @@ scaling, 2 workers + 1 server. The single-process reference runs the same code i
 on the concatenated batch. The tests of the gradient exchange (``grad_dtype``, bfloat16
 Parameters over ``dist_sync``) skip on an mxmp.Trainer without ``exchange_dtype``.
 """
-import importlib.util
 import os
 import queue
 import signal
@@ -22,13 +21,12 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mxmp
-from helpers import DIST_BATCH, INF_RANK, INF_STEP, REPO, STEPS, WORKER, assert_float32_matches_one_process, assert_identical_workers, assert_matches_one_process, assert_skipped_together, dist_initial_params, dist_worker, reference, relative_error, tag  # noqa: E402
+from helpers import DIST_BATCH, INF_RANK, INF_STEP, REPO, STEPS, WORKER, assert_float32_matches_one_process, assert_identical_workers, assert_matches_one_process, assert_skipped_together, dist_initial_params, dist_worker, reference, relative_error  # noqa: E402
 
 LAUNCHER = REPO / 'scripts' / 'launch_local.py'
 #: Upper bound of one training job (the launcher's --timeout); they take ~10 s on 2 cores.

@@ -4,8 +4,6 @@ The model's own casts (GluonCV's ``amp_multicast`` before ``box_decode``, ``Cast
 dtype) are kept and computed as MXNet computes them; mxmp's and contrib.amp's casts are
 removed and planned again (``mxmp._src.graph.symbol_json.cast_origin`` tells them apart).
 """
-import json
-
 import mxnet as mx
 import numpy as np
 import pytest

@@ -1,5 +1,4 @@
 """The graph pass: exact cast nodes, dtypes, numerics against float32, round trips."""
-import json
 import logging
 
 import mxnet as mx

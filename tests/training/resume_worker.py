@@ -142,7 +142,6 @@ class ModuleRun:
 
     def __init__(self, args):
         import mxnet as mx
-        import mxmp
         self.args = args
         mx.random.seed(args.seed)
         data = mx.sym.var('data')

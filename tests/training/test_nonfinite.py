@@ -8,18 +8,16 @@ float32 master weights (mxmp.Trainer) or in the target dtype with ``cast_params`
 """
 import warnings
 
-import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import autograd, gluon, nd
-from mxnet.gluon import nn
 
 import mxmp
 from mxmp._src.scaling import DynamicLossScaler
 from mxmp._src.training.trainer import Trainer
 from mxmp._src.errors import LossScaleAtFloorError, NonFiniteForwardWarning
 
-from helpers import CastDense, LP_DTYPES, f32, optimizer_state, set_random_params
+from helpers import f32, optimizer_state
 import helpers as tm
 from helpers import CTXS, floor_trainer, nan_grad_step, params, two_layer  # noqa: E402
 

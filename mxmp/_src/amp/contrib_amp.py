@@ -9,12 +9,20 @@ import logging
 import warnings
 from typing import Optional, Tuple
 
-from mxnet import autograd
+import mxnet as mx
+from mxnet import autograd, gluon, optimizer
 
 from ..dtypes import normalize_dtype
+from ..gluon import convert, set_global
+from ..gluon_graph import Conversion, policy_of
+from ..graph.convert import convert_symbol as convert_graph
+from ..graph.strip import arrays_for_graph
+from ..graph.symbol_json import load
 from ..policy.policy import Policy, conditional_rules
-from ..scaling import make_loss_scaler, scale_losses
+from ..scaling import make_loss_scaler
 from ..training.step import Step, param_grads
+from ..training.trainer import Trainer
+from .lists import policy_for
 
 __all__ = ['init', 'disable', 'init_trainer', 'scale_loss', 'unscale', 'convert_symbol',
            'convert_model', 'convert_hybrid_block']
@@ -37,8 +45,6 @@ _CONFIG = _Config()
 
 
 def _dtype(target_dtype):
-    if isinstance(target_dtype, Policy):
-        return target_dtype.target_dtype
     if target_dtype is None:
         target_dtype = _CONFIG.target_dtype or 'float16'
     return normalize_dtype(target_dtype)
@@ -61,7 +67,6 @@ def _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excl
     """The mxmp Policy of a convert call: ``target_dtype`` itself when it is a Policy (the op
     lists then must be None: the policy holds them), :func:`init`'s Policy when nothing is
     given, else :func:`mxmp._src.amp.lists.policy_for` of the lists."""
-    from .lists import policy_for
     lists = (target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names)
     if isinstance(target_dtype, Policy):
         _no_lists_with(target_dtype, lists)
@@ -106,8 +111,6 @@ def init(target_dtype='float16', target_precision_ops=None, conditional_fp32_ops
             given with a Policy.
     """
     global _CONFIG  # pylint: disable=global-statement
-    from ..gluon import set_global
-    from ..gluon_graph import Conversion
     if isinstance(target_dtype, Policy):
         _no_lists_with(target_dtype, (target_precision_ops, conditional_fp32_ops, fp32_ops))
         _CONFIG = _Config(target_dtype.target_dtype, policy=target_dtype)
@@ -128,7 +131,6 @@ def disable():
     The convert calls' defaults go back to contrib.amp's (float16, default lists).
     """
     global _CONFIG  # pylint: disable=global-statement
-    from ..gluon import set_global
     _CONFIG = _Config()
     set_global(None)
 
@@ -155,15 +157,13 @@ def convert_symbol(sym, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
             or unregistered op in a list; a ValueError and an AssertionError.
         ValueError: unknown dtype; malformed lists; an already converted graph.
     """
-    from ..graph.convert import convert_symbol as _convert
-    from ..graph.symbol_json import load
     policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names)
     if data_names is None:   # contrib.amp's data inputs: the inputs without a __dtype__
         data_names = [n['name'] for n in load(sym)['nodes']
                       if n['op'] == 'null' and '__dtype__' not in n.get('attrs', {})]
-    return _convert(sym, policy=policy, data_names=tuple(data_names),
-                    cast_params=True if cast_optional_params else None)
+    return convert_graph(sym, policy=policy, data_names=tuple(data_names),
+                         cast_params=True if cast_optional_params else None)
 
 
 def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_ops=None,
@@ -190,7 +190,6 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
     out = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                          excluded_sym_names, data_names, cast_optional_params)
-    from ..graph.strip import arrays_for_graph
     return out, arrays_for_graph(out, arg_params), arrays_for_graph(out, aux_params)
 
 
@@ -210,9 +209,6 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
         TypeError: not a HybridBlock, or a block that cannot be traced.
         ValueError: as :func:`convert_symbol`.
     """
-    import mxnet as mx
-    from mxnet import gluon
-    from ..gluon import convert
     if not isinstance(block, gluon.HybridBlock):
         raise TypeError('block must be a gluon.HybridBlock, got %s' % type(block).__name__)
     if ctx is not None:
@@ -245,7 +241,7 @@ class _TrainerLossScaler(Step):
     @property
     def loss_scale(self):
         """float: the current loss scale (1.0 when scaling is off)."""
-        return float(self.scaler.scale) if self.scaler.enabled else 1.0
+        return float(self.scaler.scale)   # NoOpLossScaler's scale is 1.0
 
     def has_overflow(self, params):
         """True (skip the step) if a gradient on any device is inf/NaN; adjusts the scale.
@@ -266,8 +262,6 @@ class _TrainerLossScaler(Step):
 
 def _is_native(optimizer_or_trainer):
     """Whether it is an mxmp.Trainer (else a gluon.Trainer); TypeError for anything else."""
-    from mxnet import gluon, optimizer
-    from ..training.trainer import Trainer
     if isinstance(optimizer_or_trainer, gluon.Trainer):
         return isinstance(optimizer_or_trainer, Trainer)
     if isinstance(optimizer_or_trainer, optimizer.Optimizer):
@@ -306,7 +300,6 @@ def init_trainer(optimizer_or_trainer):
         config['update_on_kvstore'] = False
     dtype = _CONFIG.target_dtype
     if dtype is None:
-        from ..gluon_graph import policy_of
         marks = {policy_of(p).target_dtype for p in trainer._params if policy_of(p)}
         dtype = 'bfloat16' if marks == {'bfloat16'} else 'float16'
     spec = _CONFIG.policy.loss_scaler if _CONFIG.policy is not None else None
@@ -346,12 +339,8 @@ def scale_loss(loss, optimizer_or_trainer):
             yield scaled
         return
     scaler = _scaler_of(trainer)
-    scale = scaler.loss_scale
-    trainer._scale = trainer._amp_original_scale / scale
-    if not scaler.scaler.enabled:
-        yield loss
-    else:
-        yield scale_losses(loss, scale)   # NDArray or nested lists/tuples of them
+    trainer._scale = trainer._amp_original_scale / scaler.loss_scale
+    yield scaler.scale_loss(loss)
 
 
 def unscale(optimizer_or_trainer):

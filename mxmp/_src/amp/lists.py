@@ -2,6 +2,7 @@
 :class:`mxmp.Policy` (:func:`policy_for`), and the lists computed from mxmp's op classes."""
 from ..dtypes import normalize_dtype
 from ..errors import AmpListConflict
+from ..policy.policy import Policy
 from ..policy.tables import classes_for
 
 __all__ = ['policy_for', 'check_lists', 'contrib_lists', 'module_names']
@@ -18,7 +19,6 @@ def policy_for(dtype, lp_ops, fp32_ops, conditional, excluded_names=(), init_lp=
     Raises:
         AmpListConflict: see :func:`check_lists`.
     """
-    from ..policy.policy import Policy
     classes = classes_for(dtype)
     base_lp, base_fp32 = set(classes['LOW_PRECISION']), set(classes['FLOAT32'])
     init_lp, init_fp32 = set(init_lp), set(init_fp32)
