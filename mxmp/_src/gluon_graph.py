@@ -1,7 +1,7 @@
 """The work done when Gluon builds or runs a converted network's graph (no hook of its own:
 :mod:`mxmp._src.gluon` calls it): :class:`Conversion` (the settings), :func:`rewrite` (the pass
 on a traced graph), :class:`BuiltGraph` (per-call state) and the oneDNN-fused inference twin
-(:class:`FusedInference`, :func:`fuse_symbol`).
+(:class:`FusedInference`).
 
 Fusion (MXNet 1.9.1's ``'MKLDNN'`` subgraph backend) is inference-only; a fused convolution
 folds BatchNorm into its weight before rounding, so fused results differ from unfused ones by
@@ -30,7 +30,7 @@ from .graph.symbol_json import CAST_OPS, cast_param_names, load
 from .policy.policy import Policy
 
 __all__ = ['Conversion', 'rewrite', 'cast_to_graph', 'BuiltGraph', 'unrounded_values',
-           'BACKEND', 'fuse_symbol', 'count_fused', 'FusedInference']
+           'BACKEND', 'count_fused', 'unsafe_outputs', 'FusedInference']
 
 logger = logging.getLogger('mxmp.gluon')
 
@@ -234,14 +234,6 @@ BACKEND = 'MKLDNN'
 def count_fused(sym):
     """Number of fused oneDNN nodes (ops named ``_sg_mkldnn_*``) in ``sym`` (mxnet.sym.Symbol)."""
     return sum(1 for n in load(sym)['nodes'] if n['op'].startswith('_sg_mkldnn_'))
-
-
-def fuse_symbol(sym, arg_params=None, aux_params=None, shapes=None, ctx=None):
-    """``sym`` (an inference graph, casts allowed) partitioned by oneDNN's fusion
-    (``optimize_for('MKLDNN')``; inference only, plain MXNet with oneDNN runs it). Without the
-    data input ``shapes`` nothing fuses; MXNetError where the backend refuses the graph."""
-    return sym.optimize_for(BACKEND, dict(arg_params or {}), dict(aux_params or {}),
-                            ctx or mx.cpu(), shape_dict=dict(shapes or {}))
 
 
 def unsafe_outputs(sym):

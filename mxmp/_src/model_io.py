@@ -131,16 +131,23 @@ def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data
 
 
 def fuse_model(sym, arg_params, aux_params, shapes, data_names):
-    """``sym`` fused by oneDNN for inference (:func:`mxmp._src.gluon_graph.fuse_symbol`);
-    CLIError if a data input has no shape in ``shapes`` or the backend refuses the graph."""
+    """``sym`` partitioned by oneDNN's fusion for inference (``optimize_for('MKLDNN')``; plain
+    MXNet with oneDNN runs it). CLIError if a data input has no shape in ``shapes`` (nothing
+    would fuse), an output also feeds another node (as :class:`mxmp._src.gluon_graph.
+    FusedInference`, such graphs are not fused) or the backend refuses the graph."""
     import mxnet as mx
-    from .gluon_graph import fuse_symbol
+    from .gluon_graph import BACKEND, unsafe_outputs
     if not all(n in shapes for n in data_names):
         raise CLIError('--fuse needs the shape of every data input to find the patterns: '
                        'add --shape %s=1,3,224,224 (your model\'s input shape; the fused '
                        'graph then runs any batch size)' % data_names[0])
+    unsafe = unsafe_outputs(sym)
+    if unsafe:
+        raise CLIError('output(s) %s also feed another node, where MXNet 1.9.1\'s oneDNN fusion '
+                       'can return a wrong value; convert without --fuse' % ', '.join(unsafe))
     try:
-        return fuse_symbol(sym, arg_params, aux_params, shapes=shapes)
+        return sym.optimize_for(BACKEND, dict(arg_params), dict(aux_params), mx.cpu(),
+                                shape_dict=dict(shapes))
     except mx.base.MXNetError as err:
         raise CLIError('oneDNN fusion refused this graph (%s); convert without --fuse'
                        % str(err).strip().splitlines()[0]) from None

@@ -267,19 +267,22 @@ def test_cli_convert_fuse_writes_a_graph_plain_mxnet_loads(tmp_path, capsys):
     assert rel(fused_out, net(x).asnumpy()) < BF16_FUSED_REL
 
 
+class TwoHeads(gluon.HybridBlock):
+    """Logits and their sigmoid: the logits output also feeds another node."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.conv = nn.Conv2D(8, 3, in_channels=3)
+            self.dense = nn.Dense(4, in_units=8 * 14 * 14)
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        logits = self.dense(F.relu(self.conv(x)))
+        return logits, F.sigmoid(logits)
+
+
 def test_an_output_that_also_feeds_another_node_is_never_fused(caplog):
     """MXNet's fusion returned sigmoid(FC) for an FC output that is also a graph output."""
-    class TwoHeads(gluon.HybridBlock):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            with self.name_scope():
-                self.conv = nn.Conv2D(8, 3, in_channels=3)
-                self.dense = nn.Dense(4, in_units=8 * 14 * 14)
-
-        def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
-            logits = self.dense(F.relu(self.conv(x)))
-            return logits, F.sigmoid(logits)
-
     net = TwoHeads(prefix='heads_')
     net.initialize(mx.init.Xavier())
     x = data()
@@ -293,6 +296,21 @@ def test_an_output_that_also_feeds_another_node_is_never_fused(caplog):
     np.testing.assert_allclose(logits.asnumpy(), ref[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(prob.asnumpy(), ref[1], rtol=1e-5, atol=1e-6)
 
+
+
+def test_cli_convert_fuse_refuses_an_output_that_also_feeds_another_node(tmp_path, capsys):
+    # --strip keeps the float32 graph, whose logits output feeds the sigmoid directly.
+    net = TwoHeads(prefix='heads_')
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    net(data())
+    net.export(str(tmp_path / 'heads'))
+    args = ['convert', tmp_path / 'heads-symbol.json', tmp_path / 'heads-0000.params',
+            '--strip', '--fuse', '--shape', 'data=1,3,16,16', '--out', tmp_path / 'fused']
+    assert main([str(a) for a in args]) == 1
+    err = capsys.readouterr().err
+    assert 'heads_dense0_fwd' in err and 'convert without --fuse' in err
+    assert not (tmp_path / 'fused-symbol.json').exists()
 
 @real_kernels_only
 def test_auto_follows_mxnet_subgraph_backend_none(monkeypatch):
