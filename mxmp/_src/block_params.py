@@ -59,9 +59,6 @@ def save_block_parameters(block, filename, deduplicate=False, dtype='float32'):
 
     def write(tmp):
         mx.nd.save(tmp, arrays)
-        umask = os.umask(0)   # mkstemp creates 0600; give the file nd.save's usual mode
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
     save_atomic(filename, write)
 
 

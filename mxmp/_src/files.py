@@ -16,8 +16,9 @@ def write_atomic(fname, data):
 
 def save_atomic(fname, save):
     """Let ``save(tmp_path)`` write a file, then move it over ``fname`` (str or PathLike)
-    atomically and durably: the temporary file (``.<name>.<random>.tmp``, same directory) is
-    fsynced, ``os.replace``d over ``fname``, then the directory is fsynced where possible. A
+    atomically and durably: the temporary file (``.<name>.<random>.tmp``, same directory) gets
+    the mode ``open()`` would give a new file (``0o666`` less the umask), is fsynced,
+    ``os.replace``d over ``fname``, then the directory is fsynced where possible. A
     crash leaves the old ``fname`` or the new one, complete. On an error (what ``save`` raises,
     or OSError) the temporary file is removed and ``fname`` is untouched.
     """
@@ -28,6 +29,9 @@ def save_atomic(fname, save):
     os.close(fd)
     try:
         save(tmp)
+        umask = os.umask(0)   # mkstemp creates 0600; os has no umask getter
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         _fsync(tmp)
         os.replace(tmp, fname)
     except BaseException:
