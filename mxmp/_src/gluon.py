@@ -21,7 +21,6 @@ import mxnet as mx
 from mxnet import autograd, gluon
 from mxnet.gluon.block import _flatten, _regroup
 
-from .block_params import load_block_parameters, save_block_parameters
 from .graph.convert import convert_symbol
 from .graph.strip import float32_arrays, remove_casts
 from .graph.stem import check_option as check_pad_stem
@@ -250,6 +249,7 @@ def _export(self, path, epoch=0, remove_amp_cast=True):
 def _save_parameters(self, filename, deduplicate=False, dtype='float32'):
     if self not in _CONVERTED:
         return _ORIGINAL['save_parameters'](self, filename, deduplicate)
+    from .block_params import save_block_parameters   # loaded on first use: import mxmp stays small
     return save_block_parameters(self, filename, deduplicate=deduplicate, dtype=dtype)
 
 
@@ -258,6 +258,7 @@ def _load_parameters(self, filename, ctx=None, allow_missing=False, ignore_extra
     if self not in _CONVERTED:
         return _ORIGINAL['load_parameters'](self, filename, ctx, allow_missing, ignore_extra,
                                             cast_dtype, dtype_source)
+    from .block_params import load_block_parameters
     return load_block_parameters(self, filename, ctx=ctx, allow_missing=allow_missing,
                                  ignore_extra=ignore_extra, cast_dtype=cast_dtype,
                                  dtype_source=dtype_source)
