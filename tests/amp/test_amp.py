@@ -13,6 +13,7 @@ from mxnet.gluon import nn
 
 import mxmp
 from mxmp import amp
+from mxmp._src.dtypes import dtype_name
 
 NAMES = ['init', 'init_trainer', 'scale_loss', 'unscale', 'convert_symbol', 'convert_model',
          'convert_hybrid_block', 'list_lp16_ops', 'list_fp32_ops', 'list_widest_type_cast',
@@ -532,6 +533,37 @@ def test_convert_hybrid_block_leaves_the_original_in_float32():
     assert converted is not net and isinstance(converted, gluon.SymbolBlock)
     np.testing.assert_array_equal(net(x).asnumpy(), ref)
     assert not np.array_equal(converted(x).asnumpy(), ref)
+
+
+def test_convert_hybrid_block_copies_the_parameters_and_leaves_the_original_alone():
+    """MXNet's own test converts one block several times, the last with cast_optional_params."""
+    net = mlp()
+    x, _ = problem()
+    ref = net(x).asnumpy()
+    first = amp.convert_hybrid_block(net, target_dtype='bfloat16', cast_optional_params=True,
+                                     ctx=mx.cpu(1))
+    again = amp.convert_hybrid_block(net, target_dtype='bfloat16', ctx=mx.cpu(1))
+    for name, param in net.collect_params().items():
+        assert dtype_name(param.dtype) == 'float32' and param.list_ctx() == [mx.cpu(0)]
+        copy = first.collect_params()[name]
+        assert copy is not param and copy.list_ctx() == [mx.cpu(1)]
+        rounded = mx.nd.amp_cast(mx.nd.amp_cast(param.data(), dtype=bfloat16), dtype='float32')
+        copied = mx.nd.amp_cast(copy.data(mx.cpu(1)), dtype='float32')
+        np.testing.assert_array_equal(copied.asnumpy(), rounded.asnumpy())
+    assert {dtype_name(p.dtype) for n, p in first.collect_params().items()
+            if n.endswith('weight')} == {'bfloat16'}
+    assert {dtype_name(p.dtype) for p in again.collect_params().values()} == {'float32'}
+    np.testing.assert_array_equal(net(x).asnumpy(), ref)
+    out = again(x.as_in_context(mx.cpu(1))).asnumpy()
+    assert 0 < np.abs(out - ref).max() < 0.05 * np.abs(ref).max()
+
+
+def test_convert_hybrid_block_of_a_block_without_values_names_the_fix():
+    net = nn.HybridSequential()
+    net.add(nn.Dense(4))            # in_units unknown: no value until the first batch
+    net.initialize()
+    with pytest.raises(ValueError, match='run it once on a batch before convert_hybrid_block'):
+        amp.convert_hybrid_block(net, target_dtype='bfloat16')
 
 
 def test_a_policy_is_accepted_where_contrib_amp_takes_the_target_dtype():

@@ -196,23 +196,30 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
 def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
                          cast_optional_params=False):
-    """Return a mixed-precision copy of a HybridBlock's graph that *shares* its Parameters.
+    """Return a mixed-precision copy of a HybridBlock: its graph and a copy of its Parameters.
 
     Same signature as ``mxnet.contrib.amp.convert_hybrid_block`` except the defaults of
     ``target_dtype`` (:func:`init`'s, else ``'float16'``) and ``ctx`` (None: where the
-    parameters are). The result is a new ``gluon.SymbolBlock`` converted by
-    :func:`mxmp.convert` (inputs: the block's cached graph's, else ``('data',)``; emulated
-    where ``ctx`` has no kernels); ``block`` keeps computing in float32.
-    ``cast_optional_params=True`` stores the shared low-precision weights in the target dtype.
+    parameters are). The result is a new ``gluon.SymbolBlock`` with its own Parameters, holding
+    the block's current values on ``ctx`` (as contrib.amp's), converted by :func:`mxmp.convert`
+    (inputs: the block's cached graph's, else ``('data',)``; emulated where ``ctx`` has no
+    kernels); ``block`` and its Parameters are left as they are, in float32.
+    ``cast_optional_params=True`` stores the copy's low-precision weights in the target dtype.
 
     Raises:
         TypeError: not a HybridBlock, or a block that cannot be traced.
-        ValueError: as :func:`convert_symbol`.
+        ValueError: a Parameter without a value yet (run the block once first); as
+            :func:`convert_symbol`.
     """
     if not isinstance(block, gluon.HybridBlock):
         raise TypeError('block must be a gluon.HybridBlock, got %s' % type(block).__name__)
-    if ctx is not None:
-        block.collect_params().reset_ctx(ctx)
+    params = block.collect_params()
+    waiting = [name for name, p in params.items() if p._data is None]
+    if waiting:
+        raise ValueError('%s has Parameters without a value yet (%s): initialize the block and '
+                         'run it once on a batch before convert_hybrid_block, which copies the '
+                         'values (as contrib.amp does), or convert the block itself with '
+                         'mxmp.convert(block)' % (block.name, ', '.join(waiting[:3])))
     cached = getattr(block, '_cached_graph', None)
     if isinstance(block, gluon.SymbolBlock):
         inputs, sym = cached
@@ -228,7 +235,11 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
             sym = mx.sym.Group(list(sym))
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', UserWarning)   # SymbolBlock cannot type its inputs yet
-        copy = gluon.SymbolBlock(sym, list(inputs), params=block.collect_params())
+        copy = gluon.SymbolBlock(sym, list(inputs))
+    values = {name: p.list_data()[0] for name, p in params.items()}
+    if values:
+        copy.collect_params().load_dict(values, ignore_extra=True, ctx=ctx or next(
+            iter(params.values())).list_ctx())
     policy = _policy(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names)
     return convert(copy, policy=policy, cast_params=True if cast_optional_params else None)
