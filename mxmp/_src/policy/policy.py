@@ -273,7 +273,8 @@ def resolve_policy(policy=None, target_dtype=None, cast_params=None, emulate=Non
         policy = Policy(target_dtype or 'bfloat16')
     elif not isinstance(policy, Policy):
         raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
-    elif target_dtype is not None and normalize_dtype(target_dtype) != policy.target_dtype:
+    elif target_dtype is not None and \
+            normalize_dtype(target_dtype, allow_float32=True) != policy.target_dtype:
         raise ValueError('target_dtype=%r contradicts policy.target_dtype=%r: give one of them'
                          % (target_dtype, policy.target_dtype))
     changes = {}

@@ -9,7 +9,7 @@ from mxnet import autograd, gluon
 from .. import distributed
 from ..dtypes import LOW_PRECISION_DTYPES, dtype_name, normalize_dtype
 from ..gluon_graph import policy_of
-from ..policy.policy import Policy
+from ..policy.policy import resolve_policy
 from ..scaling import LossScaleGroup, make_loss_scaler
 from . import checkpoint
 from .master_weights import ParameterMasters, is_low_precision
@@ -266,15 +266,12 @@ def resolve_precision(params, policy, target_dtype, loss_scaler):
     The target dtype: ``policy``'s; else ``target_dtype``; else float16 if a Parameter is
     float16, bfloat16 if one is; else that of the network ``mxmp.convert`` converted the
     Parameters for; else float32. ``loss_scaler`` defaults to the policy's (else 'auto').
-    ValueError if ``target_dtype`` or ``loss_scaler`` contradict ``policy`` (both named).
+    The errors of :func:`mxmp._src.policy.policy.resolve_policy` (``policy``, ``target_dtype``);
+    ValueError if ``loss_scaler`` contradicts ``policy`` (both named).
     """
     if policy is not None:
-        if not isinstance(policy, Policy):
-            raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
+        policy = resolve_policy(policy, target_dtype)
         dtype, spec = policy.target_dtype, policy.loss_scaler
-        if target_dtype is not None and normalize_dtype(target_dtype, True) != dtype:
-            raise ValueError('target_dtype=%r contradicts the policy\'s target dtype %r'
-                             % (target_dtype, dtype))
         if loss_scaler is not None and spec != 'auto':
             mine = loss_scaler.current if isinstance(loss_scaler, LossScaleGroup) \
                 else make_loss_scaler(loss_scaler, dtype)
