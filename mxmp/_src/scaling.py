@@ -272,8 +272,9 @@ class LossScaleGroup:
         """Add ``member`` (held through a weak reference)."""
         self._members.add(member)
 
-    def check_can_step(self, member):
-        """Raise RuntimeError if ``member`` already stepped in this iteration of the group."""
+    def check_can_step(self, member, describe):
+        """Raise RuntimeError if ``member`` already stepped in this iteration of the group; the
+        message names each member that has not stepped yet by ``describe(member)`` (str)."""
         if member not in self._stepped:
             return
         waiting = [m for m in self._members if m not in self._stepped]
@@ -284,7 +285,7 @@ class LossScaleGroup:
             'once (as torch: scaler.step(opt) for each optimizer, then one scaler.update()). '
             'Step every Trainer once per iteration, or give Trainers that step at different '
             'rates their own loss scaler objects instead of one group.'
-            % (len(self._members) - 1, len(waiting), ', '.join(_describe(m) for m in waiting)))
+            % (len(self._members) - 1, len(waiting), ', '.join(describe(m) for m in waiting)))
 
     def stepped(self, member, finite):
         """Record that ``member`` stepped (``finite``: its gradients had no inf/NaN); adjust
@@ -296,12 +297,6 @@ class LossScaleGroup:
         self.current = self.current.adjust(self._finite)
         self._stepped, self._finite = weakref.WeakSet(), True
         return True
-
-
-def _describe(member):
-    params = getattr(member, '_params', None) or []
-    first = params[0].name if params else 'no parameters'
-    return 'Trainer of %d parameter(s) starting with %s' % (len(params), first)
 
 
 def _walk(loss, leaf, path='loss'):

@@ -171,7 +171,7 @@ class Trainer(gluon.Trainer):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, float, np.number)) \
                 or not batch_size > 0:
             raise ValueError('batch_size must be a positive number, got %r' % (batch_size,))
-        self._step.group.check_can_step(self)
+        self._step.group.check_can_step(self, _describe)
         self._prepare()
         if reduce:
             self._allreduce_grads()
@@ -258,6 +258,13 @@ class Trainer(gluon.Trainer):
         self._masters.ensure_all()
         self._step.scaler, self._step.skipped_steps = scaler, skipped
         self._step.stage = Stage.READY
+
+
+def _describe(member):
+    """A member of a Trainer's LossScaleGroup, as the group's error names it."""
+    params = getattr(member, '_params', None) or []   # a Module's Step has none
+    first = params[0].name if params else 'no parameters'
+    return 'Trainer of %d parameter(s) starting with %s' % (len(params), first)
 
 
 def resolve_precision(params, policy, target_dtype, loss_scaler):
