@@ -136,10 +136,10 @@ class DynamicLossScaler(LossScaler):
         overflows_at_floor (int): consecutive overflows with the scale already at
             ``min_scale`` (state), >= 0; default 0; a finite step resets it.
 
-    ValueError naming an argument out of range. Rule (:meth:`adjust`), as torch's GradScaler and ``mxnet.contrib.amp``: on overflow
-    ``scale = max(scale * backoff_factor, min_scale)``, ``counter = 0``; on a finite step
-    ``counter += 1`` and at ``growth_interval``: ``scale = min(scale * growth_factor,
-    max_scale)``, ``counter = 0``.
+    ValueError naming an argument out of range. Rule (:meth:`adjust`), as torch's GradScaler
+    and ``mxnet.contrib.amp``: on overflow ``scale = max(scale * backoff_factor, min_scale)``,
+    ``counter = 0``; on a finite step ``counter += 1`` and at ``growth_interval``: ``scale =
+    min(scale * growth_factor, max_scale)``, ``counter = 0``.
     """
 
     init_scale: float = 2.0 ** 16
