@@ -116,16 +116,21 @@ class Trainer(gluon.Trainer):
         kv = self._kv()
         return kv.num_workers if kv else 1
 
+    def _reduction(self):
+        """``(kv_type, pushes)``: the reduction the gradients travel over (the kvstore's type,
+        None without one) and whether this worker pushes gradients into it."""
+        kv = self._kv()
+        return (kv.type, True) if kv else (None, False)
+
     def exchange_dtype(self, param):
         """str: the dtype the gradient of ``param`` (a Parameter or its name) travels in over
         the kvstore; its own without one. ValueError if it is not this Trainer's."""
-        kv = self._kv()
-        return self._exchange.dtype(self._params[self._param_index(param)], kv and kv.type)
+        return self._exchange.dtype(self._params[self._param_index(param)], self._reduction()[0])
 
     def bytes_pushed_per_step(self):
         """int: gradient bytes this worker pushes per step (elements x bytes of
         :meth:`exchange_dtype`, deferred Parameters count 0); 0 without a kvstore."""
-        if not self._kv():
+        if not self._reduction()[1]:
             return 0
         return distributed.bytes_per_step(self._params, self.exchange_dtype)
 
