@@ -52,7 +52,8 @@ class DistributedTrainer(Trainer):
             ``'float16'`` without a dynamic loss scaler; what :class:`mxmp.Trainer` raises.
 
     As ``hvd.DistributedTrainer``, ``batch_size`` is one worker's: ``rescale_grad`` is divided
-    by the number of workers, so the sum becomes the mean.
+    by the number of workers, so the sum becomes the mean. :meth:`exchange_dtype` and
+    :meth:`bytes_pushed_per_step` are the Trainer's, over the all-reduce (0 bytes alone).
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, *, loss_scaler=None,
@@ -74,16 +75,9 @@ class DistributedTrainer(Trainer):
     rank = property(lambda self: self._hvd.rank(),
                     doc="int: this worker's Horovod rank (``hvd.rank()``).")
 
-    def exchange_dtype(self, param):
-        """str: the dtype the gradient of ``param`` (a Parameter or its name) is summed in."""
-        return self._exchange.dtype(self._params[self._param_index(param)], 'horovod')
-
-    def bytes_pushed_per_step(self):
-        """int: gradient bytes this worker contributes to the all-reduce per step (as
-        :meth:`mxmp.Trainer.bytes_pushed_per_step`; 0 with one worker)."""
-        if self._hvd.size() == 1:
-            return 0
-        return distributed.bytes_per_step(self._params, self.exchange_dtype)
+    def _reduction(self):
+        """Horovod's all-reduce, into which one worker alone pushes nothing."""
+        return 'horovod', self._hvd.size() > 1
 
     def _check_one_context(self, param):
         if len(param.list_ctx()) != 1:

@@ -136,10 +136,10 @@ class DynamicLossScaler(LossScaler):
         overflows_at_floor (int): consecutive overflows with the scale already at
             ``min_scale`` (state), >= 0; default 0; a finite step resets it.
 
-    ValueError naming an argument out of range. Rule (:meth:`adjust`), as torch's GradScaler and ``mxnet.contrib.amp``: on overflow
-    ``scale = max(scale * backoff_factor, min_scale)``, ``counter = 0``; on a finite step
-    ``counter += 1`` and at ``growth_interval``: ``scale = min(scale * growth_factor,
-    max_scale)``, ``counter = 0``.
+    ValueError naming an argument out of range. Rule (:meth:`adjust`), as torch's GradScaler
+    and ``mxnet.contrib.amp``: on overflow ``scale = max(scale * backoff_factor, min_scale)``,
+    ``counter = 0``; on a finite step ``counter += 1`` and at ``growth_interval``: ``scale =
+    min(scale * growth_factor, max_scale)``, ``counter = 0``.
     """
 
     init_scale: float = 2.0 ** 16
@@ -272,8 +272,9 @@ class LossScaleGroup:
         """Add ``member`` (held through a weak reference)."""
         self._members.add(member)
 
-    def check_can_step(self, member):
-        """Raise RuntimeError if ``member`` already stepped in this iteration of the group."""
+    def check_can_step(self, member, describe):
+        """Raise RuntimeError if ``member`` already stepped in this iteration of the group; the
+        message names each member that has not stepped yet by ``describe(member)`` (str)."""
         if member not in self._stepped:
             return
         waiting = [m for m in self._members if m not in self._stepped]
@@ -284,7 +285,7 @@ class LossScaleGroup:
             'once (as torch: scaler.step(opt) for each optimizer, then one scaler.update()). '
             'Step every Trainer once per iteration, or give Trainers that step at different '
             'rates their own loss scaler objects instead of one group.'
-            % (len(self._members) - 1, len(waiting), ', '.join(_describe(m) for m in waiting)))
+            % (len(self._members) - 1, len(waiting), ', '.join(describe(m) for m in waiting)))
 
     def stepped(self, member, finite):
         """Record that ``member`` stepped (``finite``: its gradients had no inf/NaN); adjust
@@ -296,12 +297,6 @@ class LossScaleGroup:
         self.current = self.current.adjust(self._finite)
         self._stepped, self._finite = weakref.WeakSet(), True
         return True
-
-
-def _describe(member):
-    params = getattr(member, '_params', None) or []
-    first = params[0].name if params else 'no parameters'
-    return 'Trainer of %d parameter(s) starting with %s' % (len(params), first)
 
 
 def _walk(loss, leaf, path='loss'):

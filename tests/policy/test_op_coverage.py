@@ -23,13 +23,13 @@ from mxnet.contrib.amp.amp import bfloat16
 
 
 import mxmp._src.policy.tables
-from mxmp._src.policy.tables import table
 
 # mx.nd.array checks for scipy's csr_matrix through a namespace newer scipy deprecates.
 pytestmark = pytest.mark.filterwarnings('ignore:Please use `csr_matrix`:DeprecationWarning')
 
 #: Each target dtype's merged op table (ops_shared.py + ops_<dtype>.py), as attributes.
-MODULES = {t: types.SimpleNamespace(**table(t)) for t in ('float16', 'bfloat16')}
+MODULES = {t: types.SimpleNamespace(**mxmp._src.policy.tables.table(t))
+           for t in ('float16', 'bfloat16')}
 TARGETS = tuple(MODULES)
 CLASSES = mxmp._src.policy.tables.OP_CLASSES
 REGISTERED = sorted(mx.operator.get_all_registered_operators())

@@ -265,9 +265,7 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
         name: dtype}``, the set of data input names and one :class:`Decision` per node.
 
     Raises:
-        TypeError: ``sym`` is not a Symbol, or ``policy`` not a Policy.
-        ValueError: a graph converted to the other target dtype; variables stored in the other
-            low-precision dtype; a keyword contradicting ``policy``.
+        TypeError, ValueError: as :func:`mxmp.convert_symbol`.
     """
     js = load(sym)
     policy = resolve_policy(policy, target_dtype, cast_params, emulate)
@@ -317,6 +315,9 @@ def explain(sym, target_dtype=None, policy=None, data_dtypes=None, cast_params=N
 
     Returns:
         list of :class:`ExplainRow` in topological order; variables have op ``'null'``.
+
+    Raises:
+        TypeError, ValueError: as :func:`mxmp.convert_symbol`.
     """
     js, _, _, _, decisions = prepare(sym, target_dtype, policy, None, data_dtypes, data_names,
                                      cast_params)

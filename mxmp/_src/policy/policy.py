@@ -258,8 +258,7 @@ class Policy:
         return self.replace(emulate=True)
 
 
-def resolve_policy(policy=None, target_dtype=None, cast_params=None, emulate=None,
-                   default_dtype='bfloat16'):
+def resolve_policy(policy=None, target_dtype=None, cast_params=None, emulate=None):
     """The policy of an entry point from its ``policy`` and keyword shorthands.
 
     A shorthand given (not None) sets its field where ``policy`` leaves the default
@@ -271,10 +270,11 @@ def resolve_policy(policy=None, target_dtype=None, cast_params=None, emulate=Non
         ValueError: a shorthand contradicts ``policy``; unknown dtype; bad ``emulate``.
     """
     if policy is None:
-        policy = Policy(normalize_dtype(target_dtype or default_dtype))
+        policy = Policy(target_dtype or 'bfloat16')
     elif not isinstance(policy, Policy):
         raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
-    elif target_dtype is not None and normalize_dtype(target_dtype) != policy.target_dtype:
+    elif target_dtype is not None and \
+            normalize_dtype(target_dtype, allow_float32=True) != policy.target_dtype:
         raise ValueError('target_dtype=%r contradicts policy.target_dtype=%r: give one of them'
                          % (target_dtype, policy.target_dtype))
     changes = {}

@@ -10,6 +10,7 @@ from mxnet import autograd, nd
 
 from ..dtypes import LOW_PRECISION_DTYPES, dtype_name
 from ..device import to_default_layout
+from ..gluon_graph import unrounded_values
 
 __all__ = ['MasterWeights', 'ParameterMasters', 'is_low_precision', 'master_value',
            'set_master_value']
@@ -104,7 +105,6 @@ class ParameterMasters(MasterWeights):
         param = self.params[i]
         _OWNERS[param] = (weakref.ref(self), i)
         if self.first_device(i) is None:
-            from ..gluon_graph import unrounded_values
             unrounded = unrounded_values(param)
             if unrounded is not None:
                 self.set_pending(i, unrounded[0])

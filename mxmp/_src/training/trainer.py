@@ -9,7 +9,7 @@ from mxnet import autograd, gluon
 from .. import distributed
 from ..dtypes import LOW_PRECISION_DTYPES, dtype_name, normalize_dtype
 from ..gluon_graph import policy_of
-from ..policy.policy import Policy
+from ..policy.policy import resolve_policy
 from ..scaling import LossScaleGroup, make_loss_scaler
 from . import checkpoint
 from .master_weights import ParameterMasters, is_low_precision
@@ -116,16 +116,21 @@ class Trainer(gluon.Trainer):
         kv = self._kv()
         return kv.num_workers if kv else 1
 
+    def _reduction(self):
+        """``(kv_type, pushes)``: the reduction the gradients travel over (the kvstore's type,
+        None without one) and whether this worker pushes gradients into it."""
+        kv = self._kv()
+        return (kv.type, True) if kv else (None, False)
+
     def exchange_dtype(self, param):
         """str: the dtype the gradient of ``param`` (a Parameter or its name) travels in over
         the kvstore; its own without one. ValueError if it is not this Trainer's."""
-        kv = self._kv()
-        return self._exchange.dtype(self._params[self._param_index(param)], kv and kv.type)
+        return self._exchange.dtype(self._params[self._param_index(param)], self._reduction()[0])
 
     def bytes_pushed_per_step(self):
         """int: gradient bytes this worker pushes per step (elements x bytes of
         :meth:`exchange_dtype`, deferred Parameters count 0); 0 without a kvstore."""
-        if not self._kv():
+        if not self._reduction()[1]:
             return 0
         return distributed.bytes_per_step(self._params, self.exchange_dtype)
 
@@ -171,7 +176,7 @@ class Trainer(gluon.Trainer):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, float, np.number)) \
                 or not batch_size > 0:
             raise ValueError('batch_size must be a positive number, got %r' % (batch_size,))
-        self._step.group.check_can_step(self)
+        self._step.group.check_can_step(self, _describe)
         self._prepare()
         if reduce:
             self._allreduce_grads()
@@ -260,21 +265,25 @@ class Trainer(gluon.Trainer):
         self._step.stage = Stage.READY
 
 
+def _describe(member):
+    """A member of a Trainer's LossScaleGroup, as the group's error names it."""
+    params = getattr(member, '_params', None) or []   # a Module's Step has none
+    first = params[0].name if params else 'no parameters'
+    return 'Trainer of %d parameter(s) starting with %s' % (len(params), first)
+
+
 def resolve_precision(params, policy, target_dtype, loss_scaler):
     """``(target dtype name, loss scaler or LossScaleGroup)`` of a Trainer over ``params``.
 
     The target dtype: ``policy``'s; else ``target_dtype``; else float16 if a Parameter is
     float16, bfloat16 if one is; else that of the network ``mxmp.convert`` converted the
     Parameters for; else float32. ``loss_scaler`` defaults to the policy's (else 'auto').
-    ValueError if ``target_dtype`` or ``loss_scaler`` contradict ``policy`` (both named).
+    The errors of :func:`mxmp._src.policy.policy.resolve_policy` (``policy``, ``target_dtype``);
+    ValueError if ``loss_scaler`` contradicts ``policy`` (both named).
     """
     if policy is not None:
-        if not isinstance(policy, Policy):
-            raise TypeError('policy must be an mxmp.Policy, got %s' % type(policy).__name__)
+        policy = resolve_policy(policy, target_dtype)
         dtype, spec = policy.target_dtype, policy.loss_scaler
-        if target_dtype is not None and normalize_dtype(target_dtype, True) != dtype:
-            raise ValueError('target_dtype=%r contradicts the policy\'s target dtype %r'
-                             % (target_dtype, dtype))
         if loss_scaler is not None and spec != 'auto':
             mine = loss_scaler.current if isinstance(loss_scaler, LossScaleGroup) \
                 else make_loss_scaler(loss_scaler, dtype)
