@@ -263,8 +263,11 @@ def test_launcher_stops_the_job_on_ctrl_c(tag, tmp_path):
     cmd = [sys.executable, str(LAUNCHER), '-n', '2', '--timeout', '60', '--env',
            'MXMP_TEST_TAG=%s' % tag, '--server-command', '%s %s' % (sys.executable, hang),
            '--', sys.executable, hang]
+    # SIGINT at its default in the launcher even when this suite runs as a background job,
+    # which inherits it ignored (as would the launcher, which then rightly keeps running).
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = queue.Queue()
     threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] and None,
                      daemon=True).start()
