@@ -20,9 +20,9 @@ def _source(nodes, entry):
 
 def stem_convolutions(sym, input_shapes):
     """``[(convolution name, input name, channels)]`` of the Convolutions of ``sym`` that
-    :func:`pad_stem` pads, in topological order: 2-D, NCHW, one group, data from an input
+    :func:`pad_stem` considers, in topological order: 2-D, NCHW, one group, data from an input
     variable (through mxmp's casts) whose shape in ``input_shapes`` (``{name: shape}``) has an
-    odd axis 1.
+    odd axis 1. It pads those whose weight is also a variable of known shape.
 
     Raises:
         TypeError: ``sym`` is not a Symbol.
