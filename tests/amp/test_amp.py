@@ -42,6 +42,17 @@ def mlp(seed=0):
     return net
 
 
+def amp_step(net, trainer, x, y, scale_by=1.0):
+    """One iteration as contrib.amp's users write it: forward, scale_loss, backward, step;
+    returns the mean loss (``scale_by`` multiplies the loss, e.g. inf)."""
+    with autograd.record():
+        loss = gluon.loss.SoftmaxCrossEntropyLoss()(net(x), y) * scale_by
+        with amp.scale_loss(loss, trainer) as scaled_loss:
+            autograd.backward(scaled_loss)
+    trainer.step(x.shape[0])
+    return float(loss.mean().asscalar())
+
+
 @pytest.mark.parametrize('name', NAMES)
 def test_names_and_parameters_match_contrib_amp(name):
     ours = list(inspect.signature(getattr(amp, name)).parameters)
@@ -72,15 +83,7 @@ def test_contrib_style_training_loop_trains_in_bfloat16_with_no_convert_call():
 
     trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5})
     amp.init_trainer(trainer)
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    losses = []
-    for _ in range(25):
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-            with amp.scale_loss(loss, trainer) as scaled_loss:
-                autograd.backward(scaled_loss)
-        trainer.step(x.shape[0])
-        losses.append(float(loss.mean().asscalar()))
+    losses = [amp_step(net, trainer, x, y) for _ in range(25)]
     assert losses[-1] < 0.5 * losses[0]
     assert trainer._amp_loss_scaler.loss_scale == 1.0          # no scaling for bfloat16
     assert trainer._amp_loss_scaler.skipped_steps == 0
@@ -95,15 +98,7 @@ def test_bfloat16_weights_train_with_mxmp_trainer():
     assert all(mxmp._src.dtypes.dtype_name(p.dtype) == 'bfloat16' for p in weights)
     trainer = mxmp.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5})
     amp.init_trainer(trainer)                 # nothing to do for mxmp.Trainer
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    losses = []
-    for _ in range(20):
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-            with amp.scale_loss(loss, trainer) as scaled_loss:
-                autograd.backward(scaled_loss)
-        trainer.step(x.shape[0])
-        losses.append(float(loss.mean().asscalar()))
+    losses = [amp_step(net, trainer, x, y) for _ in range(20)]
     assert losses[-1] < 0.6 * losses[0]
 
 
@@ -117,15 +112,10 @@ def test_float16_gluon_trainer_skips_an_overflowing_step_and_halves_the_scale():
     amp.init_trainer(trainer)
     scaler = trainer._amp_loss_scaler
     assert scaler.loss_scale == 2.0 ** 16
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     params = list(net.collect_params().values())
     before = [p.data().asnumpy().copy() for p in params]
 
-    with autograd.record():
-        loss = loss_fn(net(x), y) * float('inf')       # every gradient inf/NaN
-        with amp.scale_loss(loss, trainer) as scaled_loss:
-            autograd.backward(scaled_loss)
-    trainer.step(x.shape[0])
+    amp_step(net, trainer, x, y, scale_by=float('inf'))   # every gradient inf/NaN
     assert scaler.skipped_steps == 1 and scaler.loss_scale == 2.0 ** 15
     for p, b in zip(params, before):
         np.testing.assert_array_equal(p.data().asnumpy(), b)
@@ -134,12 +124,8 @@ def test_float16_gluon_trainer_skips_an_overflowing_step_and_halves_the_scale():
     # and skipping until a step fits, then that step updates the weights.
     scales = []
     for _ in range(12):
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-            with amp.scale_loss(loss, trainer) as scaled_loss:
-                autograd.backward(scaled_loss)
         skipped = scaler.skipped_steps
-        trainer.step(x.shape[0])
+        amp_step(net, trainer, x, y)
         scales.append(scaler.loss_scale)
         if scaler.skipped_steps == skipped:
             break
