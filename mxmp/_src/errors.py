@@ -13,7 +13,10 @@ class AmpListConflict(ValueError, AssertionError):
 
 class LossScaleAtFloorError(RuntimeError):
     """The dynamic loss scale sat at its floor for ``max_overflows_at_floor`` overflows in a
-    row (raised by the training step instead of skipping yet another step).
+    row. The step that raises it was skipped like any overflowing step: nothing was updated, it
+    counts in ``skipped_steps``, and in a LossScaleGroup it counts as this member's step of the
+    iteration (the scale backs off once the others have stepped), so catching the error and
+    going on never makes another member's next step raise "already stepped".
 
     Attributes:
         parameters (list of str): names of the parameters with inf/NaN gradients (any device).

@@ -133,6 +133,26 @@ def test_stepping_twice_before_the_others_names_the_fix():
     assert t0.step(2, ignore_stale_grad=True)
 
 
+def test_a_member_at_its_floor_raises_but_counts_as_stepped_so_the_others_step_on():
+    # t1 overflows at the floor and raises; it has stepped (skipped) for the group, so in the
+    # next iteration t0 steps again without "already stepped", whichever order they step in
+    scaler = DynamicLossScaler(init_scale=1.0, min_scale=1.0, max_overflows_at_floor=1)
+    nets, (t0, t1) = pair(scaler)
+    before = weights(nets[1])
+    backward(nets[0], t0)
+    assert t0.step(2)
+    backward(nets[1], t1, inf=True)
+    with pytest.raises(mxmp.LossScaleAtFloorError, match='floor'):
+        t1.step(2)
+    np.testing.assert_array_equal(weights(nets[1]), before)
+    assert (t0.skipped_steps, t1.skipped_steps) == (0, 1)
+    for net, t in zip(nets, (t0, t1)):       # the next iteration: both step normally
+        backward(net, t)
+    assert t0.step(2) and t1.step(2)
+    assert not np.array_equal(weights(nets[1]), before)
+    assert t0.loss_scale == t1.loss_scale == 1.0
+
+
 def test_a_new_run_with_the_same_scaler_object_starts_afresh():
     scaler = DynamicLossScaler(init_scale=2.0 ** 10)
     net = dense(0)

@@ -78,14 +78,15 @@ def test_a_step_alone_backs_off_its_own_scaler():
     assert applied is False and scaler.scale == 1.0
 
 
-def test_the_step_is_ready_again_after_the_loss_scale_at_floor_error():
+def test_the_loss_scale_at_floor_error_is_a_skipped_step_and_the_step_is_ready_again():
     step = Step(DynamicLossScaler(init_scale=1.0, max_overflows_at_floor=1))
     weight = nd.array([1.0])
     step.unscale([nd.array([np.inf])])
     opt, calls = _sgd_call(weight, nd.array([np.inf]))
     with pytest.raises(LossScaleAtFloorError):
         step.apply(calls, opt, 1.0)
-    assert step.stage is Stage.READY and step.skipped_steps == 0
+    assert step.stage is Stage.READY and step.skipped_steps == 1
+    assert weight.asnumpy().tolist() == [1.0]     # nothing was updated
     grad = nd.array([2.0])
     step.unscale([grad])                     # the next iteration: no "already called"
     opt, calls = _sgd_call(weight, grad)

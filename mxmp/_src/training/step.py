@@ -159,8 +159,10 @@ class Step:
         UNSCALED), or skip the step; returns False if skipped. ``name_of``: optimizer index ->
         parameter name; ``forward_finite() -> bool`` (default: the losses of
         :meth:`scale_loss`) is asked on an overflow only and warns NonFiniteForwardWarning if
-        False. LossScaleAtFloorError when the scale is stuck at its floor (nothing changes but
-        the stage, READY again)."""
+        False. LossScaleAtFloorError when the scale is stuck at its floor: the step has then
+        been skipped like any overflowing one (counted in :attr:`skipped_steps`, the stage
+        READY again, the step told to the group, so the other members of a LossScaleGroup step
+        on without "already stepped"), and the error is raised instead of returning False."""
         losses, self.losses = self.losses, []
         if forward_finite is None and losses:
             forward_finite = lambda: all_finite([losses])  # noqa: E731
@@ -175,9 +177,9 @@ class Step:
                     'lower loss scale will not fix it; check the batch (inputs, labels), the '
                     'learning rate, and log/exp/division/sqrt in the model'), stacklevel=3)
             if getattr(new, 'stuck_at_floor', False):
-                self.stage = Stage.READY
                 names = sorted({str((name_of or str)(i)) for _, u in calls
                                 for i, grad in zip(u.indices, u.grads) if not all_finite([[grad]])})
+                self.end(False)   # a skipped step, told to the group before raising
                 raise LossScaleAtFloorError(
                     'the loss scale has been at its floor (min_scale=%g) for %d consecutive '
                     'overflowing steps: the inf/NaN gradients are not caused by loss scaling. '
