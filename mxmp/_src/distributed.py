@@ -46,8 +46,9 @@ def check_grad_dtype(grad_dtype, kv_type, dynamic_scaler):
     if name == 'bfloat16' and _no_bfloat16(kv_type):
         raise ValueError("grad_dtype='bfloat16' is not possible with the %r kvstore: %s. "
                          "Use grad_dtype='float16' (with a dynamic loss scaler) or None"
-                         % (kv_type, "Horovod's MXNet binding has no bfloat16"
-                            if kv_type == 'horovod' else "MXNet 1.9.1's parameter server "
+                         % (kv_type, "Horovod's MXNet binding has no bfloat16 (Horovod "
+                            "0.28.1 raises 'GetDType: Type 12 is not supported in MPI mode.', "
+                            "with Gloo too)" if kv_type == 'horovod' else "MXNet 1.9.1's parameter server "
                             "aborts on bfloat16 ('Unknown type enum 12')"))
     return name
 
