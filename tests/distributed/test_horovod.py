@@ -60,7 +60,8 @@ LOSS_TOLERANCE = 2e-3
 
 
 def _horovod_or_skip():
-    """horovodrun's path; skip (fail under scripts/test.sh) if Horovod is not usable."""
+    """``(horovodrun's path, None)``, or ``(None, why)`` under scripts/test.sh (every test then
+    fails with ``why``); elsewhere skip if Horovod is not usable."""
     problem = None
     try:
         import horovod.mxnet  # noqa: F401  (built against this mxnet?)
@@ -71,22 +72,32 @@ def _horovod_or_skip():
     if problem is None and exe is None:
         problem = 'horovod.mxnet imports but horovodrun is not on PATH'
     if problem is None:
-        return exe
+        return exe, None
     if os.environ.get('MXMP_REQUIRE_HOROVOD') == '1':
-        pytest.fail('%s. scripts/test.sh builds Horovod (MXMP_REQUIRE_HOROVOD=1): its output '
-                    'above says why the build failed (the tail of the build log). Build it '
-                    'by hand: %s' % (problem, BUILD), pytrace=False)
+        return None, ('%s. scripts/test.sh builds Horovod (MXMP_REQUIRE_HOROVOD=1): its output '
+                      'above says why the build failed (the tail of the build log). Build it '
+                      'by hand: %s' % (problem, BUILD))
     pytest.skip('%s: build it with %s' % (problem, BUILD))
 
 
 class Job:
-    """The horovodrun job's output directory, CompletedProcess and leftover worker PIDs."""
+    """The horovodrun job's output directory, CompletedProcess and leftover worker PIDs; or
+    why Horovod could not run (``problem``: every test that asks fails with it)."""
 
-    def __init__(self, out, result, stray):
-        self.out, self.result, self.stray = out, result, stray
+    def __init__(self, out=None, result=None, stray=(), problem=None):
+        self.out, self.stray, self.problem = out, list(stray), problem
+        self._result = result
+
+    @property
+    def result(self):
+        """The CompletedProcess of horovodrun (text output); fails if Horovod did not run."""
+        if self.problem:
+            pytest.fail(self.problem, pytrace=False)
+        return self._result
 
     def part(self, name):
         """The part's per-rank JSON results (dict rank -> dict); fails on a part's error."""
+        self.result   # noqa: B018  (fails when Horovod did not run)
         results = {}
         for rank in (0, 1):
             path = self.out / name / ('rank%d.json' % rank)
@@ -120,13 +131,15 @@ def horovodrun(exe, tag, args, timeout=JOB_TIMEOUT):
             out, _ = proc.communicate()
         for pid in tagged_pids(tag):   # workers in their own sessions
             os.kill(pid, signal.SIGKILL)
-        pytest.fail('horovodrun did not return within %d s:\n%s' % (timeout, out))
+        out = 'horovodrun did not return within %d s:\n%s' % (timeout, out)
     return subprocess.CompletedProcess(cmd, proc.returncode, out)
 
 
 @pytest.fixture(scope='module')
 def job(tmp_path_factory):
-    exe = _horovod_or_skip()
+    exe, problem = _horovod_or_skip()
+    if problem:
+        return Job(problem=problem)
     out = tmp_path_factory.mktemp('horovod')
     dist_worker.write_init(str(out / 'init.params'))
     tag = uuid.uuid4().hex
