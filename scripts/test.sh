@@ -45,7 +45,7 @@ else
   hvd_log=.venv/horovod-build.log
   hvd_reinstall=()   # a Horovod that is installed but does not import is rebuilt
   if pip show horovod >/dev/null 2>&1; then hvd_reinstall=(--force-reinstall --no-deps); fi
-  if pip install --disable-pip-version-check "cmake<4" wheel psutil cloudpickle pyyaml \
+  if pip install --disable-pip-version-check "cmake<4" setuptools wheel psutil cloudpickle pyyaml \
         packaging >"$hvd_log" 2>&1 \
      && HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1 \
         HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 \

@@ -42,10 +42,10 @@ JOB_TIMEOUT = 240
 PARAMS = 10 * 16 + 16 + 16 * 4 + 4   # elements of the MLP's Parameters
 PARTS = ('mxmp_bfloat16', 'mxmp_float32', 'mxmp_cast_params', 'mxmp_cast_params_float16',
          'deferred', 'contrib_amp', 'contrib_amp_bfloat16')
-BUILD = ('pip install "cmake<4" wheel psutil cloudpickle packaging, then HOROVOD_WITH_MXNET=1 '
-         'HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 '
-         'HOROVOD_WITHOUT_PYTORCH=1 pip install --no-build-isolation horovod==0.28.1 '
-         '(docs/distributed.md)')
+BUILD = ('pip install "cmake<4" setuptools wheel psutil cloudpickle pyyaml packaging, then '
+         'HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1 '
+         'HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 '
+         'pip install --no-build-isolation --no-cache-dir horovod==0.28.1 (docs/distributed.md)')
 # Bounds, from 8 runs of the job with seeds 0-7 (data and initial values; the maximum over
 # the 6 steps of each run; /tmp scripts, the command in docs/distributed.md):
 #: cast_params=True against one process, relative to the distance travelled: each worker's
