@@ -41,7 +41,9 @@ class DistributedTrainer(Trainer):
             bfloat16 (float32: Horovod's MXNet binding has no bfloat16).
         root_rank (keyword-only, int): the worker whose initial values every worker takes
             (default 0). Initialised Parameters are broadcast at construction, deferred ones
-            before the first reduction; master weights are made after the broadcast.
+            before the first reduction; a low-precision Parameter travels as root_rank's
+            float32 master weight (made from the float32 values ``cast_params`` rounded), which
+            becomes every worker's master and, rounded, its value.
         prefix (keyword-only, str): prefix of the Horovod tensor names (``<prefix>grad.<i>``,
             ``<prefix>weight.<i>``); default ``'mxmp.'``.
 

@@ -37,7 +37,7 @@ from helpers import (DIST_BATCH, INF_RANK, INF_STEP, STEPS, assert_float32_match
 
 REPO = Path(__file__).resolve().parents[2]
 HOROVOD_WORKER = Path(__file__).with_name('horovod_worker.py')
-#: Upper bound of the horovodrun job; it takes 10-15 s on 2 shared cores (measured).
+#: Upper bound of the horovodrun job; it took 8-17 s on 2 shared cores (measured, 6 runs).
 JOB_TIMEOUT = 240
 PARAMS = 10 * 16 + 16 + 16 * 4 + 4   # elements of the MLP's Parameters
 PARTS = ('mxmp_bfloat16', 'mxmp_float32', 'mxmp_cast_params', 'mxmp_cast_params_float16',
