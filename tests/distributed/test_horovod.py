@@ -47,7 +47,7 @@ BUILD = ('pip install "cmake<4" setuptools wheel psutil cloudpickle pyyaml packa
          'HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 '
          'pip install --no-build-isolation --no-cache-dir horovod==0.28.1 (docs/distributed.md)')
 # Bounds, from 8 runs of the job with seeds 0-7 (data and initial values; the maximum over
-# the 6 steps of each run; /tmp scripts, the command in docs/distributed.md):
+# the 6 steps of each run; how: docs/distributed.md, "Test"):
 #: cast_params=True against one process, relative to the distance travelled: each worker's
 #: bfloat16 gradient is rounded before the sum; measured 0.26-0.42 % (float16 sums: the same).
 CAST_PARAMS_TOLERANCE = 0.02
