@@ -7,7 +7,6 @@ trainer is created. How to build Horovod against mxnet 1.9.1, and why this is a 
 from mxnet import autograd
 
 from ._src import distributed
-from ._src.gluon_graph import unrounded_values
 from ._src.training.trainer import Trainer
 
 __all__ = ['DistributedTrainer', 'import_horovod']
@@ -42,7 +41,9 @@ class DistributedTrainer(Trainer):
             bfloat16 (float32: Horovod's MXNet binding has no bfloat16).
         root_rank (keyword-only, int): the worker whose initial values every worker takes
             (default 0). Initialised Parameters are broadcast at construction, deferred ones
-            before the first reduction; master weights are made after the broadcast.
+            before the first reduction; a low-precision Parameter travels as root_rank's
+            float32 master weight (made from the float32 values ``cast_params`` rounded), which
+            becomes every worker's master and, rounded, its value.
         prefix (keyword-only, str): prefix of the Horovod tensor names (``<prefix>grad.<i>``,
             ``<prefix>weight.<i>``); default ``'mxmp.'``.
 
@@ -87,7 +88,9 @@ class DistributedTrainer(Trainer):
                              % (param.name, len(param.list_ctx())))
 
     def _broadcast_initialized(self):
-        """Broadcast root_rank's values of every not yet broadcast, initialised Parameter."""
+        """Broadcast root_rank's values of every not yet broadcast, initialised Parameter
+        (a low-precision one as root_rank's float32 master: every worker's master weights are
+        the same, and those one process would make)."""
         hvd, pending, ready = self._hvd, [], []
         for i in self._to_broadcast:
             param = self._params[i]
@@ -95,16 +98,12 @@ class DistributedTrainer(Trainer):
                 pending.append(i)
                 continue
             self._check_one_context(param)
-            if hvd.size() > 1:
-                ready.append(('%sweight.%d' % (self._prefix, i), param.list_data()))
-                self._masters.discard(i)   # re-made from the broadcast values
-                # not from this worker's own unrounded values (cast_params): every worker's
-                # master weights must be the same
-                unrounded_values(param)
+            ready.append(('%sweight.%d' % (self._prefix, i), i, param))
 
         def send(name, wire):
             hvd.broadcast_(wire, root_rank=self._root_rank, name=name)
-        distributed.broadcast_from_root(ready, send, 'horovod')
+        if hvd.size() > 1:
+            distributed.broadcast_params(ready, self._masters, send, 'horovod')
         self._to_broadcast = pending
 
     def _allreduce_grads(self):

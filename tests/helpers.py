@@ -101,9 +101,12 @@ def relative_error(dist, ref, init, step):
 
 
 def assert_identical_workers(records):
+    """Both ranks' records hold the same bytes, but ``loss_sum`` (each rank's own rows)."""
     a, b = records[0], records[1]
     assert sorted(a.files) == sorted(b.files)
     for key in a.files:
+        if key == 'loss_sum':
+            continue
         assert a[key].dtype == b[key].dtype
         assert a[key].tobytes() == b[key].tobytes(), 'workers differ in %s' % key
 

@@ -14,7 +14,8 @@ from .dtypes import dtype_name, is_low_precision, itemsize, mx_dtype, normalize_
 from .device import to_default_layout
 
 __all__ = ['EXCHANGE_DTYPES', 'check_grad_dtype', 'check_kvstore_args', 'exchange_dtype',
-           'bytes_per_step', 'broadcast_from_root', 'KVStoreExchange', 'broadcast_initial']
+           'bytes_per_step', 'broadcast_from_root', 'broadcast_params', 'KVStoreExchange',
+           'broadcast_initial']
 
 #: Values accepted for ``grad_dtype`` (None: each gradient's own dtype, see exchange_dtype).
 EXCHANGE_DTYPES = ('float32', 'float16', 'bfloat16')
@@ -45,8 +46,9 @@ def check_grad_dtype(grad_dtype, kv_type, dynamic_scaler):
     if name == 'bfloat16' and _no_bfloat16(kv_type):
         raise ValueError("grad_dtype='bfloat16' is not possible with the %r kvstore: %s. "
                          "Use grad_dtype='float16' (with a dynamic loss scaler) or None"
-                         % (kv_type, "Horovod's MXNet binding has no bfloat16"
-                            if kv_type == 'horovod' else "MXNet 1.9.1's parameter server "
+                         % (kv_type, "Horovod's MXNet binding has no bfloat16 (Horovod "
+                            "0.28.1 raises 'GetDType: Type 12 is not supported in MPI mode.', "
+                            "with Gloo too)" if kv_type == 'horovod' else "MXNet 1.9.1's parameter server "
                             "aborts on bfloat16 ('Unknown type enum 12')"))
     return name
 
@@ -170,22 +172,31 @@ class KVStoreExchange:
                     self.cast_out(bufs, grads)
 
 
+def broadcast_params(entries, masters, send, kv_type):
+    """Give every worker the root worker's values of the Parameters of ``entries``
+    (``(key, index in masters, Parameter)``, initialised, dense) through ``send`` (as for
+    :func:`broadcast_from_root`), and wait for them. A low-precision Parameter with a gradient
+    travels as the root's float32 master (``masters.of(index)``: made from the float32 values
+    ``cast_params`` rounded), which becomes every worker's master and, rounded, its value: the
+    workers start where one process on the root's values starts."""
+    low = {i: masters.of(i) for _, i, p in entries
+           if p.grad_req != 'null' and is_low_precision(p.dtype)}
+    broadcast_from_root([(key, low.get(i, p.list_data())) for key, i, p in entries], send,
+                        kv_type)
+    with autograd.pause():
+        for _, i, p in entries:
+            for arr, value in zip(p.list_data(), low.get(i, ())):
+                nd.amp_cast(value, dtype=arr.dtype, out=arr)
+
+
 def broadcast_initial(kv, params, index_of, masters):
     """Give every worker worker 0's initial weights of ``params`` through the dist kvstore
-    ``kv`` (key: ``index_of(param)``), and wait for them (docs/distributed.md). A low-precision
-    Parameter travels as the root's float32 master (``masters``), every worker's master.
+    ``kv`` (key: ``index_of(param)``) with :func:`broadcast_params` (docs/distributed.md).
     Returns the Parameters broadcast (the initialised dense ones)."""
     ready = [p for p in params if not p._deferred_init and p._stype == 'default']
-    low = {p: masters.of(index_of(p)) for p in ready
-           if p.grad_req != 'null' and is_low_precision(p.dtype)}
 
     def send(idx, wire):
         kv.init(idx, wire)
         kv.pull(idx, out=wire)
-    broadcast_from_root([(index_of(p), low.get(p, p.list_data())) for p in ready], send,
-                        kv.type)
-    with autograd.pause():
-        for p, source in low.items():
-            for arr, value in zip(p.list_data(), source):
-                nd.amp_cast(value, dtype=arr.dtype, out=arr)
+    broadcast_params([(index_of(p), index_of(p), p) for p in ready], masters, send, kv.type)
     return ready

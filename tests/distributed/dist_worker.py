@@ -30,8 +30,9 @@ only, so both runs see the same numbers:
 
 Output: ``OUT/rank<r>.npz`` with, per step ``k``, the float32 parameters after the step
 (``k<step>/<name>``: the master weights for bfloat16 Parameters), and the arrays
-``loss_scale``, ``skipped_steps``, ``applied`` (one entry per step) plus ``num_workers``,
-``bytes_pushed`` (``Trainer.bytes_pushed_per_step``) and ``exchange_dtypes`` (per Parameter,
+``loss_scale``, ``skipped_steps``, ``applied``, ``loss_sum``, ``rounded_masters`` (one entry
+per step, see :func:`train`) plus ``num_workers``, ``bytes_pushed``
+(``Trainer.bytes_pushed_per_step``), ``exchange_dtypes`` and ``param_dtypes`` (per Parameter,
 sorted by name).
 """
 import argparse
@@ -97,7 +98,7 @@ def params_float32(trainer, net):
 
 def train(init, steps, batch, kvstore='none', num_shards=None, seed=1, inf_step=-1,
           inf_rank=1, cast_params=False, init_scale=2.0 ** 10, lr=0.1, dtype='bfloat16',
-          api='gluon', grad_dtype=None, perturb_other_ranks=False):
+          api='gluon', grad_dtype=None, perturb_other_ranks=False, hvd_prefix='mxmp.'):
     """Train and return the per-step records (see the module docstring).
 
     Args:
@@ -118,10 +119,16 @@ def train(init, steps, batch, kvstore='none', num_shards=None, seed=1, inf_step=
         api (str): ``'gluon'`` (mxmp.convert + mxmp.Trainer) or ``'module'`` (mxmp.Module).
         grad_dtype (str or None): ``mxmp.Trainer(grad_dtype=...)`` (gluon only).
         perturb_other_ranks (bool): ranks other than 0 start from twice the initial values.
+        hvd_prefix (str): ``prefix`` of the Horovod trainer's tensor names (one per run when a
+            process trains several times).
 
     Returns:
         dict: ``params`` (list per step of name -> float32 array), ``loss_scale``,
-        ``skipped_steps``, ``applied`` (lists per step), ``rank``, ``num_workers``.
+        ``skipped_steps``, ``applied``, ``loss_sum`` (this process's loss summed over its rows,
+        before the overflow's inf; NaN for the Module), ``rounded_masters`` (every
+        low-precision Parameter equals its master weight rounded to its dtype; True when there
+        is none) (lists per step), ``param_dtypes`` (sorted by name), ``rank``,
+        ``num_workers``.
     """
     if kvstore == 'horovod' and api != 'gluon':
         raise ValueError("--kvstore horovod needs --api gluon (mxmp.horovod has no Module)")
@@ -137,23 +144,29 @@ def train(init, steps, batch, kvstore='none', num_shards=None, seed=1, inf_step=
     scaler = mxmp.DynamicLossScaler(init_scale=init_scale, growth_interval=1000)
     factor = 2.0 if perturb_other_ranks and rank > 0 else 1.0
     if api == 'gluon':
-        step_fn, read_params, status, exchange = _gluon_trainer(
-            init, kv, batch, shards, scaler, cast_params, lr, dtype, grad_dtype, factor)
+        step_fn, read_params, status, exchange, net = _gluon_trainer(
+            init, kv, batch, shards, scaler, cast_params, lr, dtype, grad_dtype, factor,
+            hvd_prefix)
     else:
         step_fn, read_params, status = _module_trainer(init, kv, batch, shards, scaler,
                                                        cast_params, lr, dtype, factor)
         exchange = lambda: (0, [])  # noqa: E731
+        net = None
     # Rows of this process: its shard in a distributed run, everything otherwise.
     lo, hi = (rank * batch, (rank + 1) * batch) if num_workers > 1 else (0, shards * batch)
     records = {'params': [], 'loss_scale': [], 'skipped_steps': [], 'applied': [],
-               'rank': rank, 'num_workers': num_workers}
+               'loss_sum': [], 'rounded_masters': [], 'rank': rank, 'num_workers': num_workers,
+               'param_dtypes': [] if net is None else
+               [dtype_label(p.dtype) for _, p in sorted(net.collect_params().items())]}
     for step in range(steps):
         x, y = global_batch(step, shards * batch, seed)
         mult = np.ones(shards * batch, np.float32)
         if step == inf_step:
             mult[inf_rank * batch:(inf_rank + 1) * batch] = np.inf
-        applied = step_fn(x[lo:hi], y[lo:hi], mult[lo:hi])
+        applied, loss_sum = step_fn(x[lo:hi], y[lo:hi], mult[lo:hi])
         scale, skipped = status()
+        records['loss_sum'].append(loss_sum)
+        records['rounded_masters'].append(True if net is None else rounded_masters(net))
         records['params'].append(read_params())
         records['loss_scale'].append(scale)
         records['skipped_steps'].append(skipped)
@@ -164,8 +177,30 @@ def train(init, steps, batch, kvstore='none', num_shards=None, seed=1, inf_step=
     return records
 
 
+def dtype_label(dtype):
+    """str: ``'bfloat16'`` for contrib.amp's bfloat16, else numpy's name."""
+    return 'bfloat16' if np.dtype(dtype).names == ('bfloat16',) else np.dtype(dtype).name
+
+
+def rounded_masters(net):
+    """bool: every low-precision Parameter holds its live master weight rounded to its dtype
+    (``mxmp.convert``'s parameter file reads the master, ``Parameter.data()`` the weight)."""
+    from mxmp._src.training.master_weights import master_value
+    for param in net.collect_params().values():
+        if not is_low_precision(param.dtype):
+            continue
+        master = master_value(param)
+        if master is None:
+            return False
+        rounded = nd.amp_cast(nd.amp_cast(master, dtype=param.dtype), dtype='float32')
+        if not np.array_equal(rounded.asnumpy(),
+                              nd.amp_cast(param.data(), dtype='float32').asnumpy()):
+            return False
+    return True
+
+
 def _gluon_trainer(init, kv, batch, shards, scaler, cast_params, lr, dtype, grad_dtype,
-                   factor=1.0):
+                   factor=1.0, hvd_prefix='mxmp.'):
     """mxmp.convert + mxmp.Trainer; the overflow multiplies the loss of the marked rows."""
     net = make_net()
     net.load_parameters(init)
@@ -178,7 +213,7 @@ def _gluon_trainer(init, kv, batch, shards, scaler, cast_params, lr, dtype, grad
     if kv == 'horovod':
         from mxmp.horovod import DistributedTrainer
         trainer = DistributedTrainer(net.collect_params(), 'sgd', opt, loss_scaler=scaler,
-                                     **extra)
+                                     prefix=hvd_prefix, **extra)
     else:
         trainer = mxmp.Trainer(net.collect_params(), 'sgd', opt, kvstore=kv, loss_scaler=scaler,
                                **extra)
@@ -187,12 +222,14 @@ def _gluon_trainer(init, kv, batch, shards, scaler, cast_params, lr, dtype, grad
     def step_fn(x, y, mult):
         x, y, mult = nd.array(x), nd.array(y), nd.array(mult)
         with autograd.record():
-            loss = loss_fn(net(x), y) * mult
+            plain = loss_fn(net(x), y)
+            loss = plain * mult
             with trainer.scale_loss(loss) as scaled:
                 scaled.backward()
         # dist_sync sums the workers' gradients: divide by the global batch. Horovod's trainer
         # (like hvd.DistributedTrainer) takes one worker's batch and divides by the workers.
-        return trainer.step(batch if kv == 'horovod' else batch * shards)
+        applied = trainer.step(batch if kv == 'horovod' else batch * shards)
+        return applied, float(plain.sum().asscalar())
 
     def exchange():
         if not hasattr(trainer, 'bytes_pushed_per_step'):   # mxmp without grad_dtype
@@ -201,7 +238,7 @@ def _gluon_trainer(init, kv, batch, shards, scaler, cast_params, lr, dtype, grad
         return trainer.bytes_pushed_per_step(), [trainer.exchange_dtype(n) for n in names]
 
     return (step_fn, lambda: params_float32(trainer, net),
-            lambda: (trainer.loss_scale, trainer.skipped_steps), exchange)
+            lambda: (trainer.loss_scale, trainer.skipped_steps), exchange, net)
 
 
 def module_symbol():
@@ -231,7 +268,7 @@ def _module_trainer(init, kv, batch, shards, scaler, cast_params, lr, dtype, fac
     def step_fn(x, y, mult):
         x = x * np.where(np.isinf(mult), np.inf, 1.0).astype(np.float32)[:, None]
         mod.forward_backward(mx.io.DataBatch([nd.array(x)], [nd.array(y)]))
-        return mod.update()
+        return mod.update(), float('nan')
 
     def read_params():
         return {k: v.asnumpy() for k, v in mod.get_params()[0].items()}
@@ -244,6 +281,9 @@ def save_records(records, path):
     arrays = {'loss_scale': np.array(records['loss_scale'], np.float64),
               'skipped_steps': np.array(records['skipped_steps'], np.int64),
               'applied': np.array(records['applied'], bool),
+              'loss_sum': np.array(records['loss_sum'], np.float64),
+              'rounded_masters': np.array(records['rounded_masters'], bool),
+              'param_dtypes': np.array(records['param_dtypes'], dtype='U16'),
               'num_workers': np.array(records['num_workers']),
               'bytes_pushed': np.array(records['bytes_pushed'], np.int64),
               'exchange_dtypes': np.array(records['exchange_dtypes'], dtype='U16')}
