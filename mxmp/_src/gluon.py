@@ -10,7 +10,8 @@ block that is not hybridized raises; under ``amp.init`` an imperative call warns
 ``export``/``save_parameters``/``load_parameters`` (files plain MXNet loads, float32), and
 ``Parameter.set_data`` (fused graphs are rebuilt). :func:`remove_hooks` puts MXNet's methods back
 and forgets every conversion. Which blocks are converted is kept here, in weak dictionaries
-keyed by the block or Parameter: nothing is stamped on MXNet's objects.
+keyed by the block or Parameter: nothing is stamped on MXNet's objects but contrib.amp's own
+hook on a ``gluon.Trainer`` (:func:`attach_trainer_loss_scaler`, for :mod:`mxmp.amp`).
 """
 import logging
 import threading
@@ -28,7 +29,7 @@ from .gluon_graph import PARAM_POLICY, Conversion, cast_deferred, cast_to_graph,
 from .policy.policy import resolve_policy
 
 __all__ = ['convert', 'converted_graph', 'fused_graph', 'set_global', 'install_hooks',
-           'remove_hooks']
+           'remove_hooks', 'attach_trainer_loss_scaler']
 
 logger = logging.getLogger('mxmp.gluon')
 
@@ -310,3 +311,13 @@ def remove_hooks():
     _BUILT.clear()
     PARAM_POLICY.clear()
     _GLOBAL[0] = None
+
+
+def attach_trainer_loss_scaler(trainer, loss_scaler):
+    """contrib.amp's hook on a ``gluon.Trainer``, the one mxmp stamps: ``trainer._amp_loss_scaler
+    = loss_scaler`` (``gluon.Trainer._update`` in MXNet 1.9.1 asks its ``has_overflow(params)``
+    before every update and skips the update on True) and ``trainer._amp_original_scale =
+    trainer._scale`` (its ``rescale_grad``). These are the attributes contrib.amp 1.9.1's
+    ``init_trainer`` sets and its users read (docs/from_contrib_amp.md)."""
+    trainer._amp_loss_scaler = loss_scaler
+    trainer._amp_original_scale = trainer._scale
