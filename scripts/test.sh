@@ -30,6 +30,12 @@ pip install --quiet --disable-pip-version-check -e '.[bert]' 2>&1 \
 python -c "import gluonnlp" 2>/dev/null \
   || echo "== gluonnlp did not install (needs gcc and python3-dev): the BERT benchmark tests skip"
 
+# Sockeye 2.3 (an MXNet NMT toolkit whose --amp flag uses contrib.amp's API) for
+# tests/amp/test_sockeye.py. It pins mxnet==1.8.0.post0, so it goes in without its
+# dependencies (it runs on 1.9.1): ~3 s. Without it those tests skip.
+pip install --quiet --disable-pip-version-check --no-deps sockeye==2.3.24 sacrebleu==1.4.14 \
+  portalocker==2.10.1 || echo "== sockeye did not install: tests/amp/test_sockeye.py skips"
+
 bash scripts/install_dataset.sh
 
 # the tests that take emulate (or skip) from mxmp.lp_kernels_available
