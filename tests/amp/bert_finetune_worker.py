@@ -70,7 +70,14 @@ def fc_dtypes(net):
         if name in fcs:
             key = 'bfloat16' if np.dtype(t) == BFLOAT16 else np.dtype(t).name
             counts[key] = counts.get(key, 0) + 1
-    return counts
+    rounding = {}   # the casts and rounding nodes to a low-precision dtype (emulation's too)
+    for n in nodes:
+        attrs = n.get('attrs', {})
+        target = attrs.get('__mxmp_round__') or (attrs.get('dtype') if n['op'] == 'amp_cast'
+                                                 else None)
+        if target in ('float16', 'bfloat16'):
+            rounding[target] = rounding.get(target, 0) + 1
+    return counts, rounding
 
 
 def main():
@@ -164,7 +171,8 @@ def main():
     digest = hashlib.sha256()
     for name, q in sorted(net.collect_params().items()):
         digest.update(q.data().astype('float32').asnumpy().tobytes())
-    print(json.dumps({'updates': out, 'fc_dtypes': fc_dtypes(net),
+    fcs, rounding = fc_dtypes(net)
+    print(json.dumps({'updates': out, 'fc_dtypes': fcs, 'rounding': rounding,
                       'weights': digest.hexdigest()}))
 
 
