@@ -34,11 +34,11 @@ VOCAB, UNITS, HIDDEN, LAYERS, HEADS, BATCH, CLASSES = 1000, 64, 128, 2, 2, 8, 2
 BFLOAT16 = np.dtype([('bfloat16', np.uint16)])
 
 
-def build(seed):
+def build(seed, max_length=64):
     from gluonnlp.model import bert
     mx.random.seed(seed)
     encoder = bert.BERTEncoder(num_layers=LAYERS, units=UNITS, hidden_size=HIDDEN,
-                               max_length=64, num_heads=HEADS, dropout=0.0)
+                               max_length=max_length, num_heads=HEADS, dropout=0.0)
     model = bert.BERTModel(encoder, VOCAB, token_type_vocab_size=2, units=UNITS,
                            embed_size=UNITS, use_pooler=True, use_decoder=False,
                            use_classifier=False)
