@@ -8,7 +8,8 @@ kernels are missing) or ``amp`` (``mxmp.amp.init('bfloat16')``). Each batch: 1 s
 random length in 1..L; a training step (forward, backward, ``trainer.step``), or with
 ``--infer`` an inference call (where the real kernels run, mxmp's fused twin). Prints one JSON
 line: the resident set size (MiB, /proc/self/statm) after every 100 batches, the number of
-distinct lengths, and the median seconds of calls on a length seen for the first time and on
+distinct lengths, of distinct graphs mxmp built (``converted_graph``) and fused twins it ran
+(``fused_graph``), and the median seconds of calls on a length seen for the first time and on
 a length seen before (process CPU time).
 """
 import argparse
@@ -52,6 +53,7 @@ def main():
     loss_fn = gluon.loss.SoftmaxCELoss()
     rng = np.random.RandomState(args.seed)
     seen, first, again, rss = set(), [], [], []
+    graphs, fused = [], []   # the distinct converted and fused Symbols the calls ran
     for k in range(args.batches):
         length = int(rng.randint(1, args.max_len + 1))
         ids = mx.nd.array(rng.randint(0, VOCAB, size=(1, length)))
@@ -72,9 +74,15 @@ def main():
             mx.nd.waitall()
         (again if length in seen else first).append(time.process_time() - start)
         seen.add(length)
+        if args.mode != 'float32':
+            from mxmp._src.gluon import fused_graph
+            for found, sym in ((graphs, mxmp.converted_graph(net)), (fused, fused_graph(net))):
+                if sym is not None and not any(sym is g for g in found):
+                    found.append(sym)
         if (k + 1) % 100 == 0:
             rss.append(round(rss_mib(), 1))
-    print(json.dumps({'rss_mib': rss, 'distinct': len(seen),
+    print(json.dumps({'rss_mib': rss, 'distinct': len(seen), 'graphs': len(graphs),
+                      'fused': len(fused),
                       'first_s': statistics.median(first),
                       'again_s': statistics.median(again) if again else None}))
 
