@@ -81,3 +81,31 @@ def test_without_accumulation_the_graph_has_no_identity():
     grads(net, [nd.ones((2, 3, 4))])
     nodes = json.loads(mxmp.converted_graph(net).tojson(remove_amp_cast=False))['nodes']
     assert not any(n['op'] == '_copy' for n in nodes)
+
+
+@pytest.mark.parametrize('grad_req', ['add', {'fc_weight': 'add', 'fc_bias': 'add'}])
+def test_module_accumulates_with_grad_req_add(grad_req):
+    data = mx.sym.var('data')
+    out = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(data, num_hidden=3, name='fc'),
+                               name='softmax')
+    rng = np.random.RandomState(0)
+    it = mx.io.NDArrayIter(rng.normal(size=(4, 5)).astype('float32'),
+                           np.array([0, 1, 2, 0], dtype='float32'), batch_size=4,
+                           label_name='softmax_label')
+    batch = next(iter(it))
+
+    def weight_grad(req, passes):
+        mod = mxmp.Module(out, ['data'], ['softmax_label'], target_dtype='bfloat16')
+        mod.bind(data_shapes=it.provide_data, label_shapes=it.provide_label, grad_req=req)
+        mod.init_params(mx.init.Xavier(rnd_type='gaussian', magnitude=1))
+        mod.set_params({'fc_weight': nd.array(rng.normal(size=(3, 5))) * 0 + 0.1,
+                        'fc_bias': nd.zeros((3,))}, {})
+        for _ in range(passes):
+            mod.forward(batch, is_train=True)
+            mod.backward()
+        group = mod._exec_group
+        return group.grad_arrays[group.param_names.index('fc_weight')][0].asnumpy()
+
+    once = weight_grad('write', 1)
+    assert np.abs(once).max() > 0
+    np.testing.assert_allclose(weight_grad(grad_req, 2), 2 * once, rtol=1e-5, atol=1e-6)

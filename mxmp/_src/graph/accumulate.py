@@ -15,7 +15,7 @@ backward adds) between such a variable and those consumers.
 """
 from .symbol_json import MARK, dump, load, unique_name
 
-__all__ = ['KADDTO_IGNORED_OPS', 'ACCUMULATE', 'guard_accumulated_grads']
+__all__ = ['KADDTO_IGNORED_OPS', 'ACCUMULATE', 'guard_accumulated_grads', 'accumulating_names']
 
 #: Operators whose backward in MXNet 1.9.1 ignores ``req=kAddTo`` for the gradient of input 0
 #: (amp_multicast: of every input).
@@ -54,3 +54,14 @@ def guard_accumulated_grads(sym, names):
                         'attrs': {MARK: ACCUMULATE}, 'inputs': [[new_id[nid], 0, 0]]})
     heads = [[new_id[h[0]], h[1], h[2]] for h in js['heads']]
     return dump(dict(js, nodes=out, heads=heads))
+
+
+def accumulating_names(sym, grad_req):
+    """The argument names of ``sym`` whose gradients accumulate under ``grad_req`` (a str for
+    every argument, a dict name -> req, or a list in ``sym.list_arguments()`` order, as
+    ``Module.bind`` takes it)."""
+    if isinstance(grad_req, str):
+        return set(sym.list_arguments()) if grad_req == 'add' else set()
+    if isinstance(grad_req, dict):
+        return {name for name, req in grad_req.items() if req == 'add'}
+    return {name for name, req in zip(sym.list_arguments(), grad_req) if req == 'add'}
