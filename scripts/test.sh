@@ -41,7 +41,9 @@ bash scripts/install_dataset.sh
 # the tests that take emulate (or skip) from mxmp.lp_kernels_available
 EMULATED_PATH_TESTS=(tests/graph/test_pass.py tests/gluon/test_convert.py tests/training/test_module.py tests/amp/test_amp.py
                      tests/gluon/test_onednn_layout.py tests/device/test_device.py tests/training/test_nonfinite.py
-                     tests/cli/test_cli.py tests/test_bad_inputs.py tests/gluon/test_gluoncv_models.py)
+                     tests/cli/test_cli.py tests/test_bad_inputs.py tests/gluon/test_gluoncv_models.py
+                     tests/amp/test_accumulate.py tests/amp/test_encoder_decoder.py tests/amp/test_bert_finetune.py
+                     tests/amp/test_sockeye.py)
 
 echo "== pytest"
 status=0

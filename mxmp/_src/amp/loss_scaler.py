@@ -22,7 +22,6 @@ logger = logging.getLogger('mxmp.amp')
 #: contrib.amp's LossScaler fields (and mxmp's view of each) that user code touches.
 CONTRIB_FIELDS = ('_loss_scale', '_next_loss_scale', '_unskipped', '_scale_seq_len',
                   '_max_loss_scale')
-_OWN = frozenset(('group', '_owner', 'skipped_steps', 'stage', 'losses', '_next', '_off'))
 _DEFAULTS = DynamicLossScaler()   # contrib.amp's values: 2**16, x2 per 2000, cap 2**24
 
 
@@ -54,9 +53,11 @@ class TrainerLossScaler(Step):
         self._next = None   # a written _next_loss_scale, applied at the next check
         self._off = {'_scale_seq_len': _DEFAULTS.growth_interval,
                      '_max_loss_scale': _DEFAULTS.max_scale}   # kept while scaling is off
+        self._sealed = True   # from now on: only existing attributes and the properties
 
     def __setattr__(self, name, value):
-        if name not in _OWN and not isinstance(getattr(type(self), name, None), property):
+        if self.__dict__.get('_sealed') and name not in self.__dict__ and \
+                not isinstance(getattr(type(self), name, None), property):
             raise AttributeError(
                 "mxmp.amp's loss scaler has no attribute %r to set: contrib.amp's fields are "
                 '%s (and loss_scale, read-only); mxmp.Trainer(loss_scaler=...) or '
