@@ -157,9 +157,13 @@ def test_no_internal_module_only_reexports_another_modules_names():
 
 def test_nothing_is_stamped_on_mxnet_objects_outside_the_hook_module():
     """Side channels (attributes stamped on Parameters or blocks, patched methods, registries
-    keyed by id()) live only in mxmp/_src/gluon.py, the one module that hooks MXNet. A hit that
-    is not one (an id() key of a dict local to one call) says why in a comment on its line."""
-    pattern = re.compile(r'\.\_mxmp_\w+\s*=|setattr\([^)]*[\'"]_mxmp_|MethodType|\bid\(')
+    keyed by id()) live only in mxmp/_src/gluon.py, the one module that hooks MXNet. That
+    includes contrib.amp's own hook on a gluon.Trainer (``_amp_loss_scaler`` and
+    ``_amp_original_scale``, which MXNet's Trainer and contrib.amp's users read): gluon.py's
+    attach_trainer_loss_scaler is the only place that sets them. A hit that is not one (an id()
+    key of a dict local to one call) says why in a comment on its line."""
+    pattern = re.compile(r'\.\_(mxmp|amp)_\w+\s*=|setattr\([^)]*[\'"]_(mxmp|amp)_|MethodType|'
+                         r'\bid\(')
     hits = ['%s:%d: %s' % (_rel(p), i, line.strip())
             for p in _modules() if _rel(p) != 'mxmp/_src/gluon.py'
             for i, line in enumerate(p.read_text().splitlines(), 1)

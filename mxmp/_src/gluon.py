@@ -10,7 +10,8 @@ block that is not hybridized raises; under ``amp.init`` an imperative call warns
 ``export``/``save_parameters``/``load_parameters`` (files plain MXNet loads, float32), and
 ``Parameter.set_data`` (fused graphs are rebuilt). :func:`remove_hooks` puts MXNet's methods back
 and forgets every conversion. Which blocks are converted is kept here, in weak dictionaries
-keyed by the block or Parameter: nothing is stamped on MXNet's objects.
+keyed by the block or Parameter: nothing is stamped on MXNet's objects but contrib.amp's own
+hook on a ``gluon.Trainer`` (:func:`attach_trainer_loss_scaler`, for :mod:`mxmp.amp`).
 """
 import logging
 import threading
@@ -21,6 +22,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 from mxnet.gluon.block import _flatten, _regroup
 
+from .graph.accumulate import guard_accumulated_grads
 from .graph.convert import convert_symbol
 from .graph.strip import float32_arrays, remove_casts
 from .graph.stem import check_option as check_pad_stem
@@ -28,12 +30,13 @@ from .gluon_graph import PARAM_POLICY, Conversion, cast_deferred, cast_to_graph,
 from .policy.policy import resolve_policy
 
 __all__ = ['convert', 'converted_graph', 'fused_graph', 'set_global', 'install_hooks',
-           'remove_hooks']
+           'remove_hooks', 'attach_trainer_loss_scaler']
 
 logger = logging.getLogger('mxmp.gluon')
 
 _CONVERTED = weakref.WeakKeyDictionary()   # block -> Conversion (mxmp.convert)
 _BUILT = weakref.WeakKeyDictionary()       # block -> BuiltGraph of its current graph
+_ACCUMULATING = weakref.WeakKeyDictionary()  # block -> its grad_req='add' Parameter names then
 _GLOBAL = [None]                           # the Conversion of mxmp.amp.init, or None
 _ORIGINAL = {}                             # method name -> MXNet's function
 _LOCAL = threading.local()                 # imperative call depth (the amp.init warning)
@@ -173,6 +176,9 @@ def _convert_graph(block, conversion, args, ctx=None):
     if built is not None and built.symbol is sym:
         return
     built = rewrite(block, conversion, inputs, sym, args, ctx)
+    _ACCUMULATING[block] = accumulating = _accumulating(block)
+    if accumulating:   # MXNet's cast backward ignores grad_req='add' (graph/accumulate.py)
+        built.symbol = guard_accumulated_grads(built.symbol, accumulating)
     if conversion is _GLOBAL[0]:
         for param in block.collect_params().values():
             PARAM_POLICY.setdefault(param, conversion.policy)
@@ -189,7 +195,15 @@ def _build_cache(self, *args):
         cast_deferred(self.collect_params().values())
 
 
+def _accumulating(block):
+    """The names of ``block``'s Parameters whose gradients accumulate (grad_req 'add')."""
+    return frozenset(p.name for p in block.collect_params().values() if p.grad_req == 'add')
+
+
 def _call_cached_op(self, *args):
+    if self._cached_op is not None and self in _ACCUMULATING and \
+            _ACCUMULATING[self] != _accumulating(self):
+        self._clear_cached_op()   # grad_req changed since the graph was built: guard anew
     if self._cached_op is None and _applies(self) is not None:
         self._build_cache(*args)
     built = _BUILT.get(self)
@@ -308,5 +322,16 @@ def remove_hooks():
     _ORIGINAL.clear()
     _CONVERTED.clear()
     _BUILT.clear()
+    _ACCUMULATING.clear()
     PARAM_POLICY.clear()
     _GLOBAL[0] = None
+
+
+def attach_trainer_loss_scaler(trainer, loss_scaler):
+    """contrib.amp's hook on a ``gluon.Trainer``, the one mxmp stamps: ``trainer._amp_loss_scaler
+    = loss_scaler`` (``gluon.Trainer._update`` in MXNet 1.9.1 asks its ``has_overflow(params)``
+    before every update and skips the update on True) and ``trainer._amp_original_scale =
+    trainer._scale`` (its ``rescale_grad``). These are the attributes contrib.amp 1.9.1's
+    ``init_trainer`` sets and its users read (docs/from_contrib_amp.md)."""
+    trainer._amp_loss_scaler = loss_scaler
+    trainer._amp_original_scale = trainer._scale

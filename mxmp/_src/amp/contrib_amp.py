@@ -13,16 +13,17 @@ import mxnet as mx
 from mxnet import autograd, gluon, optimizer
 
 from ..dtypes import normalize_dtype
-from ..gluon import convert, set_global
+from ..gluon import attach_trainer_loss_scaler, convert, set_global
 from ..gluon_graph import Conversion, policy_of
 from ..graph.convert import convert_symbol as convert_graph
 from ..graph.strip import arrays_for_graph
 from ..graph.symbol_json import load
 from ..policy.policy import Policy, conditional_rules
 from ..scaling import make_loss_scaler
-from ..training.step import Step, param_grads
+from ..training.step import param_grads
 from ..training.trainer import Trainer
 from .lists import policy_for
+from .loss_scaler import TrainerLossScaler
 
 __all__ = ['init', 'disable', 'init_trainer', 'scale_loss', 'unscale', 'convert_symbol',
            'convert_model', 'convert_hybrid_block']
@@ -245,32 +246,6 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     return convert(copy, policy=policy, cast_params=True if cast_optional_params else None)
 
 
-class _TrainerLossScaler(Step):
-    """The :class:`Step` :func:`init_trainer` puts in ``trainer._amp_loss_scaler``, asked
-    ``has_overflow(params)`` by ``gluon.Trainer._update`` (MXNet 1.9.1) before each update."""
-
-    @property
-    def loss_scale(self):
-        """float: the current loss scale (1.0 when scaling is off)."""
-        return float(self.scaler.scale)   # NoOpLossScaler's scale is 1.0
-
-    def has_overflow(self, params):
-        """True (skip the step) if a gradient on any device is inf/NaN; adjusts the scale.
-
-        Static and disabled scalers never check (as :class:`mxmp.Trainer`).
-        """
-        per_device = {}
-        for param in params:
-            for k, grad in enumerate(param_grads([param])):
-                per_device.setdefault(k, []).append(grad)
-        with autograd.pause():
-            finite = self.check(list(per_device.values()))
-        self.end(finite)
-        if not finite:
-            logger.info('mxmp.amp: overflow, step skipped; loss scale now %g', self.loss_scale)
-        return not finite
-
-
 def _is_native(optimizer_or_trainer):
     """Whether it is an mxmp.Trainer (else a gluon.Trainer); TypeError for anything else."""
     if isinstance(optimizer_or_trainer, gluon.Trainer):
@@ -314,13 +289,12 @@ def init_trainer(optimizer_or_trainer):
         marks = {policy_of(p).target_dtype for p in trainer._params if policy_of(p)}
         dtype = 'bfloat16' if marks == {'bfloat16'} else 'float16'
     spec = _CONFIG.policy.loss_scaler if _CONFIG.policy is not None else None
-    trainer._amp_loss_scaler = _TrainerLossScaler(make_loss_scaler(spec, dtype))
-    trainer._amp_original_scale = trainer._scale
+    attach_trainer_loss_scaler(trainer, TrainerLossScaler(make_loss_scaler(spec, dtype)))
 
 
 def _scaler_of(trainer):
     scaler = getattr(trainer, '_amp_loss_scaler', None)
-    if not isinstance(scaler, _TrainerLossScaler):
+    if not isinstance(scaler, TrainerLossScaler):
         raise RuntimeError('the loss scaler is not set up: call mxmp.amp.init_trainer(trainer) '
                            'after creating the Trainer')
     return scaler
@@ -357,21 +331,25 @@ def scale_loss(loss, optimizer_or_trainer):
 def unscale(optimizer_or_trainer):
     """Divide the gradients by the loss scale in place (before clipping them).
 
-    Same signature as ``mxnet.contrib.amp.unscale``; call between ``backward`` and ``step``
-    (``trainer._scale`` is restored to its value before :func:`scale_loss`). inf/NaN stay.
+    Same signature and meaning as ``mxnet.contrib.amp.unscale``; call between ``backward``
+    and ``step``: with a ``gluon.Trainer`` every gradient (every device) is multiplied by
+    ``trainer._scale`` (what :func:`scale_loss` set: the original ``rescale_grad`` over the
+    loss scale) and ``trainer._scale`` becomes 1.0, so the update does not divide again and a
+    second call changes nothing. inf/NaN stay, for the overflow check of the update.
 
     Raises:
         TypeError: not a Trainer.
-        RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen.
+        RuntimeError: a gluon.Trainer that :func:`init_trainer` has not seen; an mxmp.Trainer
+            unscaled twice before its update.
     """
     trainer = optimizer_or_trainer
     if _is_native(trainer):
         trainer.unscale()
         return
     _scaler_of(trainer)
-    factor = trainer._scale / trainer._amp_original_scale   # 1 / loss scale
+    factor = trainer._scale
     if factor != 1.0:
         with autograd.pause():
             for g in param_grads(trainer._params):
                 g *= factor
-    trainer._scale = trainer._amp_original_scale
+    trainer._scale = 1.0

@@ -9,6 +9,7 @@ from mxnet import nd
 
 from ..distributed import check_kvstore_args
 from ..dtypes import is_low_precision
+from ..graph.accumulate import accumulating_names, guard_accumulated_grads
 from ..graph.convert import convert_symbol
 from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, scaled_loss_ops
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
@@ -125,6 +126,9 @@ class Module(mx.mod.Module):
         fresh = self._arg_params is None
         if wants_padding(self._pad_stem, self._policy, self._context[0]):
             self._symbol = pad_stem(self._symbol, {d[0]: tuple(d[1]) for d in data_shapes})
+        if for_training and self._policy is not None:   # graph/accumulate.py: grad_req='add'
+            self._symbol = guard_accumulated_grads(
+                self._symbol, accumulating_names(self._symbol, grad_req))
         super().bind(data_shapes, label_shapes, for_training, inputs_need_grad, force_rebind,
                      shared_module, grad_req)
         if shared_module is not None:
