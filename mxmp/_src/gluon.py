@@ -166,13 +166,14 @@ def _applies(block):
     return conversion
 
 
-def _convert_graph(block, conversion, args, ctx=None):
-    """Rewrite ``block``'s cached graph with the pass unless it is already the converted one."""
+def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True):
+    """Rewrite ``block``'s cached graph with the pass unless it is already the converted one
+    (``keep_unrounded``: see :func:`mxmp._src.gluon_graph.cast_to_graph`)."""
     inputs, sym = block._get_graph(*args)
     built = _BUILT.get(block)
     if built is not None and built.symbol is sym:
         return
-    built = rewrite(block, conversion, inputs, sym, args, ctx)
+    built = rewrite(block, conversion, inputs, sym, args, ctx, keep_unrounded)
     if conversion is _GLOBAL[0]:
         for param in block.collect_params().values():
             PARAM_POLICY.setdefault(param, conversion.policy)
@@ -182,8 +183,11 @@ def _convert_graph(block, conversion, args, ctx=None):
 
 def _build_cache(self, *args):
     conversion = _applies(self)
+    # Built by an inference call (not recording): the call drops the float32 values kept for
+    # master weights right after (BuiltGraph.before_call), so the casts need not keep them.
+    keep = autograd.is_recording()
     if conversion is not None:
-        _convert_graph(self, conversion, args)
+        _convert_graph(self, conversion, args, keep_unrounded=keep)
     _ORIGINAL['_build_cache'](self, *args)
     if conversion is not None:
         cast_deferred(self.collect_params().values())
