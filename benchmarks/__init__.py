@@ -27,6 +27,9 @@ Modes (``--dtype`` is the target dtype, ``bfloat16`` by default):
 * ``mxmp_cast_params``: the same with ``cast_params=True`` (weights stored in the target dtype,
   float32 master weights in the Trainer). mxmp inference is fused by default where the kernels
   exist (``fuse_inference='auto'``; such rows are labelled "(fused)").
+* ``mxmp_cast_params_unfused`` (inference only, run only when named): ``mxmp_cast_params`` with
+  ``fuse_inference=False``: the least memory (oneDNN's fused FullyConnected keeps its own copy
+  of each weight; docs/benchmark.md).
 * ``mxmp_unfused`` (inference only, run only when named in ``--modes``): ``mxmp`` with
   ``fuse_inference=False``, to measure the fusion lever.
 

@@ -100,6 +100,9 @@ def main(argv=None):
     p.add_argument('--phase', choices=('train', 'infer'), default='train')
     p.add_argument('--mode', choices=MODES, default='mxmp')
     p.add_argument('--steps', type=int, default=3, help='training steps or inference calls')
+    p.add_argument('--dropout', type=float, default=None,
+                   help="text models: dropout of every layer (default: the model's own, 0.1; "
+                        "0 removes GluonNLP's Dropout layers: what they cost)")
     p.add_argument('--fuse-inference', choices=('auto', 'off'), default='auto',
                    help="mxmp modes: convert's fuse_inference ('off': False)")
     p.add_argument('--grad-req', choices=('write', 'null'), default='write',
@@ -145,7 +148,9 @@ def main(argv=None):
     wl = workload_for(spec)
     ctx = mx.cpu()
     batches = wl.batches(mx, args.batch_size, ctx)
-    net = wl.model()
+    if args.dropout is not None and wl.unit == 'img':
+        p.error('--dropout is for the text models (the CNNs have no dropout knob)')
+    net = wl.model(dropout=args.dropout)
     wl.initialize(net, mx, ctx)
     if args.phase == 'infer' and args.grad_req == 'null':
         net.collect_params().setattr('grad_req', 'null')

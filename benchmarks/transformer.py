@@ -80,16 +80,18 @@ def build_transformer(name, dropout=None):
 
 
 def _model_class():
-    """:class:`Seq2SeqTransformer`, defined once GluonNLP and MXNet are importable."""
+    """:class:`Seq2SeqTransformer`, defined at first use (it subclasses MXNet's HybridBlock and
+    uses GluonNLP: importing this module needs neither)."""
     if _MODEL[0] is None:
-        _MODEL[0] = _define_model(_gluonnlp())
+        _gluonnlp()   # the install hint if GluonNLP is missing
+        _MODEL[0] = _define_model()
     return _MODEL[0]
 
 
 _MODEL = [None]
 
 
-def _define_model(gluonnlp):
+def _define_model():
     from mxnet.gluon import HybridBlock, nn
     from gluonnlp.model.transformer import TransformerDecoder, TransformerEncoder
 
@@ -122,7 +124,6 @@ def _define_model(gluonnlp):
                                         tgt_valid_length)
             return self.out(hidden)
 
-    del gluonnlp
     return Seq2SeqTransformer
 
 

@@ -284,9 +284,9 @@ class _Child:
                 cast_optional_params=mode == 'contrib_amp_cast_params')
             res['conversion_s'] = time.perf_counter() - start
             res['casts'] = mxmp.count_casts(net._cached_graph[1])
-        elif mode in ('mxmp', 'mxmp_cast_params', 'mxmp_unfused'):
-            net = self.convert_mxmp(net, cast_params=mode == 'mxmp_cast_params',
-                                    fuse_inference='auto' if mode != 'mxmp_unfused' else False)
+        elif mode in ('mxmp', 'mxmp_cast_params', 'mxmp_unfused', 'mxmp_cast_params_unfused'):
+            net = self.convert_mxmp(net, cast_params=mode.startswith('mxmp_cast_params'),
+                                    fuse_inference=False if mode.endswith('_unfused') else 'auto')
         else:
             raise BenchmarkError('mode %r has no inference phase' % mode)
         net.hybridize(**hybridize)

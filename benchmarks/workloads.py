@@ -187,10 +187,17 @@ class TransformerWorkload(ImageWorkload):
                                                   self.spec['seq_len'], ctx, self.rng)
 
     def inputs(self, mx, batch, ctx):
-        return self.batches(mx, batch, ctx)[0][0]
+        """The inputs of the first batch (the seeded batches drawn anew)."""
+        return self._first(mx, batch, ctx)[0]
 
     def labels(self, mx, batch, ctx):
-        return self.batches(mx, batch, ctx)[0][1]
+        """The labels of the first batch (the same batch as :meth:`inputs`)."""
+        return self._first(mx, batch, ctx)[1]
+
+    def _first(self, mx, batch, ctx):
+        return bench_transformer.sentence_batches(mx, self.spec['model'], batch,
+                                                  self.spec['seq_len'], ctx,
+                                                  np.random.RandomState(SEED), count=1)[0]
 
     def tokens_per_sample(self, batches):
         return bench_transformer.tokens_per_sentence(batches)

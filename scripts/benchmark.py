@@ -78,7 +78,8 @@ def parse_args(argv=None):
     p.add_argument('--phases', nargs='+', default=list(PHASES), choices=PHASES)
     p.add_argument('--modes', nargs='+', default=None, choices=list(MODES),
                    help='modes to run (float32 is always run: it is the reference; '
-                        'mxmp_unfused, inference without fusion, only when named); default: '
+                        'mxmp_unfused and mxmp_cast_params_unfused, inference without fusion, only '
+                        'when named); default: '
                         '%s; for BERT: %s; for the transformers: %s'
                         % (' '.join(DEFAULT_MODES), ' '.join(BERT_DEFAULT_MODES),
                            ' '.join(TRANSFORMER_DEFAULT_MODES)))
