@@ -36,7 +36,8 @@ _CONVERTED = weakref.WeakKeyDictionary()   # block -> Conversion (mxmp.convert)
 _BUILT = weakref.WeakKeyDictionary()       # block -> BuiltGraph of its current graph
 _GLOBAL = [None]                           # the Conversion of mxmp.amp.init, or None
 _ORIGINAL = {}                             # method name -> MXNet's function
-_LOCAL = threading.local()                 # imperative call depth (the amp.init warning)
+_LOCAL = threading.local()                 # imperative call depth (the amp.init warning);
+                                           # inference_call: _build_cache runs for one
 _WARNED = set()
 
 
@@ -183,9 +184,10 @@ def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True):
 
 def _build_cache(self, *args):
     conversion = _applies(self)
-    # Built by an inference call (not recording): the call drops the float32 values kept for
-    # master weights right after (BuiltGraph.before_call), so the casts need not keep them.
-    keep = autograd.is_recording()
+    # Built by an inference call: the call drops the float32 values kept for master weights
+    # right after (BuiltGraph.before_call), so the casts need not keep them. Any other build
+    # (a training call, HybridBlock.optimize_for) keeps them.
+    keep = not getattr(_LOCAL, 'inference_call', False)
     if conversion is not None:
         _convert_graph(self, conversion, args, keep_unrounded=keep)
     _ORIGINAL['_build_cache'](self, *args)
@@ -195,7 +197,11 @@ def _build_cache(self, *args):
 
 def _call_cached_op(self, *args):
     if self._cached_op is None and _applies(self) is not None:
-        self._build_cache(*args)
+        _LOCAL.inference_call = not autograd.is_recording()
+        try:
+            self._build_cache(*args)
+        finally:
+            _LOCAL.inference_call = False
     built = _BUILT.get(self)
     if built is None or not self._cached_graph or \
             built.symbol is not self._cached_graph[1] and not self._backend:
