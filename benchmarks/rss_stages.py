@@ -109,6 +109,9 @@ def main(argv=None):
                    help="inference: the Parameters' grad_req, set before the first call "
                         "('null': no gradient arrays, as an inference-only process would; "
                         "default 'write', as the benchmark's inference rows)")
+    p.add_argument('--excluded-names', nargs='*', default=(),
+                   help='mxmp modes: graph nodes kept in float32 (Policy.excluded_names), e.g. '
+                        "the encoder-decoder's output layer seq2seq_out_fwd")
     p.add_argument('--allocated', action='store_true',
                    help="also the peak of MXNet's own allocations (mx.profiler)")
     args = p.parse_args(argv)
@@ -156,7 +159,10 @@ def main(argv=None):
         net.collect_params().setattr('grad_req', 'null')
     mark('built and initialized', net)
     if args.mode != 'float32':
-        net = mxmp.convert(net, 'bfloat16', cast_params=args.mode == 'mxmp_cast_params',
+        policy = mxmp.Policy('bfloat16', excluded_names=tuple(args.excluded_names),
+                             param_dtype='bfloat16' if args.mode == 'mxmp_cast_params'
+                             else 'float32')
+        net = mxmp.convert(net, policy=policy,
                            fuse_inference='auto' if args.fuse_inference == 'auto' else False)
         mark('converted', net)
     net.hybridize(static_alloc=True, static_shape=True)

@@ -112,7 +112,7 @@ def _define_model():
                 self.decoder = TransformerDecoder(max_length=MAX_POSITIONS, prefix='dec_',
                                                   **common)
                 self.out = nn.Dense(vocab, flatten=False, use_bias=False, in_units=units,
-                                    params=self.embed.params, prefix='embed_')
+                                    params=self.embed.params, prefix='out_')
 
         def hybrid_forward(self, F, src, tgt, src_valid_length, tgt_valid_length):
             # pylint: disable=arguments-differ
