@@ -27,6 +27,9 @@ Modes (``--dtype`` is the target dtype, ``bfloat16`` by default):
 * ``mxmp_cast_params``: the same with ``cast_params=True`` (weights stored in the target dtype,
   float32 master weights in the Trainer). mxmp inference is fused by default where the kernels
   exist (``fuse_inference='auto'``; such rows are labelled "(fused)").
+* ``mxmp_cast_params_unfused`` (inference only, run only when named): ``mxmp_cast_params`` with
+  ``fuse_inference=False``: the least memory (oneDNN's fused FullyConnected keeps its own copy
+  of each weight; docs/benchmark.md).
 * ``mxmp_unfused`` (inference only, run only when named in ``--modes``): ``mxmp`` with
   ``fuse_inference=False``, to measure the fusion lever.
 
@@ -46,7 +49,7 @@ bfloat16 on a CPU without AVX-512: "could not create a primitive descriptor iter
 with status ``failed`` and the first line of its error; a failed mode is not re-run in later
 repeats (the failure is deterministic; the log of the first attempt is kept).
 
-Per row (phase ``train`` or ``infer``, batch size, mode): throughput in images/s (median, min
+Per row (phase ``train`` or ``infer``, batch size, mode): throughput in images/s, sequences/s or sentences/s (median, min
 and max over every timed iteration of every repeat; one iteration = forward [+ backward + update]
 of one batch, synchronised with ``mx.nd.waitall()``), peak RSS of the subprocess in MiB
 (``ru_maxrss`` of the child itself, largest over the repeats; the RSS after ``import mxnet``
@@ -67,9 +70,12 @@ phase that ran), ``logs/`` (stderr of every subprocess); with ``--profile``: ``p
 Modules, one job each:
 
 * :mod:`benchmarks.modes` -- the modes, phases and fixed settings; a mode's label.
-* :mod:`benchmarks.workloads` -- the network, inputs and labels of a run: GluonCV image
-  classifiers, or the BERT classifiers of :mod:`benchmarks.bert` (``--model bert_base``;
-  throughput in sequences/s).
+* :mod:`benchmarks.workloads` -- the network, inputs, labels and loss of a run: GluonCV image
+  classifiers, the BERT classifiers of :mod:`benchmarks.bert` (``--model bert_base``;
+  throughput in sequences/s), or the encoder-decoder transformers of
+  :mod:`benchmarks.transformer` (``--model transformer_nmt``: GluonNLP's encoder and decoder,
+  4+4 layers of model size 512, batches of sentence pairs of 8 to ``--seq-len`` (40) tokens;
+  throughput in sentences/s).
 * :mod:`benchmarks.runner` -- the parent side: worker environment, one worker process, every
   mode interleaved over the repeats.
 * :mod:`benchmarks.worker` -- the worker side (``python -m benchmarks.worker``): one mode, one
@@ -83,6 +89,9 @@ Modules, one job each:
 * :mod:`benchmarks.profile` -- per-operator time from MXNet's profiler, side by side.
 * :mod:`benchmarks.memory` -- peak RSS split into a fixed part and a part per image.
 * :mod:`benchmarks.train_rss` -- peak RSS of a few training steps, one lever at a time.
+* :mod:`benchmarks.rss_stages` -- resident memory after each stage of one run (any model,
+  training or inference), with the bytes of weights, gradients, optimizer state and master
+  weights.
 
 Not part of the installed ``mxmp`` package.
 """

@@ -1,5 +1,7 @@
-"""The benchmark's bar chart (matplotlib): images/s and peak RSS per phase, batch and mode."""
+"""The benchmark's bar chart (matplotlib): throughput (images/s, sequences/s or sentences/s)
+and peak RSS per phase, batch and mode."""
 from benchmarks.modes import MODES, PHASES, mode_label
+from benchmarks.workloads import UNIT_NAMES, shape_label
 
 
 def chart_phases(rows):
@@ -8,10 +10,13 @@ def chart_phases(rows):
 
 
 def bar_chart(report, path):
-    """PNG: median images/s (min-max whiskers) and peak RSS (MiB) per phase, batch and mode.
+    """PNG: median throughput (min-max whiskers) and peak RSS (MiB) per phase, batch and mode.
 
-    One column of two panels per phase that has rows (no empty panels). Returns the panel
-    titles (list of str).
+    Throughput is in the run's unit (``report['config']['unit']``: images/s, sequences/s for
+    BERT, sentences/s for the encoder-decoders); the title gives the model and what a sample is
+    (:func:`benchmarks.workloads.shape_label`). One column of two panels per phase that has
+    rows (no empty panels). Returns the panel titles and, last, the figure's title (list of
+    str).
     """
     import matplotlib
     matplotlib.use('Agg')
@@ -24,7 +29,8 @@ def bar_chart(report, path):
     for col, phase in enumerate(phases):
         modes = [m for m in MODES if any(r['mode'] == m and r['phase'] == phase for r in rows)]
         width = 0.8 / len(modes)
-        for row_i, (key, ylabel) in enumerate((('img_per_s_median', 'images/s (median)'),
+        throughput = '%s/s (median)' % UNIT_NAMES[cfg.get('unit') or 'img'][0]
+        for row_i, (key, ylabel) in enumerate((('img_per_s_median', throughput),
                                                ('peak_rss_mib', 'peak RSS (MiB)'))):
             ax = axes[row_i][col]
             top = max([r[key] or 0 for r in rows if r['phase'] == phase] + [1])
@@ -52,9 +58,9 @@ def bar_chart(report, path):
             ax.set_xticklabels(['batch %d' % b for b in batches])
             ax.set_ylabel(ylabel)
             ax.set_title('%s, %s' % ('training' if phase == 'train' else 'inference', ylabel))
-    fig.suptitle('%s %dx%d, %s on %s (hatched: emulated, numerics only; whiskers: min-max)'
-                 % (cfg['model'], cfg['input_size'], cfg['input_size'], cfg['dtype'], cfg['ctx']),
-                 fontsize=10)
+    title = fig.suptitle('%s, %s, %s on %s (hatched: emulated, numerics only; whiskers: '
+                         'min-max)' % (cfg['model'], shape_label(cfg), cfg['dtype'], cfg['ctx']),
+                         fontsize=10)
     legend = {}
     for ax in axes[0]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -63,4 +69,4 @@ def bar_chart(report, path):
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    return [ax.get_title() for ax in axes.flat]
+    return [ax.get_title() for ax in axes.flat] + [title.get_text()]

@@ -7,6 +7,8 @@ Shared by the parent (:mod:`benchmarks.runner`, the tables, the chart) and the w
 MODELS = ('resnet50_v1', 'resnet18_v1', 'mobilenetv2_1.0')
 #: BERT sentence classifiers (benchmarks.bert; GluonNLP 0.10, the optional extra ``bert``).
 BERT_MODEL_NAMES = ('bert_base', 'bert_tiny')
+#: Encoder-decoder transformers (benchmarks.transformer; GluonNLP 0.10, the same extra).
+TRANSFORMER_MODEL_NAMES = ('transformer_nmt', 'transformer_tiny')
 #: Mode name -> (label, phases it applies to). Order = order of the rows and of the interleaving.
 MODES = {
     'float32': ('float32', ('train', 'infer')),
@@ -18,14 +20,19 @@ MODES = {
     'mxmp': ('mxmp {dtype}', ('train', 'infer')),
     'mxmp_cast_params': ('mxmp {dtype}, cast_params', ('train', 'infer')),
     'mxmp_unfused': ('mxmp {dtype}, fuse_inference=False', ('infer',)),
+    'mxmp_cast_params_unfused': ('mxmp {dtype}, cast_params, fuse_inference=False', ('infer',)),
 }
-#: Modes run unless --modes says otherwise (mxmp_unfused measures the fusion lever: opt-in;
+#: Modes run unless --modes says otherwise (the unfused modes measure the fusion lever, for
+#: speed and for memory: oneDNN's fused FullyConnected keeps its own copy of each weight; opt-in;
 #: contrib_amp_fp32_attention is the workaround for GluonNLP's attention, BERT only).
-DEFAULT_MODES = [m for m in MODES if m not in ('mxmp_unfused', 'contrib_amp_fp32_attention')]
+DEFAULT_MODES = [m for m in MODES if m not in ('mxmp_unfused', 'mxmp_cast_params_unfused',
+                                               'contrib_amp_fp32_attention')]
 #: The same for the BERT models: contrib.amp as is (fails on GluonNLP's attention, reported as
 #: a failed row) and with the attention matmuls kept in float32; no cast_params variants.
 BERT_DEFAULT_MODES = ['float32', 'float32_fused', 'contrib_amp', 'contrib_amp_fp32_attention',
                       'mxmp']
+#: The same for the encoder-decoder transformers: contrib.amp as is (its failure is a row).
+TRANSFORMER_DEFAULT_MODES = ['float32', 'float32_fused', 'contrib_amp', 'mxmp']
 #: Modes profiled by --profile, the first is the reference of the ratios.
 PROFILE_MODES = ('float32', 'contrib_amp', 'mxmp')
 BERT_PROFILE_MODES = ('float32', 'contrib_amp_fp32_attention', 'mxmp')
@@ -41,6 +48,8 @@ QUICK = dict(model='cifar_resnet20_v1', classes=10, input_size=32, batch_size=[8
 MIN_ITERS = 5
 #: Tokens per sequence of the BERT models unless --seq-len says otherwise.
 DEFAULT_SEQ_LEN = 128
+#: Longest sentence of the encoder-decoder transformers unless --seq-len says otherwise.
+DEFAULT_SENTENCE_LEN = 40
 SEED = 0
 LEARNING_RATE = 0.01
 MOMENTUM = 0.9

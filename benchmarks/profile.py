@@ -201,8 +201,8 @@ def run_profile(config, env, machine, out_dir, timeout, run_child, mode_label, m
         labels[mode] = results[mode]['label'] = label
         LOG.info('profile %s: %.1f ms per iteration', mode, 1000 * res['iter_s'][0])
     machine['loadavg_end'] = os.getloadavg()
-    shape = ('sequence length %d' % config['seq_len'] if config.get('unit') == 'seq'
-             else 'input %dx%d' % (config['input_size'], config['input_size']))
+    from benchmarks.workloads import shape_label
+    shape = shape_label(config)
     lines = ['# mxmp %s profile: %s, %s, batch %d, target dtype %s'
              % ('training' if phase == 'train' else 'inference', config['model'], shape, batch,
                 config['dtype']), '',

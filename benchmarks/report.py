@@ -3,7 +3,9 @@ the loss check and the legend."""
 from benchmarks import flops as bench_flops
 from benchmarks import memory as bench_memory
 from benchmarks import peak as bench_peak
+from benchmarks import transformer as bench_transformer
 from benchmarks.modes import LEARNING_RATE, MOMENTUM, mode_label
+from benchmarks.workloads import UNIT_NAMES, shape_label
 
 
 def _fmt(value, spec='%.2f', none='-'):
@@ -34,13 +36,14 @@ def layer_dtypes_markdown(rows):
 def markdown(report):
     """The Markdown report: configuration, one table of every row, the loss check.
 
-    Throughput is per image, or per sequence where ``report['config']['unit']`` is ``'seq'``
-    (BERT: the columns say seq/s and GFLOP/seq).
+    Throughput is per image, per sequence where ``report['config']['unit']`` is ``'seq'``
+    (BERT: the columns say seq/s and GFLOP/seq), or per sentence pair where it is ``'sent'``
+    (the encoder-decoder transformers: sent/s, GFLOP/sent).
     """
     cfg, mach = report['config'], report['machine']
     unit = cfg.get('unit') or 'img'
-    shape = ('sequence length %d' % cfg['seq_len'] if unit == 'seq'
-             else 'input %dx%d' % (cfg['input_size'], cfg['input_size']))
+    plural, singular = UNIT_NAMES[unit]
+    shape = shape_label(cfg)
     lines = ['# mxmp benchmark: %s, %s, target dtype %s, %s'
              % (cfg['model'], shape, cfg['dtype'], cfg['ctx']), '',
              '- command: `%s`' % cfg['command'],
@@ -53,6 +56,13 @@ def markdown(report):
              '- %d warm-up + %d timed iterations per run, %d interleaved repeat(s), one fresh '
              'process per run; total %.0f s' % (cfg['warmup'], cfg['iters'], cfg['repeats'],
                                                report['total_s']), '']
+    tokens = next((r['tokens_per_sample'] for r in report['rows']
+                   if r.get('tokens_per_sample')), None)
+    if tokens:
+        lines += ['- %s/s: sentence pairs per second; the batches hold %.1f valid target tokens '
+                  'per sentence on average (x %.1f = target tokens/s), padded to the longest '
+                  'sentence of each batch; the runs cycle through %d seeded batches'
+                  % (unit, tokens, tokens, bench_transformer.NUM_BATCHES), '']
     if any(r.get('emulated') for r in report['rows']):
         lines += ['**Rows marked (emulated) run float32 kernels with %s rounding: they measure '
                   'numerics and the cost of emulation, not %s speed.**' % (cfg['dtype'],
@@ -104,10 +114,11 @@ def markdown(report):
                            if r.get('rss_after_import_mib')), default=None), '%.0f')
     lines += ['', ' '.join([
         '%s/s: %s per second of one iteration (forward [+ backward + update]);'
-        % (unit, 'sequences' if unit == 'seq' else 'images'),
+        % (unit, plural),
         'median/min/max over all timed iterations of all repeats.',
         "GFLOP/%s: forward FLOP of one %s, counted from the graph's Convolution and"
-        % (unit, 'sequence' if unit == 'seq' else 'image'),
+        % (unit, singular + (' pair, averaged over the batches (padding included)'
+                             if unit == 'sent' else '')),
         'FullyConnected layers (and batch_dot and attention matmuls) with their inferred',
         'shapes (2 per multiply-accumulate).',
         '%% of peak: %s/s x GFLOP/%s (x %d for training: forward + data and weight'

@@ -19,7 +19,7 @@ def aggregate(runs):
                        for r in runs]}
     first = runs[0]
     for key in ('casts', 'casts_real_graph', 'emulated', 'lp_kernels_available', 'versions',
-                'flop_per_image', 'fused', 'layer_dtypes'):
+                'flop_per_image', 'fused', 'layer_dtypes', 'tokens_per_sample'):
         row[key] = first.get(key)
     convs = [r['conversion_s'] for r in runs if r.get('conversion_s') is not None]
     row['conversion_s'] = float(np.median(convs)) if convs else None

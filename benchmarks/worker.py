@@ -8,6 +8,7 @@ first line of the error).
 """
 import argparse
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -75,8 +76,7 @@ class _Child:
             return self.gemm_peaks()
         res['lp_kernels_available'] = mxmp.lp_kernels_available(spec['dtype'], self.ctx)
         res['stage'] = 'flops'
-        res['flop_per_image'] = bench_flops.forward_flops_per_image(
-            self.traced(self.wl.model()), self.wl.sample_shapes())
+        res['flop_per_image'] = self.wl.flop_per_sample(self.traced(self.wl.model()))
         res['stage'] = 'build'
         net, step = getattr(self, 'build_%s' % spec['phase'])()
         res['stage'] = 'warmup'
@@ -135,9 +135,16 @@ class _Child:
 
     # ------------------------------------------------------------------ shared pieces
     def data(self, batch):
-        """(tuple of input NDArrays, labels) of ``batch`` samples."""
-        xs = self.wl.inputs(self.mx, batch, self.ctx)
-        return xs, self.wl.labels(self.mx, batch, self.ctx)
+        """(tuple of input NDArrays, labels) of ``batch`` samples: the first batch."""
+        return self.wl.batches(self.mx, batch, self.ctx)[0]
+
+    def batch_cycle(self, batch):
+        """A function returning the workload's batches of ``batch`` samples in turn (one,
+        or several of varying length: :meth:`benchmarks.workloads.ImageWorkload.batches`)."""
+        batches = self.wl.batches(self.mx, batch, self.ctx)
+        self.result['tokens_per_sample'] = self.wl.tokens_per_sample(batches)
+        batches = itertools.cycle(batches)
+        return lambda: next(batches)
 
     def new_net(self, dropout=None):
         net = self.wl.model(dropout=dropout)
@@ -205,9 +212,9 @@ class _Child:
         mx, mxmp, spec, res = self.mx, self.mxmp, self.spec, self.result
         from mxnet import autograd, gluon
         mode = spec['mode']
-        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        loss_fn = self.wl.loss(gluon)
         opt = {'learning_rate': LEARNING_RATE, 'momentum': MOMENTUM}
-        xs, y = self.data(spec['batch_size'])
+        next_batch = self.batch_cycle(spec['batch_size'])
         if mode == 'float32':
             net = self.new_net()
             res['conversion_s'] = 0.0
@@ -243,6 +250,7 @@ class _Child:
             raise BenchmarkError('mode %r has no training phase' % mode)
 
         def step():
+            xs, y = next_batch()
             with autograd.record():
                 backward(loss_fn(net(*xs), y))
             trainer.step(spec['batch_size'])
@@ -252,6 +260,7 @@ class _Child:
     def build_infer(self):
         mx, mxmp, spec, res = self.mx, self.mxmp, self.spec, self.result
         mode = spec['mode']
+        next_batch = self.batch_cycle(spec['batch_size'])
         xs, _ = self.data(spec['batch_size'])
         net = self.new_net()
         hybridize = dict(static_alloc=True, static_shape=True)
@@ -275,15 +284,15 @@ class _Child:
                 cast_optional_params=mode == 'contrib_amp_cast_params')
             res['conversion_s'] = time.perf_counter() - start
             res['casts'] = mxmp.count_casts(net._cached_graph[1])
-        elif mode in ('mxmp', 'mxmp_cast_params', 'mxmp_unfused'):
-            net = self.convert_mxmp(net, cast_params=mode == 'mxmp_cast_params',
-                                    fuse_inference='auto' if mode != 'mxmp_unfused' else False)
+        elif mode in ('mxmp', 'mxmp_cast_params', 'mxmp_unfused', 'mxmp_cast_params_unfused'):
+            net = self.convert_mxmp(net, cast_params=mode.startswith('mxmp_cast_params'),
+                                    fuse_inference=False if mode.endswith('_unfused') else 'auto')
         else:
             raise BenchmarkError('mode %r has no inference phase' % mode)
         net.hybridize(**hybridize)
 
         def step():
-            net(*xs)
+            net(*next_batch()[0])
         return net, step
 
     # ------------------------------------------------------------------ loss check
@@ -295,7 +304,7 @@ class _Child:
         res['emulated'] = self.emulate()
         res['stage'] = 'build'
         xs, y = self.data(spec['batch_size'])
-        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        loss_fn = self.wl.loss(gluon)
         opt = {'learning_rate': LEARNING_RATE, 'momentum': MOMENTUM}
         initial = os.path.join(spec['output_dir'], 'loss_check_initial.params')
         net = self.new_net(dropout=0.0)  # dropout off: every variant computes one function

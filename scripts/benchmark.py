@@ -27,10 +27,11 @@ from benchmarks import profile as bench_profile  # noqa: E402
 from benchmarks import runner  # noqa: E402
 from benchmarks.charts import bar_chart  # noqa: E402
 from benchmarks.modes import (BERT_DEFAULT_MODES, BERT_MODEL_NAMES,  # noqa: E402
-                              BERT_PROFILE_MODES, DEFAULT_MODES, DEFAULT_SEQ_LEN, MIN_ITERS,
-                              MODELS, MODES, PHASES, PROFILE_MODES, QUICK, BenchmarkError,
-                              mode_label)
-from benchmarks.workloads import is_bert  # noqa: E402
+                              BERT_PROFILE_MODES, DEFAULT_MODES, DEFAULT_SENTENCE_LEN,
+                              DEFAULT_SEQ_LEN, MIN_ITERS, MODELS, MODES, PHASES, PROFILE_MODES,
+                              QUICK, TRANSFORMER_DEFAULT_MODES, TRANSFORMER_MODEL_NAMES,
+                              BenchmarkError, mode_label)
+from benchmarks.workloads import is_bert, is_transformer, unit_of  # noqa: E402
 from benchmarks.report import markdown  # noqa: E402
 
 LOG = logging.getLogger('benchmark')
@@ -47,12 +48,19 @@ def parse_args(argv=None):
                         'cifar_resnet20_v1 with --input-size 32); or a BERT sentence '
                         'classifier with random weights: %s (bert_tiny: 2 layers of 64 units, '
                         'a smoke configuration; needs the optional extra: pip install -e '
-                        '.[bert])' % (', '.join(MODELS), ', '.join(BERT_MODEL_NAMES)))
+                        '.[bert]); or an encoder-decoder transformer (GluonNLP encoder and '
+                        'decoder, same extra) on sentence pairs of varying length: %s '
+                        '(transformer_nmt: model size 512, feed-forward 2048, 4+4 layers; '
+                        'throughput in sentences/s)' % (', '.join(MODELS),
+                                                         ', '.join(BERT_MODEL_NAMES),
+                                                         ', '.join(TRANSFORMER_MODEL_NAMES)))
     p.add_argument('--batch-size', type=int, nargs='+', default=[32], help='batch sizes')
     p.add_argument('--input-size', type=int, default=224, help='image height = width (pixels)')
-    p.add_argument('--seq-len', type=int, default=DEFAULT_SEQ_LEN,
-                   help='BERT models: tokens per sequence (1-512); throughput is then in '
-                        'sequences/s')
+    p.add_argument('--seq-len', type=int, default=None,
+                   help='BERT models: tokens per sequence (1-512, default %d; throughput in '
+                        'sequences/s); transformers: the longest sentence (default %d; '
+                        'lengths are drawn from 8 to it); image models: not allowed'
+                        % (DEFAULT_SEQ_LEN, DEFAULT_SENTENCE_LEN))
     p.add_argument('--classes', type=int, default=1000, help='output classes of the model')
     p.add_argument('--warmup', type=int, default=3, help='untimed iterations per run (>= 1)')
     p.add_argument('--iters', type=int, default=10, help='timed iterations per run (>= %d)'
@@ -70,9 +78,11 @@ def parse_args(argv=None):
     p.add_argument('--phases', nargs='+', default=list(PHASES), choices=PHASES)
     p.add_argument('--modes', nargs='+', default=None, choices=list(MODES),
                    help='modes to run (float32 is always run: it is the reference; '
-                        'mxmp_unfused, inference without fusion, only when named); default: '
-                        '%s; for BERT: %s' % (' '.join(DEFAULT_MODES),
-                                             ' '.join(BERT_DEFAULT_MODES)))
+                        'mxmp_unfused and mxmp_cast_params_unfused, inference without fusion, only '
+                        'when named); default: '
+                        '%s; for BERT: %s; for the transformers: %s'
+                        % (' '.join(DEFAULT_MODES), ' '.join(BERT_DEFAULT_MODES),
+                           ' '.join(TRANSFORMER_DEFAULT_MODES)))
     p.add_argument('--gemm-size', type=int, default=bench_peak.DEFAULT_SIZE,
                    help='M = N = K of the GEMM whose GFLOP/s is the peak (once per repeat, '
                         'float32 and the target dtype); 0 skips it (no %% of peak)')
@@ -115,10 +125,18 @@ def check_args(args):
     if args.warmup < 1:
         raise BenchmarkError('--warmup %d: the first iteration builds the graph and allocates '
                              'memory, it must not be timed; pass --warmup 1 or more' % args.warmup)
-    bert = is_bert(args.model)
+    bert, transformer = is_bert(args.model), is_transformer(args.model)
     if args.modes is None:
-        args.modes = list(BERT_DEFAULT_MODES if bert else DEFAULT_MODES)
-    if args.repeats < 1 or min(args.batch_size) < 1 or (args.input_size < 32 and not bert):
+        args.modes = list(BERT_DEFAULT_MODES if bert else TRANSFORMER_DEFAULT_MODES
+                          if transformer else DEFAULT_MODES)
+    if args.seq_len is None:
+        args.seq_len = DEFAULT_SENTENCE_LEN if transformer else DEFAULT_SEQ_LEN
+    elif not (bert or transformer):
+        raise BenchmarkError('--seq-len is for the text models (%s); %s takes --input-size'
+                             % (', '.join(BERT_MODEL_NAMES + TRANSFORMER_MODEL_NAMES),
+                                args.model))
+    if args.repeats < 1 or min(args.batch_size) < 1 or \
+            (args.input_size < 32 and not (bert or transformer)):
         raise BenchmarkError('--repeats and --batch-size must be >= 1 and --input-size >= 32 '
                              '(the models downsample by 32)')
     if args.loss_steps < 0:
@@ -129,6 +147,13 @@ def check_args(args):
         if not 1 <= args.seq_len <= MAX_LENGTH:
             raise BenchmarkError('--seq-len %d: BERT takes 1 to %d tokens'
                                  % (args.seq_len, MAX_LENGTH))
+    elif transformer:
+        from benchmarks.transformer import MAX_POSITIONS
+        from benchmarks.bert import require_gluonnlp
+        require_gluonnlp()
+        if not 1 <= args.seq_len <= MAX_POSITIONS:
+            raise BenchmarkError('--seq-len %d: the transformer takes sentences of 1 to %d '
+                                 'tokens' % (args.seq_len, MAX_POSITIONS))
     elif args.model not in MODELS:
         from gluoncv.model_zoo import get_model_list
         if args.model not in get_model_list():
@@ -173,7 +198,7 @@ def main(argv=None):
                                             'classes', 'warmup', 'iters', 'repeats', 'dtype',
                                             'ctx', 'emulate', 'phases', 'modes', 'loss_steps',
                                             'quick', 'gemm_size', 'profile_phase')}
-    config['unit'] = 'seq' if is_bert(args.model) else 'img'
+    config['unit'] = unit_of(args.model)
     config['command'] = ' '.join(['python', 'scripts/benchmark.py'] +
                                  (argv if argv is not None else sys.argv[1:]))
     if args.profile:

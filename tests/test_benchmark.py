@@ -353,10 +353,11 @@ def test_fused_float32_row_is_the_inference_reference_and_mxmp_fuses_where_kerne
 def test_chart_draws_panels_only_for_the_phases_that_ran(small_run, tmp_path):
     from benchmarks.charts import bar_chart
     _, report, _ = small_run
-    both = bar_chart(report, str(tmp_path / 'both.png'))
-    assert len(both) == 4 and sum('training' in t for t in both) == 2
+    both = bar_chart(report, str(tmp_path / 'both.png'))  # panel titles, then the figure's
+    assert len(both) == 5 and sum('training' in t for t in both[:-1]) == 2
+    assert both[-1].startswith('%s, input %dx%d, bfloat16 on cpu' % (MODEL, SIZE, SIZE))
     infer_only = dict(report, rows=[r for r in report['rows'] if r['phase'] == 'infer'])
-    titles = bar_chart(infer_only, str(tmp_path / 'infer.png'))
+    titles = bar_chart(infer_only, str(tmp_path / 'infer.png'))[:-1]
     assert len(titles) == 2 and all(t.startswith('inference') for t in titles)
 
 

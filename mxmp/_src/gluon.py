@@ -39,7 +39,8 @@ _BUILT = weakref.WeakKeyDictionary()       # block -> BuiltGraph of its current 
 _ACCUMULATING = weakref.WeakKeyDictionary()  # block -> its grad_req='add' Parameter names then
 _GLOBAL = [None]                           # the Conversion of mxmp.amp.init, or None
 _ORIGINAL = {}                             # method name -> MXNet's function
-_LOCAL = threading.local()                 # imperative call depth (the amp.init warning)
+_LOCAL = threading.local()                 # imperative call depth (the amp.init warning);
+                                           # inference_call: _build_cache runs for one
 _WARNED = set()
 
 
@@ -169,13 +170,14 @@ def _applies(block):
     return conversion
 
 
-def _convert_graph(block, conversion, args, ctx=None):
-    """Rewrite ``block``'s cached graph with the pass unless it is already the converted one."""
+def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True):
+    """Rewrite ``block``'s cached graph with the pass unless it is already the converted one
+    (``keep_unrounded``: see :func:`mxmp._src.gluon_graph.cast_to_graph`)."""
     inputs, sym = block._get_graph(*args)
     built = _BUILT.get(block)
     if built is not None and built.symbol is sym:
         return
-    built = rewrite(block, conversion, inputs, sym, args, ctx)
+    built = rewrite(block, conversion, inputs, sym, args, ctx, keep_unrounded)
     _ACCUMULATING[block] = accumulating = _accumulating(block)
     if accumulating:   # MXNet's cast backward ignores grad_req='add' (graph/accumulate.py)
         built.symbol = guard_accumulated_grads(built.symbol, accumulating)
@@ -188,8 +190,12 @@ def _convert_graph(block, conversion, args, ctx=None):
 
 def _build_cache(self, *args):
     conversion = _applies(self)
+    # Built by an inference call: the call drops the float32 values kept for master weights
+    # right after (BuiltGraph.before_call), so the casts need not keep them. Any other build
+    # (a training call, HybridBlock.optimize_for) keeps them.
+    keep = not getattr(_LOCAL, 'inference_call', False)
     if conversion is not None:
-        _convert_graph(self, conversion, args)
+        _convert_graph(self, conversion, args, keep_unrounded=keep)
     _ORIGINAL['_build_cache'](self, *args)
     if conversion is not None:
         cast_deferred(self.collect_params().values())
@@ -205,7 +211,11 @@ def _call_cached_op(self, *args):
             _ACCUMULATING[self] != _accumulating(self):
         self._clear_cached_op()   # grad_req changed since the graph was built: guard anew
     if self._cached_op is None and _applies(self) is not None:
-        self._build_cache(*args)
+        _LOCAL.inference_call = not autograd.is_recording()
+        try:
+            self._build_cache(*args)
+        finally:
+            _LOCAL.inference_call = False
     built = _BUILT.get(self)
     if built is None or not self._cached_graph or \
             built.symbol is not self._cached_graph[1] and not self._backend:

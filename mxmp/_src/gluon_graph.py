@@ -66,11 +66,12 @@ class Conversion:
     pad_stem: Union[str, bool] = 'auto'
 
 
-def rewrite(block, conversion, inputs, sym, args, ctx=None):
+def rewrite(block, conversion, inputs, sym, args, ctx=None, keep_unrounded=True):
     """The :class:`BuiltGraph` of ``block`` (a HybridBlock) for the float32 graph ``sym`` MXNet
     just traced with data variables ``inputs``, called with ``args`` (NDArrays, nested, None for
     absent ones; empty for a SymbolBlock converted before its first call) on ``ctx`` (default:
-    the inputs' context). Parameters get the dtypes the converted graph declares (cast now).
+    the inputs' context). Parameters get the dtypes the converted graph declares (cast now;
+    ``keep_unrounded``: as in :func:`cast_to_graph`).
     """
     flat = [a for a in _flatten(args, 'input')[0] if a is not None]
     ctx = ctx or next((a.context for a in flat if isinstance(a, mx.nd.NDArray)),
@@ -86,7 +87,7 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
         converted = pad_stem_of(converted, shapes)
     params = block.collect_params()
     lp_names = cast_param_names(converted)
-    cast_to_graph(params, converted)
+    cast_to_graph(params, converted, keep_unrounded)
     logger.info('mxmp: %s graph in %s%s: %d casts, %d parameters stored in %s', block.name,
                 policy.target_dtype, ' (emulated)' if policy.emulate else '',
                 count_casts(converted)['amp_cast'], len(lp_names), policy.target_dtype)
@@ -97,15 +98,18 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None):
                       [params[n] for n in lp_names if n in params])
 
 
-def cast_to_graph(params, converted):
+def cast_to_graph(params, converted, keep_unrounded=True):
     """Cast each Parameter of ``params`` (a ParameterDict) to the dtype the converted graph
-    declares for its variable."""
+    declares for its variable. ``keep_unrounded`` (bool, default True): keep the float32 values
+    for the master weights (:func:`unrounded_values`); False (a cast made by an inference call,
+    whose :meth:`BuiltGraph.before_call` would drop them next) frees each float32 array as soon
+    as its cast is done, so the float32 and low-precision weights never all coexist."""
     for node in load(converted)['nodes']:
         declared = from_mshadow_enum(node.get('attrs', {}).get('__dtype__')) \
             if node['op'] == 'null' else None
         param = params[node['name']] if declared and node['name'] in params.keys() else None
         if param is not None and dtype_name(param.dtype) != declared:
-            _cast_parameter(param, mx_dtype(declared))
+            _cast_parameter(param, mx_dtype(declared), keep_unrounded)
 
 
 def _precast_graph(float32_symbol, policy, data_dtypes, data_names, symbol, args):
@@ -196,35 +200,39 @@ def unrounded_values(param):
     return arrays
 
 
-def _cast_parameter(param, dtype):
+def _cast_parameter(param, dtype, keep_unrounded=True):
     """``Parameter.cast`` with ``amp_cast`` (round to nearest even; docs/pass.md); float32
-    arrays are kept for :func:`unrounded_values`. Deferred Parameters are cast once MXNet has
-    initialized them in float32 (:func:`cast_deferred`)."""
+    arrays are kept for :func:`unrounded_values` if ``keep_unrounded``. Deferred Parameters are
+    cast once MXNet has initialized them in float32 (:func:`cast_deferred`). The casts are
+    waited for, so that the engine frees the float32 arrays no longer referenced before the
+    next Parameter is cast: casting a network never holds all its float32 and low-precision
+    weights and gradients at once (BERT-base: a 1.1 GB transient, docs/benchmark.md)."""
     if param._data is None:
-        _DEFERRED_CASTS[param] = dtype
+        _DEFERRED_CASTS[param] = (dtype, keep_unrounded)
         return
     param._dtype = dtype
     with autograd.pause():
         to_default_layout(param._data)  # amp_cast fails on grouped weights oneDNN reordered
-        if dtype_name(param._data[0].dtype) == 'float32':
+        if keep_unrounded and dtype_name(param._data[0].dtype) == 'float32':
             _UNROUNDED[param] = list(param._data)
         param._data = [mx.nd.amp_cast(d, dtype=dtype) for d in param._data]
-        if param._grad is None:
-            return
-        param._grad = [mx.nd.amp_cast(g, dtype=dtype) for g in param._grad]
-        autograd.mark_variables(param._data, param._grad, param.grad_req)
+        if param._grad is not None:
+            param._grad = [mx.nd.amp_cast(g, dtype=dtype) for g in param._grad]
+            autograd.mark_variables(param._data, param._grad, param.grad_req)
+        for array in param._data + (param._grad or []):
+            array.wait_to_read()
 
 
-_DEFERRED_CASTS = weakref.WeakKeyDictionary()   # Parameter -> target dtype, until initialized
+_DEFERRED_CASTS = weakref.WeakKeyDictionary()   # Parameter -> (target dtype, keep_unrounded)
 
 
 def cast_deferred(params):
     """Cast the Parameters among ``params`` whose cast waited for their initialization."""
     for param in params:
-        dtype = _DEFERRED_CASTS.get(param)
-        if dtype is not None and param._data is not None:
+        deferred = _DEFERRED_CASTS.get(param)
+        if deferred is not None and param._data is not None:
             del _DEFERRED_CASTS[param]
-            _cast_parameter(param, dtype)
+            _cast_parameter(param, *deferred)
 
 
 #: MXNet's oneDNN subgraph backend.
