@@ -70,7 +70,9 @@ def parse_args(argv=None):
     p.add_argument('--phases', nargs='+', default=list(PHASES), choices=PHASES)
     p.add_argument('--modes', nargs='+', default=None, choices=list(MODES),
                    help='modes to run (float32 is always run: it is the reference; '
-                        'mxmp_unfused, inference without fusion, only when named); default: '
+                        'mxmp_unfused, inference without fusion, and mxmp_mxnet_kernels, '
+                        "MXNet's kernels where mxmp's library would run, only when named); "
+                        'default: '
                         '%s; for BERT: %s' % (' '.join(DEFAULT_MODES),
                                              ' '.join(BERT_DEFAULT_MODES)))
     p.add_argument('--gemm-size', type=int, default=bench_peak.DEFAULT_SIZE,
@@ -79,7 +81,7 @@ def parse_args(argv=None):
     p.add_argument('--profile', action='store_true',
                    help='instead of the benchmark: per-operator time of training (mx.profiler, '
                         'bulk execution off) for %s side by side, at the first --batch-size, '
-                        'over --iters iterations (BERT: %s)' % (', '.join(PROFILE_MODES),
+                        'over --iters iterations (BERT: %s; --modes chooses others)' % (', '.join(PROFILE_MODES),
                                                                 ', '.join(BERT_PROFILE_MODES)))
     p.add_argument('--profile-phase', default='train', choices=PHASES,
                    help='--profile: the phase profiled (a training step or an inference call)')
@@ -177,10 +179,12 @@ def main(argv=None):
     config['command'] = ' '.join(['python', 'scripts/benchmark.py'] +
                                  (argv if argv is not None else sys.argv[1:]))
     if args.profile:
+        default = BERT_PROFILE_MODES if is_bert(args.model) else PROFILE_MODES
+        # --modes, when given, chooses the profiled modes (float32 first: the reference)
+        chosen = ['float32'] + [m for m in args.modes if m != 'float32'] if args.modes \
+            else default
         return bench_profile.run_profile(config, env, machine, out_dir, args.timeout,
-                                         runner.run_child, mode_label,
-                                         BERT_PROFILE_MODES if is_bert(args.model)
-                                         else PROFILE_MODES)
+                                         runner.run_child, mode_label, tuple(chosen))
     start = time.perf_counter()
     report = {'config': config, 'machine': machine}
     report.update(runner.run_benchmark(args, config, env, out_dir))

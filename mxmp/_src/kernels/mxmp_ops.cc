@@ -1,0 +1,226 @@
+// mxmp's operator library for MXNet 1.9.1 (loaded with mx.library.load; built by
+// mxmp/_src/kernels/build.py against the installed wheel's include/mxnet/lib_api.h).
+//
+// mxmp_layer_norm: layer normalisation over the last axis, written for speed on one core.
+//   inputs  data (..., D), gamma (D,), beta (D,)            float32 or float64, one dtype
+//   outputs out (..., D); mean (rows,), rstd (rows,)       rows = data.size / D
+//   out = (data - mean) * rstd * gamma + beta, rstd = 1 / sqrt(var + eps), var biased.
+//   attrs   eps (default 1e-5)
+// Backward (inputs: d out, d mean, d rstd, data, gamma, beta, out, mean, rstd; the gradients of
+// mean and rstd are ignored: mxmp substitutes the op only where they are not consumed):
+//   xhat = (x - mean) * rstd, g = gamma * dy
+//   dx = rstd * (g - mean_row(g) - xhat * mean_row(g * xhat))
+//   dgamma = sum_rows(dy * xhat), dbeta = sum_rows(dy)
+// MXNet passes no OpReqType to a library op: outputs are always written (kWriteTo). mxmp's
+// graph rule puts a copy between a graph variable and this op, so a variable's grad_req='add'
+// accumulates in MXNet's own copy backward.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "mxnet/lib_api.h"
+
+using mxnet::ext::MXReturnValue;
+using mxnet::ext::MXTensor;
+using mxnet::ext::OpResource;
+using mxnet::ext::MX_FAIL;
+using mxnet::ext::MX_SUCCESS;
+typedef std::unordered_map<std::string, std::string> Attrs;
+
+namespace {
+
+double attr_double(const Attrs& attrs, const char* key, double dflt) {
+  auto it = attrs.find(key);
+  return it == attrs.end() ? dflt : std::stod(it->second);
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm kernels
+template <typename T, typename Acc>
+void ln_forward(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd,
+                int64_t rows, int64_t d, Acc eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * d;
+    T* yr = y + r * d;
+    // one pass over the row, shifted by its first value (no cancellation when the row's
+    // mean is large against its spread)
+    const Acc k = xr[0];
+    Acc s1 = 0, s2 = 0;
+#pragma omp simd reduction(+ : s1, s2)
+    for (int64_t j = 0; j < d; ++j) {
+      const Acc v = static_cast<Acc>(xr[j]) - k;
+      s1 += v;
+      s2 += v * v;
+    }
+    const Acc m = s1 / d;
+    Acc var = s2 / d - m * m;
+    if (var < 0) var = 0;
+    const Acc mu = k + m;
+    const Acc rs = Acc(1) / std::sqrt(var + eps);
+    mean[r] = static_cast<T>(mu);
+    rstd[r] = static_cast<T>(rs);
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) {
+      yr[j] = static_cast<T>((static_cast<Acc>(xr[j]) - mu) * rs * gamma[j] + beta[j]);
+    }
+  }
+}
+
+template <typename T, typename Acc>
+void ln_backward(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd,
+                 T* dx, T* dgamma, T* dbeta, Acc* acc_g, Acc* acc_b, int64_t rows, int64_t d) {
+  for (int64_t j = 0; j < d; ++j) {
+    acc_g[j] = 0;
+    acc_b[j] = 0;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * d;
+    const T* dyr = dy + r * d;
+    const Acc mu = mean[r], rs = rstd[r];
+    Acc a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
+    for (int64_t j = 0; j < d; ++j) {
+      const Acc xh = (static_cast<Acc>(xr[j]) - mu) * rs;
+      const Acc g = static_cast<Acc>(gamma[j]) * dyr[j];
+      a += g;
+      b += g * xh;
+      acc_g[j] += static_cast<Acc>(dyr[j]) * xh;
+      acc_b[j] += dyr[j];
+    }
+    a /= d;
+    b /= d;
+    if (dx != nullptr) {
+      T* dxr = dx + r * d;
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) {
+        const Acc xh = (static_cast<Acc>(xr[j]) - mu) * rs;
+        dxr[j] = static_cast<T>(rs * (static_cast<Acc>(gamma[j]) * dyr[j] - a - xh * b));
+      }
+    }
+  }
+  for (int64_t j = 0; j < d; ++j) {
+    if (dgamma != nullptr) dgamma[j] = static_cast<T>(acc_g[j]);
+    if (dbeta != nullptr) dbeta[j] = static_cast<T>(acc_b[j]);
+  }
+}
+
+int64_t last_dim(const MXTensor& t) { return t.shape.empty() ? 1 : t.shape.back(); }
+
+bool is_float(int dtype) {
+  return dtype == mxnet::ext::kFloat32 || dtype == mxnet::ext::kFloat64;
+}
+
+MXReturnValue ln_parse(const Attrs& attrs, int* num_in, int* num_out) {
+  *num_in = 3;
+  *num_out = 3;
+  return MX_SUCCESS;
+}
+
+MXReturnValue ln_infer_type(const Attrs& attrs, std::vector<int>* in, std::vector<int>* out) {
+  int t = (*in)[0];
+  if (!is_float(t)) {
+    MX_ERROR_MSG << "mxmp_layer_norm: data must be float32 or float64 (dtype enum "
+                 << t << ")";
+    return MX_FAIL;
+  }
+  for (size_t i = 1; i < in->size(); ++i) {
+    if ((*in)[i] != -1 && (*in)[i] != t) {
+      MX_ERROR_MSG << "mxmp_layer_norm: gamma and beta must have data's dtype";
+      return MX_FAIL;
+    }
+    (*in)[i] = t;
+  }
+  for (auto& o : *out) o = t;
+  return MX_SUCCESS;
+}
+
+MXReturnValue ln_infer_shape(const Attrs& attrs, std::vector<std::vector<unsigned>>* in,
+                             std::vector<std::vector<unsigned>>* out) {
+  const auto& ds = (*in)[0];
+  if (ds.empty()) {
+    MX_ERROR_MSG << "mxmp_layer_norm: data must have at least one axis";
+    return MX_FAIL;
+  }
+  unsigned d = ds.back();
+  unsigned rows = 1;
+  for (size_t i = 0; i + 1 < ds.size(); ++i) rows *= ds[i];
+  for (size_t i = 1; i < 3; ++i) {
+    if (!(*in)[i].empty() && !((*in)[i].size() == 1 && (*in)[i][0] == d)) {
+      MX_ERROR_MSG << "mxmp_layer_norm: gamma and beta must have shape (" << d << ",)";
+      return MX_FAIL;
+    }
+    (*in)[i] = std::vector<unsigned>{d};
+  }
+  (*out)[0] = ds;
+  (*out)[1] = std::vector<unsigned>{rows};
+  (*out)[2] = std::vector<unsigned>{rows};
+  return MX_SUCCESS;
+}
+
+MXReturnValue ln_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
+                             std::vector<MXTensor>* out, const OpResource& res) {
+  MXTensor& x = (*in)[0];
+  const int64_t d = last_dim(x);
+  const int64_t rows = d == 0 ? 0 : x.size() / d;
+  const double eps = attr_double(attrs, "eps", 1e-5);
+  if (x.dtype == mxnet::ext::kFloat32) {
+    ln_forward<float, float>((*in)[0].data<float>(), (*in)[1].data<float>(),
+                             (*in)[2].data<float>(), (*out)[0].data<float>(),
+                             (*out)[1].data<float>(), (*out)[2].data<float>(), rows, d,
+                             static_cast<float>(eps));
+  } else {
+    ln_forward<double, double>((*in)[0].data<double>(), (*in)[1].data<double>(),
+                               (*in)[2].data<double>(), (*out)[0].data<double>(),
+                               (*out)[1].data<double>(), (*out)[2].data<double>(), rows, d,
+                               eps);
+  }
+  return MX_SUCCESS;
+}
+
+template <typename T>
+T* out_ptr(std::vector<MXTensor>* out, size_t i) {
+  // an output MXNet does not need may come without memory
+  return (*out)[i].data_ptr == nullptr ? nullptr : (*out)[i].data<T>();
+}
+
+MXReturnValue ln_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
+                              std::vector<MXTensor>* out, const OpResource& res) {
+  // in: d out, d mean, d rstd, data, gamma, beta, out, mean, rstd
+  MXTensor& x = (*in)[3];
+  const int64_t d = last_dim(x);
+  const int64_t rows = d == 0 ? 0 : x.size() / d;
+  if (x.dtype == mxnet::ext::kFloat32) {
+    std::vector<float> acc(2 * d);
+    ln_backward<float, float>((*in)[0].data<float>(), x.data<float>(), (*in)[4].data<float>(),
+                              (*in)[7].data<float>(), (*in)[8].data<float>(),
+                              out_ptr<float>(out, 0), out_ptr<float>(out, 1),
+                              out_ptr<float>(out, 2), acc.data(), acc.data() + d, rows, d);
+  } else {
+    std::vector<double> acc(2 * d);
+    ln_backward<double, double>((*in)[0].data<double>(), x.data<double>(),
+                                (*in)[4].data<double>(), (*in)[7].data<double>(),
+                                (*in)[8].data<double>(), out_ptr<double>(out, 0),
+                                out_ptr<double>(out, 1), out_ptr<double>(out, 2), acc.data(),
+                                acc.data() + d, rows, d);
+  }
+  return MX_SUCCESS;
+}
+
+}  // namespace
+
+REGISTER_OP(mxmp_layer_norm)
+    .setParseAttrs(ln_parse)
+    .setInferType(ln_infer_type)
+    .setInferShape(ln_infer_shape)
+    .setForward(ln_forward_cpu, "cpu")
+    .setBackward(ln_backward_cpu, "cpu");
+
+MXReturnValue initialize(int version) {
+  if (version < 10900) {
+    MX_ERROR_MSG << "mxmp_ops needs MXNet >= 1.9.0, this is " << version;
+    return MX_FAIL;
+  }
+  return MX_SUCCESS;
+}
