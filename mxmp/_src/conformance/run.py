@@ -16,7 +16,10 @@ from ..dtypes import MSHADOW_ENUM, dtype_name, from_mshadow_enum, mx_dtype, norm
 from .cases import CASES, PARAM_KINDS
 
 EPS = {'bfloat16': 2.0 ** -7, 'float16': 2.0 ** -10}
-_CASE_NAMES = ('lp-input', 'cast', 'lp-params')
+_CASE_NAMES = ('lp-input', 'cast', 'lp-params', 'library')
+#: Relative error bound of the ``library`` case (float32 against MXNet's float32 kernel):
+#: 2**-16, about 128 float32 unit roundoffs (measured: below 2e-6, docs/conformance.md).
+LIBRARY_TOL = 2.0 ** -16
 _TESTED_CLASSES = (LOW_PRECISION, FOLLOW, WIDEST_TYPE)
 
 
@@ -29,10 +32,13 @@ def has_params(op, variant=None):
 
 def cases_of(op, params_only=False):
     """The ``(variant, case)`` pairs to run for ``op``: ``lp-input`` and ``cast`` for every
-    variant (unless ``params_only``), ``lp-params`` for the variants with parameters."""
+    variant (unless ``params_only``), ``lp-params`` for the variants with parameters,
+    ``library`` for the ops mxmp's operator library replaces (the pass's kernel rule)."""
+    from ..graph.kernel_rule import SUBSTITUTES
     return [(v, c) for v, _, _ in CASES[op] for c in _CASE_NAMES
             if (c == 'lp-params' and has_params(op, v)) or
-            (c != 'lp-params' and not params_only)]
+            (c == 'library' and op in SUBSTITUTES) or
+            (c not in ('lp-params', 'library') and not params_only)]
 
 
 def tolerances(target_dtype):
@@ -226,6 +232,9 @@ def _child(job):
         if emulate is None and not real_possible:
             modes.append('emulated')
         row = _row(op, cls, variant, case)
+        if case == 'library':
+            print(json.dumps(_library_row(row, inputs, attrs, job['seeds'])), flush=True)
+            continue
         for mode in modes:
             try:
                 errs = [_measure(op, cls, inputs, attrs, case, base, target, mode, seed)
@@ -331,3 +340,38 @@ def _measure(op, cls, inputs, attrs, case, base, target, mode, seed):
     fe = max(_rel_err(g, r) for g, r in zip(got_f, ref_f))
     be = max((_rel_err(g, r) for g, r in zip(got_g, ref_g)), default=None)
     return fe, be, note
+
+
+def _library_row(row, inputs, attrs, seeds):
+    """The ``library`` case: the kernel rule's graph of the op (mxmp's library kernel) against
+    MXNet's own op, both float32, forward (training mode) and backward, on the same inputs."""
+    import mxnet as mx
+    from ..graph.kernel_rule import substitute
+    from ..graph.symbol_json import dump, load
+    op = row['op']
+    names = ['in%d' % i for i in range(len(inputs))]
+    sym = _op_fn(op)(*[mx.sym.var(n) for n in names], name='op', **attrs)
+    graph = substitute(load(sym), Policy('bfloat16'))
+    if not any(n['op'].startswith('mxmp_') for n in graph['nodes']):
+        row.update(mode='real', detail="mxmp's operator library is not available here (no "
+                                       "compiler?): MXNet's kernel runs")
+        return row
+    lib = dump(graph)
+    fe = be = 0.0
+    for seed in seeds:
+        rng = np.random.RandomState(seed)
+        values = {n: _values(rng, shape, kind) for n, (shape, kind) in zip(names, inputs)}
+        heads = [rng.normal(size=s) for s in
+                 sym.infer_shape(**{n: v.shape for n, v in values.items()})[1]]
+        results = []
+        for graph_sym in (sym, lib):
+            args = {n: mx.nd.array(v, dtype='float32') for n, v in values.items()}
+            results.append(_run(graph_sym, args, {}, names, heads))
+        (ref_f, ref_g), (got_f, got_g) = results
+        fe = max(fe, _rel_err(got_f[0], ref_f[0]))
+        be = max([be] + [_rel_err(g, r) for g, r in zip(got_g, ref_g)])
+    bad = [w for w, e in (('forward', fe), ('backward', be)) if not e <= LIBRARY_TOL]
+    row.update(mode='real', fwd_err=fe, bwd_err=be, verdict='wrong' if bad else 'ok',
+               detail="mxmp's library kernel vs MXNet's, float32 (tolerance 2**-16)" +
+               ('; %s error above it' % ' and '.join(bad) if bad else ''))
+    return row
