@@ -2,10 +2,18 @@
 mxmp's operator library that computes the same function (:mod:`mxmp._src.kernels`), before
 the plan, where the library builds and loads. :func:`restore` undoes it (``remove_casts``).
 
-One substitution so far, from the BERT-base training profile (docs/benchmark.md,
-"Transformers"): ``LayerNorm`` over the last axis (``axis=-1``, the default), without
-``output_mean_var``, becomes ``mxmp_layer_norm`` (float32 or float64, as LayerNorm in the
-policy). MXNet passes a library op no write/add request, so the library op always writes its
+Substitutions, from the BERT-base training profile (docs/benchmark.md, "Transformers"):
+
+- ``LayerNorm`` over the last axis (``axis=-1``, the default), without ``output_mean_var``,
+  becomes ``mxmp_layer_norm`` (float32 or float64, as LayerNorm in the policy).
+- ``Dropout`` without ``axes``, ``0 < p < 1``, becomes ``mxmp_dropout`` (same mask semantics:
+  zero with probability p, kept values scaled by 1/(1-p), identity in inference unless
+  ``mode='always'``; the mask from a counter-based hash instead of MXNet's generator). MXNet
+  does not tell a library op whether it runs in training: the rule adds one flag per graph,
+  MXNet's own Dropout (p=0.5) of a constant 1, which is 1 exactly in inference and 0 or 2 in
+  training, and every ``mxmp_dropout`` reads it.
+
+MXNet passes a library op no write/add request, so the library op always writes its
 gradients: each graph variable it reads goes through a ``_copy`` the rule adds (marked), whose
 MXNet backward honours ``grad_req='add'``; and with ``MXNET_EXEC_ENABLE_ADDTO=1`` (gradients of
 intermediate tensors accumulated in place) the rule stays off.
@@ -26,18 +34,38 @@ logger = logging.getLogger('mxmp.kernels')
 KERNEL_PREFIX = 'kernel:'
 #: MARK value of a ``_copy`` the rule puts between a variable and a library op.
 INPUT_COPY = 'kernel_input'
+#: MARK value of the training-mode flag's nodes (a constant 1 and MXNet's Dropout of it).
+FLAG = 'kernel_flag'
 #: MXNet op -> library op.
-SUBSTITUTES = {'LayerNorm': 'mxmp_layer_norm'}
+SUBSTITUTES = {'LayerNorm': 'mxmp_layer_norm', 'Dropout': 'mxmp_dropout'}
+#: Inputs of the MXNet op (the library op may take more: Dropout's flag).
+_N_INPUTS = {'LayerNorm': 3, 'Dropout': 1}
 _TRUE = ('1', 'true', 'True')
 
 
 def _eligible(node, used_outputs):
     """Whether ``node`` (graph JSON) is one the rule replaces."""
-    if node['op'] != 'LayerNorm' or len(node['inputs']) != 3:
+    op, attrs = node['op'], node.get('attrs', {})
+    if op not in SUBSTITUTES or len(node['inputs']) != _N_INPUTS[op]:
         return False
-    attrs = node.get('attrs', {})
-    return (attrs.get('axis', '-1') == '-1' and attrs.get('output_mean_var', 'False') not in _TRUE
-            and not used_outputs & {1, 2})
+    if op == 'LayerNorm':
+        return (attrs.get('axis', '-1') == '-1' and
+                attrs.get('output_mean_var', 'False') not in _TRUE and not used_outputs & {1, 2})
+    try:
+        p = float(attrs.get('p', '0.5'))
+    except ValueError:
+        return False
+    return (0 < p < 1 and attrs.get('axes', '()') in ('()', '[]', '(,)') and
+            not used_outputs - {0})
+
+
+def _flag_nodes(names):
+    """The training-mode flag (module docstring): a constant 1 and MXNet's Dropout of it."""
+    one = {'op': '_ones', 'name': unique_name('mxmp_train_flag_one', names),
+           'attrs': {'shape': '(1,)', 'dtype': 'float32', MARK: FLAG}, 'inputs': []}
+    flag = {'op': 'Dropout', 'name': unique_name('mxmp_train_flag', names),
+            'attrs': {'p': '0.5', 'mode': 'training', MARK: FLAG}, 'inputs': None}
+    return one, flag
 
 
 def substitute(js, policy):
@@ -63,9 +91,16 @@ def substitute(js, policy):
     if load_library() is None:
         return js
     names = {n['name'] for n in nodes}
-    out, new_id = [], {}
+    out, new_id, flag = [], {}, None
     for nid, node in enumerate(nodes):
         inputs = [[new_id[s], i, v] for s, i, v in node['inputs']]
+        if nid in chosen and node['op'] == 'Dropout':
+            if flag is None:
+                one, dropout = _flag_nodes(names)
+                out.append(one)
+                out.append(dict(dropout, inputs=[[len(out) - 1, 0, 0]]))
+                flag = [len(out) - 1, 0, 0]
+            inputs.append(flag)
         if nid in chosen:
             for pos, (src, _, _) in enumerate(node['inputs']):
                 if nodes[src]['op'] == 'null':
@@ -82,14 +117,16 @@ def substitute(js, policy):
 
 def restore(node):
     """The original form of a node the rule wrote: ``'input'`` for an added ``_copy`` (it stands
-    for its input), a new node dict with the original op, or None for other nodes."""
+    for its input), ``'drop'`` for the flag's nodes, a new node dict with the original op (and
+    inputs), or None for other nodes."""
     mark = node.get('attrs', {}).get(MARK, '') if node['op'] != 'null' else ''
-    if mark == INPUT_COPY:
-        return 'input'
+    if mark in (INPUT_COPY, FLAG):
+        return 'input' if mark == INPUT_COPY else 'drop'
     if not mark.startswith(KERNEL_PREFIX):
         return None
     attrs = {k: v for k, v in node['attrs'].items() if k != MARK}
-    new = dict(node, op=mark[len(KERNEL_PREFIX):], attrs=attrs)
+    op = mark[len(KERNEL_PREFIX):]
+    new = dict(node, op=op, attrs=attrs, inputs=node['inputs'][:_N_INPUTS.get(op, 99)])
     if not attrs:
         new.pop('attrs')
     return new
@@ -101,6 +138,9 @@ def rule_of(node):
     if mark == INPUT_COPY:
         return ("kernel rule: input copy of an mxmp library op (MXNet's copy accumulates "
                 "grad_req='add')")
+    if mark == FLAG:
+        return ('kernel rule: training-mode flag of mxmp_dropout (1 in inference, 0 or 2 in '
+                'training)')
     if mark.startswith(KERNEL_PREFIX):
         return ("kernel rule: %s as %s, mxmp's library kernel (Policy(kernels='mxnet') keeps "
                 "MXNet's)" % (mark[len(KERNEL_PREFIX):], node['op']))

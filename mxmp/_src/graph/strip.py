@@ -39,6 +39,8 @@ def strip(js, unpin=False):
             src, idx, _ = node['inputs'][0]
             resolve[(nid, 0)] = resolve.get((src, idx), (src, idx))
             continue
+        if kernel == 'drop':   # the kernel rule's training-mode flag: read by its ops only
+            continue
         if kernel is not None:
             originals[nid] = node = kernel
         if node['op'] != 'null' and STEM_MARK in node.get('attrs', {}):

@@ -14,6 +14,17 @@
 // MXNet passes no OpReqType to a library op: outputs are always written (kWriteTo). mxmp's
 // graph rule puts a copy between a graph variable and this op, so a variable's grad_req='add'
 // accumulates in MXNet's own copy backward.
+//
+// mxmp_dropout: Dropout whose mask comes from a counter-based hash (cheap, vectorised).
+//   inputs  data (any shape, float32 or float64), flag (1,) float32: 1 in inference (the output
+//           of MXNet's own Dropout on a constant 1: 1 at inference, 0 or 2 in training; library
+//           ops are not told the training mode)
+//   outputs out (data's shape and dtype), mask (data's shape, uint8: 1 kept, 0 dropped)
+//   attrs   p (drop probability, 0 < p < 1), mode ('training': identity where flag is 1;
+//           'always': dropout in inference too)
+//   Element i of a call is kept when h(i) >= p * 2**32, h two rounds of a 32-bit integer hash
+//   seeded by 64 bits drawn from MXNet's CPU generator (mx.random.seed sets it); kept elements
+//   are scaled by 1 / (1 - p), as MXNet's Dropout.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -208,7 +219,132 @@ MXReturnValue ln_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
   return MX_SUCCESS;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Dropout kernels
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+bool inference(MXTensor& flag, const Attrs& attrs) {
+  auto it = attrs.find("mode");
+  if (it != attrs.end() && it->second == "always") return false;
+  return flag.data<float>()[0] == 1.0f;
+}
+
+template <typename T>
+void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, uint32_t threshold, T scale,
+                     uint32_t s1, uint32_t s2) {
+  const int64_t block = 1 << 16;
+  for (int64_t start = 0; start < n; start += block) {
+    const int64_t end = start + block < n ? start + block : n;
+    const uint32_t base = static_cast<uint32_t>(start) + s1;
+    const uint32_t s2b = s2 ^ static_cast<uint32_t>(start >> 32);
+#pragma omp simd
+    for (int64_t i = start; i < end; ++i) {
+      const uint32_t h = mix32(mix32(base + static_cast<uint32_t>(i - start)) ^ s2b);
+      const bool keep = h >= threshold;
+      mask[i] = keep;
+      y[i] = keep ? x[i] * scale : T(0);
+    }
+  }
+}
+
+MXReturnValue dropout_parse(const Attrs& attrs, int* num_in, int* num_out) {
+  const double p = attr_double(attrs, "p", 0.5);
+  if (!(p > 0 && p < 1)) {
+    MX_ERROR_MSG << "mxmp_dropout: p must be in (0, 1), got " << p;
+    return MX_FAIL;
+  }
+  *num_in = 2;
+  *num_out = 2;
+  return MX_SUCCESS;
+}
+
+MXReturnValue dropout_infer_type(const Attrs& attrs, std::vector<int>* in,
+                                 std::vector<int>* out) {
+  if (!is_float((*in)[0])) {
+    MX_ERROR_MSG << "mxmp_dropout: data must be float32 or float64 (dtype enum " << (*in)[0]
+                 << ")";
+    return MX_FAIL;
+  }
+  (*in)[1] = mxnet::ext::kFloat32;
+  (*out)[0] = (*in)[0];
+  (*out)[1] = mxnet::ext::kUint8;
+  return MX_SUCCESS;
+}
+
+MXReturnValue dropout_infer_shape(const Attrs& attrs, std::vector<std::vector<unsigned>>* in,
+                                  std::vector<std::vector<unsigned>>* out) {
+  (*in)[1] = std::vector<unsigned>{1};
+  (*out)[0] = (*in)[0];
+  (*out)[1] = (*in)[0];
+  return MX_SUCCESS;
+}
+
+MXReturnValue dropout_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
+                                  std::vector<MXTensor>* out, const OpResource& res) {
+  MXTensor& x = (*in)[0];
+  const int64_t n = x.size();
+  uint8_t* mask = (*out)[1].data<uint8_t>();
+  if (inference((*in)[1], attrs)) {
+    std::memcpy((*out)[0].data_ptr, x.data_ptr, n * (x.dtype == mxnet::ext::kFloat32 ? 4 : 8));
+    std::memset(mask, 1, n);
+    return MX_SUCCESS;
+  }
+  const double p = attr_double(attrs, "p", 0.5);
+  const uint32_t threshold = static_cast<uint32_t>(std::ldexp(p, 32) < 4294967295.0 ?
+                                                   std::ldexp(p, 32) : 4294967295.0);
+  mxnet::ext::mx_cpu_rand_t* gen = res.get_cpu_rand_states();
+  const uint32_t s1 = (*gen)(), s2 = (*gen)();
+  if (x.dtype == mxnet::ext::kFloat32) {
+    dropout_forward<float>(x.data<float>(), (*out)[0].data<float>(), mask, n, threshold,
+                           static_cast<float>(1.0 / (1.0 - p)), s1, s2);
+  } else {
+    dropout_forward<double>(x.data<double>(), (*out)[0].data<double>(), mask, n, threshold,
+                            1.0 / (1.0 - p), s1, s2);
+  }
+  return MX_SUCCESS;
+}
+
+template <typename T>
+void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, T scale) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dx[i] = mask[i] ? dy[i] * scale : T(0);
+}
+
+MXReturnValue dropout_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
+                                   std::vector<MXTensor>* out, const OpResource& res) {
+  // in: d out, d mask, data, flag, out, mask; out: d data, d flag
+  MXTensor& dy = (*in)[0];
+  const int64_t n = dy.size();
+  if ((*out)[1].data_ptr != nullptr) (*out)[1].data<float>()[0] = 0.0f;
+  if ((*out)[0].data_ptr == nullptr) return MX_SUCCESS;
+  const double p = attr_double(attrs, "p", 0.5);
+  const bool identity = inference((*in)[3], attrs);
+  const uint8_t* mask = (*in)[5].data<uint8_t>();
+  if (dy.dtype == mxnet::ext::kFloat32) {
+    dropout_backward<float>(dy.data<float>(), mask, (*out)[0].data<float>(), n,
+                            identity ? 1.0f : static_cast<float>(1.0 / (1.0 - p)));
+  } else {
+    dropout_backward<double>(dy.data<double>(), mask, (*out)[0].data<double>(), n,
+                             identity ? 1.0 : 1.0 / (1.0 - p));
+  }
+  return MX_SUCCESS;
+}
+
 }  // namespace
+
+REGISTER_OP(mxmp_dropout)
+    .setParseAttrs(dropout_parse)
+    .setInferType(dropout_infer_type)
+    .setInferShape(dropout_infer_shape)
+    .setForward(dropout_forward_cpu, "cpu")
+    .setBackward(dropout_backward_cpu, "cpu");
 
 REGISTER_OP(mxmp_layer_norm)
     .setParseAttrs(ln_parse)
