@@ -1,6 +1,6 @@
 """mxmp's operator library (mxmp/_src/kernels) and the pass's kernel rule (LayerNorm).
 
-The kernel runs in worker processes (tests/kernels/layer_norm_worker.py: a kernel under test
+The kernel runs in worker processes (tests/kernels/kernels_worker.py: a kernel under test
 could crash the interpreter), on the machine's real kernels and with oneDNN capped to AVX2
 (``DNNL_MAX_CPU_ISA=AVX2``, the emulated path of the rest of mxmp). Bounds come from the spread
 measured over seeds 0-2 on the Zen 5 machine: float64 errors below 2e-13, float32 below 8e-7
@@ -27,7 +27,7 @@ BOUND = {'float64': 1e-12, 'float32': 4e-6}
 
 
 def _worker(what, **env):
-    proc = subprocess.run([sys.executable, os.path.join(HERE, 'layer_norm_worker.py'), what],
+    proc = subprocess.run([sys.executable, os.path.join(HERE, 'kernels_worker.py'), what],
                           capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, OMP_NUM_THREADS='1', **env))
     assert proc.returncode == 0, proc.stderr[-2000:]

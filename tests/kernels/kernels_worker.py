@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Worker of tests/kernels/test_layer_norm_kernel.py: mxmp's library LayerNorm against MXNet's.
+"""Worker of tests/kernels/test_layer_norm_kernel.py and test_dropout_kernel.py: mxmp's library
+LayerNorm against MXNet's, its Dropout against Dropout's definition.
 
-    python tests/kernels/layer_norm_worker.py kernel      # op-level comparisons
-    python tests/kernels/layer_norm_worker.py grad-req    # grad_req 'add' and 'null' through the rule
-    python tests/kernels/layer_norm_worker.py fallback    # no compiler: MXNet's LayerNorm runs
+    python tests/kernels/kernels_worker.py kernel      # op-level comparisons
+    python tests/kernels/kernels_worker.py dropout     # mxmp_dropout, op level and through the rule
+    python tests/kernels/kernels_worker.py grad-req    # grad_req 'add' and 'null' through the rule
+    python tests/kernels/kernels_worker.py fallback    # no compiler: MXNet's LayerNorm runs
 
 Runs in its own process (a kernel under test could crash the interpreter) and prints one JSON
 line. ``kernel``: for float64 and float32, several shapes (last axis 1 to 1000) and seeds, the
@@ -134,6 +136,77 @@ def fallback():
             'finite': bool(np.isfinite(exe.outputs[0].asnumpy()).all())}
 
 
+def _dropout_op(x, flag, p, dtype, head, **attrs):
+    arr = mx.nd.array(x, dtype=dtype)
+    arr.attach_grad()
+    with autograd.record():
+        out = mx.nd.mxmp_dropout(arr, mx.nd.array([flag]), p=p, **attrs)[0]
+    out.backward(mx.nd.array(head, dtype=dtype))
+    return out.asnumpy().astype(np.float64), arr.grad.asnumpy().astype(np.float64)
+
+
+def dropout():
+    """mxmp_dropout on its own (training flag 0, inference flag 1) and through the kernel rule
+    in a converted Gluon network (training under autograd.record, inference outside)."""
+    if load_library() is None:
+        return {'library': None}
+    rows = []
+    for dtype in ('float64', 'float32'):
+        for shape in [(8, 128, 256), (7, 33), (3,)]:
+            for p in (0.1, 0.5):
+                rng = np.random.RandomState(0)
+                x, head = rng.normal(size=shape), rng.normal(size=shape)
+                y, dx = _dropout_op(x, 0.0, p, dtype, head)
+                kept = y != 0
+                yi, dxi = _dropout_op(x, 1.0, p, dtype, head)
+                ya, _ = _dropout_op(x, 1.0, p, dtype, head, mode='always')
+                rows.append({'dtype': dtype, 'shape': shape, 'p': p, 'n': int(kept.size),
+                             'dropped': float(1 - kept.mean()),
+                             'kept_err': _rel(y[kept], (x / (1 - p)).astype(dtype)[kept]),
+                             'grad_err': _rel(dx, np.where(kept, head / (1 - p), 0)),
+                             'inference_identity': bool((yi == x.astype(dtype)).all() and
+                                                        (dxi == head.astype(dtype)).all()),
+                             'always_drops': bool((ya == 0).any())})
+    x = np.random.RandomState(1).normal(size=(1 << 20,))
+    masks = []
+    for seed in (5, 5, None):
+        if seed is not None:
+            mx.random.seed(seed)
+        masks.append(_dropout_op(x, 0.0, 0.1, 'float32', x)[0] != 0)
+    flat = masks[0].astype(np.float64)
+    lags = [abs(float(np.corrcoef(flat[:-k], flat[k:])[0, 1])) for k in (1, 2, 16, 4096)]
+    # through the rule
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(64, flatten=False, in_units=32), gluon.nn.Dropout(0.3))
+    net.initialize(mx.init.Xavier())
+    ref = gluon.nn.HybridSequential()
+    ref.add(gluon.nn.Dense(64, flatten=False, in_units=32), gluon.nn.Dropout(0.3))
+    ref.initialize(mx.init.Xavier())
+    for (_, a), (_, b) in zip(sorted(net.collect_params().items()),
+                              sorted(ref.collect_params().items())):
+        b.set_data(a.data())
+    net = mxmp.convert(net, 'bfloat16')
+    ref = mxmp.convert(ref, 'bfloat16', policy=mxmp.Policy('bfloat16', kernels='mxnet'))
+    net.hybridize()
+    ref.hybridize()
+    data = mx.nd.array(np.random.RandomState(2).normal(size=(16, 8, 32)))
+    infer_equal = bool((net(data).asnumpy() == ref(data).asnumpy()).all())
+    with autograd.record():
+        train = net(data)
+    train.backward()
+    dense_out = net[0](data).asnumpy()
+    ops = [n['op'] for n in json.loads(mxmp.converted_graph(net).tojson())['nodes']]
+    return {'rows': rows, 'same_seed_same_mask': bool((masks[0] == masks[1]).all()),
+            'next_call_differs': float((masks[1] != masks[2]).mean()), 'lag_corr': lags,
+            'rule': {'ops': ops, 'inference_equal': infer_equal,
+                     'train_dropped': float((train.asnumpy() == 0).mean() -
+                                            (dense_out == 0).mean()),
+                     'train_n': int(dense_out.size),
+                     'train_grad_finite': bool(np.isfinite(
+                         net[0].weight.grad().asnumpy()).all())}}
+
+
 if __name__ == '__main__':
-    print(json.dumps({'kernel': kernel, 'grad-req': grad_req, 'fallback': fallback}[
+    print(json.dumps({'kernel': kernel, 'grad-req': grad_req, 'fallback': fallback,
+                      'dropout': dropout}[
         sys.argv[1]]()))
