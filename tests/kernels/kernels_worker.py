@@ -4,6 +4,7 @@ LayerNorm against MXNet's, its Dropout against Dropout's definition.
 
     python tests/kernels/kernels_worker.py kernel      # op-level comparisons
     python tests/kernels/kernels_worker.py dropout     # mxmp_dropout, op level and through the rule
+    python tests/kernels/kernels_worker.py softmax     # mxmp_softmax with lengths against softmax
     python tests/kernels/kernels_worker.py grad-req    # grad_req 'add' and 'null' through the rule
     python tests/kernels/kernels_worker.py fallback    # no compiler: MXNet's LayerNorm runs
 
@@ -206,7 +207,45 @@ def dropout():
                          net[0].weight.grad().asnumpy()).all())}}
 
 
+def softmax():
+    """mxmp_softmax(data, length, use_length=True) against MXNet's softmax with lengths, float64
+    and float32, lengths from 0 to the full row; and each float32 result against float64."""
+    if load_library() is None:
+        return {'library': None}
+    rows = []
+    for shape in [(24, 32, 32), (4, 7), (2, 3, 128), (5, 1000)]:
+        for seed in (0, 1, 2):
+            rng = np.random.RandomState(seed)
+            x, dy = rng.normal(size=shape) * 4, rng.normal(size=shape)
+            length = rng.randint(0, shape[-1] + 1, size=shape[:-1])
+            length.flat[0], length.flat[-1] = 0, shape[-1]
+            res = {}
+            for dtype in ('float64', 'float32'):
+                for name, fn in (('lib', lambda a, l: mx.nd.mxmp_softmax(a, l, use_length=True)),
+                                 ('mxnet', lambda a, l: mx.nd.softmax(a, length=l, axis=-1,
+                                                                       use_length=True))):
+                    a = mx.nd.array(x, dtype=dtype)
+                    a.attach_grad()
+                    with autograd.record():
+                        y = fn(a, mx.nd.array(length, dtype='int32'))
+                    y.backward(mx.nd.array(dy, dtype=dtype))
+                    res[name, dtype] = (y.asnumpy().astype(np.float64),
+                                        a.grad.asnumpy().astype(np.float64))
+            exact = res['mxnet', 'float64']
+            rows.append({'shape': shape, 'seed': seed,
+                         'float64': [_rel(a, b) for a, b in zip(res['lib', 'float64'], exact)],
+                         'float32': [_rel(a, b) for a, b in zip(res['lib', 'float32'],
+                                                                 res['mxnet', 'float32'])],
+                         'lib32_vs_64': [_rel(a, b) for a, b in zip(res['lib', 'float32'], exact)],
+                         'mxnet32_vs_64': [_rel(a, b) for a, b in zip(res['mxnet', 'float32'],
+                                                                      exact)],
+                         'beyond_length_zero': bool(all(
+                             (res['lib', 'float32'][k][r][int(length.flat[i]):] == 0).all()
+                             for k in (0, 1) for i, r in enumerate(np.ndindex(*shape[:-1]))))})
+    return {'rows': rows}
+
+
 if __name__ == '__main__':
     print(json.dumps({'kernel': kernel, 'grad-req': grad_req, 'fallback': fallback,
-                      'dropout': dropout}[
+                      'dropout': dropout, 'softmax': softmax}[
         sys.argv[1]]()))

@@ -77,6 +77,8 @@ CASES = {
     'LayerNorm': [('', [_T, ((64,), 'g'), ((64,), 'w')], {})],
     # -- FLOAT32 ops mxmp's operator library replaces: the library case only ----------------
     'Dropout': [('p=0.1', [((8, 128, 256), 'n')], dict(p=0.1))],
+    'softmax': [('use_length', [((24, 32, 32), 'n'), ((24, 32), 'I33')],
+                 dict(axis=-1, use_length=True))],
     'InstanceNorm': [('', [_X, ((32,), 'g'), ((32,), 'w')], {})],
     'GroupNorm': [('', [_X, ((4,), 'g'), ((4,), 'w')], dict(num_groups=4))],
     'BatchNorm': [('', [_X, ((32,), 'g'), ((32,), 'w'), ((32,), 'a'), ((32,), 'a')],

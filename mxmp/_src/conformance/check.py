@@ -72,6 +72,10 @@ def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, 
     if target == 'float16':
         emulate = True  # no float16 Convolution/FullyConnected on a CPU
     todo, aliases = _ops_to_test(policy, ops)
+    if any(op in SUBSTITUTES for op, _, _ in todo):
+        # build mxmp's operator library here, once, not in a child under its timeout
+        from ..kernels.build import load_library
+        load_library()
     info = machine_info(target)
     rows, local, zygotes = [], threading.local(), []
 

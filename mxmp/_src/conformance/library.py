@@ -38,9 +38,12 @@ def library_row(row, inputs, attrs, seeds):
         heads = [rng.normal(size=s) for s in
                  sym.infer_shape(**{n: v.shape for n, v in values.items()})[1]]
         results = []
+        dtypes = {n: 'int32' if kind[0] == 'I' else 'float32' for n, (_, kind) in
+                  zip(names, inputs)}
         for graph_sym in (sym, lib):
-            args = {n: mx.nd.array(v, dtype='float32') for n, v in values.items()}
-            results.append(_run(graph_sym, args, {}, names, heads))
+            args = {n: mx.nd.array(v, dtype=dtypes[n]) for n, v in values.items()}
+            results.append(_run(graph_sym, args, {}, [n for n in names
+                                                      if dtypes[n] == 'float32'], heads))
         (ref_f, ref_g), (got_f, got_g) = results
         fe = max(fe, _rel_err(got_f[0], ref_f[0]))
         be = max([be] + [_rel_err(g, r) for g, r in zip(got_g, ref_g)])

@@ -6,6 +6,9 @@ Substitutions, from the BERT-base training profile (docs/benchmark.md, "Transfor
 
 - ``LayerNorm`` over the last axis (``axis=-1``, the default), without ``output_mean_var``,
   becomes ``mxmp_layer_norm`` (float32 or float64, as LayerNorm in the policy).
+- ``softmax`` with lengths (``use_length=True``, GluonNLP's attention mask) over the last
+  axis, without ``temperature`` or ``dtype``, becomes ``mxmp_softmax`` (MXNet runs its generic
+  kernel there; without lengths it runs oneDNN's, which stays).
 - ``Dropout`` without ``axes``, ``0 < p < 1``, becomes ``mxmp_dropout`` (same mask semantics:
   zero with probability p, kept values scaled by 1/(1-p), identity in inference unless
   ``mode='always'``; the mask from a counter-based hash instead of MXNet's generator). MXNet
@@ -26,7 +29,7 @@ import os
 
 from .symbol_json import MARK, unique_name
 
-__all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'substitute', 'restore', 'rule_of']
+__all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'substitute', 'restore', 'rule_of', 'inference_only']
 
 logger = logging.getLogger('mxmp.kernels')
 
@@ -37,9 +40,12 @@ INPUT_COPY = 'kernel_input'
 #: MARK value of the training-mode flag's nodes (a constant 1 and MXNet's Dropout of it).
 FLAG = 'kernel_flag'
 #: MXNet op -> library op.
-SUBSTITUTES = {'LayerNorm': 'mxmp_layer_norm', 'Dropout': 'mxmp_dropout'}
+SUBSTITUTES = {'LayerNorm': 'mxmp_layer_norm', 'Dropout': 'mxmp_dropout',
+               'softmax': 'mxmp_softmax'}
 #: Inputs of the MXNet op (the library op may take more: Dropout's flag).
-_N_INPUTS = {'LayerNorm': 3, 'Dropout': 1}
+_N_INPUTS = {'LayerNorm': 3, 'Dropout': 1, 'softmax': 2}
+#: Inputs that get no copy: integer lengths, whose gradient is zero.
+_NO_COPY = {'softmax': (1,)}
 _TRUE = ('1', 'true', 'True')
 
 
@@ -48,6 +54,10 @@ def _eligible(node, used_outputs):
     op, attrs = node['op'], node.get('attrs', {})
     if op not in SUBSTITUTES or len(node['inputs']) != _N_INPUTS[op]:
         return False
+    if op == 'softmax':
+        return (attrs.get('use_length', 'False') in _TRUE and attrs.get('axis', '-1') == '-1'
+                and attrs.get('temperature', 'None') in ('None', '1', '1.0')
+                and attrs.get('dtype', 'None') == 'None' and not used_outputs - {0})
     if op == 'LayerNorm':
         return (attrs.get('axis', '-1') == '-1' and
                 attrs.get('output_mean_var', 'False') not in _TRUE and not used_outputs & {1, 2})
@@ -103,10 +113,10 @@ def substitute(js, policy):
             inputs.append(flag)
         if nid in chosen:
             for pos, (src, _, _) in enumerate(node['inputs']):
-                if nodes[src]['op'] == 'null':
-                    out.append({'op': '_copy', 'attrs': {MARK: INPUT_COPY}, 'inputs': [inputs[pos]],
-                                'name': unique_name('%s_%s_copy' % (node['name'],
-                                                                    nodes[src]['name']), names)})
+                if nodes[src]['op'] == 'null' and pos not in _NO_COPY.get(node['op'], ()):
+                    name = unique_name('%s_%s_copy' % (node['name'], nodes[src]['name']), names)
+                    out.append({'op': '_copy', 'attrs': {MARK: INPUT_COPY},
+                                'inputs': [inputs[pos]], 'name': name})
                     inputs[pos] = [len(out) - 1, 0, 0]
             attrs = dict(node.get('attrs', {}), **{MARK: KERNEL_PREFIX + node['op']})
             node = dict(node, op=SUBSTITUTES[node['op']], attrs=attrs)
@@ -145,3 +155,23 @@ def rule_of(node):
         return ("kernel rule: %s as %s, mxmp's library kernel (Policy(kernels='mxnet') keeps "
                 "MXNet's)" % (mark[len(KERNEL_PREFIX):], node['op']))
     return None
+
+
+def inference_only(js):
+    """``js`` (a converted graph's JSON) for a graph that only runs inference (the oneDNN-fused
+    twin): the rule's ``mxmp_dropout`` nodes back to MXNet's Dropout, which MXNet runs as the
+    identity in inference at no cost (the library op copies), and the flag removed. A new
+    dict, or ``js`` where there is nothing to undo."""
+    nodes = js['nodes']
+    if not any(restore(n) == 'drop' for n in nodes):
+        return js
+    out, new_id = [], {}
+    for nid, node in enumerate(nodes):
+        back = restore(node)
+        if back == 'drop':
+            continue
+        if isinstance(back, dict) and back['op'] == 'Dropout':
+            node = back
+        out.append(dict(node, inputs=[[new_id[s], i, v] for s, i, v in node['inputs']]))
+        new_id[nid] = len(out) - 1
+    return dict(js, nodes=out, heads=[[new_id[s], i, v] for s, i, v in js['heads']])

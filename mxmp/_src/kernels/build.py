@@ -24,7 +24,7 @@ logger = logging.getLogger('mxmp.kernels')
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'mxmp_ops.cc')
 FLAGS = ('-O3', '-march=native', '-fopenmp-simd', '-std=c++17', '-shared', '-fPIC')
 #: The ops the library registers (``mx.library.load`` adds them to mx.nd and mx.sym).
-OPS = ('mxmp_layer_norm', 'mxmp_dropout')
+OPS = ('mxmp_layer_norm', 'mxmp_dropout', 'mxmp_softmax')
 
 
 def _mxnet_dir():

@@ -72,7 +72,7 @@ class Policy:
             :class:`mxmp.LossScaler` value; stored for the Trainers, which build the scaler
             (:func:`mxmp.make_loss_scaler`).
         kernels (str): ``'auto'`` (default): for bfloat16, ops whose MXNet 1.9.1 CPU kernel is
-            slow (LayerNorm, Dropout) run mxmp's own kernel, built on first use where a C++ compiler is
+            slow (LayerNorm, Dropout, softmax with lengths) run mxmp's own kernel, built on first use where a C++ compiler is
             found, MXNet's elsewhere (the pass's kernel rule, docs/pass.md); ``'mxnet'``:
             MXNet's kernels only.
 
