@@ -152,6 +152,7 @@ def gpu_available():
 
 def main(argv=None):
     args = parse_args(argv)
+    modes_given = args.modes is not None   # check_args fills in the default modes
     if args.child_spec:  # a worker started by an older runner: same as python -m benchmarks.worker
         from benchmarks.worker import child_main
         return child_main(args.child_spec, args.child_result)
@@ -181,7 +182,7 @@ def main(argv=None):
     if args.profile:
         default = BERT_PROFILE_MODES if is_bert(args.model) else PROFILE_MODES
         # --modes, when given, chooses the profiled modes (float32 first: the reference)
-        chosen = ['float32'] + [m for m in args.modes if m != 'float32'] if args.modes \
+        chosen = ['float32'] + [m for m in args.modes if m != 'float32'] if modes_given \
             else default
         return bench_profile.run_profile(config, env, machine, out_dir, args.timeout,
                                          runner.run_child, mode_label, tuple(chosen))
