@@ -334,14 +334,17 @@ MXReturnValue dropout_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in
   if ((*out)[1].data_ptr != nullptr) (*out)[1].data<float>()[0] = 0.0f;
   if ((*out)[0].data_ptr == nullptr) return MX_SUCCESS;
   const double p = attr_double(attrs, "p", 0.5);
-  const bool identity = inference((*in)[3], attrs);
+  if (inference((*in)[3], attrs)) {   // the identity; the mask was not written
+    std::memcpy((*out)[0].data_ptr, dy.data_ptr, n * (dy.dtype == mxnet::ext::kFloat32 ? 4 : 8));
+    return MX_SUCCESS;
+  }
   const uint8_t* mask = (*in)[5].data<uint8_t>();
   if (dy.dtype == mxnet::ext::kFloat32) {
     dropout_backward<float>(dy.data<float>(), mask, (*out)[0].data<float>(), n,
-                            identity ? 1.0f : static_cast<float>(1.0 / (1.0 - p)));
+                            static_cast<float>(1.0 / (1.0 - p)));
   } else {
     dropout_backward<double>(dy.data<double>(), mask, (*out)[0].data<double>(), n,
-                             identity ? 1.0 : 1.0 / (1.0 - p));
+                             1.0 / (1.0 - p));
   }
   return MX_SUCCESS;
 }
