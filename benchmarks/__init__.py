@@ -32,6 +32,8 @@ Modes (``--dtype`` is the target dtype, ``bfloat16`` by default):
   of each weight; docs/benchmark.md).
 * ``mxmp_unfused`` (inference only, run only when named in ``--modes``): ``mxmp`` with
   ``fuse_inference=False``, to measure the fusion lever.
+* ``mxmp_mxnet_kernels`` (run only when named): ``mxmp`` with ``Policy(kernels='mxnet')``, MXNet's
+  own kernels where mxmp's operator library would run (LayerNorm), to measure that lever.
 
 The limit (:mod:`benchmarks.peak`, :mod:`benchmarks.flops`): once per repeat a process measures
 the GEMM peak (``--gemm-size`` cubed, default 2048, float32 and the target dtype, same threads);

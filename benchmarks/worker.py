@@ -191,15 +191,17 @@ class _Child:
             return not self.result['lp_kernels_available']
         return choice == 'yes'
 
-    def convert_mxmp(self, net, cast_params, fuse_inference='auto'):
-        """mxmp.convert, timed; cast counts of the graph that runs and of the real graph."""
+    def convert_mxmp(self, net, cast_params, fuse_inference='auto', kernels='auto'):
+        """mxmp.convert, timed; cast counts of the graph that runs and of the real graph.
+        ``kernels``: the Policy's (``'mxnet'``: MXNet's kernels only)."""
         mxmp, res = self.mxmp, self.result
         emulate = self.emulate()
         res['emulated'] = emulate
         float32_graph = self.traced(net)
         start = time.perf_counter()
-        block = mxmp.convert(net, target_dtype=self.spec['dtype'], cast_params=cast_params,
-                             emulate=emulate, fuse_inference=fuse_inference)
+        block = mxmp.convert(net, cast_params=cast_params, emulate=emulate,
+                             fuse_inference=fuse_inference,
+                             policy=mxmp.Policy(self.spec['dtype'], kernels=kernels))
         res['conversion_s'] = time.perf_counter() - start
         if emulate:
             res['casts_real_graph'] = mxmp.count_casts(mxmp.convert_symbol(
@@ -238,8 +240,9 @@ class _Child:
             def backward(loss):
                 with amp.scale_loss(loss, trainer) as scaled:
                     autograd.backward(scaled)
-        elif mode in ('mxmp', 'mxmp_cast_params'):
-            net = self.convert_mxmp(self.new_net(), cast_params=mode == 'mxmp_cast_params')
+        elif mode in ('mxmp', 'mxmp_cast_params', 'mxmp_mxnet_kernels'):
+            net = self.convert_mxmp(self.new_net(), cast_params=mode == 'mxmp_cast_params',
+                                    kernels='mxnet' if mode == 'mxmp_mxnet_kernels' else 'auto')
             trainer = mxmp.Trainer(net.collect_params(), 'sgd', opt)
             net.hybridize(static_alloc=True, static_shape=True)
 
@@ -284,9 +287,11 @@ class _Child:
                 cast_optional_params=mode == 'contrib_amp_cast_params')
             res['conversion_s'] = time.perf_counter() - start
             res['casts'] = mxmp.count_casts(net._cached_graph[1])
-        elif mode in ('mxmp', 'mxmp_cast_params', 'mxmp_unfused', 'mxmp_cast_params_unfused'):
+        elif mode in ('mxmp', 'mxmp_cast_params', 'mxmp_unfused', 'mxmp_cast_params_unfused',
+                      'mxmp_mxnet_kernels'):
             net = self.convert_mxmp(net, cast_params=mode.startswith('mxmp_cast_params'),
-                                    fuse_inference=False if mode.endswith('_unfused') else 'auto')
+                                    fuse_inference=False if mode.endswith('_unfused') else 'auto',
+                                    kernels='mxnet' if mode == 'mxmp_mxnet_kernels' else 'auto')
         else:
             raise BenchmarkError('mode %r has no inference phase' % mode)
         net.hybridize(**hybridize)

@@ -78,8 +78,9 @@ def parse_args(argv=None):
     p.add_argument('--phases', nargs='+', default=list(PHASES), choices=PHASES)
     p.add_argument('--modes', nargs='+', default=None, choices=list(MODES),
                    help='modes to run (float32 is always run: it is the reference; '
-                        'mxmp_unfused and mxmp_cast_params_unfused, inference without fusion, only '
-                        'when named); default: '
+                        'mxmp_unfused and mxmp_cast_params_unfused, inference without fusion, '
+                        "and mxmp_mxnet_kernels, MXNet's kernels where mxmp's library would run, "
+                        'only when named); default: '
                         '%s; for BERT: %s; for the transformers: %s'
                         % (' '.join(DEFAULT_MODES), ' '.join(BERT_DEFAULT_MODES),
                            ' '.join(TRANSFORMER_DEFAULT_MODES)))
@@ -89,7 +90,7 @@ def parse_args(argv=None):
     p.add_argument('--profile', action='store_true',
                    help='instead of the benchmark: per-operator time of training (mx.profiler, '
                         'bulk execution off) for %s side by side, at the first --batch-size, '
-                        'over --iters iterations (BERT: %s)' % (', '.join(PROFILE_MODES),
+                        'over --iters iterations (BERT: %s; --modes chooses others)' % (', '.join(PROFILE_MODES),
                                                                 ', '.join(BERT_PROFILE_MODES)))
     p.add_argument('--profile-phase', default='train', choices=PHASES,
                    help='--profile: the phase profiled (a training step or an inference call)')
@@ -175,6 +176,7 @@ def gpu_available():
 
 def main(argv=None):
     args = parse_args(argv)
+    modes_given = args.modes is not None   # check_args fills in the default modes
     if args.child_spec:  # a worker started by an older runner: same as python -m benchmarks.worker
         from benchmarks.worker import child_main
         return child_main(args.child_spec, args.child_result)
@@ -202,10 +204,12 @@ def main(argv=None):
     config['command'] = ' '.join(['python', 'scripts/benchmark.py'] +
                                  (argv if argv is not None else sys.argv[1:]))
     if args.profile:
+        default = BERT_PROFILE_MODES if is_bert(args.model) else PROFILE_MODES
+        # --modes, when given, chooses the profiled modes (float32 first: the reference)
+        chosen = ['float32'] + [m for m in args.modes if m != 'float32'] if modes_given \
+            else default
         return bench_profile.run_profile(config, env, machine, out_dir, args.timeout,
-                                         runner.run_child, mode_label,
-                                         BERT_PROFILE_MODES if is_bert(args.model)
-                                         else PROFILE_MODES)
+                                         runner.run_child, mode_label, tuple(chosen))
     start = time.perf_counter()
     report = {'config': config, 'machine': machine}
     report.update(runner.run_benchmark(args, config, env, out_dir))

@@ -24,9 +24,10 @@ from mxnet.gluon.block import _flatten
 from .device import lp_kernels_available, to_default_layout
 from .dtypes import dtype_name, from_mshadow_enum, mx_dtype
 from .graph.convert import convert_symbol
+from .graph.kernel_rule import inference_only
 from .graph.strip import count_casts
 from .graph.stem import pad_stem as pad_stem_of, padded_convolutions, wants_padding
-from .graph.symbol_json import CAST_OPS, cast_param_names, load
+from .graph.symbol_json import CAST_OPS, cast_param_names, dump, load
 from .policy.policy import Policy
 
 __all__ = ['Conversion', 'rewrite', 'cast_to_graph', 'BuiltGraph', 'unrounded_values',
@@ -117,6 +118,7 @@ def _precast_graph(float32_symbol, policy, data_dtypes, data_names, symbol, args
     docstring), as :class:`FusedInference`'s ``precast``."""
     graph = convert_symbol(float32_symbol, policy=policy, data_dtypes=data_dtypes,
                            cast_params=True, data_names=data_names)
+    graph = dump(inference_only(load(graph)))   # it only ever runs inference
     if padded_convolutions(symbol):
         graph = pad_stem_of(graph, {n: a.shape for n, a in zip(data_names, args)})
     return graph, cast_param_names(graph), mx_dtype(policy.target_dtype)

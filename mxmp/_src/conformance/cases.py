@@ -75,6 +75,10 @@ CASES = {
     'Activation': [(t, [_X], dict(act_type=t)) for t in ('relu', 'sigmoid', 'tanh')],
     # -- FLOAT32 ops with parameters: run by default in the lp-params case only -----------
     'LayerNorm': [('', [_T, ((64,), 'g'), ((64,), 'w')], {})],
+    # -- FLOAT32 ops mxmp's operator library replaces: the library case only ----------------
+    'Dropout': [('p=0.1', [((8, 128, 256), 'n')], dict(p=0.1))],
+    'softmax': [('use_length', [((24, 32, 32), 'n'), ((24, 32), 'I33')],
+                 dict(axis=-1, use_length=True))],
     'InstanceNorm': [('', [_X, ((32,), 'g'), ((32,), 'w')], {})],
     'GroupNorm': [('', [_X, ((4,), 'g'), ((4,), 'w')], dict(num_groups=4))],
     'BatchNorm': [('', [_X, ((32,), 'g'), ((32,), 'w'), ((32,), 'a'), ((32,), 'a')],
@@ -149,6 +153,10 @@ for _op in _CMP:
     CASES[_op + '_scalar'] = _one(scalar=0.5)
 for _op in ('_logical_and_scalar', '_logical_or_scalar', '_logical_xor_scalar'):
     CASES[_op] = _one(kind='m', scalar=1.0)
+
+#: Ops whose output is random per run (a fresh mask): two runs cannot be compared, so they have
+#: the library case only (checked against the op's definition, mxmp/_src/conformance/library.py).
+RANDOM_OPS = ('Dropout',)
 
 NOT_TESTED = {
     '_CrossDeviceCopy': 'inserted by the executor between two devices; a one-op graph on one '

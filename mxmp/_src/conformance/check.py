@@ -10,6 +10,7 @@ from ..policy.policy import Policy
 from ..dtypes import normalize_dtype
 from ..policy.kernel_report import KernelReport, machine_info
 from ..policy.tables import aliases as table_aliases
+from ..graph.kernel_rule import SUBSTITUTES
 from .cases import CASES, NOT_TESTED
 from .run import _CASE_NAMES, _TESTED_CLASSES, _row, _Zygote, cases_of, has_params, tolerances
 
@@ -21,7 +22,8 @@ def _ops_to_test(policy, ops):
     aliases = table_aliases(policy.target_dtype)
     if ops is None:
         chosen = sorted({aliases.get(o, o) for c in _TESTED_CLASSES for o in policy.ops_in(c)})
-        extra = sorted(op for op in CASES if op not in chosen and has_params(op))
+        extra = sorted(op for op in CASES if op not in chosen and
+                       (has_params(op) or op in SUBSTITUTES))
     else:
         if isinstance(ops, str):
             raise ValueError('ops must be a list of op names, not the string %r' % ops)
@@ -70,6 +72,10 @@ def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, 
     if target == 'float16':
         emulate = True  # no float16 Convolution/FullyConnected on a CPU
     todo, aliases = _ops_to_test(policy, ops)
+    if any(op in SUBSTITUTES for op, _, _ in todo):
+        # build mxmp's operator library here, once, not in a child under its timeout
+        from ..kernels.build import load_library
+        load_library()
     info = machine_info(target)
     rows, local, zygotes = [], threading.local(), []
 

@@ -13,10 +13,11 @@ import numpy as np
 from ..errors import mxnet_error_line
 from ..policy.policy import FOLLOW, LOW_PRECISION, WIDEST_TYPE, Policy
 from ..dtypes import MSHADOW_ENUM, dtype_name, from_mshadow_enum, mx_dtype, normalize_dtype
-from .cases import CASES, PARAM_KINDS
+from .arrays import _op_fn, _rel_err, _run, _values
+from .cases import CASES, PARAM_KINDS, RANDOM_OPS
 
 EPS = {'bfloat16': 2.0 ** -7, 'float16': 2.0 ** -10}
-_CASE_NAMES = ('lp-input', 'cast', 'lp-params')
+_CASE_NAMES = ('lp-input', 'cast', 'lp-params', 'library')
 _TESTED_CLASSES = (LOW_PRECISION, FOLLOW, WIDEST_TYPE)
 
 
@@ -29,10 +30,13 @@ def has_params(op, variant=None):
 
 def cases_of(op, params_only=False):
     """The ``(variant, case)`` pairs to run for ``op``: ``lp-input`` and ``cast`` for every
-    variant (unless ``params_only``), ``lp-params`` for the variants with parameters."""
+    variant (unless ``params_only``), ``lp-params`` for the variants with parameters,
+    ``library`` for the ops mxmp's operator library replaces (the pass's kernel rule)."""
+    from ..graph.kernel_rule import SUBSTITUTES
     return [(v, c) for v, _, _ in CASES[op] for c in _CASE_NAMES
             if (c == 'lp-params' and has_params(op, v)) or
-            (c != 'lp-params' and not params_only)]
+            (c == 'library' and op in SUBSTITUTES) or
+            (c not in ('lp-params', 'library') and not params_only and op not in RANDOM_OPS)]
 
 
 def tolerances(target_dtype):
@@ -132,66 +136,14 @@ def _row(op, cls, variant, case, **kw):
 # ---------------------------------------------------------------------------------------------
 # Child side: runs in a process forked by the zygote
 # ---------------------------------------------------------------------------------------------
-def _values(rng, shape, kind):
-    if kind in ('n', 'w'):
-        return rng.normal(size=shape)
-    if kind in ('p', 'g', 'a'):
-        return rng.uniform(0.5, 2.0, size=shape)
-    if kind == 'c':
-        return rng.uniform(1.5, 3.0, size=shape)
-    if kind == 'm':
-        return (rng.uniform(size=shape) < 0.5).astype(np.float64)
-    n = int(kind[1:])
-    if kind[0] in 'iI':
-        return rng.randint(0, n, size=shape)
-    if kind[0] == 'l':
-        return rng.randint(1, n + 1, size=shape)
-    if kind[0] == 's':
-        flat = rng.choice(n * n, size=shape[1], replace=False)
-        return np.stack([flat // n, flat % n])
-    raise ValueError('unknown input kind %r' % kind)
 
 
-def _op_fn(op):
-    import mxnet as mx
-    for mod, name in ((mx.sym, op), (mx.sym._internal, op),
-                      (mx.sym.contrib, op[len('_contrib_'):])):
-        fn = getattr(mod, name, None)
-        if fn is not None:
-            return fn
-    raise ValueError('mx.sym has no function for %s' % op)
 
 
-def _rel_err(got, ref):
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    scale = np.max(np.abs(ref)) if ref.size else 0.0
-    if not np.all(np.isfinite(got)):
-        return float('inf')
-    diff = np.max(np.abs(got - ref)) if ref.size else 0.0
-    return float(diff / scale) if scale > 0 else float(diff)
 
 
-def _to_np(arr):
-    import mxnet as mx
-    if dtype_name(arr.dtype) == 'bfloat16':   # numpy cannot hold it
-        arr = mx.nd.amp_cast(arr, dtype='float32')
-    return arr.asnumpy()
 
 
-def _run(sym, arrays, aux, grad_names, head_grads):
-    """Forward (training mode) and backward of a bound ``sym``; float64 numpy results."""
-    import mxnet as mx
-    exe = sym.bind(mx.cpu(), args=arrays, aux_states=aux,
-                   args_grad={n: arrays[n].zeros_like() for n in grad_names},
-                   grad_req={n: ('write' if n in grad_names else 'null') for n in arrays})
-    outs = exe.forward(is_train=True)
-    fwd = [_to_np(o) for o in outs]
-    grads = []
-    if head_grads is not None:
-        exe.backward([mx.nd.array(h, dtype=o.dtype) for h, o in zip(head_grads, outs)])
-        grads = [_to_np(exe.grad_dict[n]) for n in grad_names]
-    mx.nd.waitall()
-    return fwd, grads
 
 
 def _round(values, target):
@@ -226,6 +178,10 @@ def _child(job):
         if emulate is None and not real_possible:
             modes.append('emulated')
         row = _row(op, cls, variant, case)
+        if case == 'library':
+            from .library import library_row
+            print(json.dumps(library_row(row, inputs, attrs, job['seeds'])), flush=True)
+            continue
         for mode in modes:
             try:
                 errs = [_measure(op, cls, inputs, attrs, case, base, target, mode, seed)
@@ -331,3 +287,4 @@ def _measure(op, cls, inputs, attrs, case, base, target, mode, seed):
     fe = max(_rel_err(g, r) for g, r in zip(got_f, ref_f))
     be = max((_rel_err(g, r) for g, r in zip(got_g, ref_g)), default=None)
     return fe, be, note
+

@@ -12,6 +12,7 @@ from typing import List, NamedTuple, Optional
 
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, dtype_name, from_mshadow_enum
 from ..policy.policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, resolve_policy
+from .kernel_rule import rule_of, substitute
 from .strip import converted_dtype, strip
 from .symbol_json import (CAST_OPS, MARK, cast_origin, infer_dtypes, load, mutable_inputs,
     node_output_dtypes)
@@ -75,6 +76,8 @@ class _Graph:
             if node['op'] in CAST_OPS and cast_origin(node) == 'model':  # others were stripped
                 self.classes[nid] = (_MODEL_CAST,
                                      'cast written by the model: kept, computes as in MXNet')
+            elif rule_of(node) is not None:   # the kernel rule's nodes compute in float32
+                self.classes[nid] = (FLOAT32, rule_of(node))
             elif node['op'] != 'null':
                 self.classes[nid] = policy.classify(node['op'], node.get('attrs', {}),
                                                     node['name'])
@@ -282,6 +285,7 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
     if previous is not None or any(node.get('attrs', {}).get(MARK) is not None or
                                    cast_origin(node) == 'contrib.amp' for node in js['nodes']):
         js = strip(js)
+    js = substitute(js, policy)
     input_dtypes = {name: d if isinstance(d, str) else dtype_name(d)
                     for name, d in (data_dtypes or {}).items()}
     names = set(data_names if data_names is not None else ('data',)) | set(input_dtypes)

@@ -3,6 +3,7 @@ arrays that go with a converted or stripped graph."""
 import numpy as np
 
 from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum, mx_dtype
+from .kernel_rule import restore
 from .symbol_json import (CAST_OPS, FLOAT_DTYPES, MARK, ROUND_MARK, STEM_MARK, STEM_SHAPE,
     cast_origin, dump, is_cast_param, load, original_dtype)
 
@@ -31,7 +32,17 @@ def strip(js, unpin=False):
     contrib = unpin and any(cast_origin(n) == 'contrib.amp' for n in nodes)
     resolve = {}  # (old nid, out idx) -> (old nid, out idx) of a kept node
     keep = []
+    originals = {}  # nid -> the node the kernel rule replaced
     for nid, node in enumerate(nodes):
+        kernel = restore(node)
+        if kernel == 'input':   # the kernel rule's copy of a variable stands for it
+            src, idx, _ = node['inputs'][0]
+            resolve[(nid, 0)] = resolve.get((src, idx), (src, idx))
+            continue
+        if kernel == 'drop':   # the kernel rule's training-mode flag: read by its ops only
+            continue
+        if kernel is not None:
+            originals[nid] = node = kernel
         if node['op'] != 'null' and STEM_MARK in node.get('attrs', {}):
             # the stem padding (mxmp._src.graph.stem): its Concat stands for the unpadded tensor
             if node['op'] == 'Concat':
@@ -52,7 +63,7 @@ def strip(js, unpin=False):
 
     out_nodes = []
     for old in keep:
-        node = dict(nodes[old])
+        node = dict(originals.get(old, nodes[old]))
         node['inputs'] = [remap(e) for e in node['inputs']]
         attrs = node.get('attrs')
         if attrs and attrs.get(STEM_MARK, '').startswith(STEM_SHAPE):

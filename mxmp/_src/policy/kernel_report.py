@@ -97,7 +97,9 @@ class KernelReport:
         lp, fp32 = set(), set()
         # An op run only in the lp-params case (a float32 op fed low-precision parameters)
         # was not run in low precision: that is no evidence for widening it.
-        widen = self.verdicts([r for r in self.rows if r.get('case') != 'lp-params'])
+        # Nor is the library case (mxmp's float32 kernel against MXNet's float32 kernel).
+        widen = self.verdicts([r for r in self.rows
+                               if r.get('case') not in ('lp-params', 'library')])
         for op, verdict in self.verdicts().items():
             names = names_of.get(op, {op})
             kind = _kind(verdict)

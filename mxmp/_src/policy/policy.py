@@ -71,11 +71,15 @@ class Policy:
             ``'dynamic'``, ``'static'``, ``'none'`` (None is read as ``'none'``), or a
             :class:`mxmp.LossScaler` value; stored for the Trainers, which build the scaler
             (:func:`mxmp.make_loss_scaler`).
+        kernels (str): ``'auto'`` (default): for bfloat16, ops whose MXNet 1.9.1 CPU kernel is
+            slow (LayerNorm, Dropout, softmax with lengths) run mxmp's own kernel, built on first use where a C++ compiler is
+            found, MXNet's elsewhere (the pass's kernel rule, docs/pass.md); ``'mxnet'``:
+            MXNet's kernels only.
 
     Raises:
         ValueError: unknown target dtype; an op name MXNet 1.9.1 does not register; a malformed
-            ``conditional_fp32`` entry; a bad ``emulate``, ``param_dtype``, ``output_dtype`` or
-            ``loss_scaler``.
+            ``conditional_fp32`` entry; a bad ``emulate``, ``param_dtype``, ``output_dtype``,
+            ``loss_scaler`` or ``kernels``.
         AmpListConflict: an op in two of ``lp_ops``, ``fp32_ops``, ``follow_ops``.
     """
     target_dtype: str = 'bfloat16'
@@ -89,6 +93,7 @@ class Policy:
     param_dtype: str = 'float32'
     output_dtype: str = 'float32'
     loss_scaler: Any = 'auto'
+    kernels: str = 'auto'
 
     def __post_init__(self):
         set_ = functools.partial(object.__setattr__, self)
@@ -124,6 +129,9 @@ class Policy:
         if self.loss_scaler not in _LOSS_SCALERS and not hasattr(self.loss_scaler, 'scale'):
             raise ValueError("loss_scaler=%r: use 'auto', 'dynamic', 'static', 'none' or an "
                              "mxmp.LossScaler" % (self.loss_scaler,))
+        if self.kernels not in ('auto', 'mxnet'):
+            raise ValueError("kernels=%r: use 'auto' (mxmp's kernels where they build) or "
+                             "'mxnet'" % (self.kernels,))
         if self.conditional_fp32 is not None:
             set_('conditional_fp32', conditional_rules(self.conditional_fp32))
         for a, b in (('lp_ops', 'fp32_ops'), ('lp_ops', 'follow_ops'),

@@ -151,6 +151,8 @@ EXCLUDED_PREFIXES = (
     ('_npx_', 'numpy-extension op (mx.npx): not converted, as _np_; the legacy operators among '
               'them (_npx_activation for Activation, ...) are aliases whose canonical name is '
               'classified'),
+    ('mxmp_', "op of mxmp's operator library (mxmp/_src/kernels), registered when it loads: "
+              "only the pass's kernel rule places it, in float32"),
     ('amp_', 'mixed-precision cast op (amp_cast, amp_multicast): inserted and managed by the '
              'graph pass itself'),
 )

@@ -1,0 +1,82 @@
+"""Interleaved A/B timing of mxmp's operator library on a BERT model, in one process.
+
+    python -m benchmarks.kernels_ab [--model bert_base] [--batch-size 8] [--seq-len 128] \
+        [--rounds 6] [--warmup 2] [--phase train|infer]
+
+Three copies of the model with the same weights (float32; mxmp bfloat16 with MXNet's kernels,
+``Policy(kernels='mxnet')``; mxmp bfloat16 with the library, the default) take one training step
+(SGD, batch of synthetic tokens, softmax cross-entropy) or one inference call each per round, in
+an order that rotates every round, so that a shared machine's load falls on all three alike.
+Prints one JSON line: the per-round times and, per mode, the median of its per-round ratio to
+float32 (> 1: faster). Run it with OMP_NUM_THREADS set (one thread for the one-core figures).
+"""
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--model', default='bert_base')
+    p.add_argument('--batch-size', type=int, default=8)
+    p.add_argument('--seq-len', type=int, default=128)
+    p.add_argument('--rounds', type=int, default=6)
+    p.add_argument('--warmup', type=int, default=2)
+    p.add_argument('--phase', default='train', choices=('train', 'infer'))
+    args = p.parse_args(argv)
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    import mxmp
+    from benchmarks.bert import bert_inputs, bert_labels, build_bert
+    ctx = mx.cpu()
+    rng = np.random.RandomState(0)
+    data = bert_inputs(mx, args.model, args.batch_size, args.seq_len, ctx, rng)
+    label = bert_labels(mx, args.batch_size, ctx, rng)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    nets, steps = {}, {}
+    for mode in ('float32', 'mxmp_mxnet_kernels', 'mxmp'):
+        net = build_bert(args.model)
+        net.initialize(mx.init.Normal(0.02), ctx=ctx)
+        net(*data)
+        if nets:   # the same weights in every copy
+            first = list(nets.values())[0].collect_params().values()
+            for a, b in zip(first, net.collect_params().values()):
+                b.set_data(a.data())
+        if mode != 'float32':
+            net = mxmp.convert(net, 'bfloat16', policy=mxmp.Policy(
+                'bfloat16', kernels='mxnet' if mode == 'mxmp_mxnet_kernels' else 'auto'))
+        net.hybridize(static_alloc=True, static_shape=True)
+        trainer = (mxmp.Trainer if mode != 'float32' else gluon.Trainer)(
+            net.collect_params(), 'sgd', {'learning_rate': 1e-4, 'momentum': 0.9})
+        nets[mode] = net
+
+        def step(net=net, trainer=trainer):
+            if args.phase == 'infer':
+                net(*data).wait_to_read()
+                return
+            with autograd.record():
+                loss = loss_fn(net(*data), label)
+            loss.backward()
+            trainer.step(args.batch_size)
+            mx.nd.waitall()
+        steps[mode] = step
+    order = list(steps)
+    times = {m: [] for m in order}
+    for r in range(args.warmup + args.rounds):
+        for mode in order[r % 3:] + order[:r % 3]:
+            start = time.perf_counter()
+            steps[mode]()
+            if r >= args.warmup:
+                times[mode].append(time.perf_counter() - start)
+    ratios = {m: statistics.median(f / t for f, t in zip(times['float32'], times[m]))
+              for m in order}
+    print(json.dumps({'phase': args.phase, 'times_s': times, 'x_float32': ratios,
+                      'x_mxnet_kernels': statistics.median(
+                          a / b for a, b in zip(times['mxmp_mxnet_kernels'], times['mxmp']))}))
+
+
+if __name__ == '__main__':
+    main()

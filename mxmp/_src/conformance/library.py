@@ -1,0 +1,90 @@
+"""The conformance suite's ``library`` case: each op mxmp's operator library replaces (the
+pass's kernel rule, :mod:`mxmp._src.graph.kernel_rule`), run as the rule's graph against MXNet's
+own op (docs/conformance.md). Runs in the suite's child process (:mod:`.run`).
+"""
+import numpy as np
+
+from ..policy.policy import Policy
+from .arrays import _op_fn, _rel_err, _run, _values
+
+#: Relative error bound of the ``library`` case (float32 against MXNet's float32 kernel):
+#: 2**-16, about 128 float32 unit roundoffs (measured: below 2e-6, docs/conformance.md).
+LIBRARY_TOL = 2.0 ** -16
+#: Dropout: the dropped fraction may differ from p by this many binomial standard deviations.
+SIGMAS = 5.0
+
+
+def library_row(row, inputs, attrs, seeds):
+    """The ``library`` case: the kernel rule's graph of the op (mxmp's library kernel) against
+    MXNet's own op, both float32, forward (training mode) and backward, on the same inputs."""
+    import mxnet as mx
+    from ..graph.kernel_rule import substitute
+    from ..graph.symbol_json import dump, load
+    op = row['op']
+    names = ['in%d' % i for i in range(len(inputs))]
+    sym = _op_fn(op)(*[mx.sym.var(n) for n in names], name='op', **attrs)
+    graph = substitute(load(sym), Policy('bfloat16'))
+    if not any(n['op'].startswith('mxmp_') for n in graph['nodes']):
+        row.update(mode='real', detail="mxmp's operator library is not available here (no "
+                                       "compiler?): MXNet's kernel runs")
+        return row
+    lib = dump(graph)
+    if op == 'Dropout':
+        return _dropout_row(row, sym, lib, names, inputs, attrs, seeds)
+    fe = be = 0.0
+    for seed in seeds:
+        rng = np.random.RandomState(seed)
+        values = {n: _values(rng, shape, kind) for n, (shape, kind) in zip(names, inputs)}
+        heads = [rng.normal(size=s) for s in
+                 sym.infer_shape(**{n: v.shape for n, v in values.items()})[1]]
+        results = []
+        dtypes = {n: 'int32' if kind[0] == 'I' else 'float32' for n, (_, kind) in
+                  zip(names, inputs)}
+        for graph_sym in (sym, lib):
+            args = {n: mx.nd.array(v, dtype=dtypes[n]) for n, v in values.items()}
+            results.append(_run(graph_sym, args, {}, [n for n in names
+                                                      if dtypes[n] == 'float32'], heads))
+        (ref_f, ref_g), (got_f, got_g) = results
+        fe = max(fe, _rel_err(got_f[0], ref_f[0]))
+        be = max([be] + [_rel_err(g, r) for g, r in zip(got_g, ref_g)])
+    bad = [w for w, e in (('forward', fe), ('backward', be)) if not e <= LIBRARY_TOL]
+    row.update(mode='real', fwd_err=fe, bwd_err=be, verdict='wrong' if bad else 'ok',
+               detail="mxmp's library kernel vs MXNet's, float32 (tolerance 2**-16)" +
+               ('; %s error above it' % ' and '.join(bad) if bad else ''))
+    return row
+
+
+def _dropout_row(row, sym, lib, names, inputs, attrs, seeds):
+    """Dropout's masks are random: the library graph is checked against Dropout's definition
+    (kept values x / (1 - p), the others 0; dropped fraction within :data:`SIGMAS` binomial
+    deviations of p; gradient dy / (1 - p) where kept, 0 elsewhere; identity in inference) and
+    against MXNet's Dropout in inference (equal)."""
+    import mxnet as mx
+    p = float(attrs.get('p', 0.5))
+    fe = be = 0.0
+    dropped, total = 0, 0
+    for seed in seeds:
+        rng = np.random.RandomState(seed)
+        values = {n: _values(rng, shape, kind) for n, (shape, kind) in zip(names, inputs)}
+        x = values[names[0]].astype(np.float32)
+        head = rng.normal(size=x.shape)
+        args = {n: mx.nd.array(v, dtype='float32') for n, v in values.items()}
+        (y,), (dx,) = _run(lib, args, {}, names, [head])
+        kept = y != 0
+        fe = max(fe, _rel_err(np.where(kept, y, 0), np.where(kept, x / (1 - p), 0)))
+        be = max(be, _rel_err(dx, np.where(kept, head.astype(np.float32) / (1 - p), 0)))
+        dropped += int((~kept).sum())
+        total += kept.size
+        for graph in (lib, sym):   # inference: the identity, MXNet's as the library's
+            exe = graph.bind(mx.cpu(), args={n: mx.nd.array(v, dtype='float32')
+                                             for n, v in values.items()})
+            fe = max(fe, _rel_err(exe.forward(is_train=False)[0].asnumpy(), x))
+    sigma = (p * (1 - p) / total) ** 0.5
+    off = abs(dropped / total - p) / sigma
+    bad = [w for w, e in (('forward', fe), ('backward', be)) if not e <= LIBRARY_TOL]
+    if off > SIGMAS:
+        bad.append('dropped fraction %.4f for p=%g (%.1f sigma)' % (dropped / total, p, off))
+    row.update(mode='real', fwd_err=fe, bwd_err=be, verdict='wrong' if bad else 'ok',
+               detail="mxmp's library Dropout against Dropout's definition; dropped %.4f "
+                      'for p=%g' % (dropped / total, p) + ('; %s' % ', '.join(bad) if bad else ''))
+    return row
