@@ -29,6 +29,8 @@ Modes (``--dtype`` is the target dtype, ``bfloat16`` by default):
   exist (``fuse_inference='auto'``; such rows are labelled "(fused)").
 * ``mxmp_unfused`` (inference only, run only when named in ``--modes``): ``mxmp`` with
   ``fuse_inference=False``, to measure the fusion lever.
+* ``mxmp_mxnet_fold`` (inference only, run only when named): ``mxmp`` with
+  ``fold_batchnorm=False`` (MXNet folds BatchNorm into the fused convolutions itself).
 
 The limit (:mod:`benchmarks.peak`, :mod:`benchmarks.flops`): once per repeat a process measures
 the GEMM peak (``--gemm-size`` cubed, default 2048, float32 and the target dtype, same threads);

@@ -18,10 +18,13 @@ MODES = {
     'mxmp': ('mxmp {dtype}', ('train', 'infer')),
     'mxmp_cast_params': ('mxmp {dtype}, cast_params', ('train', 'infer')),
     'mxmp_unfused': ('mxmp {dtype}, fuse_inference=False', ('infer',)),
+    'mxmp_mxnet_fold': ('mxmp {dtype}, fold_batchnorm=False', ('infer',)),
 }
-#: Modes run unless --modes says otherwise (mxmp_unfused measures the fusion lever: opt-in;
-#: contrib_amp_fp32_attention is the workaround for GluonNLP's attention, BERT only).
-DEFAULT_MODES = [m for m in MODES if m not in ('mxmp_unfused', 'contrib_amp_fp32_attention')]
+#: Modes run unless --modes says otherwise (mxmp_unfused and mxmp_mxnet_fold measure levers of
+#: fused inference: opt-in; contrib_amp_fp32_attention is the workaround for GluonNLP's
+#: attention, BERT only).
+DEFAULT_MODES = [m for m in MODES
+                 if m not in ('mxmp_unfused', 'mxmp_mxnet_fold', 'contrib_amp_fp32_attention')]
 #: The same for the BERT models: contrib.amp as is (fails on GluonNLP's attention, reported as
 #: a failed row) and with the attention matmuls kept in float32; no cast_params variants.
 BERT_DEFAULT_MODES = ['float32', 'float32_fused', 'contrib_amp', 'contrib_amp_fp32_attention',

@@ -184,7 +184,7 @@ class _Child:
             return not self.result['lp_kernels_available']
         return choice == 'yes'
 
-    def convert_mxmp(self, net, cast_params, fuse_inference='auto'):
+    def convert_mxmp(self, net, cast_params, fuse_inference='auto', fold_batchnorm=True):
         """mxmp.convert, timed; cast counts of the graph that runs and of the real graph."""
         mxmp, res = self.mxmp, self.result
         emulate = self.emulate()
@@ -192,7 +192,8 @@ class _Child:
         float32_graph = self.traced(net)
         start = time.perf_counter()
         block = mxmp.convert(net, target_dtype=self.spec['dtype'], cast_params=cast_params,
-                             emulate=emulate, fuse_inference=fuse_inference)
+                             emulate=emulate, fuse_inference=fuse_inference,
+                             fold_batchnorm=fold_batchnorm)
         res['conversion_s'] = time.perf_counter() - start
         if emulate:
             res['casts_real_graph'] = mxmp.count_casts(mxmp.convert_symbol(
@@ -275,9 +276,10 @@ class _Child:
                 cast_optional_params=mode == 'contrib_amp_cast_params')
             res['conversion_s'] = time.perf_counter() - start
             res['casts'] = mxmp.count_casts(net._cached_graph[1])
-        elif mode in ('mxmp', 'mxmp_cast_params', 'mxmp_unfused'):
+        elif mode in ('mxmp', 'mxmp_cast_params', 'mxmp_unfused', 'mxmp_mxnet_fold'):
             net = self.convert_mxmp(net, cast_params=mode == 'mxmp_cast_params',
-                                    fuse_inference='auto' if mode != 'mxmp_unfused' else False)
+                                    fuse_inference='auto' if mode != 'mxmp_unfused' else False,
+                                    fold_batchnorm=mode != 'mxmp_mxnet_fold')
         else:
             raise BenchmarkError('mode %r has no inference phase' % mode)
         net.hybridize(**hybridize)

@@ -155,6 +155,5 @@ def folded_values(fold, arrays):
 def fold_rule(conv):
     """The text :func:`mxmp.explain` adds to a BatchNorm's rule that fused inference folds into
     Convolution ``conv``."""
-    return ('fused inference folds it into %s in float32 before rounding, so oneDNN does not '
-            'fold it in bfloat16 by truncation (mxmp.convert(..., fold_batchnorm=False) turns '
-            'this off)' % conv)
+    return ('fused inference folds it into %s in float32, rounded once (MXNet\'s own fold '
+            'truncates to bfloat16; fold_batchnorm=False of mxmp.convert turns it off)' % conv)
