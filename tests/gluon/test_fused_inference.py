@@ -248,6 +248,13 @@ def test_cli_convert_fuse_writes_a_graph_plain_mxnet_loads(tmp_path, capsys):
     assert 'fused for inference' in stdout
     fused = mx.sym.load(str(tmp_path / 'fused-symbol.json'))
     assert ops(fused)['_sg_mkldnn_conv'] == 2
+    # BatchNorm folded by mxmp in float32 (the files hold the folded weights, not BatchNorm's)
+    assert 'tiny_conv0_fwd_bnfold_weight' in fused.list_arguments()
+    assert not [n for n in json.loads(fused.tojson())['nodes']
+                if n.get('attrs', {}).get('with_bn') == 'true']
+    saved = mx.nd.load(str(tmp_path / 'fused-0000.params'))
+    assert 'arg:tiny_conv0_fwd_bnfold_bias' in saved and 'aux:tiny_batchnorm0_running_var' \
+        not in saved
     np.save(tmp_path / 'x.npy', x.asnumpy())
     # Plain MXNet, no mxmp on the path: both graphs load and run (batch 4; fused with 1).
     script = ('import sys, numpy as np, mxnet as mx\n'

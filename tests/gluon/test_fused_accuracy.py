@@ -1,0 +1,58 @@
+"""A trained network keeps float32's predictions on mxmp's default inference path.
+
+``scripts/measure_fused_accuracy.py`` trains GluonCV's cifar_resnet20_v1 in float32 for 200
+SGD steps on Fashion-MNIST (seed 0, one thread, in a subprocess), then classifies 2,000 test
+images in float32 and through ``mxmp.convert(net, 'bfloat16')`` as a user calls it: oneDNN's
+fused graph with BatchNorm folded by mxmp where the real kernels run (also with
+``fold_batchnorm=False``, MXNet's own fold), the emulated unfused graph elsewhere.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import mxmp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = '/usr/share/datasets/fashion-mnist'
+KERNELS = mxmp.lp_kernels_available('bfloat16')
+#: Measured over seeds 0-5 on the Zen 5 machine (avx512_bf16), this configuration: float32
+#: top-1 SEE_DOCS; the default path changed 0.25-0.40% of the predictions and moved top-1 by
+#: -0.15..+0.10 points; MXNet's own fold (fold_batchnorm=False) changed 0.85-1.30%.
+#: The bounds are the issue's targets: within 0.2 points, at least 99.5% unchanged.
+MAX_CHANGED = 0.5
+MAX_TOP1_DROP = 0.2
+#: MXNet's fold changed at least this much on every seed (so the test can tell the two apart).
+MIN_CHANGED_MXNET_FOLD = 0.7
+
+
+@pytest.fixture(scope='module')
+def measured():
+    if not os.path.isfile(os.path.join(DATA, 't10k-images-idx3-ubyte.gz')):
+        pytest.skip('needs Debian\'s dataset-fashion-mnist (bash scripts/install_dataset.sh)')
+    env = dict(os.environ, OMP_NUM_THREADS='1', MXNET_CPU_WORKER_NSTREAMS='1',
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'scripts', 'measure_fused_accuracy.py'),
+         'cifar_resnet20_v1', '--train-steps', '200', '--seeds', '0', '--src', DATA],
+        capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_default_inference_keeps_float32_top1_and_predictions(measured):
+    assert measured['real_kernels'] == KERNELS
+    default, float32 = measured['default'], measured['float32']
+    assert float32['top1'] > 60, measured   # a trained network, not chance (10%)
+    assert default['changed'] <= MAX_CHANGED, measured
+    assert default['top1'] >= float32['top1'] - MAX_TOP1_DROP, measured
+
+
+@pytest.mark.real_kernels
+@pytest.mark.skipif(not KERNELS, reason='needs oneDNN bfloat16 kernels (avx512_bf16/AMX): '
+                                        'elsewhere the default path is emulated, never fused')
+def test_mxnet_own_batchnorm_fold_is_what_the_default_path_avoids(measured):
+    assert measured['fold_batchnorm=False']['changed'] >= MIN_CHANGED_MXNET_FOLD, measured
+    assert measured['default']['changed'] < measured['fold_batchnorm=False']['changed']
