@@ -3,7 +3,8 @@
 Two setups:
 
 * ``--train-steps N`` (N > 0): a trained network. The GluonCV model is trained in float32 for N
-  SGD steps (batch ``--batch-size``, learning rate 0.1, momentum 0.9, weight decay 1e-4, seeded)
+  SGD steps (batch ``--batch-size``, learning rate 0.1 decayed linearly to 0, momentum 0.9,
+  weight decay 1e-4, seeded)
   on Fashion-MNIST (Debian's ``dataset-fashion-mnist`` IDX files, 28x28, the gray channel
   replicated three times), then the first ``--test-images`` test images are classified by the
   float32 network and by ``mxmp.convert(net, 'bfloat16')`` as a user calls it (the default path:
@@ -87,7 +88,8 @@ def train(model, steps, batch_size, seed, train_set):
                             {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-4})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     x, y = train_set
-    for _ in range(steps):
+    for step in range(steps):
+        trainer.set_learning_rate(0.1 * (1 - step / steps))   # to 0 at the end: a settled net
         pick = rng.randint(0, len(x), batch_size)
         with autograd.record():
             loss = loss_fn(net(mx.nd.array(x[pick])), mx.nd.array(y[pick]))
@@ -101,13 +103,16 @@ def predict(net, x, batch=100):
                            for i in range(0, len(x), batch)])
 
 
-def measure_trained(model, steps, batch_size, seed, src, test_images):
-    """One JSON-able row: top-1 (%) and predictions changed against float32 (%) per path."""
+def measure_trained(model, steps, batch_size, seed, src, test_images, save_dir=None):
+    """One JSON-able row: top-1 (%) and predictions changed against float32 (%) per path; the
+    trained parameters kept in ``save_dir`` if given."""
     start = time.time()
     net = train(model, steps, batch_size, seed, images(src, 'train'))
     row = {'model': model, 'seed': seed, 'steps': steps, 'train_s': round(time.time() - start, 1),
            'real_kernels': mxmp.lp_kernels_available('bfloat16')}
-    params = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'fused_accuracy_%d.params' % os.getpid())
+    name = ('%s-seed%d.params' % (model, seed) if save_dir else
+            'fused_accuracy_%d.params' % os.getpid())
+    params = os.path.join(save_dir or os.environ.get('TMPDIR', '/tmp'), name)
     net.save_parameters(params)
     x, y = images(src, 'val', test_images)
     paths = {'float32': None, 'default': {}, 'fold_batchnorm=False': {'fold_batchnorm': False},
@@ -123,7 +128,8 @@ def measure_trained(model, steps, batch_size, seed, src, test_images):
         reference = pred if reference is None else reference
         row[name] = {'top1': round(100 * float((pred == y).mean()), 2),
                      'changed': round(100 * float((pred != reference).mean()), 2)}
-    os.remove(params)
+    if not save_dir:
+        os.remove(params)
     return row
 
 
@@ -138,6 +144,8 @@ def main(argv=None):
     parser.add_argument('--test-images', type=int, default=2000,
                         help='test images classified (default 2000)')
     parser.add_argument('--src', default=DEFAULT_SRC, help='the Fashion-MNIST IDX files')
+    parser.add_argument('--save-params', metavar='DIR',
+                        help='keep each trained network as DIR/MODEL-seedN.params')
     parser.add_argument('--size', type=int, default=64,
                         help='random weights: image side in pixels (default 64)')
     parser.add_argument('--stat-passes', type=int, default=30,
@@ -147,7 +155,8 @@ def main(argv=None):
     if args.train_steps > 0:
         for seed in args.seeds:
             print(json.dumps(measure_trained(args.model, args.train_steps, args.batch_size, seed,
-                                             args.src, args.test_images)), flush=True)
+                                             args.src, args.test_images, args.save_params)),
+                  flush=True)
         return
     if not mxmp.lp_kernels_available('bfloat16'):
         sys.exit('this CPU has no bfloat16 kernels (avx512_bf16/AMX): nothing to measure')
