@@ -18,14 +18,18 @@ import mxmp
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = '/usr/share/datasets/fashion-mnist'
 KERNELS = mxmp.lp_kernels_available('bfloat16')
-#: Measured over seeds 0-5 on the Zen 5 machine (avx512_bf16), this configuration: float32
-#: top-1 SEE_DOCS; the default path changed 0.25-0.40% of the predictions and moved top-1 by
-#: -0.15..+0.10 points; MXNet's own fold (fold_batchnorm=False) changed 0.85-1.30%.
-#: The bounds are the issue's targets: within 0.2 points, at least 99.5% unchanged.
-MAX_CHANGED = 0.5
-MAX_TOP1_DROP = 0.2
-#: MXNet's fold changed at least this much on every seed (so the test can tell the two apart).
-MIN_CHANGED_MXNET_FOLD = 0.7
+#: Measured over seeds 0-5 on the Zen 5 machine (avx512_bf16), this configuration (float32
+#: top-1 80.85-83.50): predictions changed against float32 by the default path (fused, mxmp's
+#: fold) 0.10-0.30%, top-1 moved -0.10..+0.05 points; by MXNet's own fold
+#: (fold_batchnorm=False) 0.60-1.65%; unfused (= the emulated default path of CPUs without
+#: the kernels, bit for bit) 0.10-0.50%, top-1 -0.15..+0.10 points. Bounds: the project's
+#: targets where the fused path runs (within 0.2 points, at least 99.5% unchanged); 1.5x the
+#: measured extreme for the emulated (unfused) path, which cannot be better than unfused
+#: (DNNL_MAX_CPU_ISA=AVX2, seed 0: another trained network, 79.80; 0.35% changed, +0.05).
+MAX_CHANGED = 0.5 if KERNELS else 0.75
+MAX_TOP1_DROP = 0.2 if KERNELS else 0.3
+#: MXNet's fold changed at least 0.60% on every seed: the test tells the two folds apart.
+MIN_CHANGED_MXNET_FOLD = 0.4
 
 
 @pytest.fixture(scope='module')
