@@ -34,6 +34,8 @@ Modes (``--dtype`` is the target dtype, ``bfloat16`` by default):
   ``fuse_inference=False``, to measure the fusion lever.
 * ``mxmp_mxnet_kernels`` (run only when named): ``mxmp`` with ``Policy(kernels='mxnet')``, MXNet's
   own kernels where mxmp's operator library would run (LayerNorm), to measure that lever.
+* ``mxmp_mxnet_fold`` (inference only, run only when named): ``mxmp`` with
+  ``fold_batchnorm=False`` (MXNet folds BatchNorm into the fused convolutions itself).
 
 The limit (:mod:`benchmarks.peak`, :mod:`benchmarks.flops`): once per repeat a process measures
 the GEMM peak (``--gemm-size`` cubed, default 2048, float32 and the target dtype, same threads);

@@ -22,13 +22,14 @@ MODES = {
     'mxmp_unfused': ('mxmp {dtype}, fuse_inference=False', ('infer',)),
     'mxmp_cast_params_unfused': ('mxmp {dtype}, cast_params, fuse_inference=False', ('infer',)),
     'mxmp_mxnet_kernels': ("mxmp {dtype}, MXNet's kernels only", ('train', 'infer')),
+    'mxmp_mxnet_fold': ('mxmp {dtype}, fold_batchnorm=False', ('infer',)),
 }
-#: Modes run unless --modes says otherwise (the unfused modes measure the fusion lever, for
-#: speed and for memory: oneDNN's fused FullyConnected keeps its own copy of each weight; opt-in;
-#: contrib_amp_fp32_attention is the workaround for GluonNLP's attention, BERT only).
+#: Modes run unless --modes says otherwise (the unfused modes, mxmp_mxnet_kernels and
+#: mxmp_mxnet_fold measure levers, opt-in: oneDNN's fused FullyConnected keeps its own copy of
+#: each weight; contrib_amp_fp32_attention is the workaround for GluonNLP's attention, BERT only).
 DEFAULT_MODES = [m for m in MODES if m not in ('mxmp_unfused', 'mxmp_cast_params_unfused',
                                                'contrib_amp_fp32_attention',
-                                               'mxmp_mxnet_kernels')]
+                                               'mxmp_mxnet_kernels', 'mxmp_mxnet_fold')]
 #: The same for the BERT models: contrib.amp as is (fails on GluonNLP's attention, reported as
 #: a failed row) and with the attention matmuls kept in float32; no cast_params variants.
 BERT_DEFAULT_MODES = ['float32', 'float32_fused', 'contrib_amp', 'contrib_amp_fp32_attention',

@@ -191,7 +191,8 @@ class _Child:
             return not self.result['lp_kernels_available']
         return choice == 'yes'
 
-    def convert_mxmp(self, net, cast_params, fuse_inference='auto', kernels='auto'):
+    def convert_mxmp(self, net, cast_params, fuse_inference='auto', kernels='auto',
+                     fold_batchnorm=True):
         """mxmp.convert, timed; cast counts of the graph that runs and of the real graph.
         ``kernels``: the Policy's (``'mxnet'``: MXNet's kernels only)."""
         mxmp, res = self.mxmp, self.result
@@ -200,7 +201,7 @@ class _Child:
         float32_graph = self.traced(net)
         start = time.perf_counter()
         block = mxmp.convert(net, cast_params=cast_params, emulate=emulate,
-                             fuse_inference=fuse_inference,
+                             fuse_inference=fuse_inference, fold_batchnorm=fold_batchnorm,
                              policy=mxmp.Policy(self.spec['dtype'], kernels=kernels))
         res['conversion_s'] = time.perf_counter() - start
         if emulate:
@@ -288,10 +289,11 @@ class _Child:
             res['conversion_s'] = time.perf_counter() - start
             res['casts'] = mxmp.count_casts(net._cached_graph[1])
         elif mode in ('mxmp', 'mxmp_cast_params', 'mxmp_unfused', 'mxmp_cast_params_unfused',
-                      'mxmp_mxnet_kernels'):
+                      'mxmp_mxnet_kernels', 'mxmp_mxnet_fold'):
             net = self.convert_mxmp(net, cast_params=mode.startswith('mxmp_cast_params'),
                                     fuse_inference=False if mode.endswith('_unfused') else 'auto',
-                                    kernels='mxnet' if mode == 'mxmp_mxnet_kernels' else 'auto')
+                                    kernels='mxnet' if mode == 'mxmp_mxnet_kernels' else 'auto',
+                                    fold_batchnorm=mode != 'mxmp_mxnet_fold')
         else:
             raise BenchmarkError('mode %r has no inference phase' % mode)
         net.hybridize(**hybridize)

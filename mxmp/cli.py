@@ -14,8 +14,8 @@ import sys
 from ._src.errors import CLIError, mxnet_error_line
 from ._src.files import write_atomic
 from ._src.model_io import (check_data_names, convert_model, diagnose_batch, epoch_of,
-                            float32_block, fuse_model, load_params, load_symbol, need_file,
-                            save_model)
+                            float32_block, fold_model, fuse_model, load_params, load_symbol,
+                            need_file, save_model)
 
 
 def cmd_convert(args):
@@ -39,6 +39,8 @@ def cmd_convert(args):
         arg_params, aux_params = float32_arrays(arg_params), float32_arrays(aux_params)
         what = 'float32 (casts removed)'
     else:
+        if args.fuse and args.fold_batchnorm:
+            sym, arg_params, aux_params = fold_model(sym, arg_params, aux_params)
         out, arg_params, aux_params = convert_model(sym, arg_params, aux_params, args.dtype,
                                                     args.cast_params, args.emulate, data_names)
         stored = sum(np.dtype(v.dtype) != np.float32
@@ -261,6 +263,9 @@ def build_parser():
                         'Convolution+BatchNorm+ReLU as one node; the fastest CPU inference, '
                         'outputs within bfloat16 rounding of the unfused graph). Inference only; '
                         'loads in plain MXNet built with oneDNN (the pip wheels). Needs --shape')
+    c.add_argument('--no-fold-batchnorm', dest='fold_batchnorm', action='store_false',
+                   help='--fuse: let MXNet fold BatchNorm into the convolutions (truncated to '
+                        'bfloat16); by default mxmp folds it in float32 (docs/cli.md)')
     c.add_argument('--shape', type=_shape, action='append', default=[], metavar='NAME=DIMS',
                    help='shape of a data input for --fuse (repeatable), e.g. data=1,3,224,224')
 

@@ -73,7 +73,7 @@ def set_global(conversion):
 
 
 def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=None,
-            fuse_inference='auto', pad_stem='auto'):
+            fuse_inference='auto', pad_stem='auto', fold_batchnorm=True):
     """Make ``block`` compute in mixed precision, in place, and return it.
 
     Every graph MXNet builds for the block from now on (either training mode, any input
@@ -97,6 +97,11 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
             ``MXNET_SUBGRAPH_BACKEND`` is not ``NONE``.
         pad_stem ('auto', True or False): feed an odd-channel NCHW stem Convolution one zero
             channel more (:mod:`mxmp._src.graph.stem`); ``'auto'``: bfloat16 on real kernels.
+        fold_batchnorm (bool): in the fused inference graph on real kernels, fold each
+            BatchNorm that follows a Convolution into its weight and bias in float32, rounded
+            once to nearest even (:mod:`mxmp._src.graph.fold`: MXNet's own fold truncates to
+            bfloat16, which cost accuracy on trained networks; docs/benchmark.md "Fused
+            inference"). False leaves the folding to MXNet. Default True.
 
     Returns:
         mxnet.gluon.HybridBlock: ``block``, with float32 outputs; ``export`` and
@@ -105,7 +110,8 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
     Raises:
         TypeError: ``block`` is not a HybridBlock.
         ValueError: unknown dtype; a shorthand contradicting ``policy``; bad ``emulate``,
-            ``fuse_inference`` or ``pad_stem``; the block was converted with other settings.
+            ``fuse_inference``, ``pad_stem`` or ``fold_batchnorm``; the block was converted
+            with other settings.
     """
     if not isinstance(block, gluon.HybridBlock):
         raise TypeError(
@@ -115,8 +121,10 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
     if fuse_inference not in ('auto', True, False):
         raise ValueError("fuse_inference=%r: use 'auto', True or False" % (fuse_inference,))
     check_pad_stem(pad_stem)
+    if fold_batchnorm not in (True, False):
+        raise ValueError('fold_batchnorm=%r: use True or False' % (fold_batchnorm,))
     policy = resolve_policy(policy, target_dtype, cast_params, emulate)
-    conversion = Conversion(policy, fuse_inference, pad_stem)
+    conversion = Conversion(policy, fuse_inference, pad_stem, bool(fold_batchnorm))
     previous = _CONVERTED.get(block)
     if previous is not None:
         if previous == conversion:

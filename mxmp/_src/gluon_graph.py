@@ -3,12 +3,13 @@
 on a traced graph), :class:`BuiltGraph` (per-call state) and the oneDNN-fused inference twin
 (:class:`FusedInference`).
 
-Fusion (MXNet 1.9.1's ``'MKLDNN'`` subgraph backend) is inference-only; a fused convolution
-folds BatchNorm into its weight before rounding, so fused results differ from unfused ones by
-bfloat16-sized amounts. Fused nodes keep state between calls, so the twin is rebuilt when a
-parameter array was replaced or the hook module calls :meth:`FusedInference.reset` (training
-calls, ``Parameter.set_data``). A block keeping float32 weights gets a twin of its
-``cast_params=True`` graph fed with target-dtype copies. Measurements: docs/pass.md.
+Fusion (MXNet 1.9.1's ``'MKLDNN'`` subgraph backend) is inference-only. MXNet folds a
+BatchNorm into a bfloat16 convolution by truncation, so the twin's graph has its BatchNorms
+folded in float32 first (:mod:`mxmp._src.graph.fold`, ``fold_batchnorm``). Fused nodes keep
+state between calls, so the twin is rebuilt when a parameter array was replaced or the hook
+module calls :meth:`FusedInference.reset` (training calls, ``Parameter.set_data``). The twin
+runs the ``cast_params=True`` graph, fed with target-dtype copies of float32 weights and with
+the folded weights. Measurements: docs/pass.md, docs/benchmark.md "Fused inference".
 """
 import dataclasses
 import functools
@@ -61,10 +62,12 @@ class Conversion:
         policy (mxmp.Policy): every precision setting (``emulate`` may be ``'auto'``).
         fuse_inference ('auto' or bool): oneDNN-fused graph for inference calls on a CPU.
         pad_stem ('auto' or bool): pad an odd-channel NCHW stem by one zero channel.
+        fold_batchnorm (bool): the fused graph's BatchNorms folded in float32 by mxmp.
     """
     policy: Policy
     fuse_inference: Union[str, bool] = 'auto'
     pad_stem: Union[str, bool] = 'auto'
+    fold_batchnorm: bool = True
 
 
 def rewrite(block, conversion, inputs, sym, args, ctx=None, keep_unrounded=True):
@@ -93,8 +96,10 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None, keep_unrounded=True)
                 policy.target_dtype, ' (emulated)' if policy.emulate else '',
                 count_casts(converted)['amp_cast'], len(lp_names), policy.target_dtype)
     precast = None
-    if not policy.cast_params and not policy.emulate:   # the fused twin takes low weights
-        precast = functools.partial(_precast_graph, sym, policy, dtypes, names, converted)
+    if not policy.emulate and (conversion.fold_batchnorm or not policy.cast_params):
+        # the fused twin takes low-precision weights, folded ones included
+        precast = functools.partial(_precast_graph, sym, policy, dtypes, names, converted,
+                                    conversion.fold_batchnorm)
     return BuiltGraph(block, conversion.fuse_inference, policy, converted, precast,
                       [params[n] for n in lp_names if n in params])
 
@@ -113,15 +118,19 @@ def cast_to_graph(params, converted, keep_unrounded=True):
             _cast_parameter(param, mx_dtype(declared), keep_unrounded)
 
 
-def _precast_graph(float32_symbol, policy, data_dtypes, data_names, symbol, args):
-    """The fused twin's graph of ``symbol``: weights taken in the target dtype (module
-    docstring), as :class:`FusedInference`'s ``precast``."""
+def _precast_graph(float32_symbol, policy, data_dtypes, data_names, symbol, fold, args):
+    """The fused twin's graph of ``symbol``: BatchNorms folded (``fold``), weights taken in
+    the target dtype (module docstring), as :class:`FusedInference`'s ``precast``."""
+    folds = []
+    if fold:
+        from .graph.fold import fold_batchnorm   # loaded at the first fused graph only
+        float32_symbol, folds = fold_batchnorm(float32_symbol)
     graph = convert_symbol(float32_symbol, policy=policy, data_dtypes=data_dtypes,
                            cast_params=True, data_names=data_names)
     graph = dump(inference_only(load(graph)))   # it only ever runs inference
     if padded_convolutions(symbol):
         graph = pad_stem_of(graph, {n: a.shape for n, a in zip(data_names, args)})
-    return graph, cast_param_names(graph), mx_dtype(policy.target_dtype)
+    return graph, cast_param_names(graph), mx_dtype(policy.target_dtype), folds
 
 
 class BuiltGraph:
@@ -263,8 +272,10 @@ class FusedInference:
 
     Args:
         block (mxnet.gluon.HybridBlock): the block (its ``_cached_graph`` and ``_flags``).
-        precast (callable or None): ``precast(args)`` returns ``(symbol, names, dtype)``: a
-            graph taking the weights ``names`` as ``dtype`` arrays, run with cast copies.
+        precast (callable or None): ``precast(args)`` returns ``(symbol, names, dtype,
+            folds)``: a graph taking the weights ``names`` as ``dtype`` arrays, run with cast
+            copies, and the :class:`~mxmp._src.graph.fold.Fold` s whose new variables it reads
+            (computed in float32 from the Parameters at each build).
     """
 
     def __init__(self, block, precast=None):
@@ -333,17 +344,37 @@ class FusedInference:
                     p._finish_deferred_init()
             if self._precast is None:
                 self._precast = self.precast(args)
-            sym, names, dtype = self._precast
-            shared, params = params, gluon.ParameterDict()
-            for name, param in shared.items():
-                if name not in names:
-                    params._params[name] = param
-                    continue
-                copy = gluon.Parameter(name, shape=param.shape, dtype=dtype, grad_req='null')
-                with autograd.pause():
-                    copy._init_impl(mx.nd.amp_cast(param.data(param.list_ctx()[0]), dtype=dtype),
-                                    param.list_ctx())
-                params._params[name] = copy
+            sym, names, dtype, folds = self._precast
+            params = _twin_params(params, names, dtype, folds)
         twin = gluon.SymbolBlock(sym, inputs, params=params)
         twin.hybridize(backend=BACKEND, **dict(self.block._flags))
         return twin
+
+
+def _twin_params(shared, names, dtype, folds):
+    """The fused twin's ParameterDict: the block's Parameters (``shared``), replaced by
+    ``dtype`` copies for the variables ``names`` not stored in it, plus the folded variables of
+    ``folds`` (float32 from the Parameters, then ``dtype`` if in ``names``); the copies take
+    no gradient."""
+    from .graph.fold import folded_values   # loaded at the first fused graph only
+    params, values = gluon.ParameterDict(), {}
+    # MXNet's CPU BatchNorm writes its moving statistics in the backward pass without the
+    # engine ordering later reads of them after that write: asnumpy() read the values of the
+    # step before (measured); only waitall() waits for it.
+    mx.nd.waitall()
+    with autograd.pause():
+        for name, param in shared.items():
+            values[name] = param.data(param.list_ctx()[0]), param.list_ctx()
+        for fold in folds:
+            ctxs = values[fold.weight][1]
+            weight, bias = folded_values(fold, lambda n: values[n][0])
+            values[fold.new_weight], values[fold.new_bias] = (weight, ctxs), (bias, ctxs)
+        for name, (value, ctxs) in values.items():
+            target = dtype if name in names else value.dtype
+            if name in shared.keys() and dtype_name(value.dtype) == dtype_name(target):
+                params._params[name] = shared[name]   # float32 or already stored in dtype
+                continue
+            copy = gluon.Parameter(name, shape=value.shape, dtype=target, grad_req='null')
+            copy._init_impl(mx.nd.amp_cast(value, dtype=target), ctxs)
+            params._params[name] = copy
+    return params

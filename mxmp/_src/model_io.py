@@ -130,6 +130,26 @@ def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data
     return out, arrays_for_graph(out, arg_params), arrays_for_graph(out, aux_params)
 
 
+def fold_model(sym, arg_params, aux_params):
+    """The float32 graph of ``sym`` with its BatchNorms folded into the Convolutions before
+    them (:func:`mxmp._src.graph.fold.fold_batchnorm`; what ``--fuse`` runs, so that MXNet
+    does not fold them into bfloat16 weights by truncation), and its ``(arg_params,
+    aux_params)``: the folded weights and biases computed in float32, the arrays the graph no
+    longer reads left out. ``sym``, unchanged, when nothing folds."""
+    from .graph.fold import fold_batchnorm, folded_values
+    from .graph.strip import remove_casts
+    folded, folds = fold_batchnorm(remove_casts(sym))
+    if not folds:
+        return sym, arg_params, aux_params
+    every = dict(arg_params, **aux_params)
+    args = dict(arg_params)
+    for fold in folds:
+        args[fold.new_weight], args[fold.new_bias] = folded_values(fold, every.__getitem__)
+    keep_args, keep_aux = set(folded.list_arguments()), set(folded.list_auxiliary_states())
+    return (folded, {k: v for k, v in args.items() if k in keep_args},
+            {k: v for k, v in aux_params.items() if k in keep_aux})
+
+
 def fuse_model(sym, arg_params, aux_params, shapes, data_names):
     """``sym`` partitioned by oneDNN's fusion for inference (``optimize_for('MKLDNN')``; plain
     MXNet with oneDNN runs it). CLIError if a data input has no shape in ``shapes`` (nothing

@@ -248,6 +248,13 @@ def test_cli_convert_fuse_writes_a_graph_plain_mxnet_loads(tmp_path, capsys):
     assert 'fused for inference' in stdout
     fused = mx.sym.load(str(tmp_path / 'fused-symbol.json'))
     assert ops(fused)['_sg_mkldnn_conv'] == 2
+    # BatchNorm folded by mxmp in float32 (the files hold the folded weights, not BatchNorm's)
+    assert 'tiny_conv0_fwd_bnfold_weight' in fused.list_arguments()
+    assert not [n for n in json.loads(fused.tojson())['nodes']
+                if n.get('attrs', {}).get('with_bn') == 'true']
+    saved = mx.nd.load(str(tmp_path / 'fused-0000.params'))
+    assert 'arg:tiny_conv0_fwd_bnfold_bias' in saved and 'aux:tiny_batchnorm0_running_var' \
+        not in saved
     np.save(tmp_path / 'x.npy', x.asnumpy())
     # Plain MXNet, no mxmp on the path: both graphs load and run (batch 4; fused with 1).
     script = ('import sys, numpy as np, mxnet as mx\n'
@@ -327,3 +334,57 @@ def test_auto_follows_mxnet_subgraph_backend_none(monkeypatch):
     monkeypatch.delenv('MXNET_SUBGRAPH_BACKEND')
     block(x)
     assert fused_symbol(block) is not None
+
+
+# ------------------------------------------------------------------ BatchNorm folded by mxmp
+def bfloat16_round(a):
+    """float32 -> the nearest bfloat16 (ties to even), as float32: the pass's amp_cast."""
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    bits = ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) << 16
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def twin_values(block):
+    twin = mxmp._src.gluon._BUILT[block].fused.twin
+    return {k: mx.nd.amp_cast(p.data(), dtype='float32').asnumpy()
+            for k, p in twin.collect_params().items()}
+
+
+@real_kernels_only
+@pytest.mark.parametrize('cast_params', [False, True])
+def test_fused_convolutions_get_batchnorm_folded_in_float32_and_rounded_once(cast_params):
+    """MXNet folds BatchNorm into a bfloat16 convolution by truncation (docs/benchmark.md);
+    mxmp gives the fused graph convolutions whose weight and bias are the float32 fold rounded
+    to nearest even once (from the bfloat16 weight under cast_params), and no BatchNorm."""
+    net = tiny_net(5)
+    float32 = {k[len('tiny5_'):]: p.data().asnumpy() for k, p in net.collect_params().items()}
+    block = mxmp.convert(net, 'bfloat16', cast_params=cast_params)
+    block.hybridize(static_alloc=True, static_shape=True)
+    x = data(5)
+    out = block(x).asnumpy()
+    nodes = [n for n in json.loads(fused_symbol(block).tojson())['nodes']
+             if n['op'] == '_sg_mkldnn_conv']
+    assert len(nodes) == 2 and not [n for n in nodes if n['attrs'].get('with_bn') == 'true']
+    values = twin_values(block)
+    for conv, bn in (('conv0', 'batchnorm0'), ('conv1', 'batchnorm1')):
+        w = float32[conv + '_weight']
+        if cast_params:
+            w = bfloat16_round(w)
+        scale = float32[bn + '_gamma'] / np.sqrt(float32[bn + '_running_var'] + 1e-5)
+        want_w = bfloat16_round(w * scale[:, None, None, None])
+        want_b = bfloat16_round(float32[bn + '_beta'] + (float32[conv + '_bias'] -
+                                                          float32[bn + '_running_mean']) * scale)
+        got_w = values['tiny5_%s_fwd_bnfold_weight' % conv]
+        # at most one bfloat16 ulp from float32's own rounding of the product
+        assert np.abs(got_w - want_w).max() <= np.abs(want_w).max() * 2 ** -8
+        assert (got_w == want_w).mean() > 0.99
+        np.testing.assert_allclose(values['tiny5_%s_fwd_bnfold_bias' % conv], want_b,
+                                   rtol=2 ** -8)
+    assert rel(out, unfused(block, x)) < BF16_FUSED_REL
+    # MXNet's own fold, for comparison: the fused nodes fold BatchNorm themselves
+    other = mxmp.convert(tiny_net(5, prefix='other5_'), 'bfloat16', cast_params=cast_params,
+                         fold_batchnorm=False)
+    other.hybridize(static_alloc=True, static_shape=True)
+    other(x)
+    assert [n['attrs'].get('with_bn') for n in json.loads(fused_symbol(other).tojson())['nodes']
+            if n['op'] == '_sg_mkldnn_conv'] == ['true', 'true']

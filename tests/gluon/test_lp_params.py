@@ -1,5 +1,6 @@
 """Parameters that arrive in low precision (``net.cast('bfloat16')``, contrib.amp's
-``cast_optional_params``: a ``__dtype__`` on the variable) at a float32 op never crash.
+``cast_optional_params``: a ``__dtype__`` on the variable; or declared by
+``convert_symbol(..., data_dtypes=...)``) at a float32 op never crash.
 
 MXNet 1.9.1 needs some inputs as graph variables: a float32 Deconvolution whose weight is the
 output of a cast crashes in training, and BatchNorm's moving statistics behind a cast stop
@@ -37,10 +38,13 @@ def float32_param_names(sym):
 
 
 def deconv_graph(lp, bias=True):
+    """conv, relu, Deconvolution whose weight (and bias) are declared ``lp`` by ``__dtype__``
+    (``lp`` None: undeclared, for ``data_dtypes``)."""
     conv = mx.sym.Convolution(mx.sym.var('data'), num_filter=8, kernel=(3, 3), pad=(1, 1),
                               name='conv')
-    w = mx.sym.var('deconv_weight', __dtype__=MSHADOW_ENUM[lp])
-    extra = [mx.sym.var('deconv_bias', __dtype__=MSHADOW_ENUM[lp])] if bias else []
+    kw = {'__dtype__': MSHADOW_ENUM[lp]} if lp else {}
+    w = mx.sym.var('deconv_weight', **kw)
+    extra = [mx.sym.var('deconv_bias', **kw)] if bias else []
     return mx.sym.Deconvolution(mx.sym.relu(conv, name='relu'), w, *extra, num_filter=4,
                                 kernel=(4, 4), stride=(2, 2), pad=(1, 1), no_bias=not bias,
                                 name='deconv')
@@ -171,3 +175,76 @@ def test_arrays_for_graph_gives_float32_for_a_re_stored_parameter():
                                               dtype=mxmp._src.dtypes.mx_dtype('bfloat16'))}
     assert np.dtype(arrays_for_graph(out, arrays)['deconv_weight'].dtype) == \
         np.float32
+
+
+def test_a_deconvolution_weight_declared_low_by_data_dtypes_is_declared_float32():
+    """convert_symbol(sym, 'bfloat16', data_dtypes={weight: 'bfloat16'}): the weight reaching
+    a float32 Deconvolution through a cast aborted MXNet in training; the graph declares it
+    float32 instead, so binding puts a float32 array there."""
+    sym = deconv_graph(None)
+    low = {'deconv_weight': 'bfloat16', 'deconv_bias': 'bfloat16'}
+    out = mxmp.convert_symbol(sym, 'bfloat16', data_dtypes=low)
+    nodes = nodes_of(out)
+    by_name = {n['name']: n for n in nodes}
+    assert [nodes[i[0]]['name'] for i in by_name['deconv']['inputs']][1:] == [
+        'deconv_weight', 'deconv_bias']
+    for name in low:
+        assert by_name[name]['attrs'] == {'__dtype__': '0', MARK: 'float32_param:'}
+    rule = {r.name: r.rule for r in mxmp.explain(sym, 'bfloat16', data_dtypes=low)}
+    assert rule['deconv_weight'] == (
+        'declared float32 (data_dtypes says bfloat16, but Deconvolution deconv takes it in '
+        'float32 at input 1, which MXNet needs as a graph variable: bind a float32 array '
+        'there)')
+    assert nodes_of(mxmp.remove_casts(out)) == nodes_of(sym)
+    types = dict(zip(out.list_arguments(), out.infer_type(data='float32')[0]))
+    assert types['deconv_weight'] == np.float32 and types['deconv_bias'] == np.float32
+
+
+_TRAIN_DECLARED = textwrap.dedent('''
+    import sys, json
+    import numpy as np, mxnet as mx, mxmp
+    from mxmp._src.dtypes import mx_dtype
+    sys.path.insert(0, sys.argv[1])
+    from tests.gluon.test_lp_params import deconv_graph
+    sym = deconv_graph(None)
+    low = {'deconv_weight': 'bfloat16', 'deconv_bias': 'bfloat16'}
+    out = mxmp.convert_symbol(sym, 'bfloat16', data_dtypes=low,
+                              emulate=not mxmp.lp_kernels_available('bfloat16'))
+    exe = out.simple_bind(mx.cpu(), data=(2, 3, 8, 8))
+    rng = np.random.RandomState(0)
+    for name, arr in exe.arg_dict.items():
+        arr[:] = rng.uniform(-0.5, 0.5, arr.shape)
+    exe.forward(is_train=True)
+    exe.backward([mx.nd.ones(exe.outputs[0].shape)])
+    mx.nd.waitall()
+    ref = sym.simple_bind(mx.cpu(), data=(2, 3, 8, 8))
+    for name, arr in exe.arg_dict.items():
+        ref.arg_dict[name][:] = arr
+    ref.forward(is_train=True)
+    ref.backward([mx.nd.ones(ref.outputs[0].shape)])
+    got, want = exe.outputs[0].asnumpy(), ref.outputs[0].asnumpy()
+    gw, rw = exe.grad_dict['deconv_weight'].asnumpy(), ref.grad_dict['deconv_weight'].asnumpy()
+    # the user's own bfloat16 arrays there: MXNet's error, raised, not an abort
+    args = {n: (mx.nd.amp_cast(a, dtype=mx_dtype('bfloat16')) if n in low else a)
+            for n, a in exe.arg_dict.items()}
+    try:
+        out.bind(mx.cpu(), args=args, args_grad={n: a.zeros_like() for n, a in args.items()})
+        refused = ''
+    except mx.base.MXNetError as err:
+        refused = str(err)
+    print(json.dumps({'dtypes': sorted({np.dtype(exe.arg_dict[n].dtype).name for n in low}),
+                      'fwd': float(abs(got - want).max() / abs(want).max()),
+                      'bwd': float(abs(gw - rw).max() / abs(rw).max()), 'refused': refused}))
+''')
+
+
+def test_training_a_deconvolution_declared_low_by_data_dtypes_does_not_crash():
+    env = dict(os.environ, OMP_NUM_THREADS='1')   # MXNet's default fusion, as a user runs it
+    proc = subprocess.run([sys.executable, '-c', _TRAIN_DECLARED, ROOT], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result['dtypes'] == ['float32']
+    # bfloat16 convolution in front: errors of bfloat16 size (eps 2**-7), as above
+    assert result['fwd'] <= 2 ** -6 and result['bwd'] <= 2 ** -5, result
+    assert 'requires uniform type' in result['refused'] and "'weight'" in result['refused']

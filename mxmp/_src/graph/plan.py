@@ -234,28 +234,37 @@ def _widest(graph, node, in_dtypes, data_pos, rule):
 
 
 def _float32_storage(graph):
-    """{variable name: Decision} of the ``pinned`` variables that a consumer takes in float32
-    at an input MXNet needs as a graph variable (``_MXNET_VARIABLE_INPUTS``, mutable inputs):
-    they are stored in float32 instead."""
+    """{variable name: Decision} of the low-precision variables (``pinned`` by ``__dtype__``,
+    or declared by ``data_dtypes``) that a consumer takes in float32 at an input MXNet needs as
+    a graph variable (``_MXNET_VARIABLE_INPUTS``, mutable inputs): they are declared float32
+    instead, so that binding puts a float32 array there. A cast there would reach MXNet's
+    abort (Deconvolution's training backward with a computed weight: "Check failed:
+    ctx.dev_mask() == ...") or its refusal to bind (BatchNorm's moving statistics)."""
     nodes, out = graph.nodes, {}
+    low = {n for n, d in graph.input_dtypes.items() if d in _LOW}
+    declared = low - set(graph.pinned)   # by data_dtypes: a data input for the rest of the pass
     for nid, node in enumerate(nodes):
         if node['op'] == 'null':
             continue
         op = node['op']
         float32_op = graph.classes[nid][0] in (FLOAT32, LOSS_OUTPUT)
         needs_var = set(_MXNET_VARIABLE_INPUTS.get(op, ())) if float32_op else set()
-        if any(nodes[src]['op'] == 'null' and nodes[src]['name'] in graph.pinned
+        if any(nodes[src]['op'] == 'null' and nodes[src]['name'] in low
                for src, _, _ in node['inputs']):
             needs_var |= set(mutable_inputs(node))
         for pos, (src, _, _) in enumerate(node['inputs']):
             name = nodes[src]['name']
-            if (pos in needs_var and nodes[src]['op'] == 'null' and name in graph.pinned and
-                    name not in graph.data_names and name not in out and
-                    (float32_op or pos in graph.policy.float32_inputs(op))):
+            if (pos in needs_var and nodes[src]['op'] == 'null' and name not in out and
+                    (name in declared or name in graph.pinned and name not in graph.data_names)
+                    and (float32_op or pos in graph.policy.float32_inputs(op))):
+                why = ('%s says %s, but %s %s takes it in float32 at input %d, which MXNet '
+                       'needs as a graph variable' % ('data_dtypes' if name in declared else
+                                                      'its __dtype__', graph.input_dtypes[name],
+                                                      op, node['name'], pos))
                 out[name] = _variable(
-                    'parameter stored in float32 (its __dtype__ says %s, but %s %s takes it in '
-                    'float32 at input %d, which MXNet needs as a graph variable)'
-                    % (graph.input_dtypes[name], op, node['name'], pos), 'float32', 'float32')
+                    'declared float32 (%s: bind a float32 array there)' % why
+                    if name in declared else 'parameter stored in float32 (%s)' % why,
+                    'float32', 'float32')
     return out
 
 
@@ -315,6 +324,9 @@ def explain(sym, target_dtype=None, policy=None, data_dtypes=None, cast_params=N
             data_names=None):
     """The pass's decision for every node of ``sym``, without rewriting it.
 
+    A BatchNorm that fused inference folds into the low-precision Convolution before it
+    (:mod:`mxmp._src.graph.fold`) has that rewrite added to its rule.
+
     Args: as :func:`mxmp.convert_symbol` (``sym`` float32 or converted; casts are ignored).
 
     Returns:
@@ -323,9 +335,14 @@ def explain(sym, target_dtype=None, policy=None, data_dtypes=None, cast_params=N
     Raises:
         TypeError, ValueError: as :func:`mxmp.convert_symbol`.
     """
+    from .fold import batchnorm_folds, fold_rule   # a rewrite of fused inference only
     js, _, _, _, decisions = prepare(sym, target_dtype, policy, None, data_dtypes, data_names,
                                      cast_params)
-    return [ExplainRow(node['name'], node['op'], dec.dtype, dec.rule)
+    dtypes = {node['name']: dec.dtype for node, dec in zip(js['nodes'], decisions)}
+    folds = {bn: conv for bn, conv in batchnorm_folds(js).items() if dtypes.get(conv) in _LOW}
+    return [ExplainRow(node['name'], node['op'], dec.dtype,
+                       dec.rule + ('; ' + fold_rule(folds[node['name']])
+                                   if node['name'] in folds else ''))
             for node, dec in zip(js['nodes'], decisions)]
 
 
