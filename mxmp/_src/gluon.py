@@ -22,7 +22,6 @@ import mxnet as mx
 from mxnet import autograd, gluon
 from mxnet.gluon.block import _flatten, _regroup
 
-from .graph.accumulate import guard_accumulated_grads
 from .graph.convert import convert_symbol
 from .graph.strip import float32_arrays, remove_casts
 from .graph.stem import check_option as check_pad_stem
@@ -188,6 +187,9 @@ def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True):
     built = rewrite(block, conversion, inputs, sym, args, ctx, keep_unrounded)
     _ACCUMULATING[block] = accumulating = _accumulating(block)
     if accumulating:   # MXNet's cast backward ignores grad_req='add' (graph/accumulate.py)
+        # imported here: only graphs with accumulating Parameters need it, and import mxmp
+        # stays within its module budget (tests/test_source_layout.py)
+        from .graph.accumulate import guard_accumulated_grads  # pylint: disable=import-outside-toplevel
         built.symbol = guard_accumulated_grads(built.symbol, accumulating)
     if conversion is _GLOBAL[0]:
         for param in block.collect_params().values():
