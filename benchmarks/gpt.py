@@ -3,7 +3,7 @@ accuracy study (:mod:`benchmarks.accuracy_transformer`).
 
 One training run::
 
-    python -m benchmarks.gpt --dtype bfloat16 --seed 0 --steps 600 --save-dir RUN_DIR
+    python -m benchmarks.gpt --dtype bfloat16 --seed 0 --save-dir RUN_DIR
 
 The text is Debian's ``bible-kjv`` (``bible gen1:1-rev22:21``: 4,298,239 characters, 73 distinct).
 Validation is a fixed held-out part: everything from Hebrews 1 to the end (Hebrews, the General
@@ -164,7 +164,7 @@ def build_parser():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument('--dtype', choices=('float32', 'bfloat16', 'float16'), default='float32')
     p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--steps', type=int, default=600)
+    p.add_argument('--steps', type=int, default=500)
     p.add_argument('--batch-size', type=int, default=32)
     p.add_argument('--context', type=int, default=128)
     p.add_argument('--units', type=int, default=128)
@@ -174,7 +174,7 @@ def build_parser():
     p.add_argument('--lr', type=float, default=2e-3, help='peak Adam learning rate')
     p.add_argument('--warmup-steps', type=int, default=60)
     p.add_argument('--clip', type=float, default=1.0, help='global gradient-norm bound')
-    p.add_argument('--eval-interval', type=int, default=100,
+    p.add_argument('--eval-interval', type=int, default=50,
                    help='steps between evaluations on --curve-windows validation windows')
     p.add_argument('--curve-windows', type=int, default=256,
                    help='validation windows (evenly spaced) of the curve; the final evaluation '
