@@ -164,7 +164,7 @@ def build_parser():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument('--dtype', choices=('float32', 'bfloat16', 'float16'), default='float32')
     p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--steps', type=int, default=500)
+    p.add_argument('--steps', type=int, default=300)
     p.add_argument('--batch-size', type=int, default=32)
     p.add_argument('--context', type=int, default=128)
     p.add_argument('--units', type=int, default=128)
@@ -172,9 +172,9 @@ def build_parser():
     p.add_argument('--heads', type=int, default=4)
     p.add_argument('--dropout', type=float, default=0.1)
     p.add_argument('--lr', type=float, default=2e-3, help='peak Adam learning rate')
-    p.add_argument('--warmup-steps', type=int, default=60)
+    p.add_argument('--warmup-steps', type=int, default=30)
     p.add_argument('--clip', type=float, default=1.0, help='global gradient-norm bound')
-    p.add_argument('--eval-interval', type=int, default=50,
+    p.add_argument('--eval-interval', type=int, default=30,
                    help='steps between evaluations on --curve-windows validation windows')
     p.add_argument('--curve-windows', type=int, default=256,
                    help='validation windows (evenly spaced) of the curve; the final evaluation '
