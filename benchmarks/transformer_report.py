@@ -148,48 +148,52 @@ def format_table(records, stats):
 
 
 def plot_curves(records, png):
-    """Left: training loss (mean over each evaluation interval, thin) and validation loss
-    (markers) against step for every run; right: validation perplexity over the second half of
-    training (zoom). One colour and line style per dtype. Writes ``png``."""
+    """Three panels against step, every run (one colour and line style per dtype, one line per
+    seed): training loss (mean over each evaluation interval, steps skipped on overflow left
+    out), validation loss (curve windows), and validation perplexity over the second half of
+    training (zoom). Writes ``png``."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     by = {}
     for r in records:
         by.setdefault(r['config']['dtype'], []).append(r)
     last = max(r['config']['steps'] for r in records)
     zoom = []
-    for dtype, rs in by.items():
+    for dtype, rs in sorted(by.items(), key=lambda kv: DTYPES.index(kv[0])
+                            if kv[0] in DTYPES else 99):
         label, colour, style = dtype_label(rs), COLOURS.get(dtype, 'gray'), STYLES.get(dtype, '-')
         for i, r in enumerate(sorted(rs, key=lambda r: r['config']['seed'])):
+            name = '%s, %d seed(s)' % (label, len(rs)) if i == 0 else None
             pts = [p for p in r['curve'] if p['train_loss'] is not None]
             axes[0].plot([p['step'] for p in pts], [p['train_loss'] for p in pts], color=colour,
-                         ls=style, lw=0.8, alpha=0.6,
-                         label='%s train, %d seed(s)' % (label, len(rs)) if i == 0 else None)
-            axes[0].plot([p['step'] for p in r['curve']], [p['val_loss'] for p in r['curve']],
-                         color=colour, ls=style, lw=1.4, marker='o', ms=3,
-                         label='%s validation' % label if i == 0 else None)
+                         ls=style, lw=1.2, alpha=0.8, label=name)
+            axes[1].plot([p['step'] for p in r['curve']], [p['val_loss'] for p in r['curve']],
+                         color=colour, ls=style, lw=1.2, marker='o', ms=3, alpha=0.8, label=name)
             tail = [p for p in r['curve'] if p['step'] >= last // 2]
             zoom += [math.exp(p['val_loss']) for p in tail]
-            axes[1].plot([p['step'] for p in tail], [math.exp(p['val_loss']) for p in tail],
-                         color=colour, ls=style, lw=1.2, marker='o', ms=3,
-                         label=label if i == 0 else None)
-    axes[0].set_ylabel('cross-entropy (nats per character)')
-    axes[0].set_title('training (interval means) and validation loss')
-    axes[1].set_ylabel('validation perplexity (curve windows)')
-    axes[1].set_title('second half (zoom)')
-    if zoom:
-        pad = 0.02 * (max(zoom) - min(zoom) or 1.0)
-        axes[1].set_ylim(min(zoom) - pad, max(zoom) + pad)
-    for ax in axes:
+            axes[2].plot([p['step'] for p in tail], [math.exp(p['val_loss']) for p in tail],
+                         color=colour, ls=style, lw=1.2, marker='o', ms=3, alpha=0.8,
+                         label=name)
+    titles = ('training loss (interval means)', 'validation loss', 'validation perplexity, '
+              'second half (zoom)')
+    ylabels = ('cross-entropy (nats per character)', 'cross-entropy (nats per character)',
+               'perplexity')
+    for ax, title, ylabel in zip(axes, titles, ylabels):
         ax.set_xlabel('step')
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle('GPT on the King James Bible: every run (one line per seed)')
+    if zoom:
+        pad = 0.02 * (max(zoom) - min(zoom) or 1.0)
+        axes[2].set_ylim(min(zoom) - pad, max(zoom) + pad)
+    fig.suptitle('GPT on the King James Bible: every run (validation on the curve windows of '
+                 'Hebrews-Revelation)')
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=100)
     plt.close(fig)
 
 
