@@ -94,6 +94,39 @@ def validation_windows(ids, context):
     return x, y
 
 
+def ngram_perplexity(train_ids, val_ids, n, vocab_size, k=0.1):
+    """Perplexity on ``val_ids`` of a character n-gram model counted on ``train_ids``, with
+    add-``k`` smoothing: p(c | context) = (count(context, c) + k) / (count(context) + k * V).
+    A yardstick for the GPT's perplexity (``python -m benchmarks.gpt --baselines``)."""
+    def codes(ids):
+        m = len(ids) - n + 1
+        ctx = np.zeros(m, dtype=np.int64)
+        for i in range(n - 1):
+            ctx = ctx * vocab_size + ids[i:m + i]
+        return ctx, ctx * vocab_size + ids[n - 1:]
+    train_ctx, train_full = codes(np.asarray(train_ids, dtype=np.int64))
+    val_ctx, val_full = codes(np.asarray(val_ids, dtype=np.int64))
+
+    def counts(keys, table):
+        uniq, cnt = np.unique(table, return_counts=True)
+        pos = np.clip(np.searchsorted(uniq, keys), 0, len(uniq) - 1)
+        return np.where(uniq[pos] == keys, cnt[pos], 0)
+    p = (counts(val_full, train_full) + k) / (counts(val_ctx, train_ctx) + k * vocab_size)
+    return float(np.exp(-np.mean(np.log(p))))
+
+
+def baselines(log=print):
+    """Print the validation perplexity of character n-gram models (n = 1..4), counted on the
+    training part: what the GPT's perplexity is measured against."""
+    text = load_bible()
+    vocab = ''.join(sorted(set(text)))
+    train_text, val_text = split_text(text)
+    train_ids, val_ids = encode(train_text, vocab), encode(val_text, vocab)
+    for n in (1, 2, 3, 4):
+        log('%d-gram (add-0.1 smoothing): validation perplexity %.3f'
+            % (n, ngram_perplexity(train_ids, val_ids, n, len(vocab))))
+
+
 def build_gpt(vocab_size, units, layers, heads, context, dropout):
     """The GPT HybridBlock (the classes are made here so that importing this module does not
     import MXNet). Input: token ids (context, batch) float32 and the additive causal mask
@@ -184,7 +217,10 @@ def build_parser():
     p.add_argument('--max-val-windows', type=int, default=None,
                    help='cap the final evaluation at the first N windows (tests; the study '
                         'uses every window)')
-    p.add_argument('--save-dir', required=True)
+    p.add_argument('--save-dir', help='where the run writes its files (required to train)')
+    p.add_argument('--baselines', action='store_true',
+                   help='train nothing; print the validation perplexity of character n-gram '
+                        'models (n = 1..4) for comparison')
     return p
 
 
@@ -310,7 +346,7 @@ def train(args, log=print):
     log('final: val loss %.4f, perplexity %.4f on %d characters'
         % (final, math.exp(final), val_x.size))
     summary = {
-        'config': {k: v for k, v in vars(args).items() if k != 'save_dir'},
+        'config': {k: v for k, v in vars(args).items() if k not in ('save_dir', 'baselines')},
         'emulate': emulate, 'vocab_size': len(vocab),
         'train_chars': len(train_ids), 'val_chars': int(val_x.size),
         'parameters': int(sum(p.data().size for p in net.collect_params().values())),
@@ -328,9 +364,12 @@ def train(args, log=print):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.baselines and not args.save_dir:
+        parser.error('--save-dir is required to train (or --baselines)')
     try:
-        train(args)
+        baselines() if args.baselines else train(args)
     except DataMissing as err:
         print('error: %s' % err)
         raise SystemExit(2)

@@ -156,3 +156,14 @@ def test_missing_bible_exits_with_status_2_and_names_the_apt_command(monkeypatch
         study_mod.main(['--out', str(tmp_path)], log=lines.append)
     assert exc.value.code == 2
     assert 'no-such-bible-program' in lines[0] and 'apt-get install -y bible-kjv' in lines[0]
+
+
+def test_ngram_baseline_perplexity_matches_a_hand_computed_case():
+    train, val = [0, 1, 0, 1, 0, 1], [0, 1, 0]
+    # unigram: each symbol 3 of 6, smoothed (3 + 0.1) / (6 + 0.2) = 0.5 -> perplexity 2
+    assert gpt.ngram_perplexity(train, val, 1, 2) == pytest.approx(2.0)
+    # bigram: 0->1 seen 3 times of 3, 1->0 2 of 2: (3.1 / 3.2) and (2.1 / 2.2)
+    expected = math.exp(-(math.log(3.1 / 3.2) + math.log(2.1 / 2.2)) / 2)
+    assert gpt.ngram_perplexity(train, val, 2, 2) == pytest.approx(expected)
+    # an unseen context falls back to the uniform 1 / V
+    assert gpt.ngram_perplexity(train, [2, 2], 2, 3) == pytest.approx(3.0)
