@@ -59,7 +59,7 @@ def build_parser():
                        help=action.help)
     p.add_argument('--seeds', type=parse_seeds, default=parse_seeds('0-2'),
                    help='seeds of the float32 and bfloat16 runs, e.g. 0-2 or 0,1,4')
-    p.add_argument('--float16-seeds', type=parse_seeds, default=parse_seeds('0-1'),
+    p.add_argument('--float16-seeds', type=parse_seeds, default=parse_seeds('0-2'),
                    help='seeds of the emulated float16 runs (fewer: a step costs about twice '
                         'float32\'s); "" for none')
     p.add_argument('--jobs', type=int, default=2, help='runs at a time (one thread each)')

@@ -217,6 +217,10 @@ def build_parser():
     p.add_argument('--max-val-windows', type=int, default=None,
                    help='cap the final evaluation at the first N windows (tests; the study '
                         'uses every window)')
+    p.add_argument('--skip-updates', type=lambda t: sorted({int(x) for x in t.split(',') if x}),
+                   default=[], help='steps (comma-separated) whose update is left out, the batch '
+                                    'consumed and its gradients discarded, as a loss-scale '
+                                    'overflow does: to measure what one skipped step costs')
     p.add_argument('--save-dir', help='where the run writes its files (required to train)')
     p.add_argument('--baselines', action='store_true',
                    help='train nothing; print the validation perplexity of character n-gram '
@@ -327,7 +331,7 @@ def train(args, log=print):
             trainer.unscale()                                # clip unscaled gradients
         gluon.utils.clip_global_norm([p.grad() for p in params], args.clip,
                                      check_isfinite=False)
-        applied = trainer.step(1)
+        applied = False if step in args.skip_updates else trainer.step(1)
         loss_value = float(loss.asscalar())
         step_times.append(time.time() - t0)
         was_skipped = applied is False
