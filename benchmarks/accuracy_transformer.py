@@ -106,9 +106,10 @@ def loss_scale_events(metrics_path):
 
     Returns a dict: ``skipped_steps`` (step numbers), ``scale_changes`` ([first step that used
     the new scale, new scale]), ``first_scale``, ``last_scale`` (the scale the last step used;
-    None without step lines).
+    None without step lines), ``nonfinite_grads`` ([step, {parameter: non-finite entries}] of
+    the skipped steps).
     """
-    skipped, changes, first, last = [], [], None, None
+    skipped, changes, first, last, overflows = [], [], None, None, []
     with open(metrics_path) as f:
         for line in f:
             r = json.loads(line)
@@ -121,8 +122,9 @@ def loss_scale_events(metrics_path):
             last = r['loss_scale']
             if r['skipped']:
                 skipped.append(r['step'])
+                overflows.append([r['step'], r.get('nonfinite_grads')])
     return {'skipped_steps': skipped, 'scale_changes': changes, 'first_scale': first,
-            'last_scale': last}
+            'last_scale': last, 'nonfinite_grads': overflows}
 
 
 def make_record(config, summary, metrics_path, wall_s, cpu_s, commit):

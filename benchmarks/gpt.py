@@ -27,7 +27,7 @@ clipping). Runs with one seed start from the same weights and see the same windo
 order, whatever the dtype.
 
 Outputs in ``--save-dir``: ``metrics.jsonl`` (one line per step: step, loss, loss_scale,
-skipped, lr; one per evaluation: step, val_loss, train_loss over the steps since the last one),
+skipped, lr, and on a skipped step ``nonfinite_grads``, {parameter: non-finite entries}; one per evaluation: step, val_loss, train_loss over the steps since the last one),
 ``summary.json`` (configuration, final validation loss and perplexity, curves, timings).
 """
 import argparse
@@ -336,11 +336,17 @@ def train(args, log=print):
         step_times.append(time.time() - t0)
         was_skipped = applied is False
         skipped += was_skipped
+        line = {'step': step, 'loss': loss_value if math.isfinite(loss_value) else None,
+                'loss_scale': scale, 'skipped': was_skipped, 'lr': float(trainer.learning_rate)}
         if not was_skipped:
             window_losses.append(loss_value)
-        metrics.write(json.dumps({'step': step, 'loss': loss_value if math.isfinite(loss_value)
-                                  else None, 'loss_scale': scale, 'skipped': was_skipped,
-                                  'lr': float(trainer.learning_rate)}) + '\n')
+        else:
+            # which gradients overflowed: {parameter: non-finite entries} (the clipping left
+            # them non-finite and zeroed the rest)
+            line['nonfinite_grads'] = {
+                p.name: int((~np.isfinite(p.grad().asnumpy())).sum()) for p in params
+                if not np.isfinite(p.grad().asnumpy()).all()}
+        metrics.write(json.dumps(line) + '\n')
         if step % args.eval_interval == 0 or step == args.steps:
             record_eval(step)
     train_s = time.time() - tic

@@ -70,6 +70,7 @@ def test_every_run_writes_its_record_with_curves_and_loss_scale_events(study):
     events = runs['gpt-float16-seed0']['loss_scale_events']
     assert events['first_scale'] == 2.0 ** 16
     assert len(events['skipped_steps']) == runs['gpt-float16-seed0']['skipped_steps']
+    assert [s for s, _ in events['nonfinite_grads']] == events['skipped_steps']
     assert runs['gpt-bfloat16-seed0']['loss_scale_events']['first_scale'] == 1.0
 
 
