@@ -28,14 +28,11 @@ import argparse
 import datetime
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 
-import numpy as np
-
-from benchmarks.accuracy import git_commit, machine, paired_ci, parse_seeds
+from benchmarks.accuracy import git_commit, machine, parse_seeds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = ('float32', 'bfloat16', 'float16')
