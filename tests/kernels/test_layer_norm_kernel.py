@@ -143,3 +143,24 @@ def test_without_a_compiler_mxnet_layer_norm_runs(tmp_path):
     assert res['library'] is None and 'LayerNorm' in res['ops'] and res['finite']
     assert any('operator library is not available' in w and 'no C++ compiler' in w
                for w in res['warnings'])
+
+
+@needs_library
+def test_a_deferred_layer_norm_takes_its_size_from_the_data():
+    # Gluon's LayerNorm without in_channels: gamma and beta reach the library op's shape
+    # inference as (-1,) and must take data's last axis (GluonNLP's decoders are built so)
+    import numpy as np
+    from mxnet import gluon
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(16, flatten=False), gluon.nn.LayerNorm())
+    net.initialize(mx.init.Xavier(), force_reinit=True)
+    x = mx.nd.array(np.random.RandomState(0).uniform(-1, 1, (2, 3, 5)))
+    mxmp.convert(net, 'bfloat16')
+    net.hybridize()
+    got = net(x)
+    rows = mxmp.explain(mxmp.converted_graph(net), 'bfloat16')
+    assert any(r.op == 'mxmp_layer_norm' for r in rows)
+    assert net[1].gamma.shape == (16,) and got.shape == (2, 3, 16)
+    out = got.asnumpy()   # normalized rows: mean 0, variance 1 (bfloat16 inputs of the norm)
+    np.testing.assert_allclose(out.mean(-1), 0, atol=1e-5)
+    np.testing.assert_allclose(out.var(-1), 1, atol=1e-3)

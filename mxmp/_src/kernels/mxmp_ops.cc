@@ -168,7 +168,10 @@ MXReturnValue ln_infer_shape(const Attrs& attrs, std::vector<std::vector<unsigne
   unsigned rows = 1;
   for (size_t i = 0; i + 1 < ds.size(); ++i) rows *= ds[i];
   for (size_t i = 1; i < 3; ++i) {
-    if (!(*in)[i].empty() && !((*in)[i].size() == 1 && (*in)[i][0] == d)) {
+    // a Gluon Parameter whose size is still deferred arrives as (-1,) (MXNet's unknown
+    // dimension, 0xFFFFFFFF here) or (0,) (the legacy unknown): it takes data's last axis
+    const bool unknown = (*in)[i].size() == 1 && ((*in)[i][0] == 0 || (*in)[i][0] == 0xFFFFFFFFu);
+    if (!(*in)[i].empty() && !unknown && !((*in)[i].size() == 1 && (*in)[i][0] == d)) {
       MX_ERROR_MSG << "mxmp_layer_norm: gamma and beta must have shape (" << d << ",)";
       return MX_FAIL;
     }
