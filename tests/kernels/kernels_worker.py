@@ -187,7 +187,7 @@ def dropout():
     for (_, a), (_, b) in zip(sorted(net.collect_params().items()),
                               sorted(ref.collect_params().items())):
         b.set_data(a.data())
-    net = mxmp.convert(net, 'bfloat16')
+    net = mxmp.convert(net, 'bfloat16', policy=mxmp.Policy('bfloat16', kernels='all'))
     ref = mxmp.convert(ref, 'bfloat16', policy=mxmp.Policy('bfloat16', kernels='mxnet'))
     net.hybridize()
     ref.hybridize()

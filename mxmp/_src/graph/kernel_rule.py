@@ -42,6 +42,10 @@ FLAG = 'kernel_flag'
 #: MXNet op -> library op.
 SUBSTITUTES = {'LayerNorm': 'mxmp_layer_norm', 'Dropout': 'mxmp_dropout',
                'softmax': 'mxmp_softmax'}
+#: Ops substituted only under ``Policy(kernels='all')``: with mxmp_dropout the transformer
+#: study's bfloat16 perplexity was +1.2% of float32's (95% interval [+0.1, +2.2], 6 seeds),
+#: with MXNet's Dropout +0.0% (docs/accuracy.md), cause not found yet.
+OPT_IN = ('Dropout',)
 #: Inputs of the MXNet op (the library op may take more: Dropout's flag).
 _N_INPUTS = {'LayerNorm': 3, 'Dropout': 1, 'softmax': 2}
 #: Inputs that get no copy: integer lengths, whose gradient is zero.
@@ -90,7 +94,8 @@ def substitute(js, policy):
             used.setdefault(src, set()).add(idx)
     for src, idx, _ in js['heads']:
         used.setdefault(src, set()).add(idx)
-    chosen = {nid for nid, n in enumerate(nodes) if _eligible(n, used.get(nid, set()))}
+    chosen = {nid for nid, n in enumerate(nodes) if _eligible(n, used.get(nid, set()))
+              and (policy.kernels == 'all' or n['op'] not in OPT_IN)}
     if not chosen:
         return js
     if os.environ.get('MXNET_EXEC_ENABLE_ADDTO', '0') not in ('', '0'):
