@@ -54,7 +54,7 @@ def build_parser():
         action = next(a for a in defaults._actions if a.dest == flag)
         p.add_argument(action.option_strings[0], type=action.type, default=action.default,
                        help=action.help)
-    p.add_argument('--seeds', type=parse_seeds, default=parse_seeds('0-2'),
+    p.add_argument('--seeds', type=parse_seeds, default=parse_seeds('0-5'),
                    help='seeds of the float32 and bfloat16 runs, e.g. 0-2 or 0,1,4')
     p.add_argument('--float16-seeds', type=parse_seeds, default=parse_seeds('0-2'),
                    help='seeds of the emulated float16 runs (fewer: a step costs about twice '
