@@ -233,10 +233,11 @@ def loss_scale_events(metrics_path):
 
     Returns a dict: ``skipped_steps`` (list of step numbers), ``scale_changes`` (list of
     [first step that used the new scale, new scale]), ``first_scale`` and ``final_scale`` (None
-    without step records).
+    without step records), ``nonfinite_grads`` ([step, {parameter: non-finite entries} or None]
+    of each skipped step, where the run logged them).
     """
     from mxmp._src.plotting import read_metrics
-    skipped, changes, first, last = [], [], None, None
+    skipped, changes, first, last, overflows = [], [], None, None, []
     for r in read_metrics(metrics_path)[0]:
         if 'loss_scale' not in r or 'skipped' not in r:
             continue
@@ -247,8 +248,9 @@ def loss_scale_events(metrics_path):
         last = r['loss_scale']
         if r['skipped']:
             skipped.append(r['step'])
+            overflows.append([r['step'], r.get('nonfinite_grads')])
     return {'skipped_steps': skipped, 'scale_changes': changes, 'first_scale': first,
-            'final_scale': last}
+            'final_scale': last, 'nonfinite_grads': overflows}
 
 
 def make_record(config, summary, metrics_path, wall_s, commit, cpu_s=None, resumed=False):
@@ -532,16 +534,22 @@ def report(records, out, log=print, command='python -m benchmarks.accuracy'):
     """Print the table, write ``OUT/table.md``, ``OUT/results.json`` and ``OUT/curves.png``;
     return the statistics (:func:`analyse`)."""
     stats = analyse(records)
-    text = format_header(records, command) + format_table(records, stats)
+    write_report(out, format_header(records, command) + format_table(records, stats), stats,
+                 lambda png: plot_curves(records, png), log)
+    return stats
+
+
+def write_report(out, text, stats, plot, log=print):
+    """Print ``text`` and write it to ``OUT/table.md``, ``stats`` to ``OUT/results.json`` and
+    ``plot(path)``'s figure to ``OUT/curves.png`` (both studies' report files)."""
     log(text)
     with open(os.path.join(out, 'table.md'), 'w') as f:
         f.write(text)
     with open(os.path.join(out, 'results.json'), 'w') as f:
         json.dump(stats, f, indent=1)
-    plot_curves(records, os.path.join(out, 'curves.png'))
-    log('written: %s, %s, %s' % tuple(os.path.join(out, n)
-                                      for n in ('table.md', 'results.json', 'curves.png')))
-    return stats
+    plot(os.path.join(out, 'curves.png'))
+    log('written: %s' % ', '.join(os.path.join(out, n)
+                                  for n in ('table.md', 'results.json', 'curves.png')))
 
 
 def recorded(args):

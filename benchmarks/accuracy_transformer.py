@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks import accuracy
 from benchmarks.accuracy import git_commit, machine, parse_seeds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,22 +107,9 @@ def loss_scale_events(metrics_path):
     None without step lines), ``nonfinite_grads`` ([step, {parameter: non-finite entries}] of
     the skipped steps).
     """
-    skipped, changes, first, last, overflows = [], [], None, None, []
-    with open(metrics_path) as f:
-        for line in f:
-            r = json.loads(line)
-            if 'loss_scale' not in r:
-                continue
-            if first is None:
-                first = r['loss_scale']
-            elif r['loss_scale'] != last:
-                changes.append([r['step'], r['loss_scale']])
-            last = r['loss_scale']
-            if r['skipped']:
-                skipped.append(r['step'])
-                overflows.append([r['step'], r.get('nonfinite_grads')])
-    return {'skipped_steps': skipped, 'scale_changes': changes, 'first_scale': first,
-            'last_scale': last, 'nonfinite_grads': overflows}
+    events = accuracy.loss_scale_events(metrics_path)
+    events['last_scale'] = events.pop('final_scale')   # the name this study's records use
+    return events
 
 
 def make_record(config, summary, metrics_path, wall_s, cpu_s, commit):

@@ -1,13 +1,12 @@
 """The report of the transformer accuracy study (:mod:`benchmarks.accuracy_transformer`): the
 perplexity table, the paired relative differences with their 95% interval, the loss-scale events,
 the cost per run, and the curves of every run in one PNG."""
-import json
 import math
 import os
 
 import numpy as np
 
-from benchmarks.accuracy import paired_ci
+from benchmarks.accuracy import paired_ci, write_report
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 COLOURS = {'float32': 'tab:blue', 'bfloat16': 'tab:orange', 'float16': 'tab:green'}
@@ -201,13 +200,6 @@ def report(records, out, log=print, command='python -m benchmarks.accuracy_trans
     """Print the tables, write ``OUT/table.md``, ``OUT/results.json`` and ``OUT/curves.png``;
     return the statistics (:func:`analyse`)."""
     stats = analyse(records)
-    text = format_header(records, command) + format_table(records, stats)
-    log(text)
-    with open(os.path.join(out, 'table.md'), 'w') as f:
-        f.write(text)
-    with open(os.path.join(out, 'results.json'), 'w') as f:
-        json.dump(stats, f, indent=1)
-    plot_curves(records, os.path.join(out, 'curves.png'))
-    log('written: %s' % ', '.join(os.path.join(out, n)
-                                  for n in ('table.md', 'results.json', 'curves.png')))
+    write_report(out, format_header(records, command) + format_table(records, stats), stats,
+                 lambda png: plot_curves(records, png), log)
     return stats
