@@ -35,7 +35,7 @@ logger = logging.getLogger('mxmp.gluon')
 
 _CONVERTED = weakref.WeakKeyDictionary()   # block -> Conversion (mxmp.convert)
 _BUILT = weakref.WeakKeyDictionary()       # block -> BuiltGraph of its current graph
-_ACCUMULATING = weakref.WeakKeyDictionary()  # block -> its grad_req='add' Parameter names then
+_ACCUMULATING = weakref.WeakKeyDictionary()  # block -> (Parameters, grad_req='add' names) at build
 _GLOBAL = [None]                           # the Conversion of mxmp.amp.init, or None
 _ORIGINAL = {}                             # method name -> MXNet's function
 _LOCAL = threading.local()                 # imperative call depth (the amp.init warning);
@@ -185,11 +185,14 @@ def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True):
     if built is not None and built.symbol is sym:
         return
     built = rewrite(block, conversion, inputs, sym, args, ctx, keep_unrounded)
-    _ACCUMULATING[block] = accumulating = _accumulating(block)
+    params = tuple(block.collect_params().values())
+    accumulating = _accumulating(params)
+    _ACCUMULATING[block] = params, accumulating
     if accumulating:   # MXNet's cast backward ignores grad_req='add' (graph/accumulate.py)
         # imported here: only graphs with accumulating Parameters need it, and import mxmp
         # stays within its module budget (tests/test_source_layout.py)
-        from .graph.accumulate import guard_accumulated_grads  # pylint: disable=import-outside-toplevel
+        # pylint: disable-next=import-outside-toplevel
+        from .graph.accumulate import guard_accumulated_grads
         built.symbol = guard_accumulated_grads(built.symbol, accumulating)
     if conversion is _GLOBAL[0]:
         for param in block.collect_params().values():
@@ -211,14 +214,16 @@ def _build_cache(self, *args):
         cast_deferred(self.collect_params().values())
 
 
-def _accumulating(block):
-    """The names of ``block``'s Parameters whose gradients accumulate (grad_req 'add')."""
-    return frozenset(p.name for p in block.collect_params().values() if p.grad_req == 'add')
+def _accumulating(params):
+    """The names of the Parameters ``params`` whose gradients accumulate (grad_req 'add')."""
+    return frozenset(p.name for p in params if p.grad_req == 'add')
 
 
 def _call_cached_op(self, *args):
-    if self._cached_op is not None and self in _ACCUMULATING and \
-            _ACCUMULATING[self] != _accumulating(self):
+    # the Parameters kept at the build, not collect_params() (a walk of the block) per call
+    accumulating = _ACCUMULATING.get(self)
+    if self._cached_op is not None and accumulating is not None and \
+            accumulating[1] != _accumulating(accumulating[0]):
         self._clear_cached_op()   # grad_req changed since the graph was built: guard anew
     if self._cached_op is None and _applies(self) is not None:
         _LOCAL.inference_call = not autograd.is_recording()
