@@ -36,6 +36,13 @@ Modes (``--dtype`` is the target dtype, ``bfloat16`` by default):
   own kernels where mxmp's operator library would run (LayerNorm), to measure that lever.
 * ``mxmp_mxnet_fold`` (inference only, run only when named): ``mxmp`` with
   ``fold_batchnorm=False`` (MXNet folds BatchNorm into the fused convolutions itself).
+* ``float32_grad_null`` (inference only, run only when named): ``float32`` with every
+  Parameter's ``grad_req='null'`` (no gradient arrays): the float32 reference of an
+  inference-only process.
+* ``mxmp_freeze`` and ``mxmp_freeze_unfused`` (inference only, run only when named):
+  ``mxmp.convert`` (``fuse_inference='auto'``, resp. False), hybridized like the others, then
+  ``mxmp.freeze(net, *batch)``: the inference-only network with one array per weight (the
+  conversion time includes the freeze and its first call).
 
 The limit (:mod:`benchmarks.peak`, :mod:`benchmarks.flops`): once per repeat a process measures
 the GEMM peak (``--gemm-size`` cubed, default 2048, float32 and the target dtype, same threads);

@@ -22,7 +22,7 @@ def bar_chart(report, path):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     rows, cfg = report['rows'], report['config']
-    colors = dict(zip(MODES, plt.get_cmap('tab10').colors))
+    colors = dict(zip(MODES, plt.get_cmap('tab20').colors))   # one colour per mode (<= 20)
     phases = chart_phases(rows)
     fig, axes = plt.subplots(2, len(phases), figsize=(6 * len(phases), 7.5), squeeze=False)
     batches = cfg['batch_size']

@@ -13,6 +13,7 @@ TRANSFORMER_MODEL_NAMES = ('transformer_nmt', 'transformer_tiny')
 MODES = {
     'float32': ('float32', ('train', 'infer')),
     'float32_fused': ('float32, oneDNN-fused', ('infer',)),
+    'float32_grad_null': ("float32, grad_req='null'", ('infer',)),
     'contrib_amp': ('contrib.amp {dtype}', ('train', 'infer')),
     'contrib_amp_cast_params': ('contrib.amp {dtype}, cast_optional_params', ('infer',)),
     'contrib_amp_fp32_attention': ('contrib.amp {dtype}, attention and Dropout in float32',
@@ -23,13 +24,18 @@ MODES = {
     'mxmp_cast_params_unfused': ('mxmp {dtype}, cast_params, fuse_inference=False', ('infer',)),
     'mxmp_mxnet_kernels': ("mxmp {dtype}, MXNet's kernels only", ('train', 'infer')),
     'mxmp_mxnet_fold': ('mxmp {dtype}, fold_batchnorm=False', ('infer',)),
+    'mxmp_freeze': ('mxmp {dtype}, mxmp.freeze', ('infer',)),
+    'mxmp_freeze_unfused': ('mxmp {dtype}, mxmp.freeze, fuse_inference=False', ('infer',)),
 }
 #: Modes run unless --modes says otherwise (the unfused modes, mxmp_mxnet_kernels and
 #: mxmp_mxnet_fold measure levers, opt-in: oneDNN's fused FullyConnected keeps its own copy of
-#: each weight; contrib_amp_fp32_attention is the workaround for GluonNLP's attention, BERT only).
+#: each weight; contrib_amp_fp32_attention is the workaround for GluonNLP's attention, BERT only;
+#: float32_grad_null and the mxmp.freeze modes measure inference-only memory).
 DEFAULT_MODES = [m for m in MODES if m not in ('mxmp_unfused', 'mxmp_cast_params_unfused',
                                                'contrib_amp_fp32_attention',
-                                               'mxmp_mxnet_kernels', 'mxmp_mxnet_fold')]
+                                               'mxmp_mxnet_kernels', 'mxmp_mxnet_fold',
+                                               'float32_grad_null', 'mxmp_freeze',
+                                               'mxmp_freeze_unfused')]
 #: The same for the BERT models: contrib.amp as is (fails on GluonNLP's attention, reported as
 #: a failed row) and with the attention matmuls kept in float32; no cast_params variants.
 BERT_DEFAULT_MODES = ['float32', 'float32_fused', 'contrib_amp', 'contrib_amp_fp32_attention',

@@ -84,7 +84,7 @@ class _Child:
             step()
             mx.nd.waitall()
         self.count_graph(net)
-        if spec['mode'].startswith('mxmp'):
+        if spec['mode'].startswith('mxmp') and 'freeze' not in spec['mode']:
             res['fused'] = self.mxmp._src.gluon.fused_graph(net) is not None
         if spec.get('profile'):
             return self.profile(step)
@@ -268,11 +268,13 @@ class _Child:
         xs, _ = self.data(spec['batch_size'])
         net = self.new_net()
         hybridize = dict(static_alloc=True, static_shape=True)
-        if mode in ('float32', 'float32_fused'):
+        if mode in ('float32', 'float32_fused', 'float32_grad_null'):
             res['conversion_s'] = 0.0
             res['fused'] = mode == 'float32_fused'
             if res['fused']:  # the fastest float32 inference a user can have
                 hybridize['backend'] = 'MKLDNN'
+            if mode == 'float32_grad_null':   # an inference-only process: no gradient arrays
+                net.collect_params().setattr('grad_req', 'null')
         elif mode in CONTRIB_AMP_MODES:
             from mxnet.contrib import amp
             # convert_hybrid_block needs a hybridized block that ran forward once (float32).
@@ -294,9 +296,19 @@ class _Child:
                                     fuse_inference=False if mode.endswith('_unfused') else 'auto',
                                     kernels='mxnet' if mode == 'mxmp_mxnet_kernels' else 'auto',
                                     fold_batchnorm=mode != 'mxmp_mxnet_fold')
+        elif mode in ('mxmp_freeze', 'mxmp_freeze_unfused'):
+            net = self.convert_mxmp(net, cast_params=False,
+                                    fuse_inference=False if mode.endswith('_unfused') else 'auto')
+            net.hybridize(**hybridize)
+            start = time.perf_counter()
+            net = mxmp.freeze(net, *xs)   # hybridized with the block's flags, called once
+            res['conversion_s'] += time.perf_counter() - start
+            res['fused'] = mxmp._src.gluon_graph.count_fused(net._cached_graph[1]) > 0
+            hybridize = None
         else:
             raise BenchmarkError('mode %r has no inference phase' % mode)
-        net.hybridize(**hybridize)
+        if hybridize is not None:
+            net.hybridize(**hybridize)
 
         def step():
             net(*next_batch()[0])

@@ -41,6 +41,7 @@ _ON_FIRST_USE = {
     'check_kernels': 'mxmp._src.conformance.check',
     'KernelReport': 'mxmp._src.policy.kernel_report',
     'load_kernel_report': 'mxmp._src.policy.kernel_report',
+    'freeze': 'mxmp._src.freeze',
     'check_alignment': 'mxmp._src.alignment',
     'format_alignment': 'mxmp._src.alignment',
     'Misalignment': 'mxmp._src.alignment',
@@ -58,7 +59,7 @@ def __getattr__(name):
     raise AttributeError('module mxmp has no attribute %r' % name)
 
 
-__all__ = ['convert', 'converted_graph', 'remove_hooks', 'convert_symbol', 'remove_casts', 'count_casts',
+__all__ = ['convert', 'converted_graph', 'freeze', 'remove_hooks', 'convert_symbol', 'remove_casts', 'count_casts',
            'explain', 'format_explain', 'Policy', 'AmpListConflict', 'normalize_dtype',
            'lp_kernels_available', 'Trainer', 'LossScaler', 'DynamicLossScaler',
            'StaticLossScaler', 'NoOpLossScaler', 'make_loss_scaler', 'LossScaleGroup',

@@ -5,9 +5,10 @@ switch of :func:`mxmp.amp.init`.
 :func:`convert` or ``amp.init``; ``import mxmp`` patches nothing) replaces these methods with
 wrappers that call the originals: ``HybridBlock._build_cache`` (the traced graph of a converted
 block goes through the pass, :func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op``
-(grouped weights back to the default layout; the fused inference twin), ``forward`` (a converted
-block that is not hybridized raises; under ``amp.init`` an imperative call warns once),
-``export``/``save_parameters``/``load_parameters`` (files plain MXNet loads, float32), and
+(grouped weights back to the default layout; the fused inference twin; calls :func:`mxmp.freeze`
+forbids), ``forward`` (a converted block that is not hybridized raises; under ``amp.init`` an
+imperative call warns once), ``export``/``save_parameters``/``load_parameters`` (files plain
+MXNet loads: float32, a frozen block's as it runs), and
 ``Parameter.set_data`` (fused graphs are rebuilt). :func:`remove_hooks` puts MXNet's methods back
 and forgets every conversion. Which blocks are converted is kept here, in weak dictionaries
 keyed by the block or Parameter: nothing is stamped on MXNet's objects but contrib.amp's own
@@ -25,17 +26,21 @@ from mxnet.gluon.block import _flatten, _regroup
 from .graph.convert import convert_symbol
 from .graph.strip import float32_arrays, remove_casts
 from .graph.stem import check_option as check_pad_stem
-from .gluon_graph import PARAM_POLICY, Conversion, cast_deferred, cast_to_graph, rewrite
+from .gluon_graph import (PARAM_POLICY, Conversion, cast_deferred, cast_to_graph, rewrite,
+                          unrounded_values)
 from .policy.policy import resolve_policy
 
 __all__ = ['convert', 'converted_graph', 'fused_graph', 'set_global', 'install_hooks',
-           'remove_hooks', 'attach_trainer_loss_scaler']
+           'remove_hooks', 'attach_trainer_loss_scaler', 'conversion_of', 'release_built',
+           'mark_frozen', 'check_frozen']
 
 logger = logging.getLogger('mxmp.gluon')
 
 _CONVERTED = weakref.WeakKeyDictionary()   # block -> Conversion (mxmp.convert)
 _BUILT = weakref.WeakKeyDictionary()       # block -> BuiltGraph of its current graph
 _ACCUMULATING = weakref.WeakKeyDictionary()  # block -> (Parameters, grad_req='add' names) at build
+_FROZEN = weakref.WeakKeyDictionary()      # block made by mxmp.freeze -> name of its source
+_CONSUMED = weakref.WeakKeyDictionary()    # block mxmp.freeze took the arrays of -> True
 _GLOBAL = [None]                           # the Conversion of mxmp.amp.init, or None
 _ORIGINAL = {}                             # method name -> MXNet's function
 _LOCAL = threading.local()                 # imperative call depth (the amp.init warning);
@@ -168,6 +173,36 @@ def _cast_params_now(block, policy):
     cast_to_graph(block.collect_params(), converted)
 
 
+def conversion_of(block):
+    """The :class:`Conversion` :func:`convert` gave ``block``, or None."""
+    return _CONVERTED.get(block)
+
+
+def release_built(block):
+    """Forget the graphs (cached ops, fused twins) of ``block`` and its children and the
+    float32 values kept for master weights: :func:`mxmp.freeze` takes its arrays next."""
+    for child in [b for b in list(_BUILT.keys()) + [block] if b is block or b in _CONVERTED]:
+        built = _BUILT.pop(child, None)
+        if built is not None and built.fused is not None:
+            built.fused.reset()
+        child._clear_cached_op()
+    for param in block.collect_params().values():
+        unrounded_values(param)   # taken and dropped
+
+
+def mark_frozen(block, frozen):
+    """``frozen`` (a SymbolBlock) is :func:`mxmp.freeze`'s network made from ``block``: it
+    refuses training calls, ``block`` and its children every call (:func:`check_frozen`)."""
+    _FROZEN[frozen] = block.name
+    block.apply(lambda child: _CONSUMED.__setitem__(child, block.name))
+
+
+def check_frozen(block):
+    """Raise RuntimeError for a call :func:`mxmp.freeze` forbids (``freeze.check_call``)."""
+    from .frozen_calls import check_call   # only once mxmp.freeze ran
+    check_call(block, _CONSUMED.get(block), _FROZEN.get(block))
+
+
 def _applies(block):
     """The Conversion for ``block``'s graph: its own, else the switch's (not for SymbolBlocks,
     whose graph was not built by operators, as with contrib.amp's init)."""
@@ -203,9 +238,8 @@ def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True):
 
 def _build_cache(self, *args):
     conversion = _applies(self)
-    # Built by an inference call: the call drops the float32 values kept for master weights
-    # right after (BuiltGraph.before_call), so the casts need not keep them. Any other build
-    # (a training call, HybridBlock.optimize_for) keeps them.
+    # Built by an inference call: it drops the float32 values kept for master weights right
+    # after (BuiltGraph.before_call). Other builds (training, optimize_for) keep them.
     keep = not getattr(_LOCAL, 'inference_call', False)
     if conversion is not None:
         _convert_graph(self, conversion, args, keep_unrounded=keep)
@@ -220,6 +254,8 @@ def _accumulating(params):
 
 
 def _call_cached_op(self, *args):
+    if _CONSUMED or _FROZEN:
+        check_frozen(self)
     # the Parameters kept at the build, not collect_params() (a walk of the block) per call
     accumulating = _ACCUMULATING.get(self)
     if self._cached_op is not None and accumulating is not None and \
@@ -273,16 +309,16 @@ def _forward(self, x, *args):
 
 
 def _export(self, path, epoch=0, remove_amp_cast=True):
+    if self in _FROZEN:   # its casts and stored dtypes are the graph (mxmp.freeze)
+        return _ORIGINAL['export'](self, path, epoch, remove_amp_cast=False)
     built = _BUILT.get(self)
     if built is None or not self._cached_graph or built.symbol is not self._cached_graph[1]:
         return _ORIGINAL['export'](self, path, epoch, remove_amp_cast)
     _ORIGINAL['export'](self, path, epoch, remove_amp_cast=False)
-    if not remove_amp_cast:
-        return None
-    remove_casts(self._cached_graph[1]).save('%s-symbol.json' % path)
-    params_file = '%s-%04d.params' % (path, epoch)
-    mx.nd.save(params_file, float32_arrays(mx.nd.load(params_file)))
-    return None
+    if remove_amp_cast:
+        remove_casts(self._cached_graph[1]).save('%s-symbol.json' % path)
+        params_file = '%s-%04d.params' % (path, epoch)
+        mx.nd.save(params_file, float32_arrays(mx.nd.load(params_file)))
 
 
 def _save_parameters(self, filename, deduplicate=False, dtype='float32'):
@@ -348,6 +384,8 @@ def remove_hooks():
     _CONVERTED.clear()
     _BUILT.clear()
     _ACCUMULATING.clear()
+    _FROZEN.clear()
+    _CONSUMED.clear()
     PARAM_POLICY.clear()
     _GLOBAL[0] = None
 

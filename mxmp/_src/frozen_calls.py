@@ -1,0 +1,24 @@
+"""The calls an inference-only network of :func:`mxmp.freeze` refuses, and their errors
+(checked by the hook module, :mod:`mxmp._src.gluon`, on every call once a network was frozen).
+"""
+from mxnet import autograd
+
+__all__ = ['check_call']
+
+
+def check_call(block, consumed_from, frozen_from):
+    """Raise RuntimeError for a call of ``block`` (a HybridBlock) that :func:`mxmp.freeze` forbids:
+    any call of a block it consumed (``consumed_from``: the name of the block frozen, else
+    None), a training call (``autograd.record()`` or ``train_mode()``) of one it made
+    (``frozen_from``: the name of its source, else None)."""
+    if consumed_from is not None:
+        raise RuntimeError(
+            '%s was frozen by mxmp.freeze (with %s): its arrays moved into the block '
+            'mxmp.freeze returned, call that one. To train, build the network anew and load its '
+            'float32 checkpoint (saved before freezing).' % (block.name, consumed_from))
+    if frozen_from is not None and (autograd.is_recording() or autograd.is_training()):
+        raise RuntimeError(
+            '%s is the inference-only network mxmp.freeze made from %s (no gradients, BatchNorm '
+            'folded): it cannot run under autograd.record() or train_mode(). To train, build '
+            'the network anew, load its float32 checkpoint and mxmp.convert it.'
+            % (block.name, frozen_from))
