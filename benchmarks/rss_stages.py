@@ -11,6 +11,7 @@ optimizer state, counted from the arrays themselves. Training stages: each step'
 backward and update separately (each waited for). Inference: the first call, then
 ``--iters`` more.
 
+``--freeze`` (inference) runs :func:`mxmp.freeze` on the converted network before the calls.
 ``--allocated`` adds the peak of MXNet's own allocations (``mx.profiler`` memory profile) at
 the end. Set environment variables (``MXNET_MKLDNN_CACHE_NUM``...) on the command line to try
 one lever per process. One process, one configuration; memory does not depend on the load of
@@ -109,6 +110,8 @@ def main(argv=None):
                    help="inference: the Parameters' grad_req, set before the first call "
                         "('null': no gradient arrays, as an inference-only process would; "
                         "default 'write', as the benchmark's inference rows)")
+    p.add_argument('--freeze', action='store_true',
+                   help='inference: mxmp.freeze the converted network (first batch) first')
     p.add_argument('--excluded-names', nargs='*', default=(),
                    help='mxmp modes: graph nodes kept in float32 (Policy.excluded_names), e.g. '
                         "the encoder-decoder's output layer seq2seq_out_fwd")
@@ -166,6 +169,11 @@ def main(argv=None):
                            fuse_inference='auto' if args.fuse_inference == 'auto' else False)
         mark('converted', net)
     net.hybridize(static_alloc=True, static_shape=True)
+    if args.freeze:
+        if args.mode == 'float32' or args.phase != 'infer':
+            p.error('--freeze is for the inference of an mxmp mode')
+        net = mxmp.freeze(net, *batches[0][0])
+        mark('frozen (and called once)', net)
     opt = {'learning_rate': LEARNING_RATE, 'momentum': MOMENTUM}
     if args.phase == 'infer':
         for k in range(args.steps):

@@ -205,3 +205,28 @@ def test_exported_frozen_network_runs_in_plain_mxnet(tmp_path):
     path = str(tmp_path / 'frozen')
     run_python(_EXPORT, path, 'save', Path(__file__).parent)
     assert float(run_python(_EXPORT, path, 'load')) == 0.0
+
+
+def test_benchmark_reports_the_inference_only_modes(tmp_path):
+    pytest.importorskip('gluoncv')
+    out = tmp_path / 'bench'
+    proc = subprocess.run(
+        [sys.executable, str(REPO / 'scripts' / 'benchmark.py'), '--model', 'cifar_resnet20_v1',
+         '--classes', '10', '--input-size', '32', '--batch-size', '2', '--phases', 'infer',
+         '--modes', 'float32_grad_null', 'mxmp_freeze', 'mxmp_freeze_unfused', '--warmup', '1',
+         '--iters', '5', '--repeats', '1', '--loss-steps', '0', '--threads', '1',
+         '--gemm-size', '0', '--output-dir', str(out)],
+        cwd=str(REPO), capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', '')))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r['mode']: r for r in json.loads((out / 'benchmark.json').read_text())['rows']}
+    assert sorted(rows) == ['float32', 'float32_grad_null', 'mxmp_freeze', 'mxmp_freeze_unfused']
+    for mode, row in rows.items():
+        assert row['status'] == 'ok' and row['peak_rss_mib'] > 0, (mode, row.get('error'))
+    assert rows['mxmp_freeze']['fused'] == KERNELS
+    assert rows['mxmp_freeze_unfused']['fused'] is False
+    # the unfused frozen graph's layers: bfloat16 on the real kernels (emulated: float32 ops)
+    dtype = 'bfloat16' if KERNELS else 'float32'
+    assert rows['mxmp_freeze_unfused']['layer_dtypes'] == {
+        'Convolution': {dtype: 21}, 'FullyConnected': {dtype: 1}}, rows['mxmp_freeze_unfused']
+    assert 'mxmp.freeze' in (out / 'benchmark.md').read_text()
