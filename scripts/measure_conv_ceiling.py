@@ -5,7 +5,8 @@ One child process (``DNNL_VERBOSE=1``, one thread) runs, in this order:
 1. mxmp's default fused bfloat16 inference of GluonCV ``resnet50_v1`` (``mxmp.convert`` +
    ``hybridize(static_alloc=True, static_shape=True)``; ``--cast-params`` for
    ``cast_params=True``; ``--input-dtype bfloat16`` feeds a bfloat16 batch, so the graph has
-   no input cast), ``--calls`` timed calls after 2 warm-up calls;
+   no input cast; ``--fuse-inference off`` the unfused graph; ``--freeze`` the network of
+   ``mxmp.freeze``), ``--calls`` timed calls after 2 warm-up calls;
 2. each convolution's GEMM equivalent as a bfloat16 ``FullyConnected(x, w, no_bias=True)``
    (oneDNN's inner product, the kernel of the benchmark's peak): M = batch x output pixels,
    K = input channels x kernel taps, N = output channels, the same FLOP as the convolution
@@ -70,11 +71,14 @@ def child(args):
     net = get_model('resnet50_v1', pretrained=False, classes=1000)
     net.initialize(mx.init.Xavier(magnitude=2))
     shape = (args.batch_size, 3, 224, 224)
-    mxmp.convert(net, 'bfloat16', cast_params=args.cast_params)
+    mxmp.convert(net, 'bfloat16', cast_params=args.cast_params,
+                 fuse_inference=args.fuse_inference == 'auto' and 'auto')
     net.hybridize(static_alloc=True, static_shape=True)
     x = mx.nd.random.uniform(-1, 1, shape=shape)
     if args.input_dtype == 'bfloat16':
         x = mx.nd.amp_cast(x, dtype=bf16)
+    if args.freeze:
+        net = mxmp.freeze(net, x)
     for _ in range(2):
         net(x).wait_to_read()
     for i in range(args.calls):
@@ -191,6 +195,9 @@ def main(argv=None):
     p.add_argument('--batch-size', type=int, default=16)
     p.add_argument('--calls', type=int, default=5, help='timed calls of each kind (best kept)')
     p.add_argument('--cast-params', action='store_true', help='mxmp.convert(cast_params=True)')
+    p.add_argument('--fuse-inference', choices=('auto', 'off'), default='auto',
+                   help="mxmp.convert's fuse_inference ('off': False)")
+    p.add_argument('--freeze', action='store_true', help='run mxmp.freeze(net, batch) first')
     p.add_argument('--input-dtype', choices=('float32', 'bfloat16'), default='float32')
     p.add_argument('--log', help='keep the DNNL_VERBOSE log here')
     p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)

@@ -39,6 +39,10 @@ def freeze(block, *inputs):
       :func:`mxmp.convert`; :mod:`mxmp._src.graph.fold`);
     - the weights of low-precision layers stored in the target dtype (as ``cast_params=True``
       stores them) and the others (BatchNorm, LayerNorm, embeddings) in float32;
+    - every node computed from weights alone (GluonNLP's concatenation of the query, key and
+      value weights and its cast, the stem padding, the operator library's input copies)
+      computed once into a variable, unless its value is larger than its inputs
+      (:mod:`mxmp._src.graph.constants`);
     - no gradient arrays (``grad_req='null'``) and no float32 master weights;
     - MXNet's oneDNN fusion (``hybridize(backend='MKLDNN')``) where the conversion's
       ``fuse_inference`` fuses (``'auto'``: on a CPU with the real low-precision kernels). A
@@ -46,13 +50,17 @@ def freeze(block, *inputs):
       blocked layout; with ``mxmp.convert(..., fuse_inference=False)`` the frozen graph is not
       fused and those copies do not exist (the least memory; docs/benchmark.md).
 
-    It is hybridized with the block's own flags (``static_alloc``...) and called once on
-    ``inputs`` before it is returned (deferred shapes are resolved then; if MXNet refuses the
-    fusion, one warning is logged and the unfused frozen graph runs).
+    It is hybridized with the block's own flags (``static_alloc``...; a later ``hybridize()``
+    without ``backend='MKLDNN'`` drops the fusion) and called once on ``inputs`` before it is
+    returned; if MXNet refuses the fusion, one warning is logged and the unfused frozen graph
+    runs. Its outputs come as MXNet's SymbolBlock gives them (one array, or a flat list). The
+    heap memory the released float32 arrays leave is given back to the system (glibc's
+    ``malloc_trim``).
 
-    **The block itself is consumed**: each of its Parameters gives up its array (and gradient)
-    as soon as the frozen copy is made, so that the network never exists twice in memory
-    (BERT-base: its 418 MiB of float32 weights). Calling it afterwards raises RuntimeError.
+    **The block itself is consumed**: its gradients are dropped first (deferred Parameters
+    never get any), then each Parameter is initialized if deferred and gives up its array as
+    soon as the frozen copy is made, one at a time, so that the network never exists twice in
+    memory (BERT-base: 418 MiB of float32 weights). Calling it afterwards raises RuntimeError.
     Save its float32 checkpoint first (``block.save_parameters``) if it will be trained again.
 
     Args:
@@ -66,9 +74,11 @@ def freeze(block, *inputs):
     Returns:
         mxnet.gluon.SymbolBlock: the inference-only network. Its outputs are float32 (as the
         converted block's); calling it under ``autograd.record()`` or
-        ``autograd.train_mode()`` raises RuntimeError (it has no gradients and its BatchNorms
-        are folded), as does ``export``/``save_parameters`` with float32 files asked for
-        (it holds rounded, folded weights: save the float32 checkpoint before freezing).
+        ``autograd.train_mode()`` raises RuntimeError naming the fix (it has no gradients
+        and its BatchNorms are folded). ``export(path)`` writes its graph with the casts and
+        the stored dtypes whatever ``remove_amp_cast`` says (they are the frozen graph), which
+        plain MXNet's ``SymbolBlock.imports`` runs; its weights are rounded and folded, so
+        save the float32 checkpoint before freezing to keep one.
 
     Raises:
         TypeError: ``block`` is not a HybridBlock, or an input is not an NDArray.
