@@ -19,6 +19,7 @@ from .graph.convert import convert_symbol
 from .graph.fold import fold_batchnorm, folded_values
 from .graph.kernel_rule import inference_only
 from .graph.stem import pad_stem, wants_padding
+from .graph.strip import remove_casts
 from .graph.symbol_json import cast_param_names, dump, load
 from .gluon_graph import BACKEND, count_fused, unsafe_outputs
 
@@ -118,7 +119,7 @@ def freeze(block, *inputs):
     ctx = inputs[0].context
     hooks.release_built(block)   # its graphs, fused twin and float32 master values
     graph, names, folds = _frozen_graph(block, conversion, inputs, ctx)
-    data_names = _input_names(inputs)
+    data_names = input_names(block, inputs)
     if any(p._deferred_init for p in params.values()):
         block._deferred_infer_shape(*inputs)   # shapes only: arrays are made one at a time
     frozen_params = _move_parameters(params, graph, names, folds, conversion, ctx, data_names)
@@ -161,8 +162,11 @@ def _return_freed_memory():
         pass
 
 
-def _input_names(inputs):
-    """The data variable names Gluon gives a block's inputs (``HybridBlock._get_graph``)."""
+def input_names(block, inputs):
+    """The names of ``block``'s data variables: a SymbolBlock's own, else those Gluon gives a
+    traced block's inputs (``HybridBlock._get_graph``)."""
+    if isinstance(block, gluon.SymbolBlock):
+        return [v.name for v in block._cached_graph[0]]
     return ['data'] if len(inputs) == 1 else ['data%d' % i for i in range(len(inputs))]
 
 
@@ -189,11 +193,15 @@ def _fuses(conversion, graph, ctx):
 def _frozen_graph(block, conversion, inputs, ctx):
     """(Symbol, low-precision variable names, folds) of the inference graph: the block traced
     in float32 (predict mode), BatchNorms folded, converted with ``cast_params=True``."""
-    names = _input_names(inputs)
-    block._clear_cached_op()
-    with autograd.predict_mode():
-        out = block(*[mx.sym.var(n) for n in names])
-    sym = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
+    names = input_names(block, inputs)
+    if isinstance(block, gluon.SymbolBlock):
+        # its fixed graph, which mxmp.convert rewrote in place: the float32 graph back
+        sym = remove_casts(block._cached_graph[1])
+    else:
+        block._clear_cached_op()
+        with autograd.predict_mode():
+            out = block(*[mx.sym.var(n) for n in names])
+        sym = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
     policy = conversion.policy.on(ctx)
     folds = []
     if conversion.fold_batchnorm:

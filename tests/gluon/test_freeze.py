@@ -300,3 +300,22 @@ def test_frozen_bert_folds_its_weight_only_nodes_and_matches_the_converted_block
         assert len(consts) == 14 and sum('_copy' in n for n in consts) == 10, consts
         if KERNELS:
             assert sum('amp_cast_bfloat16' in n for n in consts) == 4, consts
+
+
+def test_a_converted_symbolblock_freezes_from_its_float32_graph(tmp_path):
+    net = small_net(6)
+    net.hybridize()
+    x = data()
+    ref = net(x).asnumpy()
+    net.export(str(tmp_path / 'net'))
+    block = gluon.SymbolBlock.imports(str(tmp_path / 'net-symbol.json'), ['data'],
+                                      str(tmp_path / 'net-0000.params'))
+    converted = mxmp.convert(block, 'bfloat16')(x).asnumpy()
+    frozen = mxmp.freeze(block, x)
+    got = frozen(x).asnumpy()
+    # folded: made from the float32 graph, not from the converted one
+    assert not [n for n in frozen.collect_params().keys() if 'batchnorm' in n]
+    assert 'BatchNorm' not in ops_of(frozen)
+    assert np.abs(got - ref).max() / np.abs(ref).max() < FROZEN_REL
+    if KERNELS:
+        assert np.abs(got - converted).max() == 0.0
