@@ -77,9 +77,9 @@ def freeze(block, *inputs):
         converted block's); calling it under ``autograd.record()`` or
         ``autograd.train_mode()`` raises RuntimeError naming the fix (it has no gradients
         and its BatchNorms are folded). ``export(path)`` writes its graph with the casts and
-        the stored dtypes whatever ``remove_amp_cast`` says (they are the frozen graph), which
-        plain MXNet's ``SymbolBlock.imports`` runs; its weights are rounded and folded, so
-        save the float32 checkpoint before freezing to keep one.
+        the stored dtypes (they are the frozen graph; ``remove_amp_cast=True`` raises
+        ValueError), which plain MXNet's ``SymbolBlock.imports`` runs; its weights are rounded
+        and folded, so save the float32 checkpoint before freezing to keep one.
 
     Raises:
         TypeError: ``block`` is not a HybridBlock, or an input is not an NDArray.

@@ -1,9 +1,10 @@
 """The calls an inference-only network of :func:`mxmp.freeze` refuses, and their errors
-(checked by the hook module, :mod:`mxmp._src.gluon`, on every call once a network was frozen).
+(checked by the hook module, :mod:`mxmp._src.gluon`, on every call once a network was frozen),
+and its ``export``.
 """
 from mxnet import autograd
 
-__all__ = ['check_call']
+__all__ = ['check_call', 'export_frozen']
 
 
 def check_call(block, consumed_from, frozen_from):
@@ -22,3 +23,21 @@ def check_call(block, consumed_from, frozen_from):
             'folded): it cannot run under autograd.record() or train_mode(). To train, build '
             'the network anew, load its float32 checkpoint and mxmp.convert it.'
             % (block.name, frozen_from))
+
+
+def export_frozen(block, path, epoch, remove_amp_cast, export):
+    """``block.export(path, epoch)`` of a network :func:`mxmp.freeze` made, through MXNet's
+    ``export`` (the function ``export``): its graph with its casts and its stored dtypes,
+    which plain MXNet's ``SymbolBlock.imports`` runs.
+
+    Raises:
+        ValueError: ``remove_amp_cast=True`` was asked for: without its casts the graph would
+            feed bfloat16 weights to float32 inputs (only None, MXNet's default, or False).
+    """
+    if remove_amp_cast:
+        raise ValueError(
+            '%s is a network mxmp.freeze made: its casts and stored dtypes are its graph, so '
+            'export(path) writes them (plain MXNet runs the files); remove_amp_cast=True would '
+            'write a graph that cannot run. For a float32 model, export the float32 network '
+            'before freezing.' % block.name)
+    return export(block, path, epoch, remove_amp_cast=False)

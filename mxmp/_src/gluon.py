@@ -179,8 +179,7 @@ def conversion_of(block):
 
 
 def release_built(block):
-    """Forget the graphs (cached ops, fused twins) of ``block`` and its children and the
-    float32 values kept for master weights: :func:`mxmp.freeze` takes its arrays next."""
+    """Forget the graphs and master values of ``block`` and its children (for mxmp.freeze)."""
     for child in [b for b in list(_BUILT.keys()) + [block] if b is block or b in _CONVERTED]:
         built = _BUILT.pop(child, None)
         if built is not None and built.fused is not None:
@@ -238,8 +237,7 @@ def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True):
 
 def _build_cache(self, *args):
     conversion = _applies(self)
-    # Built by an inference call: it drops the float32 values kept for master weights right
-    # after (BuiltGraph.before_call). Other builds (training, optimize_for) keep them.
+    # only a build by an inference call drops the master values (BuiltGraph.before_call)
     keep = not getattr(_LOCAL, 'inference_call', False)
     if conversion is not None:
         _convert_graph(self, conversion, args, keep_unrounded=keep)
@@ -308,9 +306,11 @@ def _forward(self, x, *args):
         _LOCAL.depth = depth
 
 
-def _export(self, path, epoch=0, remove_amp_cast=True):
-    if self in _FROZEN:   # its casts and stored dtypes are the graph (mxmp.freeze)
-        return _ORIGINAL['export'](self, path, epoch, remove_amp_cast=False)
+def _export(self, path, epoch=0, remove_amp_cast=None):   # None: MXNet's default, True
+    if self in _FROZEN:   # its casts and stored dtypes are its graph (mxmp.freeze)
+        from .frozen_calls import export_frozen
+        return export_frozen(self, path, epoch, remove_amp_cast, _ORIGINAL['export'])
+    remove_amp_cast = True if remove_amp_cast is None else remove_amp_cast
     built = _BUILT.get(self)
     if built is None or not self._cached_graph or built.symbol is not self._cached_graph[1]:
         return _ORIGINAL['export'](self, path, epoch, remove_amp_cast)

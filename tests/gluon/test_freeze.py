@@ -319,3 +319,12 @@ def test_a_converted_symbolblock_freezes_from_its_float32_graph(tmp_path):
     assert np.abs(got - ref).max() / np.abs(ref).max() < FROZEN_REL
     if KERNELS:
         assert np.abs(got - converted).max() == 0.0
+
+
+def test_export_of_a_frozen_network_refuses_to_remove_its_casts(tmp_path):
+    frozen = mxmp.freeze(mxmp.convert(small_net(8), 'bfloat16'), data())
+    with pytest.raises(ValueError, match='remove_amp_cast=True would write a graph'):
+        frozen.export(str(tmp_path / 'f'), remove_amp_cast=True)
+    frozen.export(str(tmp_path / 'f'))   # MXNet's default: written with its casts
+    nodes = json.loads((tmp_path / 'f-symbol.json').read_text())['nodes']
+    assert 'amp_cast' in [n['op'] for n in nodes]
