@@ -112,6 +112,9 @@ def main(argv=None):
     p.add_argument('--excluded-names', nargs='*', default=(),
                    help='mxmp modes: graph nodes kept in float32 (Policy.excluded_names), e.g. '
                         "the encoder-decoder's output layer seq2seq_out_fwd")
+    p.add_argument('--kernels', choices=('auto', 'all', 'mxnet'), default='auto',
+                   help="mxmp modes: the policy's kernels ('mxnet': MXNet's kernels only, "
+                        "'all': mxmp's Dropout too)")
     p.add_argument('--allocated', action='store_true',
                    help="also the peak of MXNet's own allocations (mx.profiler)")
     args = p.parse_args(argv)
@@ -160,6 +163,7 @@ def main(argv=None):
     mark('built and initialized', net)
     if args.mode != 'float32':
         policy = mxmp.Policy('bfloat16', excluded_names=tuple(args.excluded_names),
+                             kernels=args.kernels,
                              param_dtype='bfloat16' if args.mode == 'mxmp_cast_params'
                              else 'float32')
         net = mxmp.convert(net, policy=policy,
