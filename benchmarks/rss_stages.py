@@ -115,6 +115,9 @@ def main(argv=None):
     p.add_argument('--kernels', choices=('auto', 'all', 'mxnet'), default='auto',
                    help="mxmp modes: the policy's kernels ('mxnet': MXNet's kernels only, "
                         "'all': mxmp's Dropout too)")
+    p.add_argument('--cast-moved-params', choices=('on', 'off'), default='on',
+                   help="mxmp_cast_params: the policy's cast_moved_params ('off': the weights "
+                        "BERT concatenates stay float32)")
     p.add_argument('--allocated', action='store_true',
                    help="also the peak of MXNet's own allocations (mx.profiler)")
     args = p.parse_args(argv)
@@ -164,6 +167,7 @@ def main(argv=None):
     if args.mode != 'float32':
         policy = mxmp.Policy('bfloat16', excluded_names=tuple(args.excluded_names),
                              kernels=args.kernels,
+                             cast_moved_params=args.cast_moved_params == 'on',
                              param_dtype='bfloat16' if args.mode == 'mxmp_cast_params'
                              else 'float32')
         net = mxmp.convert(net, policy=policy,
