@@ -11,6 +11,7 @@ optimizer state, counted from the arrays themselves. Training stages: each step'
 backward and update separately (each waited for). Inference: the first call, then
 ``--iters`` more.
 
+``--kernels`` and ``--cast-moved-params`` set those fields of the mxmp modes' policy.
 ``--allocated`` adds the peak of MXNet's own allocations (``mx.profiler`` memory profile) at
 the end. Set environment variables (``MXNET_MKLDNN_CACHE_NUM``...) on the command line to try
 one lever per process. One process, one configuration; memory does not depend on the load of
