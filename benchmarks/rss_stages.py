@@ -12,6 +12,7 @@ backward and update separately (each waited for). Inference: the first call, the
 ``--iters`` more.
 
 ``--freeze`` (inference) runs :func:`mxmp.freeze` on the converted network before the calls.
+``--kernels`` and ``--cast-moved-params`` set those fields of the mxmp modes' policy.
 ``--allocated`` adds the peak of MXNet's own allocations (``mx.profiler`` memory profile) at
 the end. Set environment variables (``MXNET_MKLDNN_CACHE_NUM``...) on the command line to try
 one lever per process. One process, one configuration; memory does not depend on the load of
@@ -115,6 +116,12 @@ def main(argv=None):
     p.add_argument('--excluded-names', nargs='*', default=(),
                    help='mxmp modes: graph nodes kept in float32 (Policy.excluded_names), e.g. '
                         "the encoder-decoder's output layer seq2seq_out_fwd")
+    p.add_argument('--kernels', choices=('auto', 'all', 'mxnet'), default='auto',
+                   help="mxmp modes: the policy's kernels ('mxnet': MXNet's kernels only, "
+                        "'all': mxmp's Dropout too)")
+    p.add_argument('--cast-moved-params', choices=('on', 'off'), default='on',
+                   help="mxmp_cast_params: the policy's cast_moved_params ('off': the weights "
+                        "BERT concatenates stay float32)")
     p.add_argument('--allocated', action='store_true',
                    help="also the peak of MXNet's own allocations (mx.profiler)")
     args = p.parse_args(argv)
@@ -163,6 +170,8 @@ def main(argv=None):
     mark('built and initialized', net)
     if args.mode != 'float32':
         policy = mxmp.Policy('bfloat16', excluded_names=tuple(args.excluded_names),
+                             kernels=args.kernels,
+                             cast_moved_params=args.cast_moved_params == 'on',
                              param_dtype='bfloat16' if args.mode == 'mxmp_cast_params'
                              else 'float32')
         net = mxmp.convert(net, policy=policy,

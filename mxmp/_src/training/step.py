@@ -15,18 +15,23 @@ from ..dtypes import dtype_name
 from ..errors import LossScaleAtFloorError, NonFiniteForwardWarning
 from ..scaling import LossScaleGroup, flatten_losses, scale_losses
 
-__all__ = ['Stage', 'Step', 'DeviceUpdate', 'device_update', 'param_grads', 'all_finite',
-           'MAX_FINITE_ARRAYS']
+__all__ = ['Stage', 'Step', 'DeviceUpdate', 'device_update', 'update_groups', 'param_grads',
+           'all_finite', 'MAX_FINITE_ARRAYS', 'UPDATE_GROUP']
 
 #: ``mx.nd.multi_all_finite`` takes at most 200 arrays per call (MultiAllFiniteKernelParam::N
 #: in MXNet's src/operator/contrib/all_finite-inl.h), of one dtype, and has no bfloat16 kernel.
 MAX_FINITE_ARRAYS = 200
+#: Weights per optimizer call when their low-precision gradients are cast to float32 for the
+#: master-weight update (:func:`update_groups`), and per float32 check of bfloat16 gradients.
+UPDATE_GROUP = 8
 _FINITE_DTYPES = ('float16', 'float32', 'float64')
 
 
 def all_finite(per_device_grads):
     """Whether no gradient (per device, a list of NDArray of any dtype or storage; integer
-    ones are ignored) holds inf or NaN: one host synchronisation."""
+    ones are ignored) holds inf or NaN: one host synchronisation. bfloat16 gradients
+    (``multi_all_finite`` has no bfloat16 kernel) are checked through float32 copies made
+    :data:`UPDATE_GROUP` at a time, so the copies of all of them never exist at once."""
     flags = []
     for grads in per_device_grads:
         if not grads:
@@ -36,15 +41,20 @@ def all_finite(per_device_grads):
             if g.stype == 'row_sparse':
                 g = g.data
             name = dtype_name(g.dtype)
-            if name == 'bfloat16':
-                g, name = nd.amp_cast(g, dtype='float32'), 'float32'
-            elif name not in _FINITE_DTYPES:
+            if name not in _FINITE_DTYPES and name != 'bfloat16':
                 continue   # integer gradients cannot overflow to inf/NaN
             groups.setdefault(name, []).append(g)
         flag = nd.ones((1,), ctx=grads[0].context, dtype='float32')
-        for arrays in groups.values():
-            for start in range(0, len(arrays), MAX_FINITE_ARRAYS):
-                chunk = arrays[start:start + MAX_FINITE_ARRAYS]
+        for name, arrays in groups.items():
+            size = UPDATE_GROUP if name == 'bfloat16' else MAX_FINITE_ARRAYS
+            chunks = [arrays[start:start + size] for start in range(0, len(arrays), size)]
+            buffer = None
+            if name == 'bfloat16':   # one buffer, reused by every chunk (_float32_views)
+                buffer = nd.empty((max(sum(g.size for g in c) for c in chunks),),
+                                  ctx=flag.context, dtype='float32')
+            for chunk in chunks:
+                if buffer is not None:
+                    chunk = _float32_views(chunk, buffer)
                 nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False,
                                     out=flag)
         flags.append(flag)
@@ -64,27 +74,45 @@ def param_grads(params):
 
 
 DeviceUpdate = collections.namedtuple('DeviceUpdate', ['indices', 'grads', 'weights',
-                                                       'writebacks'])
-DeviceUpdate.__doc__ = """The optimizer call of one device: ``updater(indices, grads, weights)``,
-then ``amp_cast(master, out=weight)`` for every ``(master, weight)`` pair of ``writebacks``."""
+                                                       'targets'])
+DeviceUpdate.__doc__ = """The optimizer call of one device, lists aligned by position: the
+optimizer ``indices``, the ``grads`` as the backward pass left them (any dtype), the
+``weights`` the optimizer updates (a float32 master or the weight itself) and, for each, the
+low-precision weight rewritten from its master after the update (``targets``; None: the weight
+was updated in place). :meth:`Step.apply` runs it in groups (:func:`update_groups`)."""
 
 
 def device_update(entries):
     """One device's :class:`DeviceUpdate` from ``(index, weight, grad, master)`` entries: a
     weight with a float32 master (None: updated in place) is updated through it, with its
-    gradient cast to float32, and rewritten from it afterwards."""
-    indices, grads, weights, writebacks = [], [], [], []
+    gradient cast to float32 when its group is updated, and rewritten from it afterwards."""
+    indices, grads, weights, targets = [], [], [], []
     for index, weight, grad, master in entries:
         indices.append(index)
-        if master is None:
-            grads.append(grad)
-            weights.append(weight)
-        else:
-            grads.append(grad if dtype_name(grad.dtype) == 'float32'
-                         else nd.amp_cast(grad, dtype='float32'))
-            weights.append(master)
-            writebacks.append((master, weight))
-    return DeviceUpdate(indices, grads, weights, writebacks)
+        grads.append(grad)
+        weights.append(weight if master is None else master)
+        targets.append(None if master is None else weight)
+    return DeviceUpdate(indices, grads, weights, targets)
+
+
+def update_groups(updater, update):
+    """The consecutive slices of ``update`` (a :class:`DeviceUpdate`) that :meth:`Step.apply`
+    hands ``updater`` one call each, so that the float32 copies of the low-precision gradients
+    of one slice exist at a time (on BERT-base with ``cast_params=True`` all at once were 135
+    MiB of peak RSS, docs/benchmark.md). Each slice is :data:`UPDATE_GROUP` weights rounded up
+    to a multiple of the optimizer's ``aggregate_num`` when the updater aggregates (MXNet's
+    Updater cuts a call into chunks of ``aggregate_num`` weights of one dtype, SGD counts each
+    chunk's updates before reading its learning rates), so the optimizer sees the same chunks
+    as in one call: the same kernels, learning rates and results. One slice, the whole list,
+    when nothing is cast or the weights have several dtypes (MXNet then chunks per dtype)."""
+    n = len(update.indices)
+    if all(t is None for t in update.targets) or len({w.dtype for w in update.weights}) > 1:
+        return [slice(0, n)]
+    optimizer = getattr(updater, 'optimizer', None)
+    chunk = getattr(optimizer, 'aggregate_num', 0) if getattr(updater, 'aggregate_updates',
+                                                              False) else 0
+    size = -(-UPDATE_GROUP // chunk) * chunk if chunk and chunk > 0 else UPDATE_GROUP
+    return [slice(start, start + size) for start in range(0, n, size)]
 
 
 class Stage(enum.Enum):
@@ -198,10 +226,70 @@ class Step:
             optimizer.rescale_grad = rescale_grad
         with autograd.pause():
             for updater, update in calls:
-                if update.indices:
-                    updater(update.indices, update.grads, update.weights)
-            for _, update in calls:
-                for master, weight in update.writebacks:
-                    nd.amp_cast(master, dtype=weight.dtype, out=weight)
+                parts = update_groups(updater, update)
+                buffer = _GradientCopies(update, parts)
+                for part in parts:
+                    _update_group(updater, update, part, buffer)
+                del buffer
         self.end(True)
         return True
+
+
+def _float32_views(arrays, buffer):
+    """Float32 copies of the dense ``arrays`` written into consecutive views of the float32
+    ``buffer`` (1-D, large enough). A buffer reused by consecutive groups of copies makes MXNet's
+    engine order each group's casts after the previous group's readers (a write-after-read on
+    one array), so the copies of two groups never coexist. Copies made as new arrays were
+    freed only when the engine got to their deletion, sometimes after the next group's casts
+    had run (measured: all copies at once in some runs)."""
+    out, offset = [], 0
+    for a in arrays:
+        view = buffer[offset:offset + a.size].reshape(a.shape)
+        nd.amp_cast(a, dtype='float32', out=view)
+        out.append(view)
+        offset += a.size
+    return out
+
+
+class _GradientCopies:
+    """The float32 copies of the low-precision gradients of a :class:`DeviceUpdate` whose
+    weights have float32 masters, one group (``parts``: slices of it) at a time, in one buffer
+    sized for the largest group (:func:`_float32_views`), freed with this object."""
+
+    def __init__(self, update, parts):
+        self.update = update
+        size = max((sum(g.size for g, t in zip(update.grads[part], update.targets[part])
+                        if self.cast(g, t) and g.stype == 'default') for part in parts),
+                   default=0)
+        self.array = nd.empty((size,), ctx=update.grads[0].context, dtype='float32') \
+            if size else None
+
+    @staticmethod
+    def cast(grad, target):
+        """Whether ``grad`` (of the weight whose master update rewrites ``target``) needs a
+        float32 copy."""
+        return target is not None and dtype_name(grad.dtype) != 'float32'
+
+    def grads(self, part):
+        """The gradients of the slice ``part`` as the optimizer takes them: float32 copies
+        for the low-precision ones whose weight has a master (in the buffer; a sparse one as a
+        new array), the rest as they are."""
+        pairs = list(zip(self.update.grads[part], self.update.targets[part]))
+        dense = [g for g, t in pairs if self.cast(g, t) and g.stype == 'default']
+        views = iter(_float32_views(dense, self.array) if dense else [])
+        return [g if not self.cast(g, t) else
+                next(views) if g.stype == 'default' else nd.amp_cast(g, dtype='float32')
+                for g, t in pairs]
+
+
+def _update_group(updater, update, part, buffer):
+    """One optimizer call over the slice ``part`` of ``update``: the low-precision gradients of
+    master weights cast to float32 into ``buffer`` (a :class:`_GradientCopies`), then each
+    low-precision weight rewritten from its updated master."""
+    indices = update.indices[part]
+    if not indices:
+        return
+    updater(indices, buffer.grads(part), update.weights[part])
+    for master, weight in zip(update.weights[part], update.targets[part]):
+        if weight is not None:
+            nd.amp_cast(master, dtype=weight.dtype, out=weight)
