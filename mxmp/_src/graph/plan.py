@@ -71,6 +71,7 @@ class _Graph:
                    else n for n in self.nodes]
         self.orig = infer_dtypes(dict(js, nodes=untyped), {n: 'float32' if d in _LOW else d
                                                            for n, d in input_dtypes.items()})
+        from . import reduce_rule   # loaded by the first conversion, not by `import mxmp`
         self.classes = [None] * len(self.nodes)
         for nid, node in enumerate(self.nodes):
             if node['op'] in CAST_OPS and cast_origin(node) == 'model':  # others were stripped
@@ -78,6 +79,8 @@ class _Graph:
                                      'cast written by the model: kept, computes as in MXNet')
             elif rule_of(node) is not None:   # the kernel rule's nodes compute in float32
                 self.classes[nid] = (FLOAT32, rule_of(node))
+            elif reduce_rule.rule_of(node) is not None:   # so do the reduction rule's
+                self.classes[nid] = (FLOAT32, reduce_rule.rule_of(node))
             elif node['op'] != 'null':
                 self.classes[nid] = policy.classify(node['op'], node.get('attrs', {}),
                                                     node['name'])
@@ -294,7 +297,8 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
     if previous is not None or any(node.get('attrs', {}).get(MARK) is not None or
                                    cast_origin(node) == 'contrib.amp' for node in js['nodes']):
         js = strip(js)
-    js = substitute(js, policy)
+    from .reduce_rule import substitute as substitute_reductions
+    js = substitute_reductions(substitute(js, policy), policy)
     input_dtypes = {name: d if isinstance(d, str) else dtype_name(d)
                     for name, d in (data_dtypes or {}).items()}
     names = set(data_names if data_names is not None else ('data',)) | set(input_dtypes)

@@ -1,0 +1,221 @@
+"""GluonNLP 0.10's machine-translation training loop, timed per update: float32 against mxmp
+converted the two ways a user converts such a script.
+
+``python -m benchmarks.nmt_loop [--layers 4] [--batch-size 32] [--warmup 2] [--iters 6]
+[--repeats 3] [--modes float32 amp convert] [--profile]``
+
+The loop is written the way GluonNLP 0.10's ``scripts/machine_translation/train_transformer.py``
+trains (read for its structure, nothing copied): ``nlp.model.translation.NMTModel`` over
+``nlp.model.transformer.get_transformer_encoder_decoder`` (model size 512, feed-forward 2048,
+8 heads, ``--layers`` encoder and decoder layers, dropout 0.1, scaled attention), a source and
+target embedding shared and tied to the output layer, over a 32,000-token vocabulary;
+``model.hybridize(static_alloc=True)``; ``nlp.loss.LabelSmoothing(epsilon=0.1, units=V)`` (the
+one-hot targets, batch x length x V) and ``nlp.loss.MaskedSoftmaxCELoss(sparse_label=False)``,
+both hybridized; the loss summed and divided by the rescale factor 100; Adam with
+``beta2=0.98, epsilon=1e-9``; ``trainer.step(batch / 100)``. ``NMTModel`` is a plain
+``gluon.Block`` whose children (embedding, encoder, decoder, output layer) are hybridized.
+
+Modes, each in its own process, interleaved over the repeats (A B C A B C ...):
+
+- ``float32``: the script as it is (``gluon.Trainer``).
+- ``amp``: the contrib.amp pattern with ``from mxmp import amp``: ``amp.init('bfloat16')``
+  before the model is built, ``amp.init_trainer(trainer)``, ``amp.scale_loss``; every
+  hybridized child's graph runs mxmp's pass.
+- ``convert``: ``mxmp.convert`` on the encoder, the decoder and the output layer (the
+  HybridBlock children that hold the matrix products), ``mxmp.Trainer``.
+- ``convert_loss``: the same, and ``mxmp.convert`` on the label smoothing and the loss too
+  (they have no matrix product, but the pass's reduction rule speeds up their float32 sums).
+
+The batches are :func:`benchmarks.transformer.sentence_batches` (``--batch-size`` sentence
+pairs of 8 to ``--seq-len`` tokens, padded per batch, 4 seeded batches cycled). One update is
+forward, backward and ``trainer.step``, timed to ``mx.nd.waitall()``. ``--profile`` prints
+MXNet's per-operator table of the timed updates (bulk execution off) for each mode instead.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+MODES = ('float32', 'amp', 'convert', 'convert_loss')
+UNITS, HIDDEN, HEADS, VOCAB = 512, 2048, 8, 32000
+RESCALE_LOSS = 100.0
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def build(mode, layers, dropout=0.1):
+    """``(model, label_smoothing, loss_function, trainer, backward)`` of ``mode``."""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    import gluonnlp as nlp
+    import mxmp
+    if mode == 'amp':
+        from mxmp import amp
+        amp.init('bfloat16')
+    encoder, decoder, one_step = nlp.model.transformer.get_transformer_encoder_decoder(
+        num_layers=layers, num_heads=HEADS, units=UNITS, hidden_size=HIDDEN, dropout=dropout,
+        scaled=True, max_src_length=512, max_tgt_length=512)
+    model = nlp.model.translation.NMTModel(
+        src_vocab=range(VOCAB), tgt_vocab=range(VOCAB), encoder=encoder, decoder=decoder,
+        one_step_ahead_decoder=one_step, share_embed=True, embed_size=UNITS, tie_weights=True,
+        embed_initializer=None, prefix='transformer_')
+    model.initialize(init=mx.init.Xavier(magnitude=3.0))
+    if mode.startswith('convert'):
+        for child in (model.encoder, model.decoder, model.tgt_proj):
+            mxmp.convert(child, 'bfloat16')
+    model.hybridize(static_alloc=True)
+    label_smoothing = nlp.loss.LabelSmoothing(epsilon=0.1, units=VOCAB)
+    loss_function = nlp.loss.MaskedSoftmaxCELoss(sparse_label=False)
+    if mode == 'convert_loss':
+        mxmp.convert(label_smoothing, 'bfloat16')
+        mxmp.convert(loss_function, 'bfloat16')
+    label_smoothing.hybridize(static_alloc=True)
+    loss_function.hybridize(static_alloc=True)
+    opt = {'learning_rate': 1e-4, 'beta2': 0.98, 'epsilon': 1e-9}
+    if mode.startswith('convert'):
+        trainer = mxmp.Trainer(model.collect_params(), 'adam', opt)
+
+        def backward(loss):
+            with trainer.scale_loss(loss) as scaled:
+                scaled.backward()
+    else:
+        trainer = gluon.Trainer(model.collect_params(), 'adam', opt)
+        if mode == 'amp':
+            from mxmp import amp
+            amp.init_trainer(trainer)
+
+            def backward(loss):
+                with amp.scale_loss(loss, trainer) as scaled:
+                    autograd.backward(scaled)
+        else:
+            def backward(loss):
+                loss.backward()
+    return model, label_smoothing, loss_function, trainer, backward
+
+
+def run_mode(mode, args):
+    """One process: build, warm up, time ``args.iters`` updates; a result dict."""
+    import mxnet as mx
+    from mxnet import autograd
+    from benchmarks.transformer import sentence_batches
+    mx.random.seed(0)
+    model, smoothing, loss_fn, trainer, backward = build(mode, args.layers)
+    batches = sentence_batches(mx, 'transformer_nmt', args.batch_size, args.seq_len, mx.cpu(),
+                               np.random.RandomState(0))
+    losses = []
+
+    def update(k):
+        (src, tgt, src_len, tgt_len), (labels, _) = batches[k % len(batches)]
+        with autograd.record():
+            out, _ = model(src, tgt, src_len, tgt_len)
+            loss = loss_fn(out, smoothing(labels), tgt_len).sum() / RESCALE_LOSS
+            backward(loss)
+        trainer.step(args.batch_size / RESCALE_LOSS)
+        losses.append(loss)
+        mx.nd.waitall()
+
+    for k in range(args.warmup):
+        update(k)
+    if args.profile:
+        mx.profiler.set_config(profile_all=True, aggregate_stats=True)
+        mx.profiler.set_state('run')
+    times = []
+    for k in range(args.warmup, args.warmup + args.iters):
+        start = time.perf_counter()
+        update(k)
+        times.append(time.perf_counter() - start)
+    result = {'mode': mode, 'update_s': times,
+              'loss': [float(l.asscalar()) * RESCALE_LOSS for l in losses],
+              'fc_dtypes': _fc_dtypes(model)}
+    if args.profile:
+        mx.profiler.set_state('stop')
+        result['profile'] = mx.profiler.dumps(reset=True)
+    return result
+
+
+def _fc_dtypes(model):
+    """FullyConnected / batch_dot output dtypes of the decoder's graph as it ran."""
+    import mxmp
+    graph = getattr(model.decoder, '_cached_graph', None)
+    if not graph:
+        return None
+    counts = {}
+    for node in json.loads(graph[1].tojson(remove_amp_cast=False))['nodes']:
+        if node['op'] in ('FullyConnected', 'batch_dot'):
+            counts[node['op']] = counts.get(node['op'], 0) + 1
+    return {'decoder_nodes': counts, 'casts': mxmp.count_casts(graph[1])}
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument('--layers', type=int, default=4, help='encoder and decoder layers each')
+    p.add_argument('--batch-size', type=int, default=32, help='sentence pairs per update')
+    p.add_argument('--seq-len', type=int, default=40, help='longest sentence (tokens)')
+    p.add_argument('--warmup', type=int, default=2, help='untimed updates per process')
+    p.add_argument('--iters', type=int, default=6, help='timed updates per process')
+    p.add_argument('--repeats', type=int, default=3, help='interleaved processes per mode')
+    p.add_argument('--modes', nargs='+', choices=MODES, default=list(MODES))
+    p.add_argument('--profile', action='store_true',
+                   help="per-operator time (MXNet's profiler, bulk execution off), one repeat")
+    p.add_argument('--child', choices=MODES, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse(argv)
+    if args.child:
+        print('RESULT ' + json.dumps(run_mode(args.child, args)))
+        return 0
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [ROOT] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
+    if args.profile:
+        env.update(MXNET_EXEC_BULK_EXEC_TRAIN='0', MXNET_EXEC_BULK_EXEC_INFERENCE='0')
+        args.repeats = 1
+    print('load average at start: %.1f' % os.getloadavg()[0])
+    runs = {m: [] for m in args.modes}
+    passthrough = [a for a in (argv if argv is not None else sys.argv[1:])
+                   if not a.startswith('--repeats')]
+    for rep in range(args.repeats):
+        for mode in args.modes:
+            proc = subprocess.run([sys.executable, '-m', 'benchmarks.nmt_loop', '--child', mode]
+                                  + _child_args(args), env=env, capture_output=True, text=True)
+            lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
+            if proc.returncode or not lines:
+                print('%s repeat %d failed (exit %s): %s' % (mode, rep, proc.returncode,
+                                                              proc.stderr.strip()[-2000:]))
+                continue
+            res = json.loads(lines[-1][len('RESULT '):])
+            runs[mode].append(res)
+            print('repeat %d %-8s median %.3f s/update  losses %s  %s' % (
+                rep, mode, np.median(res['update_s']),
+                ' '.join('%.3f' % l for l in res['loss'][:4]), res['fc_dtypes']), flush=True)
+            if args.profile:
+                print(res['profile'])
+    del passthrough
+    print('load average at end: %.1f' % os.getloadavg()[0])
+    base = [np.median(r['update_s']) for r in runs.get('float32', [])]
+    for mode in args.modes:
+        meds = [np.median(r['update_s']) for r in runs[mode]]
+        if not meds:
+            continue
+        ratio = ''
+        if base and mode != 'float32':
+            per = ['%.2f' % (b / m) for b, m in zip(base, meds)]
+            ratio = '  x float32 %.2f (per repeat %s)' % (np.median(base) / np.median(meds),
+                                                           ' '.join(per))
+        print('%-8s median of repeat medians %.3f s/update%s' % (mode, np.median(meds), ratio))
+    return 0
+
+
+def _child_args(args):
+    out = ['--layers', str(args.layers), '--batch-size', str(args.batch_size), '--seq-len',
+           str(args.seq_len), '--warmup', str(args.warmup), '--iters', str(args.iters)]
+    return out + (['--profile'] if args.profile else [])
+
+
+if __name__ == '__main__':
+    sys.exit(main())
