@@ -81,7 +81,10 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
     Trainer over ``block.collect_params()`` trains it.
 
     Args:
-        block (mxnet.gluon.HybridBlock): initialized or not; hybridized here if it is not.
+        block (mxnet.gluon.HybridBlock or gluon.Block): initialized or not; hybridized here if
+            it is not. A plain ``gluon.Block`` (Python ``forward``, e.g. GluonNLP's
+            ``NMTModel``): each of its outermost HybridBlock descendants is converted, and its
+            own Python code runs as written (float32 between them).
         target_dtype (str): shorthand for ``policy.target_dtype`` (default ``'bfloat16'``).
         cast_params (bool): shorthand for ``policy.param_dtype``: True stores the weights of
             low-precision layers in the target dtype (rounded to nearest even; cast once they
@@ -103,20 +106,26 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
             inference"). False leaves the folding to MXNet. Default True.
 
     Returns:
-        mxnet.gluon.HybridBlock: ``block``, with float32 outputs; ``export`` and
-        ``save_parameters`` write float32 files plain MXNet loads.
+        mxnet.gluon.HybridBlock (or the plain Block given): ``block``, with float32 outputs;
+        ``export`` and ``save_parameters`` write float32 files plain MXNet loads.
 
     Raises:
-        TypeError: ``block`` is not a HybridBlock.
+        TypeError: ``block`` is neither a HybridBlock nor a Block holding one.
         ValueError: unknown dtype; a shorthand contradicting ``policy``; bad ``emulate``,
             ``fuse_inference``, ``pad_stem`` or ``fold_batchnorm``; the block was converted
             with other settings.
     """
     if not isinstance(block, gluon.HybridBlock):
-        raise TypeError(
-            'mxmp.convert needs a gluon.HybridBlock, got %s (a plain gluon.Block cannot be '
-            'traced into a graph). Write it as a HybridBlock with hybrid_forward(self, F, x), or '
-            'convert its HybridBlock children one by one.' % type(block).__name__)
+        parts = _hybrid_parts(block) if isinstance(block, gluon.Block) else []
+        if not parts:
+            raise TypeError(
+                'mxmp.convert needs a gluon.HybridBlock (or a Block holding some), got %s with '
+                'none inside (a plain gluon.Block cannot be traced into a graph). Write it as a '
+                'HybridBlock with hybrid_forward(self, F, x).' % type(block).__name__)
+        for part in parts:
+            convert(part, target_dtype, cast_params, emulate, policy, fuse_inference, pad_stem,
+                    fold_batchnorm)
+        return block
     if fuse_inference not in ('auto', True, False):
         raise ValueError("fuse_inference=%r: use 'auto', True or False" % (fuse_inference,))
     check_pad_stem(pad_stem)
@@ -153,6 +162,23 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
                     block.name)
         block.hybridize()
     return block
+
+
+def _hybrid_parts(block):
+    """The outermost HybridBlocks inside the plain Block ``block`` (each once, in order)."""
+    parts, seen = [], set()
+
+    def walk(b):
+        for child in b._children.values():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            if isinstance(child, gluon.HybridBlock):
+                parts.append(child)
+            else:
+                walk(child)
+    walk(block)
+    return parts
 
 
 def _cast_params_now(block, policy):
