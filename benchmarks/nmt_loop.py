@@ -2,7 +2,7 @@
 converted the two ways a user converts such a script.
 
 ``python -m benchmarks.nmt_loop [--layers 4] [--batch-size 32] [--warmup 2] [--iters 6]
-[--repeats 3] [--modes float32 amp convert] [--profile]``
+[--repeats 3] [--modes float32 amp convert convert_loss] [--profile | --paired]``
 
 The loop is written the way GluonNLP 0.10's ``scripts/machine_translation/train_transformer.py``
 trains (read for its structure, nothing copied): ``nlp.model.translation.NMTModel`` over
@@ -21,8 +21,8 @@ Modes, each in its own process, interleaved over the repeats (A B C A B C ...):
 - ``amp``: the contrib.amp pattern with ``from mxmp import amp``: ``amp.init('bfloat16')``
   before the model is built, ``amp.init_trainer(trainer)``, ``amp.scale_loss``; every
   hybridized child's graph runs mxmp's pass.
-- ``convert``: ``mxmp.convert`` on the encoder, the decoder and the output layer (the
-  HybridBlock children that hold the matrix products), ``mxmp.Trainer``.
+- ``convert``: ``mxmp.convert(model)`` (a plain Block: mxmp converts its HybridBlock
+  children, the embedding, encoder, decoder and output layer), ``mxmp.Trainer``.
 - ``convert_loss``: the same, and ``mxmp.convert`` on the label smoothing and the loss too
   (they have no matrix product, but the pass's reduction rule speeds up their float32 sums).
 
@@ -30,6 +30,9 @@ The batches are :func:`benchmarks.transformer.sentence_batches` (``--batch-size`
 pairs of 8 to ``--seq-len`` tokens, padded per batch, 4 seeded batches cycled). One update is
 forward, backward and ``trainer.step``, timed to ``mx.nd.waitall()``. ``--profile`` prints
 MXNet's per-operator table of the timed updates (bulk execution off) for each mode instead.
+``--paired`` runs float32 and one other mode in one process, their updates alternating, and
+gives the ratio of each pair: on a machine shared with other jobs, both sides of a pair see
+nearly the same load (amp cannot be paired: its switch is process-wide).
 """
 import argparse
 import json
@@ -64,8 +67,7 @@ def build(mode, layers, dropout=0.1):
         embed_initializer=None, prefix='transformer_')
     model.initialize(init=mx.init.Xavier(magnitude=3.0))
     if mode.startswith('convert'):
-        for child in (model.encoder, model.decoder, model.tgt_proj):
-            mxmp.convert(child, 'bfloat16')
+        mxmp.convert(model, 'bfloat16')   # a plain Block: its HybridBlock children
     model.hybridize(static_alloc=True)
     label_smoothing = nlp.loss.LabelSmoothing(epsilon=0.1, units=VOCAB)
     loss_function = nlp.loss.MaskedSoftmaxCELoss(sparse_label=False)
@@ -96,8 +98,9 @@ def build(mode, layers, dropout=0.1):
     return model, label_smoothing, loss_function, trainer, backward
 
 
-def run_mode(mode, args):
-    """One process: build, warm up, time ``args.iters`` updates; a result dict."""
+def make_update(mode, args, losses):
+    """``(model, update)``: ``update(k)`` runs update ``k`` of ``mode`` (batch ``k`` mod 4)
+    and appends its loss to ``losses``."""
     import mxnet as mx
     from mxnet import autograd
     from benchmarks.transformer import sentence_batches
@@ -105,7 +108,6 @@ def run_mode(mode, args):
     model, smoothing, loss_fn, trainer, backward = build(mode, args.layers)
     batches = sentence_batches(mx, 'transformer_nmt', args.batch_size, args.seq_len, mx.cpu(),
                                np.random.RandomState(0))
-    losses = []
 
     def update(k):
         (src, tgt, src_len, tgt_len), (labels, _) = batches[k % len(batches)]
@@ -116,7 +118,33 @@ def run_mode(mode, args):
         trainer.step(args.batch_size / RESCALE_LOSS)
         losses.append(loss)
         mx.nd.waitall()
+    return model, update
 
+
+def run_paired(mode, args):
+    """float32 and ``mode`` in one process, their updates alternating (float32, mode, ...), so
+    that both see the same load: a result dict with both modes' times."""
+    updates, losses = {}, {}
+    for m in ('float32', mode):
+        losses[m] = []
+        updates[m] = make_update(m, args, losses[m])[1]
+        for k in range(args.warmup):
+            updates[m](k)
+    times = {m: [] for m in updates}
+    for k in range(args.warmup, args.warmup + args.iters):
+        for m in updates:
+            start = time.perf_counter()
+            updates[m](k)
+            times[m].append(time.perf_counter() - start)
+    return {'mode': mode, 'update_s': times,
+            'loss': {m: [float(l.asscalar()) * RESCALE_LOSS for l in losses[m]] for m in losses}}
+
+
+def run_mode(mode, args):
+    """One process: build, warm up, time ``args.iters`` updates; a result dict."""
+    import mxnet as mx
+    losses = []
+    model, update = make_update(mode, args, losses)
     for k in range(args.warmup):
         update(k)
     if args.profile:
@@ -161,7 +189,12 @@ def parse(argv=None):
     p.add_argument('--modes', nargs='+', choices=MODES, default=list(MODES))
     p.add_argument('--profile', action='store_true',
                    help="per-operator time (MXNet's profiler, bulk execution off), one repeat")
+    p.add_argument('--paired', action='store_true',
+                   help='float32 and each other mode in one process, updates alternating '
+                        '(ratios robust to a shared machine\'s load; not amp, whose switch is '
+                        'process-wide)')
     p.add_argument('--child', choices=MODES, help=argparse.SUPPRESS)
+    p.add_argument('--child-paired', choices=MODES, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -170,6 +203,11 @@ def main(argv=None):
     if args.child:
         print('RESULT ' + json.dumps(run_mode(args.child, args)))
         return 0
+    if args.child_paired:
+        print('RESULT ' + json.dumps(run_paired(args.child_paired, args)))
+        return 0
+    if args.paired:
+        return paired_main(args)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [ROOT] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
     if args.profile:
@@ -177,8 +215,6 @@ def main(argv=None):
         args.repeats = 1
     print('load average at start: %.1f' % os.getloadavg()[0])
     runs = {m: [] for m in args.modes}
-    passthrough = [a for a in (argv if argv is not None else sys.argv[1:])
-                   if not a.startswith('--repeats')]
     for rep in range(args.repeats):
         for mode in args.modes:
             proc = subprocess.run([sys.executable, '-m', 'benchmarks.nmt_loop', '--child', mode]
@@ -195,7 +231,6 @@ def main(argv=None):
                 ' '.join('%.3f' % l for l in res['loss'][:4]), res['fc_dtypes']), flush=True)
             if args.profile:
                 print(res['profile'])
-    del passthrough
     print('load average at end: %.1f' % os.getloadavg()[0])
     base = [np.median(r['update_s']) for r in runs.get('float32', [])]
     for mode in args.modes:
@@ -208,6 +243,38 @@ def main(argv=None):
             ratio = '  x float32 %.2f (per repeat %s)' % (np.median(base) / np.median(meds),
                                                            ' '.join(per))
         print('%-8s median of repeat medians %.3f s/update%s' % (mode, np.median(meds), ratio))
+    return 0
+
+
+def paired_main(args):
+    """:func:`run_paired` for every mode but float32 and amp, ``args.repeats`` processes each."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [ROOT] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
+    print('load average at start: %.1f' % os.getloadavg()[0])
+    for mode in [m for m in args.modes if m not in ('float32', 'amp')]:
+        ratios = []
+        for rep in range(args.repeats):
+            proc = subprocess.run([sys.executable, '-m', 'benchmarks.nmt_loop', '--child-paired',
+                                   mode] + _child_args(args), env=env, capture_output=True,
+                                  text=True)
+            lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
+            if proc.returncode or not lines:
+                print('%s repeat %d failed (exit %s): %s' % (mode, rep, proc.returncode,
+                                                              proc.stderr.strip()[-2000:]))
+                continue
+            res = json.loads(lines[-1][len('RESULT '):])
+            f32, other = (np.array(res['update_s'][m]) for m in ('float32', mode))
+            ratios.extend(f32 / other)
+            print('repeat %d float32 %s s/update, %s %s s/update; pair ratios %s; losses %s' % (
+                rep, ' '.join('%.2f' % t for t in f32), mode,
+                ' '.join('%.2f' % t for t in other), ' '.join('%.2f' % r for r in f32 / other),
+                {m: ' '.join('%.3f' % l for l in v[:3]) for m, v in res['loss'].items()}),
+                flush=True)
+        if ratios:
+            print('%s: float32 time / %s time, median of %d alternating pairs %.2f (min %.2f, '
+                  'max %.2f)' % (mode, mode, len(ratios), np.median(ratios), min(ratios),
+                                 max(ratios)))
+    print('load average at end: %.1f' % os.getloadavg()[0])
     return 0
 
 
