@@ -1,14 +1,16 @@
 """GluonNLP 0.10's machine-translation training loop, timed per update: float32 against mxmp
 converted the two ways a user converts such a script.
 
-``python -m benchmarks.nmt_loop [--layers 4] [--batch-size 32] [--warmup 2] [--iters 6]
-[--repeats 3] [--modes float32 amp convert convert_loss] [--profile | --paired]``
+``python -m benchmarks.nmt_loop [--model transformer_nmt] [--layers 4] [--batch-size 32]
+[--warmup 2] [--iters 6] [--repeats 3] [--modes float32 amp convert convert_loss]
+[--profile | --paired]``
 
 The loop is written the way GluonNLP 0.10's ``scripts/machine_translation/train_transformer.py``
 trains (read for its structure, nothing copied): ``nlp.model.translation.NMTModel`` over
-``nlp.model.transformer.get_transformer_encoder_decoder`` (model size 512, feed-forward 2048,
-8 heads, ``--layers`` encoder and decoder layers, dropout 0.1, scaled attention), a source and
-target embedding shared and tied to the output layer, over a 32,000-token vocabulary;
+``nlp.model.transformer.get_transformer_encoder_decoder`` (``--model transformer_nmt``: model
+size 512, feed-forward 2048, 8 heads, 4 encoder and 4 decoder layers unless ``--layers``,
+dropout 0.1, scaled attention), a source and target embedding shared and tied to the output
+layer, over a 32,000-token vocabulary (``transformer_tiny``: the small shape, for tests);
 ``model.hybridize(static_alloc=True)``; ``nlp.loss.LabelSmoothing(epsilon=0.1, units=V)`` (the
 one-hot targets, batch x length x V) and ``nlp.loss.MaskedSoftmaxCELoss(sparse_label=False)``,
 both hybridized; the loss summed and divided by the rescale factor 100; Adam with
@@ -44,32 +46,37 @@ import time
 import numpy as np
 
 MODES = ('float32', 'amp', 'convert', 'convert_loss')
-UNITS, HIDDEN, HEADS, VOCAB = 512, 2048, 8, 32000
 RESCALE_LOSS = 100.0
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def build(mode, layers, dropout=0.1):
-    """``(model, label_smoothing, loss_function, trainer, backward)`` of ``mode``."""
+def build(mode, name, layers):
+    """``(model, label_smoothing, loss_function, trainer, backward)`` of ``mode`` for the
+    shape ``TRANSFORMER_MODELS[name]`` of benchmarks.transformer with ``layers`` layers."""
     import mxnet as mx
     from mxnet import autograd, gluon
     import gluonnlp as nlp
     import mxmp
+    from benchmarks.transformer import TRANSFORMER_MODELS
+    shape = TRANSFORMER_MODELS[name]
+    vocab = shape['vocab_size']
     if mode == 'amp':
         from mxmp import amp
         amp.init('bfloat16')
     encoder, decoder, one_step = nlp.model.transformer.get_transformer_encoder_decoder(
-        num_layers=layers, num_heads=HEADS, units=UNITS, hidden_size=HIDDEN, dropout=dropout,
+        num_layers=layers or shape['num_layers'], num_heads=shape['num_heads'],
+        units=shape['units'], hidden_size=shape['hidden_size'], dropout=shape['dropout'],
         scaled=True, max_src_length=512, max_tgt_length=512)
     model = nlp.model.translation.NMTModel(
-        src_vocab=range(VOCAB), tgt_vocab=range(VOCAB), encoder=encoder, decoder=decoder,
-        one_step_ahead_decoder=one_step, share_embed=True, embed_size=UNITS, tie_weights=True,
+        src_vocab=range(vocab), tgt_vocab=range(vocab), encoder=encoder, decoder=decoder,
+        one_step_ahead_decoder=one_step, share_embed=True, embed_size=shape['units'],
+        tie_weights=True,
         embed_initializer=None, prefix='transformer_')
     model.initialize(init=mx.init.Xavier(magnitude=3.0))
     if mode.startswith('convert'):
         mxmp.convert(model, 'bfloat16')   # a plain Block: its HybridBlock children
     model.hybridize(static_alloc=True)
-    label_smoothing = nlp.loss.LabelSmoothing(epsilon=0.1, units=VOCAB)
+    label_smoothing = nlp.loss.LabelSmoothing(epsilon=0.1, units=vocab)
     loss_function = nlp.loss.MaskedSoftmaxCELoss(sparse_label=False)
     if mode == 'convert_loss':
         mxmp.convert(label_smoothing, 'bfloat16')
@@ -105,8 +112,8 @@ def make_update(mode, args, losses):
     from mxnet import autograd
     from benchmarks.transformer import sentence_batches
     mx.random.seed(0)
-    model, smoothing, loss_fn, trainer, backward = build(mode, args.layers)
-    batches = sentence_batches(mx, 'transformer_nmt', args.batch_size, args.seq_len, mx.cpu(),
+    model, smoothing, loss_fn, trainer, backward = build(mode, args.model, args.layers)
+    batches = sentence_batches(mx, args.model, args.batch_size, args.seq_len, mx.cpu(),
                                np.random.RandomState(0))
 
     def update(k):
@@ -180,7 +187,11 @@ def _fc_dtypes(model):
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument('--layers', type=int, default=4, help='encoder and decoder layers each')
+    p.add_argument('--model', default='transformer_nmt', choices=('transformer_nmt',
+                                                                  'transformer_tiny'),
+                   help='shape (benchmarks.transformer.TRANSFORMER_MODELS)')
+    p.add_argument('--layers', type=int, default=None,
+                   help="encoder and decoder layers each (default: the model's)")
     p.add_argument('--batch-size', type=int, default=32, help='sentence pairs per update')
     p.add_argument('--seq-len', type=int, default=40, help='longest sentence (tokens)')
     p.add_argument('--warmup', type=int, default=2, help='untimed updates per process')
@@ -279,8 +290,9 @@ def paired_main(args):
 
 
 def _child_args(args):
-    out = ['--layers', str(args.layers), '--batch-size', str(args.batch_size), '--seq-len',
+    out = ['--model', args.model, '--batch-size', str(args.batch_size), '--seq-len',
            str(args.seq_len), '--warmup', str(args.warmup), '--iters', str(args.iters)]
+    out += ['--layers', str(args.layers)] if args.layers else []
     return out + (['--profile'] if args.profile else [])
 
 
