@@ -3,7 +3,7 @@ converted the two ways a user converts such a script.
 
 ``python -m benchmarks.nmt_loop [--model transformer_nmt] [--layers 4] [--batch-size 32]
 [--warmup 2] [--iters 6] [--repeats 3] [--modes float32 amp convert convert_loss]
-[--profile | --paired]``
+[--profile] [--paired]``
 
 The loop is written the way GluonNLP 0.10's ``scripts/machine_translation/train_transformer.py``
 trains (read for its structure, nothing copied): ``nlp.model.translation.NMTModel`` over
@@ -131,6 +131,8 @@ def make_update(mode, args, losses):
 def run_paired(mode, args):
     """float32 and ``mode`` in one process, their updates alternating (float32, mode, ...), so
     that both see the same load: a result dict with both modes' times."""
+    import mxnet as mx
+    from benchmarks.profile import parse_aggregate
     updates, losses = {}, {}
     for m in ('float32', mode):
         losses[m] = []
@@ -138,12 +140,21 @@ def run_paired(mode, args):
         for k in range(args.warmup):
             updates[m](k)
     times = {m: [] for m in updates}
+    ops = {m: {} for m in updates}   # --profile: op -> ms over the timed updates
     for k in range(args.warmup, args.warmup + args.iters):
         for m in updates:
+            if args.profile:
+                mx.profiler.set_config(profile_all=True, aggregate_stats=True)
+                mx.profiler.set_state('run')
             start = time.perf_counter()
             updates[m](k)
             times[m].append(time.perf_counter() - start)
-    return {'mode': mode, 'update_s': times,
+            if args.profile:
+                mx.profiler.set_state('stop')
+                table = parse_aggregate(mx.profiler.dumps(reset=True)).get('operator', {})
+                for op, row in table.items():
+                    ops[m][op] = ops[m].get(op, 0.0) + row['total_ms'] / args.iters
+    return {'mode': mode, 'update_s': times, 'ops_ms': ops if args.profile else None,
             'loss': {m: [float(l.asscalar()) * RESCALE_LOSS for l in losses[m]] for m in losses}}
 
 
@@ -217,13 +228,13 @@ def main(argv=None):
     if args.child_paired:
         print('RESULT ' + json.dumps(run_paired(args.child_paired, args)))
         return 0
-    if args.paired:
-        return paired_main(args)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [ROOT] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
     if args.profile:
         env.update(MXNET_EXEC_BULK_EXEC_TRAIN='0', MXNET_EXEC_BULK_EXEC_INFERENCE='0')
         args.repeats = 1
+    if args.paired:
+        return paired_main(args, env)
     print('load average at start: %.1f' % os.getloadavg()[0])
     runs = {m: [] for m in args.modes}
     for rep in range(args.repeats):
@@ -257,10 +268,10 @@ def main(argv=None):
     return 0
 
 
-def paired_main(args):
-    """:func:`run_paired` for every mode but float32 and amp, ``args.repeats`` processes each."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [ROOT] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
+def paired_main(args, env):
+    """:func:`run_paired` for every mode but float32 and amp, ``args.repeats`` processes each
+    (with ``--profile``: one, and the per-operator table of each side, the operators of
+    each update profiled on their own)."""
     print('load average at start: %.1f' % os.getloadavg()[0])
     for mode in [m for m in args.modes if m not in ('float32', 'amp')]:
         ratios = []
@@ -281,12 +292,28 @@ def paired_main(args):
                 ' '.join('%.2f' % t for t in other), ' '.join('%.2f' % r for r in f32 / other),
                 {m: ' '.join('%.3f' % l for l in v[:3]) for m, v in res['loss'].items()}),
                 flush=True)
+            if res['ops_ms']:
+                _print_ops(res['ops_ms'])
         if ratios:
             print('%s: float32 time / %s time, median of %d alternating pairs %.2f (min %.2f, '
                   'max %.2f)' % (mode, mode, len(ratios), np.median(ratios), min(ratios),
                                  max(ratios)))
     print('load average at end: %.1f' % os.getloadavg()[0])
     return 0
+
+
+def _print_ops(ops_ms, limit=32):
+    """A markdown table of ``{mode: {op: ms per update}}``, the largest operators first."""
+    modes = list(ops_ms)
+    names = sorted(set().union(*ops_ms.values()), key=lambda o: -max(
+        ops_ms[m].get(o, 0.0) for m in modes))
+    print('| op, ms per update | ' + ' | '.join(modes) + ' |')
+    print('|---|' + '---|' * len(modes))
+    for op in names[:limit]:
+        print('| %s | %s |' % (op, ' | '.join('%.0f' % ops_ms[m][op] if op in ops_ms[m] else '-'
+                                             for m in modes)))
+    print('| all operators | %s |' % ' | '.join('%.0f' % sum(ops_ms[m].values())
+                                                for m in modes))
 
 
 def _child_args(args):
