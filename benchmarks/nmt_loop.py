@@ -106,7 +106,7 @@ def build(mode, name, layers):
 
 
 def make_update(mode, args, losses):
-    """``(model, update)``: ``update(k)`` runs update ``k`` of ``mode`` (batch ``k`` mod 4)
+    """``((model, loss_function), update)``: ``update(k)`` runs update ``k`` of ``mode`` (batch ``k`` mod 4)
     and appends its loss to ``losses``."""
     import mxnet as mx
     from mxnet import autograd
@@ -125,7 +125,7 @@ def make_update(mode, args, losses):
         trainer.step(args.batch_size / RESCALE_LOSS)
         losses.append(loss)
         mx.nd.waitall()
-    return model, update
+    return (model, loss_fn), update
 
 
 def run_paired(mode, args):
@@ -162,7 +162,7 @@ def run_mode(mode, args):
     """One process: build, warm up, time ``args.iters`` updates; a result dict."""
     import mxnet as mx
     losses = []
-    model, update = make_update(mode, args, losses)
+    (model, loss_fn), update = make_update(mode, args, losses)
     for k in range(args.warmup):
         update(k)
     if args.profile:
@@ -175,24 +175,28 @@ def run_mode(mode, args):
         times.append(time.perf_counter() - start)
     result = {'mode': mode, 'update_s': times,
               'loss': [float(l.asscalar()) * RESCALE_LOSS for l in losses],
-              'fc_dtypes': _fc_dtypes(model)}
+              'fc_dtypes': _fc_dtypes(model, loss_fn)}
     if args.profile:
         mx.profiler.set_state('stop')
         result['profile'] = mx.profiler.dumps(reset=True)
     return result
 
 
-def _fc_dtypes(model):
-    """FullyConnected / batch_dot output dtypes of the decoder's graph as it ran."""
+def _fc_dtypes(model, loss_fn):
+    """FullyConnected and batch_dot nodes and casts of the decoder's graph as it ran, and the
+    FullyConnected nodes of the loss's graph (the reduction rule's)."""
     import mxmp
+
+    def ops(block):
+        graph = getattr(block, '_cached_graph', None)
+        return [] if not graph else [n['op'] for n in json.loads(
+            graph[1].tojson(remove_amp_cast=False))['nodes']]
     graph = getattr(model.decoder, '_cached_graph', None)
     if not graph:
         return None
-    counts = {}
-    for node in json.loads(graph[1].tojson(remove_amp_cast=False))['nodes']:
-        if node['op'] in ('FullyConnected', 'batch_dot'):
-            counts[node['op']] = counts.get(node['op'], 0) + 1
-    return {'decoder_nodes': counts, 'casts': mxmp.count_casts(graph[1])}
+    counts = {op: ops(model.decoder).count(op) for op in ('FullyConnected', 'batch_dot')}
+    return {'decoder_nodes': counts, 'casts': mxmp.count_casts(graph[1]),
+            'loss_fc': ops(loss_fn).count('FullyConnected')}
 
 
 def parse(argv=None):

@@ -29,8 +29,10 @@ def test_every_mode_trains_in_its_own_process():
     lines = {l.split()[2]: l for l in out.splitlines() if l.startswith('repeat 0 ')}
     assert sorted(lines) == ['amp', 'convert', 'convert_loss', 'float32'], out
     for mode, line in lines.items():   # the decoder graph's casts: none in float32
-        casts = ast.literal_eval(line[line.index('{'):])['casts']['amp_cast']
-        assert (casts == 0) == (mode == 'float32'), line
+        graphs = ast.literal_eval(line[line.index('{'):])
+        assert (graphs['casts']['amp_cast'] == 0) == (mode == 'float32'), line
+        # the reduction rule's products in the loss: where mxmp converts the loss
+        assert (graphs['loss_fc'] > 0) == (mode in ('amp', 'convert_loss')), line
     assert out.count('x float32') == 3
 
 
