@@ -44,9 +44,10 @@ def test_plain_block_converts_its_hybrid_parts():
     out.backward()
     assert out.dtype == np.float32 and x.grad.dtype == np.float32
     assert np.abs(out.asnumpy() - ref).max() <= 0.02 * np.abs(ref).max()
-    for dense in (net.first, net.inner[0]):
-        casts = [n for n in _graph_ops(dense) if n['op'] == 'amp_cast']
-        assert {c['attrs']['dtype'] for c in casts} >= {'bfloat16'}
+    for dense in (net.first, net.inner[0]):   # real kernels or emulated: the pass ran
+        assert [n for n in _graph_ops(dense) if n['op'] == 'amp_cast']
+        rows = mxmp.explain(dense._cached_graph[1])
+        assert [r.dtype for r in rows if r.op == 'FullyConnected'] == ['bfloat16']
     with pytest.raises(ValueError, match='already converted'):
         mxmp.convert(net, 'float16')
 
