@@ -135,3 +135,16 @@ def test_converting_twice_changes_nothing():
     twice = mxmp.convert_symbol(once, 'bfloat16')
     assert once.tojson(remove_amp_cast=False) == twice.tojson(remove_amp_cast=False)
     assert mxmp.remove_casts(once).tojson() == sym.tojson()
+
+
+@pytest.mark.parametrize('dtype', ['int32', 'float64'])
+def test_integer_and_float64_reductions_keep_mxnet_kernel(dtype):
+    data = mx.sym.var('data')
+    sym = mx.sym.Group([mx.sym.sum(data, axis=-1), mx.sym.mean(data, axis=0, exclude=True)])
+    conv = mxmp.convert_symbol(sym, 'bfloat16', data_dtypes={'data': dtype})
+    ops = [n['op'] for n in json.loads(conv.tojson(remove_amp_cast=False))['nodes']]
+    assert 'FullyConnected' not in ops and ops.count('sum') == 1 and ops.count('mean') == 1
+    x = mx.nd.array(np.arange(24).reshape(2, 3, 4), dtype=dtype)
+    for out, ref in zip(conv.eval(data=x), sym.eval(data=x)):
+        assert out.dtype == ref.dtype
+        np.testing.assert_array_equal(out.asnumpy(), ref.asnumpy())

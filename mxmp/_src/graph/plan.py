@@ -297,8 +297,7 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
     if previous is not None or any(node.get('attrs', {}).get(MARK) is not None or
                                    cast_origin(node) == 'contrib.amp' for node in js['nodes']):
         js = strip(js)
-    from .reduce_rule import substitute as substitute_reductions
-    js = substitute_reductions(substitute(js, policy), policy)
+    js = substitute(js, policy)
     input_dtypes = {name: d if isinstance(d, str) else dtype_name(d)
                     for name, d in (data_dtypes or {}).items()}
     names = set(data_names if data_names is not None else ('data',)) | set(input_dtypes)
@@ -313,6 +312,9 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
             'float32: delete their __dtype__ attribute and cast their arrays to float32'
             % (', '.join(wrong[:5]), pinned[wrong[0]], policy.target_dtype))
     input_dtypes.update(pinned)
+    from .reduce_rule import substitute as substitute_reductions
+    js = substitute_reductions(js, policy, {n: 'float32' if d in _LOW else d
+                                            for n, d in input_dtypes.items()})
     return js, policy, input_dtypes, names, plan(js, policy, input_dtypes, names, set(pinned))
 
 

@@ -13,7 +13,8 @@ vocabulary (GluonNLP's label-smoothed ``MaskedSoftmaxCELoss``, Gluon's ``Softmax
 dense labels) runs such reductions over batch x length x vocabulary values every step, in
 float32 in both precisions: with bfloat16 matrix products they are a large share of the step.
 
-Which nodes: ``sum`` and ``mean`` (float32 ops in the policy, and the rule keeps them float32)
+Which nodes: ``sum`` and ``mean`` of float32 data (float32 ops in the policy, and the rule keeps
+them float32; integer and float64 reductions keep MXNet's kernel)
 
 - over the last axis (``axis=-1``, any ``keepdims``): ``r = Reshape(x, (-1, 0), reverse)``
   (rows x last axis), ``w = ones_like(slice_axis(r, 0, 0, 1))`` (1 x last axis),
@@ -38,7 +39,7 @@ It is on for bfloat16 targets (the slow kernel is MXNet's CPU kernel) and off wi
 ``Policy(reductions='mxnet')``; :func:`mxmp.explain` names every node it writes (:func:`rule_of`);
 :func:`restore_graph` undoes it (``remove_casts``, export).
 """
-from .symbol_json import MARK, unique_name
+from .symbol_json import MARK, infer_dtypes, unique_name
 
 __all__ = ['REDUCE_PREFIX', 'substitute', 'restore_graph', 'rule_of']
 
@@ -68,13 +69,20 @@ def _form(node):
     return None
 
 
-def substitute(js, policy):
-    """``js`` (graph JSON) with the rule applied (module docstring): a new dict, or ``js``
-    itself where nothing applies or the policy turns it off."""
+def substitute(js, policy, input_dtypes):
+    """``js`` (graph JSON) with the rule applied (module docstring) to reductions of float32
+    data (``input_dtypes``: ``{input name: dtype}`` as :func:`infer_dtypes` takes them, low
+    precision read as float32): a new dict, or ``js`` itself where nothing applies or the
+    policy turns it off. Integer and float64 reductions keep MXNet's kernel."""
     if policy.reductions == 'mxnet' or policy.target_dtype != 'bfloat16':
         return js
     nodes = js['nodes']
     chosen = {nid: _form(n) for nid, n in enumerate(nodes) if _form(n)}
+    if not chosen:
+        return js
+    dtypes = infer_dtypes(js, input_dtypes)
+    chosen = {nid: form for nid, form in chosen.items()
+              if dtypes.get(tuple(nodes[nid]['inputs'][0][:2])) == 'float32'}
     if not chosen:
         return js
     names = {n['name'] for n in nodes}
