@@ -3,7 +3,7 @@ converted the two ways a user converts such a script.
 
 ``python -m benchmarks.nmt_loop [--model transformer_nmt] [--layers 4] [--batch-size 32]
 [--warmup 2] [--iters 6] [--repeats 3] [--modes float32 amp convert convert_loss]
-[--profile] [--paired]``
+[--kernels auto] [--profile] [--paired]``
 
 The loop is written the way GluonNLP 0.10's ``scripts/machine_translation/train_transformer.py``
 trains (read for its structure, nothing copied): ``nlp.model.translation.NMTModel`` over
@@ -50,9 +50,10 @@ RESCALE_LOSS = 100.0
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def build(mode, name, layers):
+def build(mode, name, layers, kernels='auto'):
     """``(model, label_smoothing, loss_function, trainer, backward)`` of ``mode`` for the
-    shape ``TRANSFORMER_MODELS[name]`` of benchmarks.transformer with ``layers`` layers."""
+    shape ``TRANSFORMER_MODELS[name]`` of benchmarks.transformer with ``layers`` layers;
+    ``kernels``: the mxmp Policy's (``'all'``: mxmp's Dropout too)."""
     import mxnet as mx
     from mxnet import autograd, gluon
     import gluonnlp as nlp
@@ -63,6 +64,9 @@ def build(mode, name, layers):
     if mode == 'amp':
         from mxmp import amp
         amp.init('bfloat16')
+        if kernels != 'auto':   # amp.init's own policy, with the kernels asked for
+            amp.init(amp._policy(None, None, None, None, None).replace(kernels=kernels))
+    policy = mxmp.Policy('bfloat16', kernels=kernels)
     encoder, decoder, one_step = nlp.model.transformer.get_transformer_encoder_decoder(
         num_layers=layers or shape['num_layers'], num_heads=shape['num_heads'],
         units=shape['units'], hidden_size=shape['hidden_size'], dropout=shape['dropout'],
@@ -74,13 +78,13 @@ def build(mode, name, layers):
         embed_initializer=None, prefix='transformer_')
     model.initialize(init=mx.init.Xavier(magnitude=3.0))
     if mode.startswith('convert'):
-        mxmp.convert(model, 'bfloat16')   # a plain Block: its HybridBlock children
+        mxmp.convert(model, policy=policy)   # a plain Block: its HybridBlock children
     model.hybridize(static_alloc=True)
     label_smoothing = nlp.loss.LabelSmoothing(epsilon=0.1, units=vocab)
     loss_function = nlp.loss.MaskedSoftmaxCELoss(sparse_label=False)
     if mode == 'convert_loss':
-        mxmp.convert(label_smoothing, 'bfloat16')
-        mxmp.convert(loss_function, 'bfloat16')
+        mxmp.convert(label_smoothing, policy=policy)
+        mxmp.convert(loss_function, policy=policy)
     label_smoothing.hybridize(static_alloc=True)
     loss_function.hybridize(static_alloc=True)
     opt = {'learning_rate': 1e-4, 'beta2': 0.98, 'epsilon': 1e-9}
@@ -112,7 +116,7 @@ def make_update(mode, args, losses):
     from mxnet import autograd
     from benchmarks.transformer import sentence_batches
     mx.random.seed(0)
-    model, smoothing, loss_fn, trainer, backward = build(mode, args.model, args.layers)
+    model, smoothing, loss_fn, trainer, backward = build(mode, args.model, args.layers, args.kernels)
     batches = sentence_batches(mx, args.model, args.batch_size, args.seq_len, mx.cpu(),
                                np.random.RandomState(0))
 
@@ -215,6 +219,8 @@ def parse(argv=None):
     p.add_argument('--modes', nargs='+', choices=MODES, default=list(MODES))
     p.add_argument('--profile', action='store_true',
                    help="per-operator time (MXNet's profiler, bulk execution off), one repeat")
+    p.add_argument('--kernels', default='auto', choices=('auto', 'all', 'mxnet'),
+                   help="mxmp.Policy(kernels=...) of the mxmp modes ('all': mxmp's Dropout)")
     p.add_argument('--paired', action='store_true',
                    help='float32 and each other mode in one process, updates alternating '
                         '(ratios robust to a shared machine\'s load; not amp, whose switch is '
@@ -324,6 +330,7 @@ def _child_args(args):
     out = ['--model', args.model, '--batch-size', str(args.batch_size), '--seq-len',
            str(args.seq_len), '--warmup', str(args.warmup), '--iters', str(args.iters)]
     out += ['--layers', str(args.layers)] if args.layers else []
+    out += ['--kernels', args.kernels]
     return out + (['--profile'] if args.profile else [])
 
 
