@@ -61,11 +61,18 @@ def test_values_and_gradients_match_mxnet_reduction(seed):
     plain.hybridize()
     ref = _run(plain, SHAPES, seed)
     for reductions in ('auto', 'mxnet'):
-        got = _run(_converted(reductions), SHAPES, seed)
+        block = _converted(reductions)
+        got = _run(block, SHAPES, seed)
         for (y, g), (ry, rg) in zip(got, ref):
             assert y.shape == ry.shape and g.shape == rg.shape
             assert np.abs(y - ry).max() <= REL * np.abs(ry).max()
             assert np.abs(g - rg).max() <= REL * np.abs(rg).max()
+        # inference (the fused twin graph where the real kernels run): the same values
+        rng = np.random.RandomState(seed)
+        w = mx.nd.array(rng.uniform(0.5, 1.5, size=SHAPES[0][-1:]))
+        x = mx.nd.array(rng.normal(size=SHAPES[0]))
+        y, ry = block(x, w).asnumpy(), plain(x, w).asnumpy()
+        assert np.abs(y - ry).max() <= REL * np.abs(ry).max()
 
 
 def _graph(block):
