@@ -8,11 +8,11 @@ block goes through the pass, :func:`mxmp._src.gluon_graph.rewrite`), ``_call_cac
 (grouped weights back to the default layout; the fused inference twin; calls :func:`mxmp.freeze`
 forbids), ``forward`` (a converted block that is not hybridized raises; under ``amp.init`` an
 imperative call warns once), ``export``/``save_parameters``/``load_parameters`` (files plain
-MXNet loads: float32, a frozen block's as it runs), and
-``Parameter.set_data`` (fused graphs are rebuilt). :func:`remove_hooks` puts MXNet's methods back
-and forgets every conversion. Which blocks are converted is kept here, in weak dictionaries
-keyed by the block or Parameter: nothing is stamped on MXNet's objects but contrib.amp's own
-hook on a ``gluon.Trainer`` (:func:`attach_trainer_loss_scaler`, for :mod:`mxmp.amp`).
+MXNet loads: float32, a frozen block's as it runs), and ``Parameter.set_data`` (fused graphs are
+rebuilt). :func:`remove_hooks` puts MXNet's methods back and forgets every conversion. Which
+blocks are converted is kept here, in weak dictionaries keyed by the block or Parameter: nothing
+is stamped on MXNet's objects but contrib.amp's own hook on a ``gluon.Trainer``
+(:func:`attach_trainer_loss_scaler`, for :mod:`mxmp.amp`).
 """
 import logging
 import threading
@@ -43,8 +43,7 @@ _FROZEN = weakref.WeakKeyDictionary()      # block made by mxmp.freeze -> name o
 _CONSUMED = weakref.WeakKeyDictionary()    # block mxmp.freeze took the arrays of -> True
 _GLOBAL = [None]                           # the Conversion of mxmp.amp.init, or None
 _ORIGINAL = {}                             # method name -> MXNet's function
-_LOCAL = threading.local()                 # imperative call depth (the amp.init warning);
-                                           # inference_call: _build_cache runs for one
+_LOCAL = threading.local()                 # depth (amp.init's warning), inference_call
 _WARNED = set()
 
 
@@ -86,7 +85,10 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
     Trainer over ``block.collect_params()`` trains it.
 
     Args:
-        block (mxnet.gluon.HybridBlock): initialized or not; hybridized here if it is not.
+        block (mxnet.gluon.HybridBlock or gluon.Block): initialized or not; hybridized here if
+            it is not. A plain ``gluon.Block`` (Python ``forward``, e.g. GluonNLP's
+            ``NMTModel``): each of its outermost HybridBlock descendants is converted, and its
+            own Python code runs as written (float32 between them).
         target_dtype (str): shorthand for ``policy.target_dtype`` (default ``'bfloat16'``).
         cast_params (bool): shorthand for ``policy.param_dtype``: True stores the weights of
             low-precision layers in the target dtype (rounded to nearest even; cast once they
@@ -108,20 +110,28 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
             inference"). False leaves the folding to MXNet. Default True.
 
     Returns:
-        mxnet.gluon.HybridBlock: ``block``, with float32 outputs; ``export`` and
-        ``save_parameters`` write float32 files plain MXNet loads.
+        mxnet.gluon.HybridBlock (or the plain Block given): ``block``, with float32 outputs;
+        ``export`` and ``save_parameters`` write float32 files plain MXNet loads.
 
     Raises:
-        TypeError: ``block`` is not a HybridBlock.
+        TypeError: ``block`` is neither a HybridBlock nor a Block holding one.
         ValueError: unknown dtype; a shorthand contradicting ``policy``; bad ``emulate``,
             ``fuse_inference``, ``pad_stem`` or ``fold_batchnorm``; the block was converted
             with other settings.
     """
     if not isinstance(block, gluon.HybridBlock):
-        raise TypeError(
-            'mxmp.convert needs a gluon.HybridBlock, got %s (a plain gluon.Block cannot be '
-            'traced into a graph). Write it as a HybridBlock with hybrid_forward(self, F, x), or '
-            'convert its HybridBlock children one by one.' % type(block).__name__)
+        from .block_tree import hybrid_parts   # a plain Block: convert the graphs inside it
+        parts = hybrid_parts(block) if isinstance(block, gluon.Block) else []
+        if not parts:
+            raise TypeError('mxmp.convert needs a gluon.HybridBlock (or a Block holding some), '
+                            'got %s with none inside: write it as a HybridBlock with '
+                            'hybrid_forward(self, F, x)' % type(block).__name__)
+        logger.info('mxmp.convert: %s is a plain Block; converting its HybridBlocks %s (its '
+                    'own forward runs as written)', block.name, [p.name for p in parts])
+        for part in parts:
+            convert(part, target_dtype, cast_params, emulate, policy, fuse_inference, pad_stem,
+                    fold_batchnorm)
+        return block
     if fuse_inference not in ('auto', True, False):
         raise ValueError("fuse_inference=%r: use 'auto', True or False" % (fuse_inference,))
     check_pad_stem(pad_stem)
@@ -223,10 +233,7 @@ def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True):
     accumulating = _accumulating(params)
     _ACCUMULATING[block] = params, accumulating
     if accumulating:   # MXNet's cast backward ignores grad_req='add' (graph/accumulate.py)
-        # imported here: only graphs with accumulating Parameters need it, and import mxmp
-        # stays within its module budget (tests/test_source_layout.py)
-        # pylint: disable-next=import-outside-toplevel
-        from .graph.accumulate import guard_accumulated_grads
+        from .graph.accumulate import guard_accumulated_grads   # lazily: import budget
         built.symbol = guard_accumulated_grads(built.symbol, accumulating)
     if conversion is _GLOBAL[0]:
         for param in block.collect_params().values():
@@ -287,9 +294,8 @@ def _forward(self, x, *args):
     if self._active or not isinstance(x, mx.nd.NDArray):
         return _ORIGINAL['forward'](self, x, *args)
     if self in _CONVERTED:
-        raise RuntimeError(
-            '%s was converted by mxmp.convert but is not hybridized (hybridize(active=False)), '
-            'so it would run in float32: call %s.hybridize() first' % (self.name, self.name))
+        raise RuntimeError('%s was converted by mxmp.convert but is not hybridized, so it would '
+                           'run in float32: call %s.hybridize() first' % (self.name, self.name))
     conversion = _GLOBAL[0]
     depth = getattr(_LOCAL, 'depth', 0)
     if conversion is not None and depth == 0 and type(self) not in _WARNED and \
@@ -324,7 +330,7 @@ def _export(self, path, epoch=0, remove_amp_cast=None):   # None: MXNet's defaul
 def _save_parameters(self, filename, deduplicate=False, dtype='float32'):
     if self not in _CONVERTED:
         return _ORIGINAL['save_parameters'](self, filename, deduplicate)
-    from .block_params import save_block_parameters   # loaded on first use: import mxmp stays small
+    from .block_params import save_block_parameters   # lazily: import budget
     return save_block_parameters(self, filename, deduplicate=deduplicate, dtype=dtype)
 
 
@@ -341,9 +347,8 @@ def _load_parameters(self, filename, ctx=None, allow_missing=False, ignore_extra
 
 def _reset_fused():
     """Drop every fused inference graph: the parameters may change (rebuilt at next use)."""
-    for built in list(_BUILT.values()):
-        if built.fused is not None:
-            built.fused.reset()
+    for built in [b for b in _BUILT.values() if b.fused is not None]:
+        built.fused.reset()
 
 
 def _set_data(self, data):
@@ -380,13 +385,8 @@ def remove_hooks():
             delattr(gluon.HybridBlock, name)   # inherited from gluon.Block
         else:
             setattr(gluon.HybridBlock, name, original)
-    _ORIGINAL.clear()
-    _CONVERTED.clear()
-    _BUILT.clear()
-    _ACCUMULATING.clear()
-    _FROZEN.clear()
-    _CONSUMED.clear()
-    PARAM_POLICY.clear()
+    for state in (_ORIGINAL, _CONVERTED, _BUILT, _ACCUMULATING, _FROZEN, _CONSUMED, PARAM_POLICY):
+        state.clear()
     _GLOBAL[0] = None
 
 

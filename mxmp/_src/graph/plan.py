@@ -72,6 +72,7 @@ class _Graph:
                    else n for n in self.nodes]
         self.orig = infer_dtypes(dict(js, nodes=untyped), {n: 'float32' if d in _LOW else d
                                                            for n, d in input_dtypes.items()})
+        from . import reduce_rule   # loaded by the first conversion, not by `import mxmp`
         self.classes = [None] * len(self.nodes)
         for nid, node in enumerate(self.nodes):
             if node['op'] in CAST_OPS and cast_origin(node) == 'model':  # others were stripped
@@ -79,6 +80,8 @@ class _Graph:
                                      'cast written by the model: kept, computes as in MXNet')
             elif rule_of(node) is not None:   # the kernel rule's nodes compute in float32
                 self.classes[nid] = (FLOAT32, rule_of(node))
+            elif reduce_rule.rule_of(node) is not None:   # so do the reduction rule's
+                self.classes[nid] = (FLOAT32, reduce_rule.rule_of(node))
             elif node['op'] != 'null':
                 self.classes[nid] = policy.classify(node['op'], node.get('attrs', {}),
                                                     node['name'])
@@ -343,6 +346,9 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
             'float32: delete their __dtype__ attribute and cast their arrays to float32'
             % (', '.join(wrong[:5]), pinned[wrong[0]], policy.target_dtype))
     input_dtypes.update(pinned)
+    from .reduce_rule import substitute as substitute_reductions
+    js = substitute_reductions(js, policy, {n: 'float32' if d in _LOW else d
+                                            for n, d in input_dtypes.items()})
     return js, policy, input_dtypes, names, plan(js, policy, input_dtypes, names, set(pinned))
 
 

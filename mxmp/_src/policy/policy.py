@@ -84,11 +84,15 @@ class Policy:
             opt-in: with it the transformer study's bfloat16 perplexity was +1.2% of float32's,
             95% interval [+0.1, +2.2] over 6 seeds, against +0.0% without; docs/accuracy.md);
             ``'mxnet'``: MXNet's kernels only.
+        reductions (str): ``'auto'`` (default): for bfloat16, float32 ``sum``/``mean`` over
+            the last axis, or over all axes but the first, run as a FullyConnected product
+            with ones (MXNet 1.9.1's CPU reduction is 25-40x slower; the pass's reduction
+            rule, :mod:`mxmp._src.graph.reduce_rule`); ``'mxnet'``: MXNet's reduction.
 
     Raises:
         ValueError: unknown target dtype; an op name MXNet 1.9.1 does not register; a malformed
             ``conditional_fp32`` entry; a bad ``emulate``, ``param_dtype``, ``output_dtype``,
-            ``loss_scaler`` or ``kernels``.
+            ``loss_scaler``, ``kernels`` or ``reductions``.
         AmpListConflict: an op in two of ``lp_ops``, ``fp32_ops``, ``follow_ops``.
     """
     target_dtype: str = 'bfloat16'
@@ -104,6 +108,7 @@ class Policy:
     output_dtype: str = 'float32'
     loss_scaler: Any = 'auto'
     kernels: str = 'auto'
+    reductions: str = 'auto'
 
     def __post_init__(self):
         set_ = functools.partial(object.__setattr__, self)
@@ -143,6 +148,9 @@ class Policy:
         if self.kernels not in ('auto', 'all', 'mxnet'):
             raise ValueError("kernels=%r: use 'auto' (mxmp's kernels where they build), 'all' "
                              "(Dropout's too) or 'mxnet'" % (self.kernels,))
+        if self.reductions not in ('auto', 'mxnet'):
+            raise ValueError("reductions=%r: use 'auto' (sum/mean as a product with ones) or "
+                             "'mxnet'" % (self.reductions,))
         if self.conditional_fp32 is not None:
             set_('conditional_fp32', conditional_rules(self.conditional_fp32))
         for a, b in (('lp_ops', 'fp32_ops'), ('lp_ops', 'follow_ops'),
