@@ -19,8 +19,8 @@ def hybrid_parts(block):
 
     def walk(b):
         for child in b._children.values():
-            if id(child) not in seen:
-                seen.add(id(child))
+            if id(child) not in seen:   # id(): a set local to this call (a shared child)
+                seen.add(id(child))   # id(): as above
                 if isinstance(child, gluon.HybridBlock):
                     parts.append(child)
                 else:
