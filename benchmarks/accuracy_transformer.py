@@ -55,6 +55,10 @@ def build_parser():
         action = next(a for a in defaults._actions if a.dest == flag)
         p.add_argument(action.option_strings[0], type=action.type, default=action.default,
                        help=action.help)
+    p.add_argument('--kernels', choices=('default', 'mxnet', 'auto', 'all'), default='default',
+                   help="benchmarks.gpt's --kernels for every run (mxmp's operator library; "
+                        "with 'auto' or 'all' float32 runs the library's kernels too): a study "
+                        "of the library, written to its own --out")
     p.add_argument('--seeds', type=parse_seeds, default=parse_seeds('0-5'),
                    help='seeds of the float32 and bfloat16 runs, e.g. 0-2 or 0,1,4')
     p.add_argument('--float16-seeds', type=parse_seeds, default=parse_seeds('0-2'),
@@ -78,6 +82,8 @@ def run_config(args, dtype, seed):
     """What identifies a run: dtype, seed and the training flags (stored in its record)."""
     config = {flag: getattr(args, flag) for flag in TRAIN_FLAGS}
     config.update(dtype=dtype, seed=seed)
+    if args.kernels != 'default':     # recorded only when set: older records stay valid
+        config['kernels'] = args.kernels
     return config
 
 
