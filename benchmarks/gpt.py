@@ -246,6 +246,10 @@ def build_parser():
                         "and, in float32, apply the rule to the float32 graph ('auto': the "
                         "library's LayerNorm; 'all': its Dropout too), which measures the "
                         "library's kernels without the precision")
+    p.add_argument('--mask-seed', type=int, default=None,
+                   help="reseed MXNet's generator with this after the weights are drawn: the "
+                        "Dropout masks change, the weights and the windows stay --seed's (the "
+                        "noise of the masks alone)")
     p.add_argument('--save-dir', help='where the run writes its files (required to train)')
     p.add_argument('--baselines', action='store_true',
                    help='train nothing; print the validation perplexity of character n-gram '
@@ -310,6 +314,8 @@ def train(args, log=print):
     starts = rng.randint(0, len(train_ids) - args.context - 1, size=(args.steps, args.batch_size))
     net = build_gpt(len(vocab), args.units, args.layers, args.heads, args.context, args.dropout)
     net.initialize(mx.init.Normal(0.02))
+    if args.mask_seed is not None:
+        mx.random.seed(args.mask_seed)
     emulate = None
     if args.dtype != 'float32':
         import mxmp
