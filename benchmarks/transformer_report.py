@@ -240,3 +240,46 @@ def report(records, out, log=print, command='python -m benchmarks.accuracy_trans
     write_report(out, format_header(records, command) + format_table(records, stats), stats,
                  lambda png: plot_curves(records, png), log)
     return stats
+
+
+def compare_dirs(run_dirs, dtype='float32'):
+    """The ``dtype`` runs of two studies' ``runs`` folders paired by seed: (seeds, diffs,
+    :func:`benchmarks.accuracy.paired_ci` of ``ppl(first) / ppl(second) - 1`` in percent).
+    Raises ValueError when they share no seed."""
+    import glob
+    import json
+    ppl = []
+    for folder in run_dirs:
+        found = {}
+        for path in glob.glob(os.path.join(folder, 'gpt-%s-seed*.json' % dtype)):
+            with open(path) as f:
+                record = json.load(f)
+            found[record['config']['seed']] = record['final_val_ppl']
+        ppl.append(found)
+    seeds, diffs = relative_differences(*ppl)
+    if not seeds:
+        raise ValueError('%s and %s share no %s seed' % (run_dirs[0], run_dirs[1], dtype))
+    return seeds, diffs, paired_ci(diffs)
+
+
+def main(argv=None):
+    """``python -m benchmarks.transformer_report RUNS_A RUNS_B [--dtype D]``: print the paired
+    relative perplexity differences of two studies' runs (e.g. float32 with mxmp's Dropout
+    against float32 with MXNet's Dropout drawing other masks)."""
+    import argparse
+    p = argparse.ArgumentParser(prog='python -m benchmarks.transformer_report',
+                                description=main.__doc__.split('\n')[0])
+    p.add_argument('runs', nargs=2, help='two OUT/runs folders of the transformer study')
+    p.add_argument('--dtype', default='float32')
+    args = p.parse_args(argv)
+    seeds, diffs, ci = compare_dirs(args.runs, args.dtype)
+    print('ppl(%s) / ppl(%s) - 1, %s, same seed' % (args.runs[0], args.runs[1], args.dtype))
+    print(' '.join('seed %d: %+.3f%%' % sd for sd in zip(seeds, diffs)))
+    print('mean %+.3f%%, 95%% interval %s over %d seeds' % (
+        ci['mean'], '[%+.3f%%, %+.3f%%]' % (ci['low'], ci['high'])
+        if ci['low'] is not None else 'n/a', ci['n']))
+    return seeds, diffs, ci
+
+
+if __name__ == '__main__':
+    main()

@@ -140,6 +140,16 @@ def test_library_kernels_in_float32_and_mask_seeds_pair_with_a_reference_study(s
         table = (root / name / 'table.md').read_text()
         assert "Against the reference study's float32 runs" in table
     assert "| float32 (mxmp's kernels='all') |" in (root / 'lib' / 'table.md').read_text()
+    # the two controls against each other, from their folders
+    ppl = {n: json.loads((root / n / 'runs' / 'gpt-float32-seed0.json').read_text())[
+        'final_val_ppl'] for n in ('lib', 'masks')}
+    seeds, diffs, ci = transformer_report.main([str(root / 'lib' / 'runs'),
+                                                str(root / 'masks' / 'runs')])
+    assert seeds == [0] and diffs == pytest.approx([100 * (ppl['lib'] / ppl['masks'] - 1)])
+    assert ci['n'] == 1
+    with pytest.raises(ValueError, match='share no'):
+        transformer_report.compare_dirs([str(root / 'lib' / 'runs'), str(root / 'lib' / 'runs')],
+                                        'bfloat16')
     with pytest.raises(SystemExit):
         study_mod.build_parser().parse_args(['--dtypes', 'float64'])
 
