@@ -243,8 +243,8 @@ def build_parser():
                    help="mxmp's operator library (the pass's kernel rule): 'default' is "
                         "MXNet's kernels in float32 and Policy's default ('auto') otherwise; "
                         "'mxnet', 'auto' or 'all' set Policy(kernels=...) for bfloat16/float16 "
-                        "and, in float32, apply the rule to the float32 graph ('auto': the "
-                        "library's LayerNorm; 'all': its Dropout too), which measures the "
+                        "and, in float32, apply the rule to the float32 graph ('auto' and "
+                        "'all': the library's LayerNorm and Dropout), which measures the "
                         "library's kernels without the precision")
     p.add_argument('--mask-seed', type=int, default=None,
                    help="reseed MXNet's generator with this after the weights are drawn: the "
