@@ -43,6 +43,16 @@ TRAIN_FLAGS = ('steps', 'batch_size', 'context', 'units', 'layers', 'heads', 'dr
                'max_val_windows')
 
 
+def parse_dtypes(text):
+    """'float32,bfloat16' -> ('float32', 'bfloat16'); argparse.ArgumentTypeError names the
+    choices for anything else."""
+    dtypes = tuple(d for d in text.split(',') if d)
+    if not dtypes or any(d not in DTYPES[:2] for d in dtypes):
+        raise argparse.ArgumentTypeError('%r: give float32 and/or bfloat16, comma-separated'
+                                         % text)
+    return dtypes
+
+
 def build_parser():
     from benchmarks import gpt
     p = argparse.ArgumentParser(
@@ -55,6 +65,21 @@ def build_parser():
         action = next(a for a in defaults._actions if a.dest == flag)
         p.add_argument(action.option_strings[0], type=action.type, default=action.default,
                        help=action.help)
+    p.add_argument('--kernels', choices=('default', 'mxnet', 'auto', 'all'), default='default',
+                   help="benchmarks.gpt's --kernels for every run (mxmp's operator library; "
+                        "with 'auto' or 'all' float32 runs the library's kernels too): a study "
+                        "of the library, written to its own --out")
+    p.add_argument('--dtypes', type=parse_dtypes,
+                   default=('float32', 'bfloat16'),
+                   help='comma-separated dtypes of the --seeds runs (float16 has its own '
+                        '--float16-seeds)')
+    p.add_argument('--mask-seed-offset', type=int, default=None,
+                   help="benchmarks.gpt's --mask-seed SEED + this for every run: other "
+                        'Dropout masks, the same weights and windows (the noise of the '
+                        'masks alone); a study of its own --out')
+    p.add_argument('--reference', default=None,
+                   help='another study\'s --out (e.g. docs/accuracy/transformer): the report '
+                        'also pairs every run with that study\'s float32 run of its seed')
     p.add_argument('--seeds', type=parse_seeds, default=parse_seeds('0-5'),
                    help='seeds of the float32 and bfloat16 runs, e.g. 0-2 or 0,1,4')
     p.add_argument('--float16-seeds', type=parse_seeds, default=parse_seeds('0-2'),
@@ -78,6 +103,10 @@ def run_config(args, dtype, seed):
     """What identifies a run: dtype, seed and the training flags (stored in its record)."""
     config = {flag: getattr(args, flag) for flag in TRAIN_FLAGS}
     config.update(dtype=dtype, seed=seed)
+    if args.kernels != 'default':     # recorded only when set: older records stay valid
+        config['kernels'] = args.kernels
+    if args.mask_seed_offset is not None:
+        config['mask_seed'] = seed + args.mask_seed_offset
     return config
 
 
@@ -131,7 +160,7 @@ def planned_runs(args):
     (an interrupted study has complete pairs), then float16."""
     plan = []
     for seed in args.seeds:
-        plan += [('float32', seed), ('bfloat16', seed)]
+        plan += [(dtype, seed) for dtype in DTYPES[:2] if dtype in args.dtypes]
     plan += [('float16', seed) for seed in args.float16_seeds]
     return plan
 
@@ -234,10 +263,21 @@ def main(argv=None, log=print):
     if not records:
         log('no runs recorded in %s' % os.path.join(args.out, 'runs'))
         return None
+    reference = None
+    if args.reference:
+        ref_args = argparse.Namespace(**dict(vars(args), kernels='default', out=args.reference,
+                                             mask_seed_offset=None, dtypes=('float32',),
+                                             float16_seeds=[]))
+        reference = [r for r in recorded(ref_args) if r['config']['dtype'] == 'float32']
+        if not reference:
+            raise ValueError('no float32 runs of this configuration recorded in %s'
+                             % os.path.join(args.reference, 'runs'))
     argv = sys.argv[1:] if argv is None else argv
     return transformer_report.report(
         records, args.out, log=log,
-        command=' '.join(['python -m benchmarks.accuracy_transformer'] + list(argv)))
+        command=' '.join(['python -m benchmarks.accuracy_transformer'] + list(argv)),
+        reference=reference, reference_name=args.reference and '%s, %s' % (
+            args.reference, transformer_report.dtype_label(reference)))
 
 
 if __name__ == '__main__':

@@ -186,6 +186,24 @@ def build_gpt(vocab_size, units, layers, heads, context, dropout):
     return GPT()
 
 
+def float32_library_kernels(net, kernels):
+    """``net`` (the float32 GPT, initialized) as a SymbolBlock whose graph went through mxmp's
+    kernel rule with ``kernels`` ('auto' or 'all') but stays float32 everywhere: the library's
+    kernels without the precision, the control of the transformer study (docs/accuracy.md).
+    The parameters are ``net``'s own. Raises RuntimeError when the library does not load."""
+    import mxnet as mx
+    from mxnet import gluon
+    from mxmp._src.graph.kernel_rule import apply_kernels
+    from mxmp._src.graph.symbol_json import dump, load
+    from mxmp._src.kernels.build import load_library
+    if load_library() is None:
+        raise RuntimeError("mxmp's operator library does not load here: --kernels %s needs it"
+                           % kernels)
+    inputs = [mx.sym.var('tokens'), mx.sym.var('mask')]
+    graph = apply_kernels(load(net(*inputs)), kernels)
+    return gluon.SymbolBlock(dump(graph), inputs, params=net.collect_params())
+
+
 def causal_mask(context):
     """(1, context, context) float32: 0 where key <= query, -1e4 above the diagonal (exp
     underflows to 0 in the float32 softmax; -1e4 also fits float16)."""
@@ -221,6 +239,17 @@ def build_parser():
                    default=[], help='steps (comma-separated) whose update is left out, the batch '
                                     'consumed and its gradients discarded, as a loss-scale '
                                     'overflow does: to measure what one skipped step costs')
+    p.add_argument('--kernels', choices=('default', 'mxnet', 'auto', 'all'), default='default',
+                   help="mxmp's operator library (the pass's kernel rule): 'default' is "
+                        "MXNet's kernels in float32 and Policy's default ('auto') otherwise; "
+                        "'mxnet', 'auto' or 'all' set Policy(kernels=...) for bfloat16/float16 "
+                        "and, in float32, apply the rule to the float32 graph ('auto' and "
+                        "'all': the library's LayerNorm and Dropout), which measures the "
+                        "library's kernels without the precision")
+    p.add_argument('--mask-seed', type=int, default=None,
+                   help="reseed MXNet's generator with this after the weights are drawn: the "
+                        "Dropout masks change, the weights and the windows stay --seed's (the "
+                        "noise of the masks alone)")
     p.add_argument('--save-dir', help='where the run writes its files (required to train)')
     p.add_argument('--baselines', action='store_true',
                    help='train nothing; print the validation perplexity of character n-gram '
@@ -285,11 +314,17 @@ def train(args, log=print):
     starts = rng.randint(0, len(train_ids) - args.context - 1, size=(args.steps, args.batch_size))
     net = build_gpt(len(vocab), args.units, args.layers, args.heads, args.context, args.dropout)
     net.initialize(mx.init.Normal(0.02))
+    if args.mask_seed is not None:
+        mx.random.seed(args.mask_seed)
     emulate = None
     if args.dtype != 'float32':
         import mxmp
         emulate = not mxmp.lp_kernels_available(args.dtype)
-        net = mxmp.convert(net, args.dtype)
+        policy = (None if args.kernels == 'default' else
+                  mxmp.Policy(args.dtype, kernels=args.kernels))
+        net = mxmp.convert(net, args.dtype, policy=policy)
+    elif args.kernels in ('auto', 'all'):
+        net = float32_library_kernels(net, args.kernels)
     net.hybridize(static_alloc=True, static_shape=True)
     trainer = make_trainer(args, net, args.steps)
     params = [p for p in net.collect_params().values() if p.grad_req != 'null']

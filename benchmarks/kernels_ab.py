@@ -1,14 +1,17 @@
 """Interleaved A/B timing of mxmp's operator library on a BERT model, in one process.
 
     python -m benchmarks.kernels_ab [--model bert_base] [--batch-size 8] [--seq-len 128] \
-        [--rounds 6] [--warmup 2] [--phase train|infer]
+        [--rounds 6] [--warmup 2] [--phase train|infer] [--modes float32,mxmp_mxnet_kernels,mxmp]
 
-Three copies of the model with the same weights (float32; mxmp bfloat16 with MXNet's kernels,
-``Policy(kernels='mxnet')``; mxmp bfloat16 with the library, the default) take one training step
-(SGD, batch of synthetic tokens, softmax cross-entropy) or one inference call each per round, in
-an order that rotates every round, so that a shared machine's load falls on all three alike.
-Prints one JSON line: the per-round times and, per mode, the median of its per-round ratio to
-float32 (> 1: faster). Run it with OMP_NUM_THREADS set (one thread for the one-core figures).
+Copies of the model with the same weights, one per mode (float32; ``mxmp_mxnet_kernels``: mxmp
+bfloat16 with MXNet's kernels, ``Policy(kernels='mxnet')``; ``mxmp``: with the library, the
+default ``kernels='auto'``; ``mxmp_all_kernels``: ``kernels='all'``, the library's Dropout too)
+take one training step (SGD, batch of synthetic tokens, softmax cross-entropy) or one inference
+call each per round, in an order that rotates every round, so that a shared machine's load falls
+on all alike. Prints one JSON line: the per-round times and, per mode, the median of its
+per-round ratio to float32 (> 1: faster; float32 is always run), ``x_mxnet_kernels`` (mxmp
+against mxmp_mxnet_kernels) and ``x_auto_kernels`` (mxmp_all_kernels against mxmp) where both
+ran. Run it with OMP_NUM_THREADS set (one thread for the one-core figures).
 """
 import argparse
 import json
@@ -16,6 +19,11 @@ import statistics
 import time
 
 import numpy as np
+
+
+#: mode -> Policy(kernels=...) (None: float32, not converted)
+KERNELS = {'float32': None, 'mxmp_mxnet_kernels': 'mxnet', 'mxmp': 'auto',
+           'mxmp_all_kernels': 'all'}
 
 
 def main(argv=None):
@@ -26,7 +34,13 @@ def main(argv=None):
     p.add_argument('--rounds', type=int, default=6)
     p.add_argument('--warmup', type=int, default=2)
     p.add_argument('--phase', default='train', choices=('train', 'infer'))
+    p.add_argument('--modes', default='float32,mxmp_mxnet_kernels,mxmp',
+                   help='comma-separated, of: ' + ', '.join(KERNELS))
     args = p.parse_args(argv)
+    modes = ['float32'] + [m for m in args.modes.split(',') if m and m != 'float32']
+    bad = [m for m in modes if m not in KERNELS]
+    if bad:
+        p.error('unknown mode(s) %s: choose from %s' % (', '.join(bad), ', '.join(KERNELS)))
     import mxnet as mx
     from mxnet import autograd, gluon
     import mxmp
@@ -37,7 +51,7 @@ def main(argv=None):
     label = bert_labels(mx, args.batch_size, ctx, rng)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     nets, steps = {}, {}
-    for mode in ('float32', 'mxmp_mxnet_kernels', 'mxmp'):
+    for mode in modes:
         net = build_bert(args.model)
         net.initialize(mx.init.Normal(0.02), ctx=ctx)
         net(*data)
@@ -46,8 +60,8 @@ def main(argv=None):
             for a, b in zip(first, net.collect_params().values()):
                 b.set_data(a.data())
         if mode != 'float32':
-            net = mxmp.convert(net, 'bfloat16', policy=mxmp.Policy(
-                'bfloat16', kernels='mxnet' if mode == 'mxmp_mxnet_kernels' else 'auto'))
+            net = mxmp.convert(net, 'bfloat16',
+                               policy=mxmp.Policy('bfloat16', kernels=KERNELS[mode]))
         net.hybridize(static_alloc=True, static_shape=True)
         trainer = (mxmp.Trainer if mode != 'float32' else gluon.Trainer)(
             net.collect_params(), 'sgd', {'learning_rate': 1e-4, 'momentum': 0.9})
@@ -66,16 +80,19 @@ def main(argv=None):
     order = list(steps)
     times = {m: [] for m in order}
     for r in range(args.warmup + args.rounds):
-        for mode in order[r % 3:] + order[:r % 3]:
+        for mode in order[r % len(order):] + order[:r % len(order)]:
             start = time.perf_counter()
             steps[mode]()
             if r >= args.warmup:
                 times[mode].append(time.perf_counter() - start)
     ratios = {m: statistics.median(f / t for f, t in zip(times['float32'], times[m]))
               for m in order}
-    print(json.dumps({'phase': args.phase, 'times_s': times, 'x_float32': ratios,
-                      'x_mxnet_kernels': statistics.median(
-                          a / b for a, b in zip(times['mxmp_mxnet_kernels'], times['mxmp']))}))
+    result = {'phase': args.phase, 'times_s': times, 'x_float32': ratios}
+    for key, slow, fast in (('x_mxnet_kernels', 'mxmp_mxnet_kernels', 'mxmp'),
+                            ('x_auto_kernels', 'mxmp', 'mxmp_all_kernels')):
+        if slow in times and fast in times:
+            result[key] = statistics.median(a / b for a, b in zip(times[slow], times[fast]))
+    print(json.dumps(result))
 
 
 if __name__ == '__main__':

@@ -14,14 +14,17 @@ STYLES = {'float32': '-', 'bfloat16': '--', 'float16': ':'}
 
 
 def dtype_label(records):
-    """'float32', 'bfloat16 (real kernels)', 'bfloat16 (emulated)', 'float16 (emulated)'."""
+    """'float32', 'bfloat16 (real kernels)', 'bfloat16 (emulated)', 'float16 (emulated)'; runs
+    made with ``--kernels`` say so: "bfloat16 (real kernels, mxmp's kernels='all')"."""
     dtype = records[0]['config']['dtype']
+    kernels = records[0]['config'].get('kernels')
+    library = ", mxmp's kernels=%r" % kernels if kernels else ''
     if dtype == 'float32':
-        return dtype
+        return dtype + (' (%s)' % library[2:] if library else '')
     emulated = {bool(r['emulate']) for r in records}
     how = ('emulated' if emulated == {True} else 'real kernels' if emulated == {False}
            else 'mixed: some emulated')
-    return '%s (%s)' % (dtype, how)
+    return '%s (%s%s)' % (dtype, how, library)
 
 
 def relative_differences(ppl, ref):
@@ -41,6 +44,23 @@ def relative_differences(ppl, ref):
             raise ValueError('float32 perplexity of seed %d is %r; it must be positive'
                              % (s, ref[s]))
     return seeds, [100.0 * (ppl[s] / ref[s] - 1.0) for s in seeds]
+
+
+def against_reference(records, reference):
+    """Per dtype of ``records``, :func:`benchmarks.accuracy.paired_ci` of the relative
+    differences (percent, :func:`relative_differences`) against the float32 runs of
+    ``reference`` (another study's records, e.g. MXNet's kernels), same seed, plus ``seeds``
+    and ``diffs``: {dtype: dict}."""
+    ref = {r['config']['seed']: r['final_val_ppl'] for r in reference
+           if r['config']['dtype'] == 'float32'}
+    by, out = {}, {}
+    for r in records:
+        by.setdefault(r['config']['dtype'], {})[r['config']['seed']] = r['final_val_ppl']
+    for dtype in sorted(by, key=lambda d: DTYPES.index(d) if d in DTYPES else 99):
+        seeds, diffs = relative_differences(by[dtype], ref)
+        if seeds:
+            out[dtype] = dict(paired_ci(diffs), seeds=seeds, diffs=diffs)
+    return out
 
 
 def analyse(records):
@@ -97,6 +117,17 @@ def format_header(records, command):
                '; '.join(machines), ', '.join(commits)))
 
 
+def _paired_row(label, p, seeds):
+    """One Markdown row of a paired-difference table (:func:`benchmarks.accuracy.paired_ci`
+    plus ``seeds`` and ``diffs``)."""
+    cells = dict(zip(p['seeds'], p['diffs']))
+    ci = ('[%+.3f, %+.3f] (t=%.2f, df=%d)' % (p['low'], p['high'], p['t'], p['n'] - 1)
+          if p['half_width'] is not None else 'n/a (one seed)')
+    return '| %s | %s | %+.3f | %s | %s |' % (
+        label, ' | '.join('%+.3f' % cells[s] if s in cells else '' for s in seeds), p['mean'],
+        '%.3f' % p['std'] if p['std'] is not None else 'n/a', ci)
+
+
 def format_table(records, stats):
     """The study's tables as Markdown text."""
     per, paired = stats['per_dtype'], stats['paired']
@@ -112,14 +143,14 @@ def format_table(records, stats):
     lines += ['', 'Paired relative difference, ppl(dtype) / ppl(float32) - 1 (%), same seed', '',
               '| dtype | %s | mean | std | 95%% CI of the mean |' % head,
               '|---|' + '---:|' * (len(seeds) + 3)]
-    for dtype, p in paired.items():
-        cells = dict(zip(p['seeds'], p['diffs']))
-        ci = ('[%+.3f, %+.3f] (t=%.2f, df=%d)' % (p['low'], p['high'], p['t'], p['n'] - 1)
-              if p['half_width'] is not None else 'n/a (one seed)')
-        lines.append('| %s | %s | %+.3f | %s | %s |' % (
-            per[dtype]['label'],
-            ' | '.join('%+.3f' % cells[s] if s in cells else '' for s in seeds), p['mean'],
-            '%.3f' % p['std'] if p['std'] is not None else 'n/a', ci))
+    lines += [_paired_row(per[dtype]['label'], p, seeds) for dtype, p in paired.items()]
+    if stats.get('against_reference'):
+        lines += ['', 'Against the reference study\'s float32 runs (%s), ppl(run) / '
+                  'ppl(reference float32) - 1 (%%), same seed' % stats['reference'], '',
+                  '| runs | %s | mean | std | 95%% CI of the mean |' % head,
+                  '|---|' + '---:|' * (len(seeds) + 3)]
+        lines += [_paired_row(per[dtype]['label'], p, seeds)
+                  for dtype, p in stats['against_reference'].items()]
     scaled = [r for r in records if r['loss_scale_events']['first_scale'] not in (None, 1.0)]
     if scaled:
         lines += ['', 'Loss-scale events', '',
@@ -196,10 +227,59 @@ def plot_curves(records, png):
     plt.close(fig)
 
 
-def report(records, out, log=print, command='python -m benchmarks.accuracy_transformer'):
+def report(records, out, log=print, command='python -m benchmarks.accuracy_transformer',
+           reference=None, reference_name=None):
     """Print the tables, write ``OUT/table.md``, ``OUT/results.json`` and ``OUT/curves.png``;
-    return the statistics (:func:`analyse`)."""
+    return the statistics (:func:`analyse`). With ``reference`` (another study's records,
+    described by ``reference_name``) the statistics and tables also pair every run against
+    the reference's float32 run of its seed (:func:`against_reference`)."""
     stats = analyse(records)
+    if reference:
+        stats.update(against_reference=against_reference(records, reference),
+                     reference=reference_name)
     write_report(out, format_header(records, command) + format_table(records, stats), stats,
                  lambda png: plot_curves(records, png), log)
     return stats
+
+
+def compare_dirs(run_dirs, dtype='float32'):
+    """The ``dtype`` runs of two studies' ``runs`` folders paired by seed: (seeds, diffs,
+    :func:`benchmarks.accuracy.paired_ci` of ``ppl(first) / ppl(second) - 1`` in percent).
+    Raises ValueError when they share no seed."""
+    import glob
+    import json
+    ppl = []
+    for folder in run_dirs:
+        found = {}
+        for path in glob.glob(os.path.join(folder, 'gpt-%s-seed*.json' % dtype)):
+            with open(path) as f:
+                record = json.load(f)
+            found[record['config']['seed']] = record['final_val_ppl']
+        ppl.append(found)
+    seeds, diffs = relative_differences(*ppl)
+    if not seeds:
+        raise ValueError('%s and %s share no %s seed' % (run_dirs[0], run_dirs[1], dtype))
+    return seeds, diffs, paired_ci(diffs)
+
+
+def main(argv=None):
+    """``python -m benchmarks.transformer_report RUNS_A RUNS_B [--dtype D]``: print the paired
+    relative perplexity differences of two studies' runs (e.g. float32 with mxmp's Dropout
+    against float32 with MXNet's Dropout drawing other masks)."""
+    import argparse
+    p = argparse.ArgumentParser(prog='python -m benchmarks.transformer_report',
+                                description=main.__doc__.split('\n')[0])
+    p.add_argument('runs', nargs=2, help='two OUT/runs folders of the transformer study')
+    p.add_argument('--dtype', default='float32')
+    args = p.parse_args(argv)
+    seeds, diffs, ci = compare_dirs(args.runs, args.dtype)
+    print('ppl(%s) / ppl(%s) - 1, %s, same seed' % (args.runs[0], args.runs[1], args.dtype))
+    print(' '.join('seed %d: %+.3f%%' % sd for sd in zip(seeds, diffs)))
+    print('mean %+.3f%%, 95%% interval %s over %d seeds' % (
+        ci['mean'], '[%+.3f%%, %+.3f%%]' % (ci['low'], ci['high'])
+        if ci['low'] is not None else 'n/a', ci['n']))
+    return seeds, diffs, ci
+
+
+if __name__ == '__main__':
+    main()

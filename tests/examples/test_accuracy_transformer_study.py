@@ -115,6 +115,45 @@ def test_a_record_made_with_another_configuration_does_not_count_as_done(study, 
     assert study_mod.load_record(str(tmp_path / 'missing.json'), config) is None
 
 
+def test_library_kernels_in_float32_and_mask_seeds_pair_with_a_reference_study(study):
+    # the control of docs/accuracy.md's Dropout section: float32 with mxmp's library kernels
+    # (--kernels all), and float32 with other masks (--mask-seed-offset), each paired with the
+    # first study's float32 run of the seed (MXNet's kernels, the same weights and windows)
+    from mxmp._src.kernels.build import load_library
+    if load_library() is None:
+        pytest.skip("mxmp's operator library does not build here (no C++ compiler?)")
+    root, ref = study['root'], study['runs']['gpt-float32-seed0']['final_val_ppl']
+    for name, extra, key, value in (('lib', ['--kernels', 'all'], 'kernels', 'all'),
+                                    ('masks', ['--mask-seed-offset', '1000'], 'mask_seed', 1000)):
+        argv = TINY[:-4] + ['--float16-seeds', '', '--jobs', '1', '--dtypes', 'float32',
+                            '--out', str(root / name), '--work-dir', str(root / (name + '_w')),
+                            '--reference', str(root / 'out')] + extra
+        lines = []
+        stats = study_mod.main(argv, log=lines.append)
+        record = json.loads((root / name / 'runs' / 'gpt-float32-seed0.json').read_text())
+        assert record['config'][key] == value
+        ppl = record['final_val_ppl']
+        assert ppl != ref      # other Dropout masks: another run
+        against = stats['against_reference']['float32']
+        assert against['seeds'] == [0]
+        assert against['diffs'] == pytest.approx([100 * (ppl / ref - 1)])
+        table = (root / name / 'table.md').read_text()
+        assert "Against the reference study's float32 runs" in table
+    assert "| float32 (mxmp's kernels='all') |" in (root / 'lib' / 'table.md').read_text()
+    # the two controls against each other, from their folders
+    ppl = {n: json.loads((root / n / 'runs' / 'gpt-float32-seed0.json').read_text())[
+        'final_val_ppl'] for n in ('lib', 'masks')}
+    seeds, diffs, ci = transformer_report.main([str(root / 'lib' / 'runs'),
+                                                str(root / 'masks' / 'runs')])
+    assert seeds == [0] and diffs == pytest.approx([100 * (ppl['lib'] / ppl['masks'] - 1)])
+    assert ci['n'] == 1
+    with pytest.raises(ValueError, match='share no'):
+        transformer_report.compare_dirs([str(root / 'lib' / 'runs'), str(root / 'lib' / 'runs')],
+                                        'bfloat16')
+    with pytest.raises(SystemExit):
+        study_mod.build_parser().parse_args(['--dtypes', 'float64'])
+
+
 def test_relative_differences_and_their_interval_match_a_hand_computed_case():
     # ppl ratios 1.01, 0.98, 1.03 -> +1, -2, +3 percent: mean 2/3; sample std sqrt(19/3) =
     # 2.516611; t(0.975, 2) = 4.302653; half width 4.302653 * 2.516611 / sqrt(3) = 6.251609

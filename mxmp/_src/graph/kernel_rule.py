@@ -29,7 +29,8 @@ import os
 
 from .symbol_json import MARK, unique_name
 
-__all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'substitute', 'restore', 'rule_of', 'inference_only']
+__all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'substitute', 'apply_kernels', 'restore', 'rule_of',
+           'inference_only']
 
 logger = logging.getLogger('mxmp.kernels')
 
@@ -42,10 +43,11 @@ FLAG = 'kernel_flag'
 #: MXNet op -> library op.
 SUBSTITUTES = {'LayerNorm': 'mxmp_layer_norm', 'Dropout': 'mxmp_dropout',
                'softmax': 'mxmp_softmax'}
-#: Ops substituted only under ``Policy(kernels='all')``: with mxmp_dropout the transformer
-#: study's bfloat16 perplexity was +1.2% of float32's (95% interval [+0.1, +2.2], 6 seeds),
-#: with MXNet's Dropout +0.0% (docs/accuracy.md), cause not found yet.
-OPT_IN = ('Dropout',)
+#: Ops substituted only under ``Policy(kernels='all')`` (none now). Dropout was, until the
+#: transformer study's +1.2% perplexity with it was traced to its other masks: float32 with the
+#: library Dropout lands where float32 with MXNet's Dropout reseeded does, and bfloat16 with it
+#: matches float32 with it (docs/accuracy.md, "mxmp's Dropout kernel").
+OPT_IN = ()
 #: Inputs of the MXNet op (the library op may take more: Dropout's flag).
 _N_INPUTS = {'LayerNorm': 3, 'Dropout': 1, 'softmax': 2}
 #: Inputs that get no copy: integer lengths, whose gradient is zero.
@@ -87,6 +89,17 @@ def substitute(js, policy):
     ``js`` itself where nothing applies or the library is unavailable."""
     if policy.kernels == 'mxnet' or policy.target_dtype != 'bfloat16':
         return js
+    return apply_kernels(js, policy.kernels)
+
+
+def apply_kernels(js, kernels):
+    """The rule's rewrite of ``js`` (graph JSON, dict) whatever its dtypes: ``kernels`` is
+    ``'auto'`` (the default set) or ``'all'`` (also :data:`OPT_IN`). :func:`substitute` calls
+    it for bfloat16 targets; the transformer study calls it on a float32 graph to measure the
+    library's kernels without the precision (``python -m benchmarks.gpt --kernels all``).
+    Returns a new dict, or ``js`` where nothing applies or the library is unavailable."""
+    if kernels not in ('auto', 'all'):
+        raise ValueError("kernels must be 'auto' or 'all', got %r" % (kernels,))
     nodes = js['nodes']
     used = {}
     for node in nodes:
@@ -95,7 +108,7 @@ def substitute(js, policy):
     for src, idx, _ in js['heads']:
         used.setdefault(src, set()).add(idx)
     chosen = {nid for nid, n in enumerate(nodes) if _eligible(n, used.get(nid, set()))
-              and (policy.kernels == 'all' or n['op'] not in OPT_IN)}
+              and (kernels == 'all' or n['op'] not in OPT_IN)}
     if not chosen:
         return js
     if os.environ.get('MXNET_EXEC_ENABLE_ADDTO', '0') not in ('', '0'):

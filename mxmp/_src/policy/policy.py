@@ -78,11 +78,10 @@ class Policy:
             :class:`mxmp.LossScaler` value; stored for the Trainers, which build the scaler
             (:func:`mxmp.make_loss_scaler`).
         kernels (str): ``'auto'`` (default): for bfloat16, ops whose MXNet 1.9.1 CPU kernel is
-            slow (LayerNorm, softmax with lengths) run mxmp's own kernel, built on first use
-            where a C++ compiler is found, MXNet's elsewhere (the pass's kernel rule,
-            docs/pass.md); ``'all'``: Dropout too (``mxmp_dropout``, 7.6x MXNet's on BERT-base,
-            opt-in: with it the transformer study's bfloat16 perplexity was +1.2% of float32's,
-            95% interval [+0.1, +2.2] over 6 seeds, against +0.0% without; docs/accuracy.md);
+            slow (LayerNorm, Dropout, softmax with lengths) run mxmp's own kernel, built on
+            first use where a C++ compiler is found, MXNet's elsewhere (the pass's kernel rule,
+            docs/pass.md; the library Dropout draws other masks than MXNet's, with the same
+            accuracy: docs/accuracy.md); ``'all'``: every library kernel, today the same set;
             ``'mxnet'``: MXNet's kernels only.
         reductions (str): ``'auto'`` (default): for bfloat16, float32 ``sum``/``mean`` over
             the last axis, or over all axes but the first, run as a FullyConnected product
@@ -147,7 +146,7 @@ class Policy:
                              "mxmp.LossScaler" % (self.loss_scaler,))
         if self.kernels not in ('auto', 'all', 'mxnet'):
             raise ValueError("kernels=%r: use 'auto' (mxmp's kernels where they build), 'all' "
-                             "(Dropout's too) or 'mxnet'" % (self.kernels,))
+                             "(every library kernel) or 'mxnet'" % (self.kernels,))
         if self.reductions not in ('auto', 'mxnet'):
             raise ValueError("reductions=%r: use 'auto' (sum/mean as a product with ones) or "
                              "'mxnet'" % (self.reductions,))
