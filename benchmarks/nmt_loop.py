@@ -249,14 +249,9 @@ def main(argv=None):
     runs = {m: [] for m in args.modes}
     for rep in range(args.repeats):
         for mode in args.modes:
-            proc = subprocess.run([sys.executable, '-m', 'benchmarks.nmt_loop', '--child', mode]
-                                  + _child_args(args), env=env, capture_output=True, text=True)
-            lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-            if proc.returncode or not lines:
-                print('%s repeat %d failed (exit %s): %s' % (mode, rep, proc.returncode,
-                                                              proc.stderr.strip()[-2000:]))
+            res = _run_child('--child', mode, rep, args, env)
+            if res is None:
                 continue
-            res = json.loads(lines[-1][len('RESULT '):])
             runs[mode].append(res)
             print('repeat %d %-8s median %.3f s/update  losses %s  %s' % (
                 rep, mode, np.median(res['update_s']),
@@ -278,6 +273,19 @@ def main(argv=None):
     return 0
 
 
+def _run_child(flag, mode, rep, args, env):
+    """Run one child process (``flag``: ``--child`` or ``--child-paired``) of ``mode`` and
+    return its RESULT record, or None (its failure printed)."""
+    proc = subprocess.run([sys.executable, '-m', 'benchmarks.nmt_loop', flag, mode]
+                          + _child_args(args), env=env, capture_output=True, text=True)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
+    if proc.returncode or not lines:
+        print('%s repeat %d failed (exit %s): %s' % (mode, rep, proc.returncode,
+                                                      proc.stderr.strip()[-2000:]))
+        return None
+    return json.loads(lines[-1][len('RESULT '):])
+
+
 def paired_main(args, env):
     """:func:`run_paired` for every mode but float32 and amp, ``args.repeats`` processes each
     (with ``--profile``: one, and the per-operator table of each side, the operators of
@@ -286,15 +294,9 @@ def paired_main(args, env):
     for mode in [m for m in args.modes if m not in ('float32', 'amp')]:
         ratios = []
         for rep in range(args.repeats):
-            proc = subprocess.run([sys.executable, '-m', 'benchmarks.nmt_loop', '--child-paired',
-                                   mode] + _child_args(args), env=env, capture_output=True,
-                                  text=True)
-            lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-            if proc.returncode or not lines:
-                print('%s repeat %d failed (exit %s): %s' % (mode, rep, proc.returncode,
-                                                              proc.stderr.strip()[-2000:]))
+            res = _run_child('--child-paired', mode, rep, args, env)
+            if res is None:
                 continue
-            res = json.loads(lines[-1][len('RESULT '):])
             f32, other = (np.array(res['update_s'][m]) for m in ('float32', mode))
             ratios.extend(f32 / other)
             print('repeat %d float32 %s s/update, %s %s s/update; pair ratios %s; losses %s' % (
