@@ -258,28 +258,24 @@ class _GradientCopies:
 
     def __init__(self, update, parts):
         self.update = update
-        size = max((sum(g.size for g, t in zip(update.grads[part], update.targets[part])
-                        if self.cast(g, t) and g.stype == 'default') for part in parts),
-                   default=0)
+        # per position: 'dense' (a float32 copy in the buffer), 'sparse' (a new array) or None
+        self.kind = [None if t is None or dtype_name(g.dtype) == 'float32' else
+                     'dense' if g.stype == 'default' else 'sparse'
+                     for g, t in zip(update.grads, update.targets)]
+        size = max((sum(g.size for g, k in zip(update.grads[part], self.kind[part])
+                        if k == 'dense') for part in parts), default=0)
         self.array = nd.empty((size,), ctx=update.grads[0].context, dtype='float32') \
             if size else None
-
-    @staticmethod
-    def cast(grad, target):
-        """Whether ``grad`` (of the weight whose master update rewrites ``target``) needs a
-        float32 copy."""
-        return target is not None and dtype_name(grad.dtype) != 'float32'
 
     def grads(self, part):
         """The gradients of the slice ``part`` as the optimizer takes them: float32 copies
         for the low-precision ones whose weight has a master (in the buffer; a sparse one as a
         new array), the rest as they are."""
-        pairs = list(zip(self.update.grads[part], self.update.targets[part]))
-        dense = [g for g, t in pairs if self.cast(g, t) and g.stype == 'default']
+        pairs = list(zip(self.update.grads[part], self.kind[part]))
+        dense = [g for g, k in pairs if k == 'dense']
         views = iter(_float32_views(dense, self.array) if dense else [])
-        return [g if not self.cast(g, t) else
-                next(views) if g.stype == 'default' else nd.amp_cast(g, dtype='float32')
-                for g, t in pairs]
+        return [g if k is None else next(views) if k == 'dense' else
+                nd.amp_cast(g, dtype='float32') for g, k in pairs]
 
 
 def _update_group(updater, update, part, buffer):
