@@ -1,6 +1,7 @@
 """mxmp.Module: ``mx.mod.Module`` whose symbol goes through :func:`mxmp.convert_symbol`, with
-a loss-scale input before the loss outputs (:mod:`mxmp._src.graph.loss_heads`) and the training
-step of :class:`mxmp._src.training.step.Step`."""
+the loss scale applied wherever a gradient enters the backward pass
+(:mod:`mxmp._src.graph.loss_heads`) and the training step of
+:class:`mxmp._src.training.step.Step`."""
 import logging
 from operator import attrgetter
 
@@ -49,6 +50,7 @@ class Module(mx.mod.Module):
 
     _rescale_grad = None   # rescale_grad0 (init_optimizer): the factor without the loss scale
     _scale_written = None  # the value in the loss-scale input (until the executors change)
+    _backward_scale = None  # the loss scale of the last backward() (None: unscaled)
 
     def __init__(self, symbol, data_names=('data',), label_names=('softmax_label',), *,
                  target_dtype=None, loss_scaler=None, cast_params=None, emulate='auto',
@@ -75,9 +77,10 @@ class Module(mx.mod.Module):
                                       else frozenset())
         self._step = Step(resolve_precision([], self._policy, self._target_dtype,
                                             loss_scaler)[1])
-        bound, nodes = mp_symbol, 0
+        bound, nodes, self._raw_heads = mp_symbol, 0, frozenset()
         if self._step.scaler.enabled:
-            bound, nodes = insert_loss_scale(mp_symbol, scaled_loss_ops(self._policy))
+            bound, nodes, self._raw_heads = insert_loss_scale(mp_symbol,
+                                                              scaled_loss_ops(self._policy))
             if nodes:
                 state_names = [*(state_names or ()), LOSS_SCALE_NAME]
         self._loss_scale_nodes = nodes
@@ -186,7 +189,9 @@ class Module(mx.mod.Module):
             reduced_updates(group, self._kvstore, self._masters, self._updater),
             self._optimizer, self._rescale_grad,
             name_of=lambda idx: group.param_names[idx // ndev],
-            forward_finite=lambda: all_finite(group.get_outputs(merge_multi_context=False)))
+            # get_outputs(False) is per output, then per device: all_finite takes per device
+            forward_finite=lambda: all_finite(
+                [list(arrays) for arrays in zip(*group.get_outputs(merge_multi_context=False))]))
         self._write_loss_scale()
         return applied
 
@@ -202,22 +207,29 @@ class Module(mx.mod.Module):
         super().forward(data_batch, is_train)
 
     def backward(self, out_grads=None):
-        """As ``mx.mod.Module.backward``; ``out_grads`` are multiplied by the loss scale."""
+        """As ``mx.mod.Module.backward``; ``out_grads`` are multiplied by the loss scale,
+        except those of outputs made by an op whose backward mxmp brackets
+        (:data:`mxmp._src.graph.loss_heads.OPAQUE_GRADIENT_OPS`), which scales itself."""
         self._write_loss_scale()
-        if out_grads is not None and self.loss_scaler.enabled:
+        scale = self.loss_scale if self.loss_scaler.enabled else None
+        if out_grads is not None and scale is not None:
             if isinstance(out_grads, nd.NDArray):
                 out_grads = [out_grads]
-            out_grads = [g * self.loss_scale for g in out_grads]
+            out_grads = [g if k in self._raw_heads else g * scale
+                         for k, g in enumerate(out_grads)]
         super().backward(out_grads)
+        self._backward_scale = scale
 
     def get_input_grads(self, merge_multi_context=True):
-        """As ``mx.mod.Module.get_input_grads``, divided by the loss scale."""
+        """As ``mx.mod.Module.get_input_grads``: divided by the loss scale the last
+        :meth:`backward` used (an :meth:`update` since may have changed the current one)."""
         grads = super().get_input_grads(merge_multi_context)
-        if not self.loss_scaler.enabled:
+        scale = self._backward_scale
+        if scale is None:
             return grads
         if merge_multi_context:
-            return [g / self.loss_scale for g in grads]
-        return [[g / self.loss_scale for g in per_ctx] for per_ctx in grads]
+            return [g / scale for g in grads]
+        return [[g / scale for g in per_ctx] for per_ctx in grads]
 
     def get_states(self, merge_multi_context=True):
         """As ``mx.mod.Module.get_states``, without the loss-scale input."""
