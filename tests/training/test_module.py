@@ -742,3 +742,102 @@ def test_input_gradients_use_the_scale_of_their_backward_as_plain_mxnet():
     assert np.abs(grads[0][0]).max() > 0
     for got in grads[1]:
         np.testing.assert_array_equal(got, grads[0][0])
+
+
+# ---------------------------------------------------------------------------- checkpoint choices
+def _gpu_has_float16_kernels(monkeypatch):
+    """This process as a machine whose gpu(0) runs float16 kernels (the probe is the only
+    thing that tells; nothing here binds on the GPU)."""
+    import mxmp._src.device as device
+    real = device.lp_kernels_available
+    monkeypatch.setattr(device, 'lp_kernels_available', lambda dtype, ctx=None: (
+        ctx is not None and ctx.device_type == 'gpu') or real(dtype, ctx))
+
+
+def test_checkpoint_stores_the_users_emulate_not_this_machines(tmp_path, monkeypatch):
+    """Issue 36 item 3: a float16 checkpoint written here (emulated: no float16 kernels on a
+    CPU) resumes on a GPU with its kernels, and a GPU checkpoint resumes here emulated."""
+    prefix = str(tmp_path / 'f16')
+    x, y = problem(MODULE_BATCH)
+    mod = ready(Module(mlp(), target_dtype='float16',    # emulate='auto'
+                       loss_scaler=DynamicLossScaler(init_scale=2.0 ** 8, growth_interval=9)))
+    assert mod.policy.emulate is True and step(mod, x, y)
+    mod.save_checkpoint(prefix, 1, save_optimizer_states=True)
+    _gpu_has_float16_kernels(monkeypatch)
+    on_gpu = Module.load(prefix, 1, context=mx.gpu(0))
+    assert on_gpu.policy.emulate is False and on_gpu.target_dtype == 'float16'
+    assert json.load(open(prefix + '-0001.mxmp.json'))['policy']['emulate'] == 'auto'
+    assert mxmp.count_casts(on_gpu.mxmp_symbol)['amp_cast'] > 0
+    # the JSON a GPU run writes, resumed on this CPU: emulated, no error
+    state = Module(mlp(), target_dtype='float16', context=mx.gpu(0)).mixed_precision_state()
+    state['loss_scaler'] = mod.loss_scaler.state_dict()
+    monkeypatch.undo()
+    with open(prefix + '-0001.mxmp.json', 'w') as out:
+        json.dump(state, out)
+    back = ready(Module.load(prefix, 1, load_optimizer_states=True))
+    assert back.policy.emulate is True and back.loss_scale == mod.loss_scale
+    assert step(back, x, y) and step(mod, x, y)
+    for name, value in np_params(mod).items():
+        np.testing.assert_array_equal(np_params(back)[name], value)
+    explicit = Module.load(prefix, 1, emulate=True)   # a shorthand still wins
+    assert explicit.policy.emulate is True
+
+
+def test_checkpoint_loads_under_an_agreeing_policy_and_keeps_the_op_lists(tmp_path):
+    """Issue 36 item 4: the policy's op lists are in the JSON; a policy whose loss scaler is
+    'dynamic' loads the saved dynamic scaler's state; one of another kind is refused."""
+    prefix = str(tmp_path / 'pol')
+    x, y = problem(2 * MODULE_BATCH)
+    policy = mxmp.Policy('float16', fp32_ops=['Activation'], loss_scaler='dynamic',
+                         emulate=True)
+    mod = ready(Module(mlp(), policy=policy))
+    applied = [step(mod, x[MODULE_BATCH:], y[MODULE_BATCH:]) for _ in range(6)]
+    assert applied[-1] and mod.skipped_steps == applied.index(True) >= 1   # 2**16 overflows
+    scale = mod.loss_scale
+    assert scale == 2.0 ** (16 - mod.skipped_steps)
+    mod.save_checkpoint(prefix, 2)
+    for kwargs in ({'policy': policy}, {}):
+        back = Module.load(prefix, 2, **kwargs)
+        assert back.policy.fp32_ops == frozenset(['Activation'])
+        assert back.loss_scale == scale and back.skipped_steps == mod.skipped_steps
+        assert back.mxmp_symbol.tojson(remove_amp_cast=False) == \
+            mod.mxmp_symbol.tojson(remove_amp_cast=False)
+    assert json.load(open(prefix + '-0002.mxmp.json'))['policy']['fp32_ops'] == ['Activation']
+    with pytest.raises(ValueError, match="DynamicLossScaler but the policy asks for "
+                                         "loss_scaler='static'"):
+        Module.load(prefix, 2, policy=policy.replace(loss_scaler='static'))
+
+
+def logits_and_loss():
+    """A softmax loss and its logits (a low-precision FullyConnected) as a second output."""
+    data = mx.sym.var('data')
+    h = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=16, name='fc1'),
+                          act_type='relu', name='relu1')
+    logits = mx.sym.FullyConnected(h, num_hidden=CLASSES, name='logits')
+    return mx.sym.Group([mx.sym.SoftmaxOutput(logits, name='softmax'), logits])
+
+
+def test_non_loss_outputs_keep_the_symbols_names_for_metrics(tmp_path):
+    """Issue 36 item 9: a float16 output keeps its name ('logits_output', not the cast's), so
+    metrics that pick outputs by name work as with mx.mod.Module, also after a checkpoint
+    written with its casts."""
+    x, y = problem(2 * MODULE_BATCH, seed=6)
+    scores = []
+    for mod in (mx.mod.Module(logits_and_loss()),
+                Module(logits_and_loss(), target_dtype='float16', emulate=True)):
+        ready(mod, params=module_initial_params(logits_and_loss()))
+        assert mod.output_names == ['softmax_output', 'logits_output']
+        metric = mx.metric.Accuracy(output_names=['logits_output'],
+                                    label_names=['softmax_label'])
+        scores.append(dict(mod.score(mx.io.NDArrayIter(x, y, batch_size=MODULE_BATCH),
+                                     metric))['accuracy'])
+    assert scores[0] == scores[1] and 0 < scores[0] < 1
+    assert mod.mxmp_symbol.list_outputs() == ['softmax_output', 'logits_output']
+    prefix = str(tmp_path / 'named')
+    mod.save_checkpoint(prefix, 1, remove_amp_cast=False)
+    graph = json.load(open(prefix + '-symbol.json'))
+    assert 'amp_cast' in {n['op'] for n in graph['nodes']}
+    assert mx.sym.load(prefix + '-symbol.json').list_outputs() == mod.output_names
+    back = Module.load(prefix, 1)
+    assert back.symbol.list_outputs() == back.output_names == mod.output_names
+    assert back.symbol.tojson() == logits_and_loss().tojson()

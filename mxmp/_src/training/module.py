@@ -13,6 +13,7 @@ from ..dtypes import is_low_precision
 from ..graph.accumulate import accumulating_names, guard_accumulated_grads
 from ..graph.convert import convert_symbol
 from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, scaled_loss_ops
+from ..graph.output_names import keep_output_names
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
 from ..graph.symbol_json import cast_param_names
@@ -66,12 +67,14 @@ class Module(mx.mod.Module):
         self._pad_stem = check_pad_stem(pad_stem)
         context = mx.cpu() if context is None else context
         contexts = [context] if isinstance(context, mx.Context) else list(context)
-        self._target_dtype, self._policy, self._cast_params = module_policy(
+        self._target_dtype, self._policy, self._cast_params, self._chosen = module_policy(
             target_dtype, policy, cast_params, emulate, contexts)
         self._fp32_symbol = remove_casts(symbol)
         mp_symbol = self._fp32_symbol if self._policy is None else convert_symbol(
             self._fp32_symbol, policy=self._policy, cast_params=self._cast_params,
             data_names=[*(data_names or ()), *(label_names or ()), *(state_names or ())])
+        if self._policy is not None:   # the float32 graph's output names, as mx.mod.Module
+            mp_symbol = keep_output_names(mp_symbol, self._fp32_symbol.list_outputs())
         self._mp_symbol = mp_symbol
         self._masters = ModuleMasters(cast_param_names(mp_symbol) if self._cast_params
                                       else frozenset())
@@ -289,10 +292,12 @@ class Module(mx.mod.Module):
         self._optimizer = self._updater.optimizer
 
     def mixed_precision_state(self):
-        """dict: what ``prefix-%04d.mxmp.json`` holds (JSON-serialisable)."""
+        """dict: what ``prefix-%04d.mxmp.json`` holds (JSON-serialisable): the user's
+        choices (target dtype, cast_params, the policy with its op lists and ``emulate`` as
+        given, not as this machine resolved it), the loss scaler's state, skipped steps."""
         return {'format': files.STATES_FORMAT, 'version': files.STATES_VERSION,
                 'target_dtype': self._target_dtype, 'cast_params': self._cast_params,
-                'emulate': bool(self._policy is not None and self._policy.emulate),
+                'policy': files.policy_state(self._chosen),
                 'loss_scaler': self.loss_scaler.state_dict(),
                 'skipped_steps': self.skipped_steps}
 
