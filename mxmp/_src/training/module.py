@@ -280,16 +280,45 @@ class Module(mx.mod.Module):
 
     # ------------------------------------------------------------------ checkpoints
     def save_optimizer_states(self, fname):
-        """Write the optimizer and its states (MXNet's format) to ``fname`` atomically."""
+        """Write the optimizer and its states (MXNet's format) to ``fname`` atomically; the
+        optimizer's ``rescale_grad`` is written without the loss scale (the last update divided
+        it by the scale), so plain MXNet, which loads the optimizer too, steps as mxmp does."""
         assert self.optimizer_initialized
-        write_atomic(fname, self._updater.get_states(dump_optimizer=True))
+        optimizer, scaled = self._optimizer, self._optimizer.rescale_grad
+        if self._rescale_grad is not None:
+            optimizer.rescale_grad = self._rescale_grad
+        try:
+            write_atomic(fname, self._updater.get_states(dump_optimizer=True))
+        finally:
+            optimizer.rescale_grad = scaled
 
     def load_optimizer_states(self, fname):
-        """Load what :meth:`save_optimizer_states` (or plain MXNet) wrote, optimizer included."""
+        """Load what :meth:`save_optimizer_states` or plain MXNet wrote, optimizer included
+        when the file has it. Plain MXNet's kvstore (``update_on_kvstore``: several devices
+        with kvstore 'local' or 'device') keys the states by parameter name: each is given to
+        the optimizer index of that parameter on every context (``i * num_contexts + k``).
+        ValueError naming them if the file's names are not this Module's parameters."""
         assert self.optimizer_initialized
         with open(fname, 'rb') as fin:
             self._updater.set_states(fin.read())
         self._optimizer = self._updater.optimizer
+        updater = self._updater
+        named = {k: v for k, v in updater.states.items() if isinstance(k, str)}
+        if not named:
+            return
+        names, ndev = self._exec_group.param_names, len(self._context)
+        unknown = sorted(set(named) - set(names))
+        if unknown:
+            raise ValueError('%s holds optimizer states of parameters this Module does not '
+                             'have: %s; load the states saved with this network'
+                             % (fname, ', '.join(unknown)))
+        states = {k: v for k, v in updater.states.items() if not isinstance(k, str)}
+        for i, name in enumerate(names):
+            if name in named:
+                for k in range(ndev):
+                    states[i * ndev + k] = named[name] if k == 0 else _copy_state(named[name])
+        updater.states = states
+        updater.states_synced = dict.fromkeys(states, False)
 
     def mixed_precision_state(self):
         """dict: what ``prefix-%04d.mxmp.json`` holds (JSON-serialisable): the user's
@@ -342,6 +371,15 @@ class Module(mx.mod.Module):
         if load_optimizer_states:
             mod._preload_opt_states = '%s-%04d.states' % (prefix, epoch)
         return mod
+
+
+def _copy_state(state):
+    """A copy of an optimizer state (None, an NDArray, or a tuple/list of them)."""
+    if isinstance(state, nd.NDArray):
+        return state.copy()
+    if isinstance(state, (tuple, list)):
+        return type(state)(_copy_state(s) for s in state)
+    return state
 
 
 def _create_optimizer(module, optimizer, optimizer_params, kv):
