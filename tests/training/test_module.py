@@ -841,3 +841,45 @@ def test_non_loss_outputs_keep_the_symbols_names_for_metrics(tmp_path):
     back = Module.load(prefix, 1)
     assert back.symbol.list_outputs() == back.output_names == mod.output_names
     assert back.symbol.tojson() == logits_and_loss().tojson()
+
+
+def _weight_bytes(mod):
+    """Bytes of the parameters the executors hold, and of mxmp's float32 masters."""
+    group = mod._exec_group
+    held = sum(a.size * np.dtype(a.dtype).itemsize for arrays in group.param_arrays
+               for a in arrays)
+    masters = getattr(mod, '_masters', None)
+    extra = 0 if masters is None else sum(
+        a.size * 4 for arrays in masters._masters.values() for a in arrays)
+    return held, extra
+
+
+def test_inference_bind_with_cast_params_holds_one_low_precision_copy_of_each_weight():
+    """Issue 36 item 7: an inference-only bind keeps no float32 masters: its weights take half
+    of plain MXNet's float32 bytes (measured here: masters were 1.5x float32 before), its
+    outputs are those of the trained Module's float16 weights, and a training re-bind gets its
+    masters back from the float32 host parameters."""
+    x, y = problem(MODULE_BATCH, seed=8)
+    plain = mx.mod.Module(mlp())
+    plain.bind(data_shapes=[('data', (MODULE_BATCH, FEATURES))], for_training=False)
+    plain.init_params(arg_params=module_initial_params(), aux_params={})
+    plain_bytes, _ = _weight_bytes(plain)
+    mod = Module(mlp(), target_dtype='float16', emulate=True, cast_params=True)
+    mod.bind(data_shapes=[('data', (MODULE_BATCH, FEATURES))], for_training=False)
+    mod.init_params(arg_params=module_initial_params(), aux_params={})
+    assert mod._masters.lp_names == {'fc1_weight', 'fc1_bias', 'fc2_weight', 'fc2_bias'}
+    held, masters = _weight_bytes(mod)
+    assert (held, masters) == (plain_bytes // 2, 0)
+    with pytest.raises(ValueError, match='inference-only bind.*get_params'):
+        mod.master_weights('fc1_weight')
+    for m in (plain, mod):
+        m.forward(mx.io.DataBatch(data=[nd.array(x)]), is_train=False)
+    np.testing.assert_allclose(mod.get_outputs()[0].asnumpy(), plain.get_outputs()[0].asnumpy(),
+                               atol=2e-3)
+    for name, value in module_initial_params().items():
+        np.testing.assert_array_equal(np_params(mod)[name], value.asnumpy())
+    mod.bind(data_shapes=[('data', (MODULE_BATCH, FEATURES))],
+             label_shapes=[('softmax_label', (MODULE_BATCH,))], force_rebind=True)
+    assert mod._exec_group.param_arrays[0][0].dtype == np.float16
+    for name, value in module_initial_params().items():
+        np.testing.assert_array_equal(mod.master_weights(name)[0].asnumpy(), value.asnumpy())

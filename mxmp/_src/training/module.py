@@ -144,7 +144,7 @@ class Module(mx.mod.Module):
                 arr = self._arg_params[name]
                 self._arg_params[name] = nd.zeros(arr.shape, dtype='float32')
         elif self.params_initialized:
-            self._masters.written(self._arg_params, self._exec_group)
+            self._masters.written(self._arg_params, self._exec_group, self.for_training)
         self._write_loss_scale(force=True)
         return None
 
@@ -253,6 +253,10 @@ class Module(mx.mod.Module):
                              % (name, sorted(self._masters.lp_names)))
         if not (self.binded and self.params_initialized):
             raise ValueError('bind and initialize the Module before asking for master weights')
+        if not self.for_training:
+            raise ValueError('an inference-only bind (for_training=False) keeps no master '
+                             'weights: the float32 values are the host parameters, '
+                             'get_params(); bind with for_training=True to train')
         return self._masters.of(name, self._exec_group)
 
     def init_params(self, initializer=mx.init.Uniform(0.01), arg_params=None, aux_params=None,
@@ -262,7 +266,7 @@ class Module(mx.mod.Module):
         super().init_params(initializer, arg_params, aux_params, allow_missing, force_init,
                             allow_extra)
         if again:
-            self._masters.written(self._arg_params, self._exec_group)
+            self._masters.written(self._arg_params, self._exec_group, self.for_training)
 
     def set_params(self, arg_params, aux_params, allow_missing=False, force_init=True,
                    allow_extra=False):
@@ -270,7 +274,7 @@ class Module(mx.mod.Module):
         ignored = self.params_initialized and not force_init
         super().set_params(arg_params, aux_params, allow_missing, force_init, allow_extra)
         if allow_missing and not ignored:
-            self._masters.written(arg_params, self._exec_group)
+            self._masters.written(arg_params, self._exec_group, self.for_training)
 
     def _sync_params_from_devices(self):
         # BatchNorm's moving statistics are written outside the engine's tracking: wait

@@ -25,9 +25,14 @@ class ModuleMasters(MasterWeights):
         arrays = exec_group.param_arrays[exec_group.param_names.index(name)]
         return self.get(name, arrays, track=False)
 
-    def written(self, values, exec_group):
+    def written(self, values, exec_group, for_training=True):
         """The device parameters were just written from ``values`` (dict name -> float32
-        array): masters made again from them, so no precision is lost."""
+        array): masters made again from them, so no precision is lost. An inference-only bind
+        (``for_training`` False) keeps none: the device holds one low-precision copy of each
+        weight, and ``values`` (the host parameters) the float32 ones."""
+        if not for_training:
+            self.clear()
+            return
         for name in self.lp_names:
             if name in values and name in exec_group.param_names:
                 self.set_pending(name, values[name])
