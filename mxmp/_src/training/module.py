@@ -9,7 +9,6 @@ import mxnet as mx
 from mxnet import nd
 
 from ..distributed import check_kvstore_args
-from ..dtypes import is_low_precision
 from ..graph.accumulate import accumulating_names, guard_accumulated_grads
 from ..graph.convert import convert_symbol
 from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, scaled_loss_ops
@@ -18,7 +17,6 @@ from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
 from ..graph.symbol_json import cast_param_names
 from . import module_checkpoint as files
-from ..files import save_atomic, write_atomic
 from .module_parts import ModuleMasters, module_policy, reduced_updates, start_kvstore
 from .step import Step, all_finite
 from .trainer import resolve_precision
@@ -27,7 +25,7 @@ from .updater import Updater
 __all__ = ['Module']
 
 
-class Module(mx.mod.Module):
+class Module(files.ModuleCheckpoints, mx.mod.Module):
     """``mx.mod.Module`` training in mixed precision with dynamic loss scaling.
 
     Args:
@@ -283,85 +281,6 @@ class Module(mx.mod.Module):
         self._masters.to_host(self._arg_params)
 
     # ------------------------------------------------------------------ checkpoints
-    def save_optimizer_states(self, fname):
-        """Write the optimizer and its states (MXNet's format) to ``fname`` atomically; the
-        optimizer's ``rescale_grad`` is written without the loss scale (the last update divided
-        it by the scale), so plain MXNet, which loads the optimizer too, steps as mxmp does."""
-        assert self.optimizer_initialized
-        optimizer, scaled = self._optimizer, self._optimizer.rescale_grad
-        if self._rescale_grad is not None:
-            optimizer.rescale_grad = self._rescale_grad
-        try:
-            write_atomic(fname, self._updater.get_states(dump_optimizer=True))
-        finally:
-            optimizer.rescale_grad = scaled
-
-    def load_optimizer_states(self, fname):
-        """Load what :meth:`save_optimizer_states` or plain MXNet wrote, optimizer included
-        when the file has it. Plain MXNet's kvstore (``update_on_kvstore``: several devices
-        with kvstore 'local' or 'device') keys the states by parameter name: each is given to
-        the optimizer index of that parameter on every context (``i * num_contexts + k``).
-        ValueError naming them if the file's names are not this Module's parameters."""
-        assert self.optimizer_initialized
-        with open(fname, 'rb') as fin:
-            self._updater.set_states(fin.read())
-        self._optimizer = self._updater.optimizer
-        updater = self._updater
-        named = {k: v for k, v in updater.states.items() if isinstance(k, str)}
-        if not named:
-            return
-        names, ndev = self._exec_group.param_names, len(self._context)
-        unknown = sorted(set(named) - set(names))
-        if unknown:
-            raise ValueError('%s holds optimizer states of parameters this Module does not '
-                             'have: %s; load the states saved with this network'
-                             % (fname, ', '.join(unknown)))
-        states = {k: v for k, v in updater.states.items() if not isinstance(k, str)}
-        for i, name in enumerate(names):
-            if name in named:
-                for k in range(ndev):
-                    states[i * ndev + k] = named[name] if k == 0 else _copy_state(named[name])
-        updater.states = states
-        updater.states_synced = dict.fromkeys(states, False)
-
-    def mixed_precision_state(self):
-        """dict: what ``prefix-%04d.mxmp.json`` holds (JSON-serialisable): the user's
-        choices (target dtype, cast_params, the policy with its op lists and ``emulate`` as
-        given, not as this machine resolved it), the loss scaler's state, skipped steps."""
-        return {'format': files.STATES_FORMAT, 'version': files.STATES_VERSION,
-                'target_dtype': self._target_dtype, 'cast_params': self._cast_params,
-                'policy': files.policy_state(self._chosen),
-                'loss_scaler': self.loss_scaler.state_dict(),
-                'skipped_steps': self.skipped_steps}
-
-    def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True):
-        """Write ``prefix-symbol.json`` (float32, or with its casts), ``prefix-%04d.params``
-        (float32), optionally ``-%04d.states``, and ``-%04d.mxmp.json``, atomically."""
-        sym = self.symbol if remove_amp_cast else self._mp_symbol
-        write_atomic('%s-symbol.json' % prefix, sym.tojson(remove_amp_cast=remove_amp_cast))
-        param_name = '%s-%04d.params' % (prefix, epoch)
-        save_atomic(param_name, self.save_params)
-        if save_optimizer_states:
-            self.save_optimizer_states('%s-%04d.states' % (prefix, epoch))
-        files.write_state(prefix, epoch, self.mixed_precision_state())
-        self.logger.info('Saved checkpoint to "%s" (loss scale %g, %d skipped steps)',
-                         param_name, self.loss_scale, self.skipped_steps)
-
-    def checkpoint_callback(self, prefix, period=1, save_optimizer_states=False):
-        """An ``epoch_end_callback``: :meth:`save_checkpoint` every ``period`` epochs."""
-        return mx.callback.module_checkpoint(self, prefix, period, save_optimizer_states)
-
-    def set_loaded(self, args, auxs, state, state_file):
-        """Give this unbound Module loaded parameters and state (None: none)."""
-        self._arg_params = {k: v.astype('float32') if is_low_precision(v.dtype) else v
-                            for k, v in args.items()}
-        self._aux_params = auxs
-        self.params_initialized = True
-        if state is not None:
-            self._step.scaler, self._step.skipped_steps = files.restore_state(
-                self._step.scaler, state, state_file)
-            self._write_loss_scale(force=True)
-
     @staticmethod
     def load(prefix, epoch, load_optimizer_states=False, **kwargs):
         """A Module from a checkpoint (mxmp's, or plain MXNet's), parameters set, not bound;
@@ -375,15 +294,6 @@ class Module(mx.mod.Module):
         if load_optimizer_states:
             mod._preload_opt_states = '%s-%04d.states' % (prefix, epoch)
         return mod
-
-
-def _copy_state(state):
-    """A copy of an optimizer state (None, an NDArray, or a tuple/list of them)."""
-    if isinstance(state, nd.NDArray):
-        return state.copy()
-    if isinstance(state, (tuple, list)):
-        return type(state)(_copy_state(s) for s in state)
-    return state
 
 
 def _create_optimizer(module, optimizer, optimizer_params, kv):
