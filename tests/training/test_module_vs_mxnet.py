@@ -197,3 +197,32 @@ def test_metric_by_name_on_a_non_loss_output_as_mx_mod_module():
         mod.update_metric(metric, [nd.array(y)])
         values.append(metric.get()[1])
     assert abs(values[0] - values[1]) <= 1.0 / BATCH and 0 < values[0] < 1
+
+
+@pytest.mark.parametrize('kvstore', ['local', 'device'])
+def test_mxmp_checkpoint_on_two_contexts_resumes_in_plain_mxnet_and_mxmp(tmp_path, kvstore):
+    """mxmp on two contexts writes its Adam states and update counts as plain MXNet's kvstore
+    does (by parameter name): plain MXNet and mxmp both resume them, and their next step equals
+    the step of the run that saved them, bit for bit (Adam's bias correction reads the
+    counts)."""
+    x, y = problem(3 * BATCH, seed=7)
+    prefix = str(tmp_path / 'two')
+
+    def adam(mod):
+        mod.init_optimizer(kvstore=kvstore, optimizer='adam',
+                           optimizer_params={'learning_rate': .01}, force_init=True)
+        return mod
+    mod = adam(prepare(float32_module(TWO_CPUS), kvstore))
+    _train(mod, x, y, 2)
+    mod.save_checkpoint(prefix, 1, save_optimizer_states=True)
+    plain = mx.mod.Module.load(prefix, 1, load_optimizer_states=True, context=TWO_CPUS)
+    back = Module.load(prefix, 1, load_optimizer_states=True, context=TWO_CPUS,
+                       target_dtype='float32', loss_scaler=StaticLossScaler(2.0 ** 10))
+    for each in (plain, back):
+        each.bind(data_shapes=[('data', (BATCH, FEATURES))],
+                  label_shapes=[('softmax_label', (BATCH,))])
+        adam(each)
+    for each in (mod, plain, back):
+        _train(each, x[2 * BATCH:], y[2 * BATCH:], 1)
+    assert_close_to(np_params(plain), np_params(mod), None, 0)
+    assert_close_to(np_params(back), np_params(mod), None, 0)

@@ -1,9 +1,11 @@
 """Checkpoint files of :class:`mxmp.Module` and :class:`mxmp.BucketingModule`: MXNet's own, in
 float32, plus ``prefix-%04d.mxmp.json`` (:meth:`mxmp.Module.mixed_precision_state`), all
 written atomically."""
+import copy
 import dataclasses
 import json
 import os
+import pickle
 
 import mxnet as mx
 from mxnet import nd
@@ -150,12 +152,13 @@ def load_params(prefix, epoch, with_symbol):
                          'earlier epoch' % (files, mxnet_error_line(err, 200))) from None
 
 
-def states_by_index(updater, names, num_contexts, fname):
+def states_by_index(updater, names, device_ids, fname):
     """Give the optimizer states ``updater`` (an ``mx.optimizer.Updater``) loaded from
     ``fname`` by parameter name (plain MXNet's kvstore updates: several devices, kvstore
     'local' or 'device') to the index of that parameter on every context, ``i * num_contexts
-    + k`` for ``names[i]`` (what the Module's optimizer uses), in place; states by index stay.
-    ValueError naming the file's parameters that are not in ``names``."""
+    + k`` for ``names[i]`` (what the Module's optimizer uses; ``device_ids``: the contexts'),
+    update counts included, in place; states by index stay. ValueError naming the file's
+    parameters that are not in ``names``."""
     named = {k: v for k, v in updater.states.items() if isinstance(k, str)}
     if not named:
         return
@@ -164,6 +167,18 @@ def states_by_index(updater, names, num_contexts, fname):
         raise ValueError('%s holds optimizer states of parameters this Module does not have: '
                          '%s; load the states saved with this network'
                          % (fname, ', '.join(unknown)))
+    num_contexts = len(device_ids)
+    optimizer = updater.optimizer
+    counts = {k: v for per_device in optimizer._all_index_update_counts.values()
+              for k, v in per_device.items() if isinstance(k, str)}
+    for per_device in optimizer._all_index_update_counts.values():
+        for key in [k for k in per_device if isinstance(k, str)]:
+            del per_device[key]
+    for i, name in enumerate(names):
+        for k, device_id in enumerate(device_ids):
+            if name in counts:
+                optimizer._all_index_update_counts.setdefault(device_id, {})[
+                    i * num_contexts + k] = counts[name]
     states = {k: v for k, v in updater.states.items() if not isinstance(k, str)}
     for i, name in enumerate(names):
         if name in named:
@@ -188,17 +203,25 @@ class ModuleCheckpoints:
     MXNet's float32 files, the optimizer states, and ``prefix-%04d.mxmp.json``."""
 
     def save_optimizer_states(self, fname):
-        """Write the optimizer and its states (MXNet's format) to ``fname`` atomically; the
-        optimizer's ``rescale_grad`` is written without the loss scale (the last update divided
-        it by the scale), so plain MXNet, which loads the optimizer too, steps as mxmp does."""
+        """Write the optimizer and its states to ``fname`` atomically, as plain MXNet would
+        for this Module: by optimizer index on one context (or without a kvstore), by
+        parameter name (the first context's, equal on all) on several contexts with a kvstore,
+        where plain MXNet updates on its kvstore. The optimizer's ``rescale_grad`` is written
+        without the loss scale (the last update divided it by the scale)."""
         assert self.optimizer_initialized
-        optimizer, scaled = self._optimizer, self._optimizer.rescale_grad
+        optimizer = copy.copy(self._optimizer)
         if self._rescale_grad is not None:
             optimizer.rescale_grad = self._rescale_grad
-        try:
-            write_atomic(fname, self._updater.get_states(dump_optimizer=True))
-        finally:
-            optimizer.rescale_grad = scaled
+        states, ndev = self._updater.states, len(self._context)
+        if ndev > 1 and self._kvstore:
+            names = self._exec_group.param_names
+            states = {n: states[i * ndev] for i, n in enumerate(names) if i * ndev in states}
+            counts = self._optimizer._all_index_update_counts.get(self._context[0].device_id,
+                                                                  {})
+            counts = {n: counts[i * ndev] for i, n in enumerate(names) if i * ndev in counts}
+            optimizer._all_index_update_counts = {0: counts}
+            optimizer._index_update_count = counts
+        write_atomic(fname, pickle.dumps((states, optimizer)))
 
     def load_optimizer_states(self, fname):
         """Load what :meth:`save_optimizer_states` or plain MXNet wrote, optimizer included
@@ -211,7 +234,7 @@ class ModuleCheckpoints:
             self._updater.set_states(fin.read())
         self._optimizer = self._updater.optimizer
         states_by_index(self._updater, self._exec_group.param_names,
-                              len(self._context), fname)
+                        [ctx.device_id for ctx in self._context], fname)
 
     def mixed_precision_state(self):
         """dict: what ``prefix-%04d.mxmp.json`` holds (JSON-serialisable): the user's
