@@ -686,7 +686,7 @@ MULTI_ARRAY_OPS = ('multi_all_finite', 'concat', 'multi_sgd_update', 'multi_sgd_
                    'multi_mp_sgd_update', 'multi_mp_sgd_mom_update', 'elemwise_add', 'add_n')
 
 
-@pytest.mark.parametrize('kvstore', ['local', None])
+@pytest.mark.parametrize('kvstore', ['local', 'device', None])
 def test_multi_array_ops_get_inputs_from_one_context(monkeypatch, kvstore):
     """Issue 36 item 2: on [cpu(0), cpu(1)] every multi-array call of an update, an overflow
     and the forward check after it, reads arrays of one context only."""

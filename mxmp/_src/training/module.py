@@ -284,9 +284,12 @@ class Module(files.ModuleCheckpoints, mx.mod.Module):
     @staticmethod
     def load(prefix, epoch, load_optimizer_states=False, **kwargs):
         """A Module from a checkpoint (mxmp's, or plain MXNet's), parameters set, not bound;
-        ``kwargs`` as for :class:`Module`, defaulting to the JSON file's settings;
-        ``load_optimizer_states``: load ``prefix-%04d.states`` at ``init_optimizer``.
-        ValueError for a bad file or another target dtype than the saved one."""
+        ``kwargs`` as for :class:`Module`, defaulting to the JSON file's settings (the saved
+        policy, whose ``emulate`` is resolved again for this machine's contexts; ``emulate``
+        and ``cast_params`` given here replace the saved ones); a ``policy`` given must agree
+        with the file (target dtype, kind of loss scaler), the saved scaler state is restored
+        into it; ``load_optimizer_states``: load ``prefix-%04d.states`` at ``init_optimizer``.
+        ValueError for a bad file or a precision that disagrees with the saved one."""
         sym, args, auxs = files.load_params(prefix, epoch, with_symbol=True)
         state, state_file, kwargs = files.read_state(prefix, epoch, kwargs)
         mod = Module(sym, **kwargs)
