@@ -40,7 +40,10 @@ class Module(files.ModuleCheckpoints, mx.mod.Module):
 
     Raises:
         ValueError: unknown ``target_dtype``, ``loss_scaler`` or ``pad_stem``; a symbol that
-            already holds the loss-scale input; what ``module_policy`` raises.
+            already holds the loss-scale input; with loss scaling, an op whose backward mxmp
+            cannot see (a ``Custom`` op...) in low precision (:func:`~mxmp._src.graph.
+            loss_heads.insert_loss_scale`); what ``module_policy`` raises.
+        mxmp.GpuProbeError: a GPU context that failed the kernel probe (MXNet's message).
 
     Unlike ``mx.mod.Module``: :attr:`symbol` is the float32 graph; the optimizer runs in the
     Module (a kvstore only reduces gradients; async kvstores are refused); :meth:`update`
