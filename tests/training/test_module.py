@@ -883,3 +883,19 @@ def test_inference_bind_with_cast_params_holds_one_low_precision_copy_of_each_we
     assert mod._exec_group.param_arrays[0][0].dtype == np.float16
     for name, value in module_initial_params().items():
         np.testing.assert_array_equal(mod.master_weights(name)[0].asnumpy(), value.asnumpy())
+
+
+def test_checkpoint_loads_with_loss_scaler_named_by_kind(tmp_path):
+    """loss_scaler='dynamic' agrees with a saved DynamicLossScaler of any configuration: its
+    state comes back; a LossScaler of another configuration is still refused (above)."""
+    prefix = str(tmp_path / 'kind')
+    x, y = problem(MODULE_BATCH)
+    mod = ready(Module(mlp(), target_dtype='float16', emulate=True,
+                       loss_scaler=DynamicLossScaler(init_scale=2.0 ** 8, growth_interval=1)))
+    assert step(mod, x, y) and mod.loss_scale == 2.0 ** 9
+    mod.save_checkpoint(prefix, 1)
+    back = Module.load(prefix, 1, loss_scaler='dynamic')
+    assert back.loss_scaler == mod.loss_scaler and back.loss_scaler.growth_interval == 1
+    with pytest.raises(ValueError, match="is for 'DynamicLossScaler' but this scaler is "
+                                         "'StaticLossScaler'"):
+        Module.load(prefix, 1, loss_scaler='static')

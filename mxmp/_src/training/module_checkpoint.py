@@ -119,11 +119,17 @@ def read_state(prefix, epoch, kwargs):
         for key in ('target_dtype', 'cast_params'):
             if key in state:
                 kwargs.setdefault(key, state[key])
-    if kwargs.get('loss_scaler') is None:
-        try:
-            restored = from_state_dict(state.get('loss_scaler'))
-        except ValueError as err:
-            raise ValueError('%s: %s' % (state_file, err)) from None
+    try:
+        restored = from_state_dict(state.get('loss_scaler'))
+    except ValueError as err:
+        raise ValueError('%s: %s' % (state_file, err)) from None
+    given = kwargs.get('loss_scaler')
+    if isinstance(given, str) and given.lower() not in ('auto', 'none'):
+        # a kind named ('dynamic', 'static'): the saved scaler of that kind, its configuration
+        # and state; another kind is refused when the Module restores the state
+        if type(make_loss_scaler(given, state['target_dtype'])) is type(restored):
+            kwargs['loss_scaler'] = restored
+    elif given is None:
         spec = 'auto' if policy is None else policy.loss_scaler
         if isinstance(spec, str) and spec.lower() == 'auto':
             kwargs['loss_scaler'] = restored
