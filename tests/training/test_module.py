@@ -899,3 +899,24 @@ def test_checkpoint_loads_with_loss_scaler_named_by_kind(tmp_path):
     with pytest.raises(ValueError, match="is for 'DynamicLossScaler' but this scaler is "
                                          "'StaticLossScaler'"):
         Module.load(prefix, 1, loss_scaler='static')
+
+
+def test_an_op_no_list_knows_is_bracketed_like_a_custom_op(monkeypatch):
+    """An op of an operator library (mx.library.load) is in no op list: its backward may add a
+    gradient of its own, so it is bracketed too. Stood in for by IdentityAttachKLSparseReg
+    taken out of every list (and out of OPAQUE_GRADIENT_OPS): still plain MXNet's step."""
+    from mxmp._src.graph import loss_heads
+    from mxmp._src.policy import policy as policy_module
+    hidden = 'IdentityAttachKLSparseReg'
+    real = policy_module._effective_classes
+    monkeypatch.setattr(policy_module, '_effective_classes', lambda *args: {
+        name: ops - {hidden} for name, ops in real(*args).items()})
+    monkeypatch.setattr(loss_heads, 'OPAQUE_GRADIENT_OPS',
+                        loss_heads.OPAQUE_GRADIENT_OPS - {hidden})
+    assert hidden in loss_heads.opaque_ops(opaque_mlp('kl_sparse'), None)
+    x, y = problem(3 * MODULE_BATCH, seed=4)
+    plain = _train_three_steps(mx.mod.Module(opaque_mlp('kl_sparse')), x, y)
+    mod = Module(opaque_mlp('kl_sparse'), target_dtype='float32',
+                 loss_scaler=StaticLossScaler(2.0 ** 10))
+    for name, value in _train_three_steps(mod, x, y).items():
+        np.testing.assert_array_equal(value, plain[name], err_msg=name)

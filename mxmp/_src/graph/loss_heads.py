@@ -9,13 +9,14 @@ Gradients enter the backward pass at three kinds of places, and each is scaled:
   op's times ``S`` (exact for a power of two).
 - an op whose backward mxmp cannot see (:data:`OPAQUE_GRADIENT_OPS`: ``Custom`` ops, whose
   Python backward may ignore the output gradient (``need_top_grad=False``, a loss) or add a
-  term of its own, ops that run another graph, ``IdentityAttachKLSparseReg``): bracketed. An
+  term of its own, ops that run another graph, ``IdentityAttachKLSparseReg``, and an operator
+  library's ops that no op list knows, :func:`opaque_ops`): bracketed. An
   *unscale node* ``y = b + (x - b) / S`` on each of its float outputs that another op reads
   hands it the unscaled gradient, a scale node on each of its float inputs multiplies what it
   returns, own terms included, by ``S``. Any backward that is affine in its output gradient
   (every one) comes out exactly ``S`` times the unscaled one. The bracketed op's backward runs
-  on unscaled values: these ops compute in float32 (the policy's subgraph and loss groups), so
-  nothing underflows there.
+  on unscaled values: these ops compute in float32 (the policy's subgraph and loss groups,
+  unlisted ops), so nothing underflows there.
 - a graph output whose gradient the caller passes (``out_grads``): :class:`mxmp.Module`
   multiplies it by ``S``, except for the outputs of bracketed ops (:attr:`LossScaled.raw_heads`),
   whose gradient enters unscaled, as the unscale node would make it.
@@ -30,8 +31,9 @@ import collections
 from .symbol_json import MARK, dump, infer_dtypes, load, mutable_inputs, unique_name
 from ..dtypes import MSHADOW_ENUM
 from ..policy.policy import LOSS_OUTPUT, Policy
+from ..policy.tables import excluded_reason
 
-__all__ = ['insert_loss_scale', 'scaled_loss_ops', 'LossScaled', 'LOSS_SCALE_NAME',
+__all__ = ['insert_loss_scale', 'scaled_loss_ops', 'opaque_ops', 'LossScaled', 'LOSS_SCALE_NAME',
            'HEAD_GRADIENT_LOSS_OPS', 'NAMED_LOSS_OPS', 'OPAQUE_GRADIENT_OPS']
 
 #: Name of the input variable (a Module *state*, shape ``(1,)``, float32) holding the scale.
@@ -70,6 +72,20 @@ def scaled_loss_ops(policy):
 
 
 
+def opaque_ops(sym, policy):
+    """frozenset: :data:`OPAQUE_GRADIENT_OPS` and the ops of ``sym`` that no op list knows
+    (in no class of the bfloat16, float16 or ``policy``'s tables, excluded by no prefix: an
+    operator library's op, which the pass computes in float32), whose backward mxmp cannot
+    see either."""
+    known = set()
+    for each in (Policy('bfloat16'), Policy('float16'), policy):
+        if each is not None:
+            for ops in each.classes.values():
+                known |= ops
+    ops = {n['op'] for n in load(sym)['nodes'] if n['op'] != 'null'} - known
+    return OPAQUE_GRADIENT_OPS | frozenset(op for op in ops if excluded_reason(op) is None)
+
+
 def insert_loss_scale(sym, loss_ops=None, opaque_ops=OPAQUE_GRADIENT_OPS):
     """Scale every gradient that enters the backward pass of ``sym`` (module docstring).
 
@@ -78,7 +94,7 @@ def insert_loss_scale(sym, loss_ops=None, opaque_ops=OPAQUE_GRADIENT_OPS):
         loss_ops (iterable of str or None): ops whose data input gets a scale node; default
             :func:`scaled_loss_ops` of no policy.
         opaque_ops (iterable of str): ops bracketed by scale and unscale nodes; default
-            :data:`OPAQUE_GRADIENT_OPS`.
+            :data:`OPAQUE_GRADIENT_OPS` (:func:`opaque_ops` adds the graph's unknown ops).
 
     Returns:
         LossScaled: the graph with the extra input :data:`LOSS_SCALE_NAME` (shape ``(1,)``,

@@ -11,7 +11,7 @@ from mxnet import nd
 from ..distributed import check_kvstore_args
 from ..graph.accumulate import accumulating_names, guard_accumulated_grads
 from ..graph.convert import convert_symbol
-from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, scaled_loss_ops
+from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, opaque_ops, scaled_loss_ops
 from ..graph.output_names import keep_output_names
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
@@ -83,8 +83,8 @@ class Module(files.ModuleCheckpoints, mx.mod.Module):
                                             loss_scaler)[1])
         bound, nodes, self._raw_heads = mp_symbol, 0, frozenset()
         if self._step.scaler.enabled:
-            bound, nodes, self._raw_heads = insert_loss_scale(mp_symbol,
-                                                              scaled_loss_ops(self._policy))
+            bound, nodes, self._raw_heads = insert_loss_scale(
+                mp_symbol, scaled_loss_ops(self._policy), opaque_ops(mp_symbol, self._policy))
             if nodes:
                 state_names = [*(state_names or ()), LOSS_SCALE_NAME]
         self._loss_scale_nodes = nodes
