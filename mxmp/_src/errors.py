@@ -3,7 +3,8 @@ already catches), and the one-line reason of an MXNet error. Imports nothing fro
 from .cuda import CudaLibrariesNotFound
 
 __all__ = ['AmpListConflict', 'LossScaleAtFloorError', 'NonFiniteForwardWarning',
-           'ParameterFileError', 'CLIError', 'CudaLibrariesNotFound', 'mxnet_error_line']
+           'ParameterFileError', 'CLIError', 'CudaLibrariesNotFound', 'GpuProbeError',
+           'mxnet_error_line']
 
 
 class AmpListConflict(ValueError, AssertionError):
@@ -38,6 +39,20 @@ class NonFiniteForwardWarning(RuntimeWarning):
 class ParameterFileError(ValueError, AssertionError):
     """A parameter file does not match the block; a ValueError and an AssertionError (what
     ``gluon.Block.load_parameters`` raises)."""
+
+
+class GpuProbeError(RuntimeError):
+    """The low-precision kernel probe could not run on a GPU for another reason than a missing
+    kernel (an MXNet build without CUDA, a driver or CUDA mismatch, out of memory...): the
+    message keeps MXNet's. Never cached: the next call probes again.
+
+    Attributes:
+        mxnet_message (str or None): MXNet's error text, None when MXNet raised none.
+    """
+
+    def __init__(self, message, mxnet_message=None):
+        super().__init__(message)
+        self.mxnet_message = mxnet_message
 
 
 class CLIError(Exception):

@@ -88,3 +88,75 @@ def test_a_failed_probe_leaves_no_error_for_the_users_next_waitall():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith('trained')
+
+
+# ---------------------------------------------------------------------------- GPU honesty
+@pytest.fixture
+def cuda_build(monkeypatch):
+    """This process as a CUDA build of MXNet whose probe body is the test's to choose."""
+    device._probe.cache_clear()
+    monkeypatch.setattr(device, '_cuda_build', lambda: True)
+    yield monkeypatch
+    device._probe.cache_clear()
+
+
+#: MXNet 1.9.1's text of a momentary out-of-memory (src/storage/pooled_storage_manager.h).
+OOM = ('[09:00:00] ../src/storage/./pooled_storage_manager.h:161: cudaMalloc retry failed: '
+       'out of memory')
+
+
+def test_a_failing_gpu_is_not_reported_as_missing_kernels_and_is_not_cached(cuda_build):
+    """Issue 36 item 8: a failure of the probe on a GPU (out of memory, driver) keeps MXNet's
+    message and is probed again next time; only a dtype an op refuses is "no kernels"."""
+    def failing(ctx, target):
+        raise mx.base.MXNetError(OOM)
+    cuda_build.setattr(device, '_run_probe', failing)
+    with pytest.raises(mxmp.GpuProbeError, match='not for want of a kernel.*cudaMalloc retry '
+                                                  'failed: out of memory') as info:
+        mxmp.lp_kernels_available('float16', mx.gpu(0))
+    assert info.value.mxnet_message == OOM
+    with pytest.raises(mxmp.GpuProbeError):   # and the Module says it, instead of emulating
+        mxmp.Module(mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=2),
+                    label_names=None, target_dtype='float16', context=mx.gpu(0))
+    cuda_build.setattr(device, '_run_probe', lambda ctx, target: None)   # it recovered
+    assert mxmp.lp_kernels_available('float16', mx.gpu(0)) is True
+
+    def refused(ctx, target):
+        raise mx.base.MXNetError('[09:00:00] ../src/operator/nn/./convolution-inl.h:97: '
+                                 'Unknown type enum 12')
+    device._probe.cache_clear()
+    cuda_build.setattr(device, '_run_probe', refused)
+    assert mxmp.lp_kernels_available('bfloat16', mx.gpu(0)) is False
+    with pytest.raises(RuntimeError, match=r"gpu\(0\) has no bfloat16 kernels \(its Convolution"
+                                           r"/FullyConnected refuse bfloat16"):
+        mxmp.Policy('bfloat16', emulate=False).on(mx.gpu(0))
+
+
+def test_gpu_probe_on_a_build_without_cuda_says_so():
+    if mx.runtime.Features().is_enabled('CUDA'):
+        pytest.skip('this MXNet has CUDA')
+    with pytest.raises(mxmp.GpuProbeError, match='this MXNet build has no CUDA.*mxnet-cu112'):
+        mxmp.lp_kernels_available('float16', mx.gpu(0))
+    with pytest.raises(mxmp.GpuProbeError, match='no CUDA'):
+        mxmp.Module(mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=2),
+                    label_names=None, target_dtype='float16', context=mx.gpu(0))
+
+
+def test_missing_kernels_on_a_cpu_name_the_cpus_reason():
+    with pytest.raises(RuntimeError, match='no float16 GEMM on CPUs') as info:
+        mxmp.Policy('float16', emulate=False).on(mx.cpu())
+    assert 'AVX-512' not in str(info.value)
+
+
+def test_pascal_gpus_are_told_float16_runs_without_tensor_cores(cuda_build, caplog):
+    device.tensor_core_note.cache_clear()
+    assert device.tensor_core_note(0, (7, 0)) is None
+    note = device.tensor_core_note(0, (6, 1))
+    assert 'compute capability 6.1' in note and 'without Tensor Cores' in note
+    device.tensor_core_note.cache_clear()
+    cuda_build.setattr(device, '_run_probe', lambda ctx, target: None)
+    cuda_build.setattr(device, 'gpu_compute_capability', lambda device_id: (6, 0))
+    caplog.set_level('WARNING')
+    assert mxmp.Policy('float16').on(mx.gpu(0)).emulate is False
+    assert 'gpu(0) has compute capability 6.0' in caplog.text
+    device.tensor_core_note.cache_clear()

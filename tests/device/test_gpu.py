@@ -126,6 +126,35 @@ class TestFloat16OnGpu:
             weight.data().asnumpy(), master.astype('float16').asnumpy())
         assert all(np.isfinite(losses)) and losses[-1] < losses[0]
 
+    def test_probe_keeps_mxnets_message_of_a_real_gpu_failure_and_probes_again(
+            self, monkeypatch):
+        """Issue 36 item 8: an out-of-memory during the probe is a GpuProbeError with MXNet's
+        own text, not "no float16 kernels", and is not cached."""
+        from mxmp._src import device
+        held = []
+
+        def exhaust(ctx, target):
+            for _ in range(64):   # 16 GiB each, until MXNet's allocator gives up
+                held.append(nd.zeros((2 ** 31 - 1,), ctx=ctx, dtype='float64'))
+                held[-1].wait_to_read()
+        device._probe.cache_clear()
+        monkeypatch.setattr(device, '_run_probe', exhaust)
+        with pytest.raises(mxmp.GpuProbeError, match='not for want of a kernel') as info:
+            mxmp.lp_kernels_available('float16', mx.gpu(0))
+        assert 'memory' in info.value.mxnet_message.lower()
+        del held[:]
+        monkeypatch.undo()
+        assert mxmp.lp_kernels_available('float16', mx.gpu(0)) is True
+
+    def test_a_gpu_without_tensor_cores_is_told_so(self):
+        from mxmp._src import device
+        capability = device.gpu_compute_capability(0)
+        assert capability is not None and capability >= (3, 0)
+        device.tensor_core_note.cache_clear()
+        note = device.tensor_core_note(0)
+        assert (note is None) == (capability >= (7, 0))
+        device.tensor_core_note.cache_clear()
+
 
 def test_gpu_tests_skip_with_a_reason_when_mxnet_has_no_gpu():
     def raises():

@@ -4,8 +4,8 @@ import numpy as np
 
 from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum, mx_dtype
 from .kernel_rule import restore
-from .symbol_json import (CAST_OPS, FLOAT_DTYPES, MARK, ROUND_MARK, STEM_MARK, STEM_SHAPE,
-    cast_origin, dump, is_cast_param, load, original_dtype)
+from .symbol_json import (CAST_OPS, FLOAT_DTYPES, MARK, NAME_MARK, ROUND_MARK, STEM_MARK,
+    STEM_SHAPE, cast_origin, dump, is_cast_param, load, original_dtype)
 
 __all__ = ['remove_casts', 'converted_dtype', 'count_casts', 'strip',
            'float32_arrays', 'arrays_for_graph']
@@ -71,6 +71,9 @@ def strip(js, unpin=False):
         if attrs and attrs.get(STEM_MARK, '').startswith(STEM_SHAPE):
             attrs = _restore(node, attrs, STEM_MARK, '__shape__',
                              attrs[STEM_MARK][len(STEM_SHAPE):])
+        if attrs and NAME_MARK in attrs:   # its name, which a cast took as an output name
+            node['name'] = attrs[NAME_MARK]
+            attrs = _restore(node, attrs, NAME_MARK, NAME_MARK, None)
         if original_dtype(node) is not None:
             _restore(node, attrs, MARK, '__dtype__', original_dtype(node))
         elif contrib and node['op'] == 'null' and attrs and \

@@ -11,13 +11,16 @@ import numpy as np
 
 from ..dtypes import LOW_PRECISION_DTYPES, MSHADOW_ENUM, dtype_name
 
-__all__ = ['MARK', 'ROUND_MARK', 'PINNED', 'CAST_OPS', 'FLOAT_DTYPES', 'load', 'dump',
+__all__ = ['MARK', 'NAME_MARK', 'ROUND_MARK', 'PINNED', 'CAST_OPS', 'FLOAT_DTYPES', 'load', 'dump',
            'is_cast_param', 'cast_param_names', 'storage_mark', 'original_dtype',
            'cast_origin', 'pin_variable_dtypes', 'infer_dtypes', 'node_output_dtypes',
            'mutable_inputs', 'unique_name']
 
 #: Attribute key that marks the nodes and variables mxmp wrote.
 MARK = '__mxmp__'   # a graph attribute key, not a side channel
+#: Attribute key of an op node renamed so that a cast after it takes its name as a graph output
+#: (:mod:`mxmp._src.graph.output_names`): the node's own name, given back by ``strip``.
+NAME_MARK = '__mxmp_name__'   # a graph attribute key
 #: Attribute key of the arithmetic rounding nodes of bfloat16 emulation: the target dtype.
 ROUND_MARK = '__mxmp_round__'   # a graph attribute key
 #: MARK value of a variable whose ``__dtype__`` :func:`pin_variable_dtypes` wrote.

@@ -266,17 +266,24 @@ class Policy:
             RuntimeError: ``emulate`` is False and ``ctx`` has no kernels for the target dtype
                 (checked up front: MXNet would fail asynchronously, far from the cause).
         """
-        from ..device import lp_kernels_available
+        from ..device import lp_kernels_available, tensor_core_note
         dtype, emulate = self.target_dtype, self.emulate
         if emulate is True:
             return self
-        if lp_kernels_available(dtype, ctx):
+        if lp_kernels_available(dtype, ctx):   # GpuProbeError: the GPU failed, not its kernels
+            if ctx.device_type == 'gpu' and dtype == 'float16':
+                tensor_core_note(ctx.device_id)
             return self if emulate is False else self.replace(emulate=False)
         if emulate is False:
+            why = ('its Convolution/FullyConnected refuse %s in this MXNet build' % dtype
+                   if ctx.device_type == 'gpu' else
+                   'MXNet 1.9.1 has no float16 GEMM on CPUs; float16 kernels run on NVIDIA '
+                   'GPUs' if dtype == 'float16' else
+                   'oneDNN runs bfloat16 Convolution/FullyConnected on CPUs with AVX-512 only')
             raise RuntimeError(
-                '%s has no %s kernels (oneDNN needs AVX-512 for bfloat16; CPUs have no float16 '
-                'GEMM). Pass emulate=True (or the default emulate=\'auto\') to run the same '
-                'numerics with float32 kernels.' % (ctx, dtype))
+                '%s has no %s kernels (%s). Pass emulate=True (or the default '
+                'emulate=\'auto\') to run the same numerics with float32 kernels.'
+                % (ctx, dtype, why))
         if (dtype, str(ctx)) not in _EMULATION_SAID:
             _EMULATION_SAID.add((dtype, str(ctx)))
             logger.warning('mxmp: %s has no %s kernels; mxmp emulates %s numerics with float32 '

@@ -53,6 +53,13 @@ class BucketingModule(mx.mod.BucketingModule):
             self._buckets[bucket_key] = self._make_module(bucket_key)
         super().switch_bucket(bucket_key, data_shapes, label_shapes)
 
+    def update(self):
+        """As ``mx.mod.BucketingModule.update``; returns what the current bucket's
+        :meth:`mxmp.Module.update` does: False if the step was skipped (inf/NaN gradients)."""
+        assert self.binded and self.params_initialized and self.optimizer_initialized
+        self._params_dirty = True
+        return self._curr_module.update()
+
     def _default_module(self):
         return self._buckets[self._default_bucket_key]
 

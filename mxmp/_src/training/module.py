@@ -1,6 +1,7 @@
 """mxmp.Module: ``mx.mod.Module`` whose symbol goes through :func:`mxmp.convert_symbol`, with
-a loss-scale input before the loss outputs (:mod:`mxmp._src.graph.loss_heads`) and the training
-step of :class:`mxmp._src.training.step.Step`."""
+the loss scale applied wherever a gradient enters the backward pass
+(:mod:`mxmp._src.graph.loss_heads`) and the training step of
+:class:`mxmp._src.training.step.Step`."""
 import logging
 from operator import attrgetter
 
@@ -8,15 +9,14 @@ import mxnet as mx
 from mxnet import nd
 
 from ..distributed import check_kvstore_args
-from ..dtypes import is_low_precision
 from ..graph.accumulate import accumulating_names, guard_accumulated_grads
 from ..graph.convert import convert_symbol
-from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, scaled_loss_ops
+from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, opaque_ops, scaled_loss_ops
+from ..graph.output_names import keep_output_names
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
 from ..graph.symbol_json import cast_param_names
 from . import module_checkpoint as files
-from ..files import save_atomic, write_atomic
 from .module_parts import ModuleMasters, module_policy, reduced_updates, start_kvstore
 from .step import Step, all_finite
 from .trainer import resolve_precision
@@ -25,7 +25,7 @@ from .updater import Updater
 __all__ = ['Module']
 
 
-class Module(mx.mod.Module):
+class Module(files.ModuleCheckpoints, mx.mod.Module):
     """``mx.mod.Module`` training in mixed precision with dynamic loss scaling.
 
     Args:
@@ -40,7 +40,10 @@ class Module(mx.mod.Module):
 
     Raises:
         ValueError: unknown ``target_dtype``, ``loss_scaler`` or ``pad_stem``; a symbol that
-            already holds the loss-scale input; what ``module_policy`` raises.
+            already holds the loss-scale input; with loss scaling, an op whose backward mxmp
+            cannot see (a ``Custom`` op...) in low precision (:func:`~mxmp._src.graph.
+            loss_heads.insert_loss_scale`); what ``module_policy`` raises.
+        mxmp.GpuProbeError: a GPU context that failed the kernel probe (MXNet's message).
 
     Unlike ``mx.mod.Module``: :attr:`symbol` is the float32 graph; the optimizer runs in the
     Module (a kvstore only reduces gradients; async kvstores are refused); :meth:`update`
@@ -49,6 +52,7 @@ class Module(mx.mod.Module):
 
     _rescale_grad = None   # rescale_grad0 (init_optimizer): the factor without the loss scale
     _scale_written = None  # the value in the loss-scale input (until the executors change)
+    _backward_scale = None  # the loss scale of the last backward() (None: unscaled)
 
     def __init__(self, symbol, data_names=('data',), label_names=('softmax_label',), *,
                  target_dtype=None, loss_scaler=None, cast_params=None, emulate='auto',
@@ -64,20 +68,23 @@ class Module(mx.mod.Module):
         self._pad_stem = check_pad_stem(pad_stem)
         context = mx.cpu() if context is None else context
         contexts = [context] if isinstance(context, mx.Context) else list(context)
-        self._target_dtype, self._policy, self._cast_params = module_policy(
+        self._target_dtype, self._policy, self._cast_params, self._chosen = module_policy(
             target_dtype, policy, cast_params, emulate, contexts)
         self._fp32_symbol = remove_casts(symbol)
         mp_symbol = self._fp32_symbol if self._policy is None else convert_symbol(
             self._fp32_symbol, policy=self._policy, cast_params=self._cast_params,
             data_names=[*(data_names or ()), *(label_names or ()), *(state_names or ())])
+        if self._policy is not None:   # the float32 graph's output names, as mx.mod.Module
+            mp_symbol = keep_output_names(mp_symbol, self._fp32_symbol.list_outputs())
         self._mp_symbol = mp_symbol
         self._masters = ModuleMasters(cast_param_names(mp_symbol) if self._cast_params
                                       else frozenset())
         self._step = Step(resolve_precision([], self._policy, self._target_dtype,
                                             loss_scaler)[1])
-        bound, nodes = mp_symbol, 0
+        bound, nodes, self._raw_heads = mp_symbol, 0, frozenset()
         if self._step.scaler.enabled:
-            bound, nodes = insert_loss_scale(mp_symbol, scaled_loss_ops(self._policy))
+            bound, nodes, self._raw_heads = insert_loss_scale(
+                mp_symbol, scaled_loss_ops(self._policy), opaque_ops(mp_symbol, self._policy))
             if nodes:
                 state_names = [*(state_names or ()), LOSS_SCALE_NAME]
         self._loss_scale_nodes = nodes
@@ -138,7 +145,7 @@ class Module(mx.mod.Module):
                 arr = self._arg_params[name]
                 self._arg_params[name] = nd.zeros(arr.shape, dtype='float32')
         elif self.params_initialized:
-            self._masters.written(self._arg_params, self._exec_group)
+            self._masters.written(self._arg_params, self._exec_group, self.for_training)
         self._write_loss_scale(force=True)
         return None
 
@@ -186,7 +193,9 @@ class Module(mx.mod.Module):
             reduced_updates(group, self._kvstore, self._masters, self._updater),
             self._optimizer, self._rescale_grad,
             name_of=lambda idx: group.param_names[idx // ndev],
-            forward_finite=lambda: all_finite(group.get_outputs(merge_multi_context=False)))
+            # get_outputs(False) is per output, then per device: all_finite takes per device
+            forward_finite=lambda: all_finite(
+                [list(arrays) for arrays in zip(*group.get_outputs(merge_multi_context=False))]))
         self._write_loss_scale()
         return applied
 
@@ -202,22 +211,29 @@ class Module(mx.mod.Module):
         super().forward(data_batch, is_train)
 
     def backward(self, out_grads=None):
-        """As ``mx.mod.Module.backward``; ``out_grads`` are multiplied by the loss scale."""
+        """As ``mx.mod.Module.backward``; ``out_grads`` are multiplied by the loss scale,
+        except those of outputs made by an op whose backward mxmp brackets
+        (:data:`mxmp._src.graph.loss_heads.OPAQUE_GRADIENT_OPS`), which scales itself."""
         self._write_loss_scale()
-        if out_grads is not None and self.loss_scaler.enabled:
+        scale = self.loss_scale if self.loss_scaler.enabled else None
+        if out_grads is not None and scale is not None:
             if isinstance(out_grads, nd.NDArray):
                 out_grads = [out_grads]
-            out_grads = [g * self.loss_scale for g in out_grads]
+            out_grads = [g if k in self._raw_heads else g * scale
+                         for k, g in enumerate(out_grads)]
         super().backward(out_grads)
+        self._backward_scale = scale
 
     def get_input_grads(self, merge_multi_context=True):
-        """As ``mx.mod.Module.get_input_grads``, divided by the loss scale."""
+        """As ``mx.mod.Module.get_input_grads``: divided by the loss scale the last
+        :meth:`backward` used (an :meth:`update` since may have changed the current one)."""
         grads = super().get_input_grads(merge_multi_context)
-        if not self.loss_scaler.enabled:
+        scale = self._backward_scale
+        if scale is None:
             return grads
         if merge_multi_context:
-            return [g / self.loss_scale for g in grads]
-        return [[g / self.loss_scale for g in per_ctx] for per_ctx in grads]
+            return [g / scale for g in grads]
+        return [[g / scale for g in per_ctx] for per_ctx in grads]
 
     def get_states(self, merge_multi_context=True):
         """As ``mx.mod.Module.get_states``, without the loss-scale input."""
@@ -238,6 +254,10 @@ class Module(mx.mod.Module):
                              % (name, sorted(self._masters.lp_names)))
         if not (self.binded and self.params_initialized):
             raise ValueError('bind and initialize the Module before asking for master weights')
+        if not self.for_training:
+            raise ValueError('an inference-only bind (for_training=False) keeps no master '
+                             'weights: the float32 values are the host parameters, '
+                             'get_params(); bind with for_training=True to train')
         return self._masters.of(name, self._exec_group)
 
     def init_params(self, initializer=mx.init.Uniform(0.01), arg_params=None, aux_params=None,
@@ -247,7 +267,7 @@ class Module(mx.mod.Module):
         super().init_params(initializer, arg_params, aux_params, allow_missing, force_init,
                             allow_extra)
         if again:
-            self._masters.written(self._arg_params, self._exec_group)
+            self._masters.written(self._arg_params, self._exec_group, self.for_training)
 
     def set_params(self, arg_params, aux_params, allow_missing=False, force_init=True,
                    allow_extra=False):
@@ -255,7 +275,7 @@ class Module(mx.mod.Module):
         ignored = self.params_initialized and not force_init
         super().set_params(arg_params, aux_params, allow_missing, force_init, allow_extra)
         if allow_missing and not ignored:
-            self._masters.written(arg_params, self._exec_group)
+            self._masters.written(arg_params, self._exec_group, self.for_training)
 
     def _sync_params_from_devices(self):
         # BatchNorm's moving statistics are written outside the engine's tracking: wait
@@ -264,60 +284,15 @@ class Module(mx.mod.Module):
         self._masters.to_host(self._arg_params)
 
     # ------------------------------------------------------------------ checkpoints
-    def save_optimizer_states(self, fname):
-        """Write the optimizer and its states (MXNet's format) to ``fname`` atomically."""
-        assert self.optimizer_initialized
-        write_atomic(fname, self._updater.get_states(dump_optimizer=True))
-
-    def load_optimizer_states(self, fname):
-        """Load what :meth:`save_optimizer_states` (or plain MXNet) wrote, optimizer included."""
-        assert self.optimizer_initialized
-        with open(fname, 'rb') as fin:
-            self._updater.set_states(fin.read())
-        self._optimizer = self._updater.optimizer
-
-    def mixed_precision_state(self):
-        """dict: what ``prefix-%04d.mxmp.json`` holds (JSON-serialisable)."""
-        return {'format': files.STATES_FORMAT, 'version': files.STATES_VERSION,
-                'target_dtype': self._target_dtype, 'cast_params': self._cast_params,
-                'emulate': bool(self._policy is not None and self._policy.emulate),
-                'loss_scaler': self.loss_scaler.state_dict(),
-                'skipped_steps': self.skipped_steps}
-
-    def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True):
-        """Write ``prefix-symbol.json`` (float32, or with its casts), ``prefix-%04d.params``
-        (float32), optionally ``-%04d.states``, and ``-%04d.mxmp.json``, atomically."""
-        sym = self.symbol if remove_amp_cast else self._mp_symbol
-        write_atomic('%s-symbol.json' % prefix, sym.tojson(remove_amp_cast=remove_amp_cast))
-        param_name = '%s-%04d.params' % (prefix, epoch)
-        save_atomic(param_name, self.save_params)
-        if save_optimizer_states:
-            self.save_optimizer_states('%s-%04d.states' % (prefix, epoch))
-        files.write_state(prefix, epoch, self.mixed_precision_state())
-        self.logger.info('Saved checkpoint to "%s" (loss scale %g, %d skipped steps)',
-                         param_name, self.loss_scale, self.skipped_steps)
-
-    def checkpoint_callback(self, prefix, period=1, save_optimizer_states=False):
-        """An ``epoch_end_callback``: :meth:`save_checkpoint` every ``period`` epochs."""
-        return mx.callback.module_checkpoint(self, prefix, period, save_optimizer_states)
-
-    def set_loaded(self, args, auxs, state, state_file):
-        """Give this unbound Module loaded parameters and state (None: none)."""
-        self._arg_params = {k: v.astype('float32') if is_low_precision(v.dtype) else v
-                            for k, v in args.items()}
-        self._aux_params = auxs
-        self.params_initialized = True
-        if state is not None:
-            self._step.scaler, self._step.skipped_steps = files.restore_state(
-                self._step.scaler, state, state_file)
-            self._write_loss_scale(force=True)
-
     @staticmethod
     def load(prefix, epoch, load_optimizer_states=False, **kwargs):
         """A Module from a checkpoint (mxmp's, or plain MXNet's), parameters set, not bound;
-        ``kwargs`` as for :class:`Module`, defaulting to the JSON file's settings;
-        ``load_optimizer_states``: load ``prefix-%04d.states`` at ``init_optimizer``.
-        ValueError for a bad file or another target dtype than the saved one."""
+        ``kwargs`` as for :class:`Module`, defaulting to the JSON file's settings (the saved
+        policy, whose ``emulate`` is resolved again for this machine's contexts; ``emulate``
+        and ``cast_params`` given here replace the saved ones); a ``policy`` given must agree
+        with the file (target dtype, kind of loss scaler), the saved scaler state is restored
+        into it; ``load_optimizer_states``: load ``prefix-%04d.states`` at ``init_optimizer``.
+        ValueError for a bad file or a precision that disagrees with the saved one."""
         sym, args, auxs = files.load_params(prefix, epoch, with_symbol=True)
         state, state_file, kwargs = files.read_state(prefix, epoch, kwargs)
         mod = Module(sym, **kwargs)

@@ -25,9 +25,14 @@ class ModuleMasters(MasterWeights):
         arrays = exec_group.param_arrays[exec_group.param_names.index(name)]
         return self.get(name, arrays, track=False)
 
-    def written(self, values, exec_group):
+    def written(self, values, exec_group, for_training=True):
         """The device parameters were just written from ``values`` (dict name -> float32
-        array): masters made again from them, so no precision is lost."""
+        array): masters made again from them, so no precision is lost. An inference-only bind
+        (``for_training`` False) keeps none: the device holds one low-precision copy of each
+        weight, and ``values`` (the host parameters) the float32 ones."""
+        if not for_training:
+            self.clear()
+            return
         for name in self.lp_names:
             if name in values and name in exec_group.param_names:
                 self.set_pending(name, values[name])
@@ -82,16 +87,18 @@ def reduced_updates(exec_group, kv, masters, updater):
 
 
 def module_policy(target_dtype, policy, cast_params, emulate, contexts):
-    """``(target dtype, policy or None, cast_params bool)`` of a Module's arguments: the
-    shorthands of :func:`mxmp._src.policy.policy.resolve_policy` (``emulate='auto'``: None),
-    emulated on every context if one lacks the kernels; ``target_dtype='float32'`` without a
-    policy: plain MXNet. TypeError and ValueError as ``resolve_policy``; RuntimeError as
-    :meth:`mxmp.Policy.on` (``emulate=False``, a context without the kernels)."""
+    """``(target dtype, policy or None, cast_params bool, chosen policy or None)`` of a
+    Module's arguments: the shorthands of :func:`mxmp._src.policy.policy.resolve_policy`
+    (``emulate='auto'``: None); the policy emulated on every context if one lacks the kernels,
+    and the policy as the user chose it (``emulate`` unresolved: what a checkpoint stores);
+    ``target_dtype='float32'`` without a policy: plain MXNet. TypeError and ValueError as
+    ``resolve_policy``; RuntimeError as :meth:`mxmp.Policy.on` (``emulate=False``, a context
+    without the kernels)."""
     if policy is None and target_dtype is not None and \
             normalize_dtype(target_dtype, allow_float32=True) == 'float32':
-        return 'float32', None, False
-    policy = resolve_policy(policy, target_dtype, cast_params,
+        return 'float32', None, False, None
+    chosen = resolve_policy(policy, target_dtype, cast_params,
                             None if emulate == 'auto' else emulate)
-    emulated = any([policy.on(ctx).emulate for ctx in contexts])
-    return (policy.target_dtype, policy.replace(emulate=emulated),
-            policy.param_dtype == policy.target_dtype)
+    emulated = any([chosen.on(ctx).emulate for ctx in contexts])
+    return (chosen.target_dtype, chosen.replace(emulate=emulated),
+            chosen.param_dtype == chosen.target_dtype, chosen)
