@@ -4,15 +4,17 @@ switch of :func:`mxmp.amp.init`.
 **The one module of mxmp that hooks MXNet.** :func:`install_hooks` (run by the first
 :func:`convert` or ``amp.init``; ``import mxmp`` patches nothing) replaces these methods with
 wrappers that call the originals: ``HybridBlock._build_cache`` (the traced graph of a converted
-block goes through the pass, :func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op``
-(grouped weights back to the default layout; the fused inference twin; calls :func:`mxmp.freeze`
-forbids), ``forward`` (a converted block that is not hybridized raises; under ``amp.init`` an
-imperative call warns once), ``export``/``save_parameters``/``load_parameters`` (files plain
-MXNet loads: float32, a frozen block's as it runs), and ``Parameter.set_data`` (fused graphs are
-rebuilt). :func:`remove_hooks` puts MXNet's methods back and forgets every conversion. Which
-blocks are converted is kept here, in weak dictionaries keyed by the block or Parameter: nothing
-is stamped on MXNet's objects but contrib.amp's own hook on a ``gluon.Trainer``
-(:func:`attach_trainer_loss_scaler`, for :mod:`mxmp.amp`).
+block, or of the hybridized parent of one, :mod:`mxmp._src.block_scope`, goes through the pass,
+:func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op`` (grouped weights back to the default
+layout; the fused inference twin; calls :func:`mxmp.freeze` forbids), ``forward`` (a converted
+block that is not hybridized raises; under ``amp.init`` an imperative call warns once),
+``export`` and ``Block.save_parameters``/``load_parameters`` (files plain MXNet loads: float32,
+a frozen block's as it runs), ``Parameter.set_data`` (fused graphs are rebuilt) and the
+Parameter methods MXNet cannot run on bfloat16 (``Parameter.initialize``,
+``ParameterDict.zero_grad``: :mod:`mxmp._src.param_dtypes`). :func:`remove_hooks` undoes all
+of it. Which blocks are converted is kept here, in weak dictionaries keyed by the block or
+Parameter: nothing is stamped on MXNet's objects but contrib.amp's own hook on a
+``gluon.Trainer`` (:func:`attach_trainer_loss_scaler`, for :mod:`mxmp.amp`).
 """
 import logging
 import threading
@@ -23,11 +25,8 @@ import mxnet as mx
 from mxnet import autograd, gluon
 from mxnet.gluon.block import _flatten, _regroup
 
-from .graph.convert import convert_symbol
-from .graph.strip import float32_arrays, remove_casts
-from .graph.stem import check_option as check_pad_stem
-from .gluon_graph import (PARAM_POLICY, Conversion, cast_deferred, cast_to_graph, rewrite,
-                          unrounded_values)
+from .gluon_graph import (PARAM_POLICY, STORED_FROM, Conversion, cast_deferred, cast_to_graph,
+                          rewrite, unrounded_values)
 from .policy.policy import resolve_policy
 
 __all__ = ['convert', 'converted_graph', 'fused_graph', 'set_global', 'install_hooks',
@@ -55,8 +54,8 @@ def converted_graph(block):
     """
     built = _BUILT.get(block)
     if built is None or not block._cached_graph:
-        raise RuntimeError('%s has no mixed-precision graph yet: convert it (mxmp.convert or '
-                           'mxmp.amp.init), hybridize it and call it once' % block.name)
+        from .block_scope import no_graph_message
+        raise RuntimeError(no_graph_message(block, [b for b in _BUILT.keys() if b._cached_graph]))
     return built.symbol
 
 
@@ -120,25 +119,13 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
             with other settings.
     """
     if not isinstance(block, gluon.HybridBlock):
-        from .block_tree import hybrid_parts   # a plain Block: convert the graphs inside it
-        parts = hybrid_parts(block) if isinstance(block, gluon.Block) else []
-        if not parts:
-            raise TypeError('mxmp.convert needs a gluon.HybridBlock (or a Block holding some), '
-                            'got %s with none inside: write it as a HybridBlock with '
-                            'hybrid_forward(self, F, x)' % type(block).__name__)
-        logger.info('mxmp.convert: %s is a plain Block; converting its HybridBlocks %s (its '
-                    'own forward runs as written)', block.name, [p.name for p in parts])
-        for part in parts:
+        from .block_tree import hybrid_parts_to_convert   # a plain Block: the graphs inside
+        for part in hybrid_parts_to_convert(block):
             convert(part, target_dtype, cast_params, emulate, policy, fuse_inference, pad_stem,
                     fold_batchnorm)
         return block
-    if fuse_inference not in ('auto', True, False):
-        raise ValueError("fuse_inference=%r: use 'auto', True or False" % (fuse_inference,))
-    check_pad_stem(pad_stem)
-    if fold_batchnorm not in (True, False):
-        raise ValueError('fold_batchnorm=%r: use True or False' % (fold_batchnorm,))
     policy = resolve_policy(policy, target_dtype, cast_params, emulate)
-    conversion = Conversion(policy, fuse_inference, pad_stem, bool(fold_batchnorm))
+    conversion = Conversion(policy, fuse_inference, pad_stem, fold_batchnorm)
     previous = _CONVERTED.get(block)
     if previous is not None:
         if previous == conversion:
@@ -162,25 +149,12 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
         ctxs = [c for p in block.collect_params().values() if p._ctx_list for c in p._ctx_list]
         _convert_graph(block, conversion, (), ctxs[0] if ctxs else None)
     elif policy.cast_params:
-        _cast_params_now(block, policy)
+        _param_dtypes().cast_params_now(block, policy)
     if not block._active:
         logger.info('mxmp.convert: hybridizing %s (mixed precision runs in its graph)',
                     block.name)
         block.hybridize()
     return block
-
-
-def _cast_params_now(block, policy):
-    """Store the weights ``policy`` stores in low precision now, found on ``block`` traced with
-    one input ``data`` (else at its first graph), so that what runs before the first call sees
-    their final dtypes."""
-    try:
-        out = block(mx.sym.var('data'))
-        sym = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
-        converted = convert_symbol(sym, policy=policy)
-    except Exception:  # pylint: disable=broad-except  (other inputs: cast at the first call)
-        return
-    cast_to_graph(block.collect_params(), converted)
 
 
 def conversion_of(block):
@@ -221,13 +195,17 @@ def _applies(block):
     return conversion
 
 
-def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True):
+def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True, inside=()):
     """Rewrite ``block``'s cached graph with the pass unless it is already the converted one
-    (``keep_unrounded``: see :func:`mxmp._src.gluon_graph.cast_to_graph`)."""
+    (``keep_unrounded``: see :func:`mxmp._src.gluon_graph.cast_to_graph`; ``inside``: the
+    converted blocks whose nodes alone are planned, :mod:`mxmp._src.block_scope`)."""
     inputs, sym = block._get_graph(*args)
     built = _BUILT.get(block)
     if built is not None and built.symbol is sym:
         return
+    if inside:
+        from .block_scope import scoped_conversion
+        conversion = scoped_conversion(block, inside, conversion, sym)
     built = rewrite(block, conversion, inputs, sym, args, ctx, keep_unrounded)
     params = tuple(block.collect_params().values())
     accumulating = _accumulating(params)
@@ -243,11 +221,16 @@ def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True):
 
 
 def _build_cache(self, *args):
-    conversion = _applies(self)
+    conversion, inside = _applies(self), ()
+    if conversion is None:   # converted children planned in this graph, else no low weights
+        from .block_scope import converted_inside
+        inside, conversion = converted_inside(self, _CONVERTED)
+        if conversion is None and STORED_FROM and not isinstance(self, gluon.SymbolBlock):
+            _param_dtypes().check_unconverted(self, self.collect_params().values())
     # only a build by an inference call drops the master values (BuiltGraph.before_call)
     keep = not getattr(_LOCAL, 'inference_call', False)
     if conversion is not None:
-        _convert_graph(self, conversion, args, keep_unrounded=keep)
+        _convert_graph(self, conversion, args, keep_unrounded=keep, inside=inside)
     _ORIGINAL['_build_cache'](self, *args)
     if conversion is not None:
         cast_deferred(self.collect_params().values())
@@ -296,6 +279,8 @@ def _forward(self, x, *args):
     if self in _CONVERTED:
         raise RuntimeError('%s was converted by mxmp.convert but is not hybridized, so it would '
                            'run in float32: call %s.hybridize() first' % (self.name, self.name))
+    if STORED_FROM:
+        _param_dtypes().check_unconverted(self, self._reg_params.values())
     conversion = _GLOBAL[0]
     depth = getattr(_LOCAL, 'depth', 0)
     if conversion is not None and depth == 0 and type(self) not in _WARNED and \
@@ -316,33 +301,40 @@ def _export(self, path, epoch=0, remove_amp_cast=None):   # None: MXNet's defaul
     if self in _FROZEN:   # its casts and stored dtypes are its graph (mxmp.freeze)
         from .frozen_calls import export_frozen
         return export_frozen(self, path, epoch, remove_amp_cast, _ORIGINAL['export'])
-    remove_amp_cast = True if remove_amp_cast is None else remove_amp_cast
     built = _BUILT.get(self)
     if built is None or not self._cached_graph or built.symbol is not self._cached_graph[1]:
-        return _ORIGINAL['export'](self, path, epoch, remove_amp_cast)
-    _ORIGINAL['export'](self, path, epoch, remove_amp_cast=False)
-    if remove_amp_cast:
-        remove_casts(self._cached_graph[1]).save('%s-symbol.json' % path)
-        params_file = '%s-%04d.params' % (path, epoch)
-        mx.nd.save(params_file, float32_arrays(mx.nd.load(params_file)))
+        return _ORIGINAL['export'](self, path, epoch, remove_amp_cast is not False)
+    from .block_params import export_float32
+    return export_float32(self, path, epoch, remove_amp_cast is not False, _ORIGINAL['export'])
 
 
-def _save_parameters(self, filename, deduplicate=False, dtype='float32'):
-    if self not in _CONVERTED:
-        return _ORIGINAL['save_parameters'](self, filename, deduplicate)
-    from .block_params import save_block_parameters   # lazily: import budget
-    return save_block_parameters(self, filename, deduplicate=deduplicate, dtype=dtype)
+def _holds_conversion(block):   # any Block with Parameters of a converted network
+    return any(p in PARAM_POLICY or p in STORED_FROM for p in block.collect_params().values())
 
 
-def _load_parameters(self, filename, ctx=None, allow_missing=False, ignore_extra=False,
-                     cast_dtype=False, dtype_source='current'):
-    if self not in _CONVERTED:
-        return _ORIGINAL['load_parameters'](self, filename, ctx, allow_missing, ignore_extra,
-                                            cast_dtype, dtype_source)
-    from .block_params import load_block_parameters
-    return load_block_parameters(self, filename, ctx=ctx, allow_missing=allow_missing,
-                                 ignore_extra=ignore_extra, cast_dtype=cast_dtype,
-                                 dtype_source=dtype_source)
+def _save_parameters(self, *args, **kwargs):   # block_params: float32 files
+    from . import block_params   # lazily: import budget
+    return (block_params.save_block_parameters if _holds_conversion(self)
+            else _ORIGINAL['save_parameters'])(self, *args, **kwargs)
+
+
+def _load_parameters(self, *args, **kwargs):   # block_params: the files plain Gluon loads
+    from . import block_params
+    return (block_params.load_block_parameters if _holds_conversion(self)
+            else _ORIGINAL['load_parameters'])(self, *args, **kwargs)
+
+
+def _initialize(self, *args, **kwargs):   # param_dtypes: initializers write float32 only
+    return _param_dtypes().initialize(self, _ORIGINAL['Parameter.initialize'], *args, **kwargs)
+
+
+def _zero_grad(self):   # param_dtypes: reset_arrays has no bfloat16 kernel
+    return _param_dtypes().zero_grad(self, _ORIGINAL['ParameterDict.zero_grad'])
+
+
+def _param_dtypes():   # loaded when first needed (import budget)
+    from . import param_dtypes
+    return param_dtypes
 
 
 def _reset_fused():
@@ -356,35 +348,41 @@ def _set_data(self, data):
     return _ORIGINAL['Parameter.set_data'](self, data)
 
 
-_WRAPPERS = {'_build_cache': _build_cache, '_call_cached_op': _call_cached_op, 'forward': _forward,
-             'export': _export, 'save_parameters': _save_parameters,
-             'load_parameters': _load_parameters}
+_WRAPPERS = {(gluon.HybridBlock, '_build_cache'): _build_cache,
+             (gluon.HybridBlock, '_call_cached_op'): _call_cached_op,
+             (gluon.HybridBlock, 'forward'): _forward, (gluon.HybridBlock, 'export'): _export,
+             (gluon.Block, 'save_parameters'): _save_parameters,
+             (gluon.Block, 'load_parameters'): _load_parameters,
+             (gluon.Parameter, 'set_data'): _set_data,
+             (gluon.Parameter, 'initialize'): _initialize,
+             (gluon.ParameterDict, 'zero_grad'): _zero_grad}
+
+
+def _key(cls, name):   # the key of _ORIGINAL: 'forward', 'Parameter.set_data'...
+    return name if cls in (gluon.HybridBlock, gluon.Block) else cls.__name__ + '.' + name
 
 
 def install_hooks():
     """Replace MXNet's methods with mxmp's wrappers (module docstring); idempotent."""
     if _ORIGINAL:
         return
-    for name, wrapper in _WRAPPERS.items():
-        _ORIGINAL[name] = getattr(gluon.HybridBlock, name)
-        wrapper.__doc__ = _ORIGINAL[name].__doc__
-        setattr(gluon.HybridBlock, name, wrapper)
-    _ORIGINAL['Parameter.set_data'] = gluon.Parameter.set_data
-    gluon.Parameter.set_data = _set_data
+    for (cls, name), wrapper in _WRAPPERS.items():
+        _ORIGINAL[_key(cls, name)] = original = getattr(cls, name)
+        wrapper.__doc__ = original.__doc__
+        setattr(cls, name, wrapper)
 
 
 def remove_hooks():
-    """Undo mxmp's hooks: put MXNet's ``HybridBlock`` and ``Parameter.set_data`` methods back
-    and forget every conversion and ``amp.init``'s switch. Graphs already built run until
-    their block's cache is cleared (``hybridize()``); the next graph is MXNet's, float32.
-    The next :func:`convert` or ``amp.init`` installs the hooks again."""
-    for name, original in _ORIGINAL.items():
-        if name == 'Parameter.set_data':
-            gluon.Parameter.set_data = original
-        elif name in ('save_parameters', 'load_parameters'):
-            delattr(gluon.HybridBlock, name)   # inherited from gluon.Block
-        else:
-            setattr(gluon.HybridBlock, name, original)
+    """Undo everything mxmp did to MXNet's objects: put MXNet's methods back, give every
+    Parameter ``cast_params`` stored in the target dtype its float32 arrays back (the
+    Trainer's master weights where it keeps them, :mod:`mxmp._src.param_dtypes`), drop the
+    converted graphs (the next call builds MXNet's float32 graph), forget every conversion
+    and ``amp.init``'s switch. The next :func:`convert` or ``amp.init`` hooks again."""
+    _param_dtypes().restore_dtypes()
+    for block in list(_BUILT.keys()) + list(_CONVERTED.keys()):
+        block._clear_cached_op()
+    for cls, name in _WRAPPERS if _ORIGINAL else ():
+        setattr(cls, name, _ORIGINAL[_key(cls, name)])
     for state in (_ORIGINAL, _CONVERTED, _BUILT, _ACCUMULATING, _FROZEN, _CONSUMED, PARAM_POLICY):
         state.clear()
     _GLOBAL[0] = None
