@@ -16,6 +16,7 @@ of it. Which blocks are converted is kept here, in weak dictionaries keyed by th
 Parameter: nothing is stamped on MXNet's objects but contrib.amp's own hook on a
 ``gluon.Trainer`` (:func:`attach_trainer_loss_scaler`, for :mod:`mxmp.amp`).
 """
+import importlib
 import logging
 import threading
 import warnings
@@ -308,28 +309,13 @@ def _export(self, path, epoch=0, remove_amp_cast=None):   # None: MXNet's defaul
     return export_float32(self, path, epoch, remove_amp_cast is not False, _ORIGINAL['export'])
 
 
-def _holds_conversion(block):   # any Block with Parameters of a converted network
-    return any(p in PARAM_POLICY or p in STORED_FROM for p in block.collect_params().values())
-
-
-def _save_parameters(self, *args, **kwargs):   # block_params: float32 files
-    from . import block_params   # lazily: import budget
-    return (block_params.save_block_parameters if _holds_conversion(self)
-            else _ORIGINAL['save_parameters'])(self, *args, **kwargs)
-
-
-def _load_parameters(self, *args, **kwargs):   # block_params: the files plain Gluon loads
-    from . import block_params
-    return (block_params.load_block_parameters if _holds_conversion(self)
-            else _ORIGINAL['load_parameters'])(self, *args, **kwargs)
-
-
-def _initialize(self, *args, **kwargs):   # param_dtypes: initializers write float32 only
-    return _param_dtypes().initialize(self, _ORIGINAL['Parameter.initialize'], *args, **kwargs)
-
-
-def _zero_grad(self):   # param_dtypes: reset_arrays has no bfloat16 kernel
-    return _param_dtypes().zero_grad(self, _ORIGINAL['ParameterDict.zero_grad'])
+def _routed(module, func, key):
+    """The wrapper of MXNet's method ``key`` (an _ORIGINAL key): ``module.func(self, MXNet's
+    method, *args, **kwargs)``, the module loaded at the first call (import budget)."""
+    def wrapper(self, *args, **kwargs):
+        routed = getattr(importlib.import_module(module, __package__), func)
+        return routed(self, _ORIGINAL[key], *args, **kwargs)
+    return wrapper
 
 
 def _param_dtypes():   # loaded when first needed (import budget)
@@ -348,18 +334,21 @@ def _set_data(self, data):
     return _ORIGINAL['Parameter.set_data'](self, data)
 
 
+def _key(cls, name):   # the key of _ORIGINAL: 'forward', 'Parameter.set_data'...
+    return name if cls in (gluon.HybridBlock, gluon.Block) else cls.__name__ + '.' + name
+
+
 _WRAPPERS = {(gluon.HybridBlock, '_build_cache'): _build_cache,
              (gluon.HybridBlock, '_call_cached_op'): _call_cached_op,
              (gluon.HybridBlock, 'forward'): _forward, (gluon.HybridBlock, 'export'): _export,
-             (gluon.Block, 'save_parameters'): _save_parameters,
-             (gluon.Block, 'load_parameters'): _load_parameters,
-             (gluon.Parameter, 'set_data'): _set_data,
-             (gluon.Parameter, 'initialize'): _initialize,
-             (gluon.ParameterDict, 'zero_grad'): _zero_grad}
-
-
-def _key(cls, name):   # the key of _ORIGINAL: 'forward', 'Parameter.set_data'...
-    return name if cls in (gluon.HybridBlock, gluon.Block) else cls.__name__ + '.' + name
+             (gluon.Parameter, 'set_data'): _set_data}
+_WRAPPERS.update({(cls, name): _routed(module, func, _key(cls, name))
+                  for cls, name, module, func in (
+                      (gluon.Block, 'save_parameters', '.block_params', 'save_parameters'),
+                      (gluon.Block, 'load_parameters', '.block_params', 'load_parameters'),
+                      (gluon.ParameterDict, 'save', '.block_params', 'save_param_dict'),
+                      (gluon.Parameter, 'initialize', '.param_dtypes', 'initialize'),
+                      (gluon.ParameterDict, 'zero_grad', '.param_dtypes', 'zero_grad'))})
 
 
 def install_hooks():
