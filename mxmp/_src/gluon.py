@@ -42,9 +42,11 @@ _ACCUMULATING = weakref.WeakKeyDictionary()  # block -> (Parameters, grad_req='a
 _FROZEN = weakref.WeakKeyDictionary()      # block made by mxmp.freeze -> name of its source
 _CONSUMED = weakref.WeakKeyDictionary()    # block mxmp.freeze took the arrays of -> True
 _GLOBAL = [None]                           # the Conversion of mxmp.amp.init, or None
-_ORIGINAL = {}                             # method name -> MXNet's function
+_ORIGINAL = {}                             # method name -> MXNet's function (_WRAPPERS)
 _LOCAL = threading.local()                 # depth (amp.init's warning), inference_call
 _WARNED = set()
+_EPOCH = [0]                               # convert calls so far (stale graphs of parents)
+_CHECKED = weakref.WeakKeyDictionary()     # unconverted block -> _state() its graph was checked at
 
 
 def converted_graph(block):
@@ -142,11 +144,10 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
             _CONVERTED[child] = conversion
             child._clear_cached_op()
     block.apply(register)
+    _EPOCH[0] += 1
     for param in block.collect_params().values():
         PARAM_POLICY[param] = policy
-    if isinstance(block, gluon.SymbolBlock):
-        # Its graph is fixed: convert it now (Parameters stored in the target dtype are cast
-        # now too), on the context of its Parameters.
+    if isinstance(block, gluon.SymbolBlock):   # a fixed graph: converted (and cast) now
         ctxs = [c for p in block.collect_params().values() if p._ctx_list for c in p._ctx_list]
         _convert_graph(block, conversion, (), ctxs[0] if ctxs else None)
     elif policy.cast_params:
@@ -224,10 +225,7 @@ def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True, insid
 def _build_cache(self, *args):
     conversion, inside = _applies(self), ()
     if conversion is None:   # converted children planned in this graph, else no low weights
-        from .block_scope import converted_inside
-        inside, conversion = converted_inside(self, _CONVERTED)
-        if conversion is None and STORED_FROM and not isinstance(self, gluon.SymbolBlock):
-            _param_dtypes().check_unconverted(self, self.collect_params().values())
+        inside, conversion = _inside(self)
     # only a build by an inference call drops the master values (BuiltGraph.before_call)
     keep = not getattr(_LOCAL, 'inference_call', False)
     if conversion is not None:
@@ -235,6 +233,8 @@ def _build_cache(self, *args):
     _ORIGINAL['_build_cache'](self, *args)
     if conversion is not None:
         cast_deferred(self.collect_params().values())
+    if _applies(self) is None:
+        _CHECKED[self] = _state()
 
 
 def _accumulating(params):
@@ -242,9 +242,28 @@ def _accumulating(params):
     return frozenset(p.name for p in params if p.grad_req == 'add')
 
 
+def _state():   # changes with every convert and every Parameter mxmp stores low
+    return _EPOCH[0], len(STORED_FROM)
+
+
+def _inside(block):
+    """(converted blocks inside ``block``, their Conversion): :mod:`mxmp._src.block_scope`;
+    with none, reading Parameters mxmp stores low is refused (:mod:`.param_dtypes`)."""
+    from .block_scope import converted_inside
+    inside, conversion = converted_inside(block, _CONVERTED)
+    if conversion is None and STORED_FROM and not isinstance(block, gluon.SymbolBlock):
+        _param_dtypes().check_unconverted(block, block.collect_params().values())
+    return inside, conversion
+
+
 def _call_cached_op(self, *args):
     if _CONSUMED or _FROZEN:
         check_frozen(self)
+    if self._cached_op is not None and _CHECKED.get(self) != _state() and \
+            _applies(self) is None:   # a graph built before a convert: checked again
+        _CHECKED[self] = _state()
+        if _inside(self)[0]:
+            self._clear_cached_op()   # rebuilt with the converted blocks' nodes planned
     # the Parameters kept at the build, not collect_params() (a walk of the block) per call
     accumulating = _ACCUMULATING.get(self)
     if self._cached_op is not None and accumulating is not None and \
@@ -309,12 +328,11 @@ def _export(self, path, epoch=0, remove_amp_cast=None):   # None: MXNet's defaul
     return export_float32(self, path, epoch, remove_amp_cast is not False, _ORIGINAL['export'])
 
 
-def _routed(module, func, key):
-    """The wrapper of MXNet's method ``key`` (an _ORIGINAL key): ``module.func(self, MXNet's
-    method, *args, **kwargs)``, the module loaded at the first call (import budget)."""
+def _routed(module, func, name):
+    """MXNet's method ``name`` as ``module.func(self, MXNet's method, *args, **kwargs)``."""
     def wrapper(self, *args, **kwargs):
         routed = getattr(importlib.import_module(module, __package__), func)
-        return routed(self, _ORIGINAL[key], *args, **kwargs)
+        return routed(self, _ORIGINAL[name], *args, **kwargs)
     return wrapper
 
 
@@ -323,26 +341,21 @@ def _param_dtypes():   # loaded when first needed (import budget)
     return param_dtypes
 
 
-def _reset_fused():
-    """Drop every fused inference graph: the parameters may change (rebuilt at next use)."""
+def _reset_fused():   # every fused inference graph: the parameters may change (rebuilt at use)
     for built in [b for b in _BUILT.values() if b.fused is not None]:
         built.fused.reset()
 
 
 def _set_data(self, data):
     _reset_fused()
-    return _ORIGINAL['Parameter.set_data'](self, data)
-
-
-def _key(cls, name):   # the key of _ORIGINAL: 'forward', 'Parameter.set_data'...
-    return name if cls in (gluon.HybridBlock, gluon.Block) else cls.__name__ + '.' + name
+    return _ORIGINAL['set_data'](self, data)
 
 
 _WRAPPERS = {(gluon.HybridBlock, '_build_cache'): _build_cache,
              (gluon.HybridBlock, '_call_cached_op'): _call_cached_op,
              (gluon.HybridBlock, 'forward'): _forward, (gluon.HybridBlock, 'export'): _export,
              (gluon.Parameter, 'set_data'): _set_data}
-_WRAPPERS.update({(cls, name): _routed(module, func, _key(cls, name))
+_WRAPPERS.update({(cls, name): _routed(module, func, name)
                   for cls, name, module, func in (
                       (gluon.Block, 'save_parameters', '.block_params', 'save_parameters'),
                       (gluon.Block, 'load_parameters', '.block_params', 'load_parameters'),
@@ -356,23 +369,23 @@ def install_hooks():
     if _ORIGINAL:
         return
     for (cls, name), wrapper in _WRAPPERS.items():
-        _ORIGINAL[_key(cls, name)] = original = getattr(cls, name)
+        _ORIGINAL[name] = original = getattr(cls, name)   # the names are distinct
         wrapper.__doc__ = original.__doc__
         setattr(cls, name, wrapper)
 
 
 def remove_hooks():
-    """Undo everything mxmp did to MXNet's objects: put MXNet's methods back, give every
-    Parameter ``cast_params`` stored in the target dtype its float32 arrays back (the
-    Trainer's master weights where it keeps them, :mod:`mxmp._src.param_dtypes`), drop the
-    converted graphs (the next call builds MXNet's float32 graph), forget every conversion
-    and ``amp.init``'s switch. The next :func:`convert` or ``amp.init`` hooks again."""
+    """Undo what mxmp did to MXNet's objects: MXNet's methods back, the Parameters
+    ``cast_params`` stored low in float32 again (the Trainer's master weights where kept,
+    :mod:`mxmp._src.param_dtypes`), converted graphs dropped (the next is MXNet's float32
+    one), every conversion and ``amp.init``'s switch forgotten; ``convert`` hooks again."""
     _param_dtypes().restore_dtypes()
     for block in list(_BUILT.keys()) + list(_CONVERTED.keys()):
         block._clear_cached_op()
     for cls, name in _WRAPPERS if _ORIGINAL else ():
-        setattr(cls, name, _ORIGINAL[_key(cls, name)])
-    for state in (_ORIGINAL, _CONVERTED, _BUILT, _ACCUMULATING, _FROZEN, _CONSUMED, PARAM_POLICY):
+        setattr(cls, name, _ORIGINAL[name])
+    for state in (_ORIGINAL, _CONVERTED, _BUILT, _ACCUMULATING, _FROZEN, _CONSUMED, _CHECKED,
+                  PARAM_POLICY):
         state.clear()
     _GLOBAL[0] = None
 

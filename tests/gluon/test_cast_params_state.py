@@ -157,3 +157,14 @@ def test_zero_grad_on_bfloat16_gradients_and_accumulation():
         np.testing.assert_array_equal(again[k], once[k])
         np.testing.assert_allclose(twice[k], 2 * once[k], rtol=2 ** -7,
                                    atol=2 ** -7 * np.abs(once[k]).max())
+
+
+def test_a_sharing_block_built_before_the_conversion_is_refused_at_its_next_call():
+    net = mlp()
+    other = gluon.nn.Dense(16, in_units=8, activation='relu', params=net[0].params)
+    other.hybridize()
+    x = x_batch()
+    other(x)                                   # its float32 graph is built and cached
+    mxmp.convert(net, 'bfloat16', cast_params=True)
+    with pytest.raises(RuntimeError, match='%s is not converted by mxmp' % other.name):
+        other(x)

@@ -135,3 +135,17 @@ def test_converting_the_parent_afterwards_takes_over():
     mxmp.convert(net, 'bfloat16')
     net(x)
     assert set(fc_precision(mxmp.converted_graph(net)).values()) == {'low'}
+
+
+@pytest.mark.parametrize('cast_params', [False, True])
+def test_a_parent_that_ran_before_the_child_was_converted_plans_it_at_the_next_call(
+        cast_params):
+    x = x_batch()
+    net = model()
+    net.hybridize()
+    ref = net(x).asnumpy()                 # the parent's float32 graph is built and cached
+    mxmp.convert(net.enc, 'bfloat16', cast_params=cast_params)
+    got = net(x).asnumpy()                 # no hybridize() in between
+    assert not np.array_equal(got, ref)
+    np.testing.assert_allclose(got, ref, atol=0.03 * np.abs(ref).max())
+    assert fc_precision(mxmp.converted_graph(net))[net.enc[0].prefix + 'fwd'] == 'low'
