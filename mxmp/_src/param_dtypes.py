@@ -22,6 +22,7 @@ module (:mod:`mxmp._src.gluon`) routes these calls here:
 import mxnet as mx
 from mxnet import autograd
 
+from .device import to_default_layout
 from .dtypes import dtype_name
 from .graph.convert import convert_symbol
 from .gluon_graph import (_DEFERRED_CASTS, STORED_FROM, _cast_parameter, cast_to_graph,
@@ -59,6 +60,7 @@ def restore_dtypes():
             continue
         master, unrounded = master_value(param), unrounded_values(param)
         with autograd.pause():
+            to_default_layout(param._data)  # amp_cast fails on weights oneDNN reordered
             ctxs = [d.context for d in param._data]
             if master is not None:
                 data = [master.as_in_context(c).astype(dtype) for c in ctxs]
@@ -71,6 +73,8 @@ def restore_dtypes():
             if param._grad is not None:
                 param._grad = [mx.nd.amp_cast(g, dtype=dtype) for g in param._grad]
                 autograd.mark_variables(param._data, param._grad, param.grad_req)
+            for array in param._data + (param._grad or []):
+                array.wait_to_read()   # an error surfaces here, not in a later call
         param._var = None   # a graph traced from now on declares the restored dtype
 
 
