@@ -59,8 +59,9 @@ def scoped_conversion(block, blocks, conversion, sym):
 
     Raises:
         RuntimeError: a converted block's nodes cannot be told apart in the parent's graph
-            (its prefix starts the parent's: ``prefix=''``), or a Parameter of a converted block is read there by none of its
-            nodes: its layers would run in float32. The message names the fix.
+            (its prefix starts the parent's: ``prefix=''``), or a Parameter of a converted
+            block is read there by none of its nodes: its layers would run in float32. The
+            message names the fix.
     """
     prefixes = [b.prefix for b in blocks if not isinstance(b, gluon.SymbolBlock)]
     fixed = set()

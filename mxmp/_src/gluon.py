@@ -26,8 +26,8 @@ import mxnet as mx
 from mxnet import autograd, gluon
 from mxnet.gluon.block import _flatten, _regroup
 
-from .gluon_graph import (PARAM_POLICY, STORED_FROM, Conversion, cast_deferred, cast_to_graph,
-                          rewrite, unrounded_values)
+from .gluon_graph import (PARAM_POLICY, STORED_FROM, Conversion, cast_deferred, rewrite,
+                          unrounded_values)
 from .policy.policy import resolve_policy
 
 __all__ = ['convert', 'converted_graph', 'fused_graph', 'set_global', 'install_hooks',
