@@ -13,7 +13,8 @@ import re
 import sys
 
 from ._src.errors import CLIError, mxnet_error_line
-from ._src.cli_types import FASHION_MNIST_MEAN, FASHION_MNIST_STD, dtype, ints, shape, triple
+from ._src.cli_types import (FASHION_MNIST_MEAN, FASHION_MNIST_STD, dtype, ints, number, shape,
+                             triple)
 from ._src.files import write_atomic
 from ._src.model_io import (check_data_names, check_out_path, convert_model, diagnose_batch,
                             epoch_of, float32_block, fold_model, fuse_model, load_params,
@@ -39,8 +40,9 @@ def cmd_convert(args):
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
         raise CLIError('output directory %s does not exist' % out_dir)
-    sym = load_symbol(args.symbol)
     data_names = tuple(args.data_name)
+    _check_shape_names(args.shape, data_names)
+    sym = load_symbol(args.symbol)
     arg_params, aux_params = load_params(args.params, sym, data_names)
     check_data_names(sym, data_names, arg_params)
     epoch = epoch_of(args.params) if args.epoch is None else args.epoch
@@ -65,6 +67,14 @@ def cmd_convert(args):
     print('wrote %s and %s: %s; %d amp_cast, %d amp_multicast node(s)'
           % (sym_path, params_path, what, casts['amp_cast'], casts['amp_multicast']))
     return 0
+
+
+def _check_shape_names(shapes, data_names):
+    """CLIError if a ``--shape NAME=...`` names no input of ``data_names`` (--data-name)."""
+    unknown = [n for n, _ in shapes if n not in data_names]
+    if unknown:
+        raise CLIError('--shape %s: %s is not a data input given with --data-name (%s)'
+                       % (unknown[0], unknown[0], ', '.join(data_names) or 'none'))
 
 
 def cmd_explain(args):
@@ -129,6 +139,7 @@ def cmd_diagnose(args):
     if bool(args.rec) == bool(args.synthetic):
         raise CLIError('give either --rec FILE.rec (a batch of real images) or --synthetic')
     names = tuple(args.data_name)
+    _check_shape_names(args.shape, names[1:])
     unshaped = [n for n in names[1:] if n not in dict(args.shape)]
     if unshaped:
         raise CLIError('the first --data-name gets the images; give the shape of each other '
@@ -234,7 +245,7 @@ def build_parser():
                         'target dtype (for CPUs without its kernels)')
     c.add_argument('--data-name', action='append', default=None,
                    help='name of a data input (repeatable); default: data')
-    c.add_argument('--epoch', type=int, default=None,
+    c.add_argument('--epoch', type=number(int, 0), default=None,
                    help='number in the output params name; default: that of the input')
     c.add_argument('--fuse', action='store_true',
                    help="write the graph fused by MXNet's oneDNN backend (optimize_for('MKLDNN'): "
@@ -265,7 +276,7 @@ def build_parser():
                    'Performance guide).', files=('symbol',))
     a.add_argument('--shape', type=shape, action='append', default=[], metavar='NAME=DIMS',
                    help='input shape, batch first, e.g. data=32,3,224,224 (repeatable)')
-    a.add_argument('--multiple', type=int, default=8, help='alignment in elements')
+    a.add_argument('--multiple', type=number(int, 1), default=8, help='alignment in elements')
     a.add_argument('--json', action='store_true', help='JSON list instead of a table')
     a.add_argument('--strict', action='store_true',
                    help='exit code 4 (the check found something) if any size is misaligned')
@@ -282,12 +293,12 @@ def build_parser():
                                  'first --batch-size images are used')
     d.add_argument('--synthetic', action='store_true',
                    help='random N(0,1) images and random labels instead of --rec')
-    d.add_argument('--batch-size', type=int, default=32)
+    d.add_argument('--batch-size', type=number(int, 1), default=32)
     d.add_argument('--dtype', type=dtype, default='bfloat16', help=dtype_help)
     d.add_argument('--out', help='directory for report.txt, report.json and the PNG plots '
                                  '(created if needed; the plots use --dtype\'s format)')
-    d.add_argument('--steps', type=int, default=3, help='float32 iterations')
-    d.add_argument('--lr', type=float, default=0.01,
+    d.add_argument('--steps', type=number(int, 1), default=3, help='float32 iterations')
+    d.add_argument('--lr', type=number(float, 0.0), default=0.01,
                    help='SGD learning rate between iterations (on copies of the weights)')
     d.add_argument('--data-shape', type=ints, default=None, metavar='C,H,W',
                    help='image shape fed to the model; default: that of the first record '
@@ -302,10 +313,10 @@ def build_parser():
                    help='per-channel mean subtracted (0-255 scale); default Fashion-MNIST')
     d.add_argument('--std-rgb', type=triple, default=FASHION_MNIST_STD,
                    help='per-channel std divided by (0-255 scale); default Fashion-MNIST')
-    d.add_argument('--underflow-tol', type=float, default=0.01,
+    d.add_argument('--underflow-tol', type=number(float, 0.0, 1.0), default=0.01,
                    help='flag a layer when more than this fraction of a tensor flushes to zero')
     d.add_argument('--flagged-only', action='store_true', help='print only the flagged layers')
-    d.add_argument('--seed', type=int, default=0, help='seed of --synthetic data')
+    d.add_argument('--seed', type=number(int, 0, 2 ** 32 - 1), default=0, help='seed of --synthetic data')
 
     t = _subparser(sub, 'plot', cmd_plot, 'draw the training curves of a metrics.jsonl file',
                    'Draw loss, accuracy, the loss-scale staircase (skipped steps marked) and the '
@@ -331,8 +342,8 @@ def build_parser():
     k.add_argument('--out', default=None, help='write the JSON report here')
     k.add_argument('--emulate', choices=('auto', 'yes', 'no'), default='auto',
                    help='auto: real kernels, emulated graph where oneDNN has none on this CPU')
-    k.add_argument('--jobs', type=int, default=2, help='subprocesses at once')
-    k.add_argument('--timeout', type=float, default=90.0, help='seconds per op before "hang"')
+    k.add_argument('--jobs', type=number(int, 1), default=2, help='subprocesses at once')
+    k.add_argument('--timeout', type=number(float, 0.0, low_open=True), default=90.0, help='seconds per op before "hang"')
     return p
 
 

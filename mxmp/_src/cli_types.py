@@ -2,7 +2,7 @@
 returns the parsed value or raises ``argparse.ArgumentTypeError`` naming the expected form)."""
 import argparse
 
-__all__ = ['dtype', 'ints', 'shape', 'triple', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD']
+__all__ = ['dtype', 'ints', 'shape', 'triple', 'number', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD']
 
 _DTYPE_ALIASES = {'float16': 'float16', 'fp16': 'float16', 'half': 'float16',
                   'bfloat16': 'bfloat16', 'bf16': 'bfloat16'}
@@ -52,3 +52,21 @@ def triple(text):
         raise argparse.ArgumentTypeError('expected one number or three separated by commas, '
                                          'got %r' % text)
     return values
+
+
+def number(kind, low, high=None, low_open=False):
+    """An argparse type: ``kind`` (int or float) in ``[low, high]`` (``(low, high]`` with
+    ``low_open``; no upper bound for ``high=None``), else ArgumentTypeError naming the range."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (low_open and value == low) or \
+                (high is not None and value > high):
+            raise argparse.ArgumentTypeError('expected %s %s %s%s, got %r' % (
+                'an integer' if kind is int else 'a number', '>' if low_open else '>=', low,
+                '' if high is None else ' and <= %s' % high, text))
+        return value
+    parse.__name__ = kind.__name__   # argparse names the type in its messages
+    return parse

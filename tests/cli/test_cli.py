@@ -355,7 +355,35 @@ BAD = {
                                      '--shape data1=1,3,224,224'),
     'check-kernels out is a directory': (['check-kernels', '--ops', 'relu', '--out', '{d}'],
                                          'is a directory'),
+    'fuse shape of no input': (['convert', '{sym}', '{params}', '--dtype', 'bf16', '--fuse',
+                                '--shape', 'nosuch=1,3,8,8', '--out', '{d}/g'],
+                               '--shape nosuch: nosuch is not a data input'),
+    'diagnose shape of no input': (['diagnose', '{sym}', '{params}', '--synthetic', '--shape',
+                                    'data1=3'], '--shape data1: data1 is not a data input'),
 }
+
+
+OUT_OF_RANGE = [
+    (['convert', '{sym}', '{params}', '--dtype', 'bf16', '--epoch', '-3', '--out', '{d}/e'],
+     "--epoch: expected an integer >= 0, got '-3'"),
+    (['diagnose', '{sym}', '{params}', '--synthetic', '--batch-size', '0'], '--batch-size'),
+    (['diagnose', '{sym}', '{params}', '--synthetic', '--steps', '0'], '--steps'),
+    (['diagnose', '{sym}', '{params}', '--synthetic', '--lr', '-1'], '--lr'),
+    (['diagnose', '{sym}', '{params}', '--synthetic', '--underflow-tol', '2'],
+     "--underflow-tol: expected a number >= 0.0 and <= 1.0, got '2'"),
+    (['check-alignment', '{sym}', '--shape', 'data=1,3,8,8', '--multiple', '0'], '--multiple'),
+    (['check-kernels', '--jobs', '0'], '--jobs'),
+    (['check-kernels', '--timeout', '-1'], "--timeout: expected a number > 0.0, got '-1'"),
+]
+
+
+@pytest.mark.parametrize('argv,needle', OUT_OF_RANGE)
+def test_numbers_out_of_range_are_usage_errors_before_the_work(argv, needle, model, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([a.format(d=model['dir'], sym=model['sym'], params=model['params'])
+              for a in argv])
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
 
 
 @pytest.mark.parametrize('case', sorted(BAD))
