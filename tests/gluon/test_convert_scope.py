@@ -65,8 +65,8 @@ def test_a_child_converted_inside_a_hybridized_parent_runs_in_low_precision(cast
     got = out.asnumpy()
     assert out.dtype == np.float32
     assert not np.array_equal(got, ref)          # before: max difference 0.0 (float32)
-    # three layers with bfloat16 (8 significant bits) activations and weights
-    np.testing.assert_allclose(got, ref, atol=0.03 * np.abs(ref).max())
+    # bfloat16 encoder: measured 0.15-0.71% of max|ref| over seeds 0-5 (both tiers)
+    np.testing.assert_allclose(got, ref, atol=0.02 * np.abs(ref).max())
     assert fc_precision(mxmp.converted_graph(net)) == {
         net.enc[0].prefix + 'fwd': 'low', net.enc[1].prefix + 'fwd': 'low',
         net.head.prefix + 'fwd': 'float32'}
@@ -98,7 +98,8 @@ def test_the_parent_trains_with_mxmp_trainer_like_float32():
             loss.backward()
             trainer.step(1)
         losses[mode] = float(loss.asscalar())
-    assert losses['child'] == pytest.approx(losses['float32'], rel=0.05)
+    # measured 0.01-0.21% apart after 5 steps over seeds 0-4 (both tiers)
+    assert losses['child'] == pytest.approx(losses['float32'], rel=0.01)
 
 
 def test_children_converted_with_different_settings_are_refused_at_the_first_call():
@@ -147,5 +148,5 @@ def test_a_parent_that_ran_before_the_child_was_converted_plans_it_at_the_next_c
     mxmp.convert(net.enc, 'bfloat16', cast_params=cast_params)
     got = net(x).asnumpy()                 # no hybridize() in between
     assert not np.array_equal(got, ref)
-    np.testing.assert_allclose(got, ref, atol=0.03 * np.abs(ref).max())
+    np.testing.assert_allclose(got, ref, atol=0.02 * np.abs(ref).max())
     assert fc_precision(mxmp.converted_graph(net))[net.enc[0].prefix + 'fwd'] == 'low'
