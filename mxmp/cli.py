@@ -2,7 +2,8 @@
 
 ``mxmp SUBCOMMAND --help`` (or ``python -m mxmp.cli``) documents each subcommand; docs/cli.md
 gives examples. Bad input raises :class:`CLIError`, which :func:`main` prints as one line
-``mxmp SUBCOMMAND: error: ...`` on stderr, exit code 1.
+``mxmp SUBCOMMAND: error: ...`` on stderr, exit code 1; every input and output path is checked
+before the work starts. Exit codes: :data:`EXIT_CODES`.
 """
 import argparse
 import collections
@@ -12,10 +13,20 @@ import re
 import sys
 
 from ._src.errors import CLIError, mxnet_error_line
+from ._src.cli_types import (FASHION_MNIST_MEAN, FASHION_MNIST_STD, dtype, ints, number, shape,
+                             triple)
 from ._src.files import write_atomic
-from ._src.model_io import (check_data_names, convert_model, diagnose_batch, epoch_of,
-                            float32_block, fold_model, fuse_model, load_params, load_symbol,
-                            need_file, save_model)
+from ._src.model_io import (check_data_names, check_out_path, convert_model, diagnose_batch,
+                            epoch_of, float32_block, fold_model, fuse_model, load_params,
+                            load_symbol, need_file, save_model)
+
+#: The exit codes of :func:`main` (docs/cli.md).
+EXIT_CODES = {0: 'success (the model is fine)', 1: 'bad input: a file, a name or an option',
+              2: 'command-line syntax (argparse)', 3: 'unexpected error (MXMP_DEBUG=1 for the '
+              'traceback)', 4: 'the check found something: check-alignment --strict found a '
+              'misaligned size, check-kernels an op wrong, crashed or failed', 130: 'interrupted'}
+#: The exit code of a check that ran on good input and found something.
+FOUND = 4
 
 
 def cmd_convert(args):
@@ -26,14 +37,15 @@ def cmd_convert(args):
     if not args.strip and args.dtype is None:
         raise CLIError('give --dtype float16 or --dtype bfloat16 (or --strip to get the '
                        'float32 model back)')
-    sym = load_symbol(args.symbol)
-    data_names = tuple(args.data_name)
-    arg_params, aux_params = load_params(args.params, sym, data_names)
-    check_data_names(sym, data_names, arg_params)
-    epoch = epoch_of(args.params) if args.epoch is None else args.epoch
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
         raise CLIError('output directory %s does not exist' % out_dir)
+    data_names = tuple(args.data_name)
+    _check_shape_names(args.shape, data_names)
+    sym = load_symbol(args.symbol)
+    arg_params, aux_params = load_params(args.params, sym, data_names)
+    check_data_names(sym, data_names, arg_params)
+    epoch = epoch_of(args.params) if args.epoch is None else args.epoch
     if args.strip:
         out = remove_casts(sym)
         arg_params, aux_params = float32_arrays(arg_params), float32_arrays(aux_params)
@@ -57,10 +69,19 @@ def cmd_convert(args):
     return 0
 
 
+def _check_shape_names(shapes, data_names):
+    """CLIError if a ``--shape NAME=...`` names no input of ``data_names`` (--data-name)."""
+    unknown = [n for n, _ in shapes if n not in data_names]
+    if unknown:
+        raise CLIError('--shape %s: %s is not a data input given with --data-name (%s)'
+                       % (unknown[0], unknown[0], ', '.join(data_names) or 'none'))
+
+
 def cmd_explain(args):
     """mxmp explain: the pass's decision for every node."""
     from ._src.graph.plan import explain
     sym = load_symbol(args.symbol)
+    check_data_names(sym, tuple(args.data_name))
     try:
         rows = explain(sym, args.dtype, cast_params=args.cast_params,
                        data_names=tuple(args.data_name))
@@ -107,7 +128,7 @@ def cmd_check_alignment(args):
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
     else:
         print(format_alignment(rows))
-    return 1 if (rows and args.strict) else 0
+    return FOUND if (rows and args.strict) else 0
 
 
 def cmd_diagnose(args):
@@ -117,17 +138,28 @@ def cmd_diagnose(args):
     from ._src.diagnose.capture import diagnose
     if bool(args.rec) == bool(args.synthetic):
         raise CLIError('give either --rec FILE.rec (a batch of real images) or --synthetic')
+    names = tuple(args.data_name)
+    _check_shape_names(args.shape, names[1:])
+    unshaped = [n for n in names[1:] if n not in dict(args.shape)]
+    if unshaped:
+        raise CLIError('the first --data-name gets the images; give the shape of each other '
+                       'input without the batch size (synthetic N(0, 1) values): --shape '
+                       '%s=DIMS' % unshaped[0])
+    if args.rec:
+        need_file(args.rec, 'RecordIO file')
+    if args.out:
+        check_out_path(args.out, 'output directory', directory=True, create=True)
     sym = load_symbol(args.symbol)
-    arg_params, aux_params = load_params(args.params, sym, (args.data_name,))
-    check_data_names(sym, (args.data_name,), arg_params)
+    arg_params, aux_params = load_params(args.params, sym, names)
+    check_data_names(sym, names, arg_params)
     ctx = mx.cpu()
-    net = float32_block(sym, arg_params, aux_params, args.data_name, ctx)
+    net = float32_block(sym, arg_params, aux_params, names, ctx)
     data, label, source = diagnose_batch(net, args, ctx)
     print('diagnose: %s, %s, loss softmax cross-entropy' % (os.path.basename(args.symbol),
                                                             source))
     report = diagnose(net, data, label, gluon.loss.SoftmaxCrossEntropyLoss(),
                       target_dtype=args.dtype, steps=args.steps, learning_rate=args.lr,
-                      underflow_tol=args.underflow_tol, verbose=False)
+                      underflow_tol=args.underflow_tol, data_names=names, verbose=False)
     print(report.table(flagged_only=args.flagged_only))
     if args.out:
         paths = report.save_plots(args.out)   # creates args.out
@@ -143,6 +175,7 @@ def cmd_plot(args):
     """mxmp plot: training curves of a metrics.jsonl file."""
     from ._src.plotting import plot_run
     need_file(args.metrics, 'metrics file')
+    check_out_path(args.out, 'output file', create=True)
     path = plot_run(args.metrics, args.out, title=args.title)   # creates --out's directory
     print('wrote %s' % path)
     return 0
@@ -152,6 +185,8 @@ def cmd_check_kernels(args):
     """mxmp check-kernels: the kernel conformance run; exit code 4 if an op failed."""
     from ._src.conformance.check import check_kernels
     from ._src.policy.kernel_report import _BAD, _kind
+    if args.out:
+        check_out_path(args.out, 'report file')
     ops = [o.strip() for o in args.ops.split(',') if o.strip()] if args.ops else None
     emulate = {'auto': None, 'yes': True, 'no': False}[args.emulate]
     report = check_kernels(args.dtype, ops=ops, emulate=emulate, jobs=args.jobs,
@@ -161,53 +196,7 @@ def cmd_check_kernels(args):
         report.save(args.out)
         print('report written to %s; use it with mxmp.Policy.from_kernel_report(%r)'
               % (args.out, args.out))
-    return 4 if any(_kind(v) in _BAD for v in report.verdicts().values()) else 0
-
-
-_DTYPE_ALIASES = {'float16': 'float16', 'fp16': 'float16', 'half': 'float16',
-                  'bfloat16': 'bfloat16', 'bf16': 'bfloat16'}
-#: mean/std of Fashion-MNIST on the 0-255 scale (as examples/train_imagenet.py).
-_FASHION_MNIST_MEAN, _FASHION_MNIST_STD = (72.94,) * 3, (90.02,) * 3
-
-
-def _dtype(text):
-    name = _DTYPE_ALIASES.get(str(text).lower())
-    if name is None:
-        raise argparse.ArgumentTypeError('unknown dtype %r: mxmp converts to float16 (NVIDIA '
-                                         'GPUs) or bfloat16 (CPUs with oneDNN)' % text)
-    return name
-
-
-def _ints(text):
-    try:
-        values = tuple(int(v) for v in text.replace('x', ',').split(',') if v.strip())
-    except ValueError:
-        values = ()
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError('expected positive integers separated by commas, e.g. '
-                                         '3,224,224; got %r' % text)
-    return values
-
-
-def _shape(text):
-    name, sep, dims = text.partition('=')
-    if not sep or not name.strip():
-        raise argparse.ArgumentTypeError('expected NAME=D1,D2,..., e.g. data=1,3,224,224; got %r'
-                                         % text)
-    return name.strip(), _ints(dims)
-
-
-def _triple(text):
-    try:
-        values = tuple(float(v) for v in text.split(','))
-    except ValueError:
-        values = ()
-    if len(values) == 1:
-        values = values * 3
-    if len(values) != 3:
-        raise argparse.ArgumentTypeError('expected one number or three separated by commas, '
-                                         'got %r' % text)
-    return values
+    return FOUND if any(_kind(v) in _BAD for v in report.verdicts().values()) else 0
 
 
 _FORMAT = argparse.ArgumentDefaultsHelpFormatter
@@ -243,7 +232,7 @@ def build_parser():
                    ' kept in the written symbol (load it with gluon.SymbolBlock.imports or '
                    'mx.mod.Module). --strip removes every cast and writes float32 parameters.',
                    files=('symbol', 'params'))
-    c.add_argument('--dtype', type=_dtype, help=dtype_help + ' (required unless --strip)')
+    c.add_argument('--dtype', type=dtype, help=dtype_help + ' (required unless --strip)')
     c.add_argument('--out', required=True,
                    help='output prefix: writes OUT-symbol.json and OUT-NNNN.params')
     c.add_argument('--cast-params', action='store_true',
@@ -256,7 +245,7 @@ def build_parser():
                         'target dtype (for CPUs without its kernels)')
     c.add_argument('--data-name', action='append', default=None,
                    help='name of a data input (repeatable); default: data')
-    c.add_argument('--epoch', type=int, default=None,
+    c.add_argument('--epoch', type=number(int, 0), default=None,
                    help='number in the output params name; default: that of the input')
     c.add_argument('--fuse', action='store_true',
                    help="write the graph fused by MXNet's oneDNN backend (optimize_for('MKLDNN'): "
@@ -266,13 +255,13 @@ def build_parser():
     c.add_argument('--no-fold-batchnorm', dest='fold_batchnorm', action='store_false',
                    help='--fuse: let MXNet fold BatchNorm into the convolutions (truncated to '
                         'bfloat16); by default mxmp folds it in float32 (docs/cli.md)')
-    c.add_argument('--shape', type=_shape, action='append', default=[], metavar='NAME=DIMS',
+    c.add_argument('--shape', type=shape, action='append', default=[], metavar='NAME=DIMS',
                    help='shape of a data input for --fuse (repeatable), e.g. data=1,3,224,224')
 
     e = _subparser(sub, 'explain', cmd_explain, "print the pass's decision for every node",
                    'Print the dtype the graph pass chooses for every node and the rule that chose'
                    ' it (node, op, dtype, rule).', files=('symbol',))
-    e.add_argument('--dtype', type=_dtype, required=True, help=dtype_help)
+    e.add_argument('--dtype', type=dtype, required=True, help=dtype_help)
     e.add_argument('--json', action='store_true', help='JSON list instead of a table')
     e.add_argument('--cast-params', action='store_true',
                    help='decide as convert --cast-params does')
@@ -285,11 +274,12 @@ def build_parser():
                    'List the Convolution, Deconvolution and FullyConnected sizes that are not '
                    'multiples of --multiple (8 for float16 Tensor Cores; NVIDIA Deep Learning '
                    'Performance guide).', files=('symbol',))
-    a.add_argument('--shape', type=_shape, action='append', default=[], metavar='NAME=DIMS',
+    a.add_argument('--shape', type=shape, action='append', default=[], metavar='NAME=DIMS',
                    help='input shape, batch first, e.g. data=32,3,224,224 (repeatable)')
-    a.add_argument('--multiple', type=int, default=8, help='alignment in elements')
+    a.add_argument('--multiple', type=number(int, 1), default=8, help='alignment in elements')
     a.add_argument('--json', action='store_true', help='JSON list instead of a table')
-    a.add_argument('--strict', action='store_true', help='exit code 1 if any size is misaligned')
+    a.add_argument('--strict', action='store_true',
+                   help='exit code 4 (the check found something) if any size is misaligned')
 
     d = _subparser(sub, 'diagnose', cmd_diagnose,
                    'per-layer overflow/underflow report on one batch',
@@ -303,25 +293,30 @@ def build_parser():
                                  'first --batch-size images are used')
     d.add_argument('--synthetic', action='store_true',
                    help='random N(0,1) images and random labels instead of --rec')
-    d.add_argument('--batch-size', type=int, default=32)
-    d.add_argument('--dtype', type=_dtype, default='bfloat16', help=dtype_help)
+    d.add_argument('--batch-size', type=number(int, 1), default=32)
+    d.add_argument('--dtype', type=dtype, default='bfloat16', help=dtype_help)
     d.add_argument('--out', help='directory for report.txt, report.json and the PNG plots '
                                  '(created if needed; the plots use --dtype\'s format)')
-    d.add_argument('--steps', type=int, default=3, help='float32 iterations')
-    d.add_argument('--lr', type=float, default=0.01,
+    d.add_argument('--steps', type=number(int, 1), default=3, help='float32 iterations')
+    d.add_argument('--lr', type=number(float, 0.0), default=0.01,
                    help='SGD learning rate between iterations (on copies of the weights)')
-    d.add_argument('--data-shape', type=_ints, default=None, metavar='C,H,W',
+    d.add_argument('--data-shape', type=ints, default=None, metavar='C,H,W',
                    help='image shape fed to the model; default: that of the first record '
                         '(--rec) or 3,32,32 (--synthetic)')
-    d.add_argument('--data-name', default='data', help='name of the data input')
-    d.add_argument('--mean-rgb', type=_triple, default=_FASHION_MNIST_MEAN,
+    d.add_argument('--data-name', action='append', default=None,
+                   help='name of a data input (repeatable; the first gets the images); '
+                        'default: data')
+    d.add_argument('--shape', type=shape, action='append', default=[], metavar='NAME=DIMS',
+                   help='shape without the batch size of each data input after the first '
+                        '(synthetic N(0, 1) values), e.g. mask=16 (repeatable)')
+    d.add_argument('--mean-rgb', type=triple, default=FASHION_MNIST_MEAN,
                    help='per-channel mean subtracted (0-255 scale); default Fashion-MNIST')
-    d.add_argument('--std-rgb', type=_triple, default=_FASHION_MNIST_STD,
+    d.add_argument('--std-rgb', type=triple, default=FASHION_MNIST_STD,
                    help='per-channel std divided by (0-255 scale); default Fashion-MNIST')
-    d.add_argument('--underflow-tol', type=float, default=0.01,
+    d.add_argument('--underflow-tol', type=number(float, 0.0, 1.0), default=0.01,
                    help='flag a layer when more than this fraction of a tensor flushes to zero')
     d.add_argument('--flagged-only', action='store_true', help='print only the flagged layers')
-    d.add_argument('--seed', type=int, default=0, help='seed of --synthetic data')
+    d.add_argument('--seed', type=number(int, 0, 2 ** 32 - 1), default=0, help='seed of --synthetic data')
 
     t = _subparser(sub, 'plot', cmd_plot, 'draw the training curves of a metrics.jsonl file',
                    'Draw loss, accuracy, the loss-scale staircase (skipped steps marked) and the '
@@ -341,14 +336,14 @@ def build_parser():
                    ' inputs; print the table and write a report that '
                    'mxmp.Policy.from_kernel_report loads (see docs/conformance.md). Exit code 4 '
                    'if any op is wrong, crashed or failed.')
-    k.add_argument('--dtype', type=_dtype, default='bfloat16', help=dtype_help)
+    k.add_argument('--dtype', type=dtype, default='bfloat16', help=dtype_help)
     k.add_argument('--ops', default=None, help='comma-separated op names (default: every op '
                    'of the LOW_PRECISION, FOLLOW and WIDEST_TYPE classes)')
     k.add_argument('--out', default=None, help='write the JSON report here')
     k.add_argument('--emulate', choices=('auto', 'yes', 'no'), default='auto',
                    help='auto: real kernels, emulated graph where oneDNN has none on this CPU')
-    k.add_argument('--jobs', type=int, default=2, help='subprocesses at once')
-    k.add_argument('--timeout', type=float, default=90.0, help='seconds per op before "hang"')
+    k.add_argument('--jobs', type=number(int, 1), default=2, help='subprocesses at once')
+    k.add_argument('--timeout', type=number(float, 0.0, low_open=True), default=90.0, help='seconds per op before "hang"')
     return p
 
 
@@ -359,8 +354,9 @@ def main(argv=None):
         argv (list of str): arguments without the program name; default ``sys.argv[1:]``.
 
     Returns:
-        int: exit code: 0 success, 1 bad input (one line on stderr), 2 command-line syntax
-        error (argparse), 3 unexpected error, 130 interrupted.
+        int: exit code (:data:`EXIT_CODES`): 0 success, 1 bad input (one line on stderr), 2
+        command-line syntax error (argparse), 3 unexpected error, 4 the check found something
+        (check-alignment --strict, check-kernels), 130 interrupted.
     """
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -16,9 +16,12 @@ from mxnet import autograd
 from .dtypes import dtype_name, mx_dtype, normalize_dtype
 from .errors import ParameterFileError
 from .files import save_atomic
+from .gluon_graph import PARAM_POLICY, STORED_FROM
 from .training.master_weights import master_value, set_master_value
 
-__all__ = ['ParameterFileError', 'save_block_parameters', 'load_block_parameters']
+__all__ = ['ParameterFileError', 'save_block_parameters', 'load_block_parameters',
+           'export_float32', 'holds_conversion', 'save_parameters', 'load_parameters',
+           'save_param_dict']
 
 
 def _value(param, dtype):
@@ -32,6 +35,11 @@ def _value(param, dtype):
         if dtype is not None and dtype_name(value.dtype) != dtype:
             value = mx.nd.amp_cast(value, dtype=mx_dtype(dtype))
     return value
+
+
+def _is_float(param):
+    return np.issubdtype(np.dtype(param.dtype), np.floating) or \
+        dtype_name(param.dtype) == 'bfloat16'
 
 
 def save_block_parameters(block, filename, deduplicate=False, dtype='float32'):
@@ -53,9 +61,7 @@ def save_block_parameters(block, filename, deduplicate=False, dtype='float32'):
         params = {name: params[name] for name in last.values()}
     arrays = {}
     for name, param in params.items():
-        is_float = np.issubdtype(np.dtype(param.dtype), np.floating) or \
-            dtype_name(param.dtype) == 'bfloat16'
-        arrays[name] = _value(param, dtype if is_float else None)
+        arrays[name] = _value(param, dtype if _is_float(param) else None)
 
     def write(tmp):
         mx.nd.save(tmp, arrays)
@@ -63,7 +69,10 @@ def save_block_parameters(block, filename, deduplicate=False, dtype='float32'):
 
 
 def _lookup(block):
-    """Name resolution for a file's keys: structural names, then full parameter names."""
+    """Name resolution for a file's keys: structural names; then, as plain Gluon 1.9.1 reads
+    a file without dotted names (``collect_params().save(f, strip_prefix=block.prefix)``,
+    ``Block.load_parameters``' legacy path), the block's prefix and the key; then full names.
+    """
     structural = block._collect_params_with_prefix()
     full = {}
     for param in structural.values():
@@ -72,13 +81,16 @@ def _lookup(block):
         full.setdefault(name, param)
 
     def find(key):
-        """(Parameter or None, rank): rank 0 for a structural name, 1 for a full name."""
+        """(Parameter or None, rank): rank 0 for a structural name, 1 for the prefix and the
+        key, 2 for a full name."""
         if key in structural:
             return structural[key], 0
         for tag in ('arg:', 'aux:'):                           # HybridBlock.export files
             if key.startswith(tag):
                 key = key[len(tag):]
-        return full.get(key), 1
+        if block.prefix + key in full:
+            return full[block.prefix + key], 1
+        return full.get(key), 2
     return structural, find
 
 
@@ -147,3 +159,60 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
 def _brief(names):
     names = list(names)
     return ', '.join(names[:5]) + (', ... (%d in all)' % len(names) if len(names) > 5 else '')
+
+
+def export_float32(block, path, epoch, remove_amp_cast, export):
+    """``HybridBlock.export`` (``export``, MXNet's) of a block running a converted graph: with
+    ``remove_amp_cast`` (bool), the float32 graph (casts removed, :func:`mxmp.remove_casts`)
+    and float32 parameters plain MXNet loads; else the converted graph and the stored dtypes.
+    """
+    export(block, path, epoch, remove_amp_cast=False)
+    if remove_amp_cast:
+        from .graph.strip import float32_arrays, remove_casts
+        remove_casts(block._cached_graph[1]).save('%s-symbol.json' % path)
+        params_file = '%s-%04d.params' % (path, epoch)
+        mx.nd.save(params_file, float32_arrays(mx.nd.load(params_file)))
+
+
+def holds_conversion(params):
+    """Whether ``params`` (Parameters) include one of a converted network (its Policy known,
+    or stored by mxmp in another dtype): then the files go through this module."""
+    return any(p in PARAM_POLICY or p in STORED_FROM for p in params)
+
+
+def save_parameters(block, original, filename, *args, **kwargs):
+    """``Block.save_parameters`` (``original``, MXNet's): :func:`save_block_parameters` for a
+    block holding Parameters of a converted network (any Block: a plain ``gluon.Block``
+    converted through its HybridBlocks too), else MXNet's call."""
+    if not holds_conversion(block.collect_params().values()):
+        return original(block, filename, *args, **kwargs)
+    return save_block_parameters(block, filename, *args, **kwargs)
+
+
+def load_parameters(block, original, filename, *args, **kwargs):
+    """``Block.load_parameters`` (``original``, MXNet's): :func:`load_block_parameters` for a
+    block holding Parameters of a converted network, else MXNet's call."""
+    if not holds_conversion(block.collect_params().values()):
+        return original(block, filename, *args, **kwargs)
+    return load_block_parameters(block, filename, *args, **kwargs)
+
+
+def save_param_dict(params, original, filename, strip_prefix=''):
+    """``ParameterDict.save`` (``original``, MXNet's) for a dict holding Parameters of a
+    converted network: the same file (full names less ``strip_prefix``, written atomically)
+    with every floating-point value in float32, a Trainer's master weight where it keeps one.
+
+    Raises:
+        ValueError: a Parameter's name does not start with ``strip_prefix`` (as MXNet).
+    """
+    if not holds_conversion(params.values()):
+        return original(params, filename, strip_prefix)
+    arrays = {}
+    for param in params.values():
+        if not param.name.startswith(strip_prefix):
+            raise ValueError('strip_prefix=%r: the name of Parameter %r does not start with '
+                             'it' % (strip_prefix, param.name))
+        arrays[param.name[len(strip_prefix):]] = _value(param, 'float32' if _is_float(param)
+                                                        else None)
+    save_atomic(filename, lambda tmp: mx.nd.save(tmp, arrays))
+    return None

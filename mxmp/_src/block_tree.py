@@ -1,8 +1,10 @@
 """The HybridBlocks inside a plain ``gluon.Block`` (Python ``forward``, such as GluonNLP's
 ``NMTModel``): what :func:`mxmp.convert` converts when it is given such a Block."""
+import logging
+
 from mxnet import gluon
 
-__all__ = ['hybrid_parts']
+__all__ = ['hybrid_parts', 'hybrid_parts_to_convert']
 
 
 def hybrid_parts(block):
@@ -26,4 +28,21 @@ def hybrid_parts(block):
                 else:
                     walk(child)
     walk(block)
+    return parts
+
+
+def hybrid_parts_to_convert(block):
+    """:func:`hybrid_parts` of ``block`` for :func:`mxmp.convert` (logged).
+
+    Raises:
+        TypeError: ``block`` is not a gluon.Block, or holds no HybridBlock (the fix named).
+    """
+    parts = hybrid_parts(block) if isinstance(block, gluon.Block) else []
+    if not parts:
+        raise TypeError('mxmp.convert needs a gluon.HybridBlock (or a Block holding some), got '
+                        '%s with none inside: write it as a HybridBlock with '
+                        'hybrid_forward(self, F, x)' % type(block).__name__)
+    logging.getLogger('mxmp.gluon').info(
+        'mxmp.convert: %s is a plain Block; converting its HybridBlocks %s (its own forward '
+        'runs as written)', block.name, [p.name for p in parts])
     return parts

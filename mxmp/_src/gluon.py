@@ -4,16 +4,19 @@ switch of :func:`mxmp.amp.init`.
 **The one module of mxmp that hooks MXNet.** :func:`install_hooks` (run by the first
 :func:`convert` or ``amp.init``; ``import mxmp`` patches nothing) replaces these methods with
 wrappers that call the originals: ``HybridBlock._build_cache`` (the traced graph of a converted
-block goes through the pass, :func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op``
-(grouped weights back to the default layout; the fused inference twin; calls :func:`mxmp.freeze`
-forbids), ``forward`` (a converted block that is not hybridized raises; under ``amp.init`` an
-imperative call warns once), ``export``/``save_parameters``/``load_parameters`` (files plain
-MXNet loads: float32, a frozen block's as it runs), and ``Parameter.set_data`` (fused graphs are
-rebuilt). :func:`remove_hooks` puts MXNet's methods back and forgets every conversion. Which
-blocks are converted is kept here, in weak dictionaries keyed by the block or Parameter: nothing
-is stamped on MXNet's objects but contrib.amp's own hook on a ``gluon.Trainer``
-(:func:`attach_trainer_loss_scaler`, for :mod:`mxmp.amp`).
+block, or of the hybridized parent of one, :mod:`mxmp._src.block_scope`, goes through the pass,
+:func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op`` (grouped weights back to the default
+layout; the fused inference twin; calls :func:`mxmp.freeze` forbids), ``forward`` (a converted
+block that is not hybridized raises; under ``amp.init`` an imperative call warns once),
+``export`` and ``Block.save_parameters``/``load_parameters`` (files plain MXNet loads: float32,
+a frozen block's as it runs), ``Parameter.set_data`` (fused graphs are rebuilt) and the
+Parameter methods MXNet cannot run on bfloat16 (``Parameter.initialize``,
+``ParameterDict.zero_grad``: :mod:`mxmp._src.param_dtypes`). :func:`remove_hooks` undoes all
+of it. Which blocks are converted is kept here, in weak dictionaries keyed by the block or
+Parameter: nothing is stamped on MXNet's objects but contrib.amp's own hook on a
+``gluon.Trainer`` (:func:`attach_trainer_loss_scaler`, for :mod:`mxmp.amp`).
 """
+import importlib
 import logging
 import threading
 import warnings
@@ -23,10 +26,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 from mxnet.gluon.block import _flatten, _regroup
 
-from .graph.convert import convert_symbol
-from .graph.strip import float32_arrays, remove_casts
-from .graph.stem import check_option as check_pad_stem
-from .gluon_graph import (PARAM_POLICY, Conversion, cast_deferred, cast_to_graph, rewrite,
+from .gluon_graph import (PARAM_POLICY, STORED_FROM, Conversion, cast_deferred, rewrite,
                           unrounded_values)
 from .policy.policy import resolve_policy
 
@@ -42,9 +42,11 @@ _ACCUMULATING = weakref.WeakKeyDictionary()  # block -> (Parameters, grad_req='a
 _FROZEN = weakref.WeakKeyDictionary()      # block made by mxmp.freeze -> name of its source
 _CONSUMED = weakref.WeakKeyDictionary()    # block mxmp.freeze took the arrays of -> True
 _GLOBAL = [None]                           # the Conversion of mxmp.amp.init, or None
-_ORIGINAL = {}                             # method name -> MXNet's function
+_ORIGINAL = {}                             # method name -> MXNet's function (_WRAPPERS)
 _LOCAL = threading.local()                 # depth (amp.init's warning), inference_call
 _WARNED = set()
+_EPOCH = [0]                               # convert calls so far (stale graphs of parents)
+_CHECKED = weakref.WeakKeyDictionary()     # unconverted block -> _state() its graph was checked at
 
 
 def converted_graph(block):
@@ -55,8 +57,8 @@ def converted_graph(block):
     """
     built = _BUILT.get(block)
     if built is None or not block._cached_graph:
-        raise RuntimeError('%s has no mixed-precision graph yet: convert it (mxmp.convert or '
-                           'mxmp.amp.init), hybridize it and call it once' % block.name)
+        from .block_scope import no_graph_message
+        raise RuntimeError(no_graph_message(block, [b for b in _BUILT.keys() if b._cached_graph]))
     return built.symbol
 
 
@@ -120,25 +122,13 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
             with other settings.
     """
     if not isinstance(block, gluon.HybridBlock):
-        from .block_tree import hybrid_parts   # a plain Block: convert the graphs inside it
-        parts = hybrid_parts(block) if isinstance(block, gluon.Block) else []
-        if not parts:
-            raise TypeError('mxmp.convert needs a gluon.HybridBlock (or a Block holding some), '
-                            'got %s with none inside: write it as a HybridBlock with '
-                            'hybrid_forward(self, F, x)' % type(block).__name__)
-        logger.info('mxmp.convert: %s is a plain Block; converting its HybridBlocks %s (its '
-                    'own forward runs as written)', block.name, [p.name for p in parts])
-        for part in parts:
+        from .block_tree import hybrid_parts_to_convert   # a plain Block: the graphs inside
+        for part in hybrid_parts_to_convert(block):
             convert(part, target_dtype, cast_params, emulate, policy, fuse_inference, pad_stem,
                     fold_batchnorm)
         return block
-    if fuse_inference not in ('auto', True, False):
-        raise ValueError("fuse_inference=%r: use 'auto', True or False" % (fuse_inference,))
-    check_pad_stem(pad_stem)
-    if fold_batchnorm not in (True, False):
-        raise ValueError('fold_batchnorm=%r: use True or False' % (fold_batchnorm,))
     policy = resolve_policy(policy, target_dtype, cast_params, emulate)
-    conversion = Conversion(policy, fuse_inference, pad_stem, bool(fold_batchnorm))
+    conversion = Conversion(policy, fuse_inference, pad_stem, fold_batchnorm)
     previous = _CONVERTED.get(block)
     if previous is not None:
         if previous == conversion:
@@ -154,33 +144,19 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
             _CONVERTED[child] = conversion
             child._clear_cached_op()
     block.apply(register)
+    _EPOCH[0] += 1
     for param in block.collect_params().values():
         PARAM_POLICY[param] = policy
-    if isinstance(block, gluon.SymbolBlock):
-        # Its graph is fixed: convert it now (Parameters stored in the target dtype are cast
-        # now too), on the context of its Parameters.
+    if isinstance(block, gluon.SymbolBlock):   # a fixed graph: converted (and cast) now
         ctxs = [c for p in block.collect_params().values() if p._ctx_list for c in p._ctx_list]
         _convert_graph(block, conversion, (), ctxs[0] if ctxs else None)
     elif policy.cast_params:
-        _cast_params_now(block, policy)
+        _param_dtypes().cast_params_now(block, policy)
     if not block._active:
         logger.info('mxmp.convert: hybridizing %s (mixed precision runs in its graph)',
                     block.name)
         block.hybridize()
     return block
-
-
-def _cast_params_now(block, policy):
-    """Store the weights ``policy`` stores in low precision now, found on ``block`` traced with
-    one input ``data`` (else at its first graph), so that what runs before the first call sees
-    their final dtypes."""
-    try:
-        out = block(mx.sym.var('data'))
-        sym = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
-        converted = convert_symbol(sym, policy=policy)
-    except Exception:  # pylint: disable=broad-except  (other inputs: cast at the first call)
-        return
-    cast_to_graph(block.collect_params(), converted)
 
 
 def conversion_of(block):
@@ -221,13 +197,17 @@ def _applies(block):
     return conversion
 
 
-def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True):
+def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True, inside=()):
     """Rewrite ``block``'s cached graph with the pass unless it is already the converted one
-    (``keep_unrounded``: see :func:`mxmp._src.gluon_graph.cast_to_graph`)."""
+    (``keep_unrounded``: see :func:`mxmp._src.gluon_graph.cast_to_graph`; ``inside``: the
+    converted blocks whose nodes alone are planned, :mod:`mxmp._src.block_scope`)."""
     inputs, sym = block._get_graph(*args)
     built = _BUILT.get(block)
     if built is not None and built.symbol is sym:
         return
+    if inside:
+        from .block_scope import scoped_conversion
+        conversion = scoped_conversion(block, inside, conversion, sym)
     built = rewrite(block, conversion, inputs, sym, args, ctx, keep_unrounded)
     params = tuple(block.collect_params().values())
     accumulating = _accumulating(params)
@@ -243,14 +223,18 @@ def _convert_graph(block, conversion, args, ctx=None, keep_unrounded=True):
 
 
 def _build_cache(self, *args):
-    conversion = _applies(self)
+    conversion, inside = _applies(self), ()
+    if conversion is None:   # converted children planned in this graph, else no low weights
+        inside, conversion = _inside(self)
     # only a build by an inference call drops the master values (BuiltGraph.before_call)
     keep = not getattr(_LOCAL, 'inference_call', False)
     if conversion is not None:
-        _convert_graph(self, conversion, args, keep_unrounded=keep)
+        _convert_graph(self, conversion, args, keep_unrounded=keep, inside=inside)
     _ORIGINAL['_build_cache'](self, *args)
     if conversion is not None:
         cast_deferred(self.collect_params().values())
+    if _applies(self) is None:
+        _CHECKED[self] = _state()
 
 
 def _accumulating(params):
@@ -258,9 +242,28 @@ def _accumulating(params):
     return frozenset(p.name for p in params if p.grad_req == 'add')
 
 
+def _state():   # changes with every convert and every Parameter mxmp stores low
+    return _EPOCH[0], len(STORED_FROM)
+
+
+def _inside(block):
+    """(converted blocks inside ``block``, their Conversion): :mod:`mxmp._src.block_scope`;
+    with none, reading Parameters mxmp stores low is refused (:mod:`.param_dtypes`)."""
+    from .block_scope import converted_inside
+    inside, conversion = converted_inside(block, _CONVERTED)
+    if conversion is None and STORED_FROM and not isinstance(block, gluon.SymbolBlock):
+        _param_dtypes().check_unconverted(block, block.collect_params().values())
+    return inside, conversion
+
+
 def _call_cached_op(self, *args):
     if _CONSUMED or _FROZEN:
         check_frozen(self)
+    if self._cached_op is not None and _CHECKED.get(self) != _state() and \
+            _applies(self) is None:   # a graph built before a convert: checked again
+        _CHECKED[self] = _state()
+        if _inside(self)[0]:
+            self._clear_cached_op()   # rebuilt with the converted blocks' nodes planned
     # the Parameters kept at the build, not collect_params() (a walk of the block) per call
     accumulating = _ACCUMULATING.get(self)
     if self._cached_op is not None and accumulating is not None and \
@@ -296,6 +299,8 @@ def _forward(self, x, *args):
     if self in _CONVERTED:
         raise RuntimeError('%s was converted by mxmp.convert but is not hybridized, so it would '
                            'run in float32: call %s.hybridize() first' % (self.name, self.name))
+    if STORED_FROM:
+        _param_dtypes().check_unconverted(self, self._reg_params.values())
     conversion = _GLOBAL[0]
     depth = getattr(_LOCAL, 'depth', 0)
     if conversion is not None and depth == 0 and type(self) not in _WARNED and \
@@ -316,76 +321,71 @@ def _export(self, path, epoch=0, remove_amp_cast=None):   # None: MXNet's defaul
     if self in _FROZEN:   # its casts and stored dtypes are its graph (mxmp.freeze)
         from .frozen_calls import export_frozen
         return export_frozen(self, path, epoch, remove_amp_cast, _ORIGINAL['export'])
-    remove_amp_cast = True if remove_amp_cast is None else remove_amp_cast
     built = _BUILT.get(self)
     if built is None or not self._cached_graph or built.symbol is not self._cached_graph[1]:
-        return _ORIGINAL['export'](self, path, epoch, remove_amp_cast)
-    _ORIGINAL['export'](self, path, epoch, remove_amp_cast=False)
-    if remove_amp_cast:
-        remove_casts(self._cached_graph[1]).save('%s-symbol.json' % path)
-        params_file = '%s-%04d.params' % (path, epoch)
-        mx.nd.save(params_file, float32_arrays(mx.nd.load(params_file)))
+        return _ORIGINAL['export'](self, path, epoch, remove_amp_cast is not False)
+    from .block_params import export_float32
+    return export_float32(self, path, epoch, remove_amp_cast is not False, _ORIGINAL['export'])
 
 
-def _save_parameters(self, filename, deduplicate=False, dtype='float32'):
-    if self not in _CONVERTED:
-        return _ORIGINAL['save_parameters'](self, filename, deduplicate)
-    from .block_params import save_block_parameters   # lazily: import budget
-    return save_block_parameters(self, filename, deduplicate=deduplicate, dtype=dtype)
+def _routed(module, func, name):
+    """MXNet's method ``name`` as ``module.func(self, MXNet's method, *args, **kwargs)``."""
+    def wrapper(self, *args, **kwargs):
+        routed = getattr(importlib.import_module(module, __package__), func)
+        return routed(self, _ORIGINAL[name], *args, **kwargs)
+    return wrapper
 
 
-def _load_parameters(self, filename, ctx=None, allow_missing=False, ignore_extra=False,
-                     cast_dtype=False, dtype_source='current'):
-    if self not in _CONVERTED:
-        return _ORIGINAL['load_parameters'](self, filename, ctx, allow_missing, ignore_extra,
-                                            cast_dtype, dtype_source)
-    from .block_params import load_block_parameters
-    return load_block_parameters(self, filename, ctx=ctx, allow_missing=allow_missing,
-                                 ignore_extra=ignore_extra, cast_dtype=cast_dtype,
-                                 dtype_source=dtype_source)
+def _param_dtypes():   # loaded when first needed (import budget)
+    from . import param_dtypes
+    return param_dtypes
 
 
-def _reset_fused():
-    """Drop every fused inference graph: the parameters may change (rebuilt at next use)."""
+def _reset_fused():   # every fused inference graph: the parameters may change (rebuilt at use)
     for built in [b for b in _BUILT.values() if b.fused is not None]:
         built.fused.reset()
 
 
 def _set_data(self, data):
     _reset_fused()
-    return _ORIGINAL['Parameter.set_data'](self, data)
+    return _ORIGINAL['set_data'](self, data)
 
 
-_WRAPPERS = {'_build_cache': _build_cache, '_call_cached_op': _call_cached_op, 'forward': _forward,
-             'export': _export, 'save_parameters': _save_parameters,
-             'load_parameters': _load_parameters}
+_WRAPPERS = {(gluon.HybridBlock, '_build_cache'): _build_cache,
+             (gluon.HybridBlock, '_call_cached_op'): _call_cached_op,
+             (gluon.HybridBlock, 'forward'): _forward, (gluon.HybridBlock, 'export'): _export,
+             (gluon.Parameter, 'set_data'): _set_data}
+_WRAPPERS.update({(cls, name): _routed(module, func, name)
+                  for cls, name, module, func in (
+                      (gluon.Block, 'save_parameters', '.block_params', 'save_parameters'),
+                      (gluon.Block, 'load_parameters', '.block_params', 'load_parameters'),
+                      (gluon.ParameterDict, 'save', '.block_params', 'save_param_dict'),
+                      (gluon.Parameter, 'initialize', '.param_dtypes', 'initialize'),
+                      (gluon.ParameterDict, 'zero_grad', '.param_dtypes', 'zero_grad'))})
 
 
 def install_hooks():
     """Replace MXNet's methods with mxmp's wrappers (module docstring); idempotent."""
     if _ORIGINAL:
         return
-    for name, wrapper in _WRAPPERS.items():
-        _ORIGINAL[name] = getattr(gluon.HybridBlock, name)
-        wrapper.__doc__ = _ORIGINAL[name].__doc__
-        setattr(gluon.HybridBlock, name, wrapper)
-    _ORIGINAL['Parameter.set_data'] = gluon.Parameter.set_data
-    gluon.Parameter.set_data = _set_data
+    for (cls, name), wrapper in _WRAPPERS.items():
+        _ORIGINAL[name] = original = getattr(cls, name)   # the names are distinct
+        wrapper.__doc__ = original.__doc__
+        setattr(cls, name, wrapper)
 
 
 def remove_hooks():
-    """Undo mxmp's hooks: put MXNet's ``HybridBlock`` and ``Parameter.set_data`` methods back
-    and forget every conversion and ``amp.init``'s switch. Graphs already built run until
-    their block's cache is cleared (``hybridize()``); the next graph is MXNet's, float32.
-    The next :func:`convert` or ``amp.init`` installs the hooks again."""
-    for name, original in _ORIGINAL.items():
-        if name == 'Parameter.set_data':
-            gluon.Parameter.set_data = original
-        elif name in ('save_parameters', 'load_parameters'):
-            delattr(gluon.HybridBlock, name)   # inherited from gluon.Block
-        else:
-            setattr(gluon.HybridBlock, name, original)
-    for state in (_ORIGINAL, _CONVERTED, _BUILT, _ACCUMULATING, _FROZEN, _CONSUMED, PARAM_POLICY):
+    """Undo what mxmp did to MXNet's objects: MXNet's methods back, the Parameters
+    ``cast_params`` stored low in float32 again (the Trainer's master weights where kept,
+    :mod:`mxmp._src.param_dtypes`), converted graphs dropped (the next is MXNet's float32
+    one), every conversion and ``amp.init``'s switch forgotten; ``convert`` hooks again."""
+    _param_dtypes().restore_dtypes()
+    for block in list(_BUILT.keys()) + list(_CONVERTED.keys()):
+        block._clear_cached_op()
+    for cls, name in _WRAPPERS if _ORIGINAL else ():
+        setattr(cls, name, _ORIGINAL[name])
+    for state in (_ORIGINAL, _CONVERTED, _BUILT, _ACCUMULATING, _FROZEN, _CONSUMED, _CHECKED,
+                  PARAM_POLICY):
         state.clear()
     _GLOBAL[0] = None
 

@@ -27,12 +27,13 @@ from .dtypes import dtype_name, from_mshadow_enum, mx_dtype
 from .graph.convert import convert_symbol
 from .graph.kernel_rule import inference_only
 from .graph.strip import count_casts
-from .graph.stem import pad_stem as pad_stem_of, padded_convolutions, wants_padding
+from .graph.stem import check_option as check_pad_stem, pad_stem as pad_stem_of, \
+    padded_convolutions, wants_padding
 from .graph.symbol_json import CAST_OPS, cast_param_names, dump, load
 from .policy.policy import Policy
 
 __all__ = ['Conversion', 'rewrite', 'cast_to_graph', 'BuiltGraph', 'unrounded_values',
-           'BACKEND', 'count_fused', 'unsafe_outputs', 'FusedInference']
+           'STORED_FROM', 'BACKEND', 'count_fused', 'unsafe_outputs', 'FusedInference']
 
 logger = logging.getLogger('mxmp.gluon')
 
@@ -68,6 +69,14 @@ class Conversion:
     fuse_inference: Union[str, bool] = 'auto'
     pad_stem: Union[str, bool] = 'auto'
     fold_batchnorm: bool = True
+
+    def __post_init__(self):   # ValueError naming the accepted values
+        if self.fuse_inference not in ('auto', True, False):
+            raise ValueError("fuse_inference=%r: use 'auto', True or False"
+                             % (self.fuse_inference,))
+        check_pad_stem(self.pad_stem)
+        if self.fold_batchnorm not in (True, False):
+            raise ValueError('fold_batchnorm=%r: use True or False' % (self.fold_batchnorm,))
 
 
 def rewrite(block, conversion, inputs, sym, args, ctx=None, keep_unrounded=True):
@@ -221,6 +230,7 @@ def _cast_parameter(param, dtype, keep_unrounded=True):
     if param._data is None:
         _DEFERRED_CASTS[param] = (dtype, keep_unrounded)
         return
+    STORED_FROM.setdefault(param, param.dtype)
     param._dtype = dtype
     with autograd.pause():
         to_default_layout(param._data)  # amp_cast fails on grouped weights oneDNN reordered
@@ -235,6 +245,9 @@ def _cast_parameter(param, dtype, keep_unrounded=True):
 
 
 _DEFERRED_CASTS = weakref.WeakKeyDictionary()   # Parameter -> (target dtype, keep_unrounded)
+#: Parameter -> its dtype before mxmp first stored it in another one (what
+#: :func:`mxmp.remove_hooks` gives back; :mod:`mxmp._src.param_dtypes`). Weak keys.
+STORED_FROM = weakref.WeakKeyDictionary()
 
 
 def cast_deferred(params):

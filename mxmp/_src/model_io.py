@@ -87,13 +87,38 @@ def _first4(names):
     return ', '.join(names[:4]) + (', ...' if len(names) > 4 else '')
 
 
-def check_data_names(sym, data_names, arg_params):
-    """Raise CLIError naming the symbol's real inputs if a data name is not one of them."""
+def check_data_names(sym, data_names, arg_params=None):
+    """Raise CLIError naming the symbol's real inputs if a data name is not one of them.
+    ``arg_params`` (dict or None): the parameters, whose names are not inputs; None (no
+    params file): the inputs named are the arguments no parameter file would hold, guessed as
+    those that are the first input of an operator (data, not weights)."""
     unknown = [n for n in data_names if n not in sym.list_arguments()]
     if unknown:
-        raise CLIError('the symbol has no input named %s; its inputs are %s'
-                       % (', '.join(unknown), ', '.join(
-                           n for n in sym.list_arguments() if n not in arg_params)))
+        if arg_params is None:
+            nodes = json.loads(sym.tojson())['nodes']
+            firsts = {nodes[n['inputs'][0][0]]['name'] for n in nodes
+                      if n['op'] != 'null' and n['inputs']}
+            inputs = [n for n in sym.list_arguments() if n in firsts]
+        else:
+            inputs = [n for n in sym.list_arguments() if n not in arg_params]
+        raise CLIError('the symbol has no input named %s; its inputs are %s (name each with '
+                       '--data-name)' % (', '.join(unknown), ', '.join(inputs)))
+
+
+def check_out_path(path, what, directory=False, create=False):
+    """Raise CLIError before any work if the output ``path`` cannot be written: a directory
+    where a file is wanted (or a file where a directory is, ``directory``), or a parent that
+    does not exist (``create``: that is created later, but no part of it may be a file)."""
+    path = os.path.abspath(path)
+    if os.path.exists(path) and os.path.isdir(path) != directory:
+        raise CLIError('%s %s exists and is %s' % (what, path, 'a file, not a directory'
+                                                   if directory else 'a directory'))
+    parent = os.path.dirname(path)
+    while create and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise CLIError('%s %s: %s %s' % (what, path, parent, 'is a file' if os.path.exists(
+            parent) else 'does not exist'))
 
 
 def epoch_of(params_path):
@@ -157,10 +182,11 @@ def fuse_model(sym, arg_params, aux_params, shapes, data_names):
     FusedInference`, such graphs are not fused) or the backend refuses the graph."""
     import mxnet as mx
     from .gluon_graph import BACKEND, unsafe_outputs
-    if not all(n in shapes for n in data_names):
+    missing = [n for n in data_names if n not in shapes]
+    if missing:
         raise CLIError('--fuse needs the shape of every data input to find the patterns: '
                        'add --shape %s=1,3,224,224 (your model\'s input shape; the fused '
-                       'graph then runs any batch size)' % data_names[0])
+                       'graph then runs any batch size)' % missing[0])
     unsafe = unsafe_outputs(sym)
     if unsafe:
         raise CLIError('output(s) %s also feed another node, where MXNet 1.9.1\'s oneDNN fusion '
@@ -179,23 +205,30 @@ def diagnose_batch(net, args, ctx):
     once on it: CLIError if it cannot, is not a classifier, or has fewer classes than labels."""
     import mxnet as mx
     import numpy as np
+    rng = np.random.RandomState(args.seed)
+    others = [mx.nd.array(rng.normal(size=(args.batch_size,) + tuple(dict(args.shape)[n])),
+                          ctx=ctx) for n in args.data_name[1:]]   # checked by cmd_diagnose
     if args.rec:
-        need_file(args.rec, 'RecordIO file')
         data, label = _read_rec(args.rec, args.batch_size, args.data_shape, args.mean_rgb,
                                 args.std_rgb, ctx)
         source = '%s (first %d images, %s)' % (args.rec, data.shape[0], 'x'.join(
             str(s) for s in data.shape[1:]))
     else:
         shape = args.data_shape or (3, 32, 32)
-        rng = np.random.RandomState(args.seed)
         data = mx.nd.array(rng.normal(size=(args.batch_size,) + tuple(shape)), ctx=ctx)
         label = None
         source = 'synthetic N(0, 1) data %s' % 'x'.join(str(s) for s in data.shape)
+    if others:
+        data = (data,) + tuple(others)
+        source += ' and synthetic N(0, 1) %s' % ', '.join(
+            '%s %s' % (n, 'x'.join(str(s) for s in o.shape))
+            for n, o in zip(args.data_name[1:], others))
     try:
-        out = net(data)
+        out = net(*data) if others else net(data)
     except mx.base.MXNetError as err:
-        raise CLIError('the model cannot run on data of shape %s: %s (set --data-shape)'
-                       % (data.shape, mxnet_error_line(err))) from None
+        raise CLIError('the model cannot run on data of shape %s: %s (set --data-shape%s)'
+                       % (', '.join(str(d.shape) for d in data) if others else data.shape,
+                          mxnet_error_line(err), ' and --shape' if others else '')) from None
     out = out[0] if isinstance(out, (list, tuple)) else out
     if out.ndim != 2:
         raise CLIError('diagnose needs a classifier (output batch x classes); this model '
@@ -224,9 +257,10 @@ def strip_loss_heads(sym):
     return outs[0] if len(outs) == 1 else mx.sym.Group(outs)
 
 
-def float32_block(sym, arg_params, aux_params, data_name, ctx):
+def float32_block(sym, arg_params, aux_params, data_names, ctx):
     """A saved graph (casts removed, loss heads stripped) and its parameters (any float dtype)
-    as an initialized float32 ``gluon.SymbolBlock`` for :func:`mxmp.diagnose`; ValueError if
+    as an initialized float32 ``gluon.SymbolBlock`` with inputs ``data_names`` (tuple of str)
+    for :func:`mxmp.diagnose`; ValueError if
     a parameter of the graph is in neither dict."""
     import warnings
     import mxnet as mx
@@ -235,7 +269,7 @@ def float32_block(sym, arg_params, aux_params, data_name, ctx):
     sym = strip_loss_heads(remove_casts(sym))   # diagnose looks at the float32 graph
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
-        net = gluon.SymbolBlock(sym, mx.sym.var(data_name))
+        net = gluon.SymbolBlock(sym, [mx.sym.var(n) for n in data_names])
     values = float32_arrays(dict(aux_params, **arg_params))
     for name, param in net.collect_params().items():
         value = values.get(name)

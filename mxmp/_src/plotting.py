@@ -44,8 +44,12 @@ def read_metrics(path):
     """
     if not os.path.isfile(path):
         raise FileNotFoundError('no such metrics file: %s' % path)
-    with open(path) as f:
-        lines = f.read().split('\n')
+    try:
+        with open(path, encoding='utf-8') as f:
+            lines = f.read().split('\n')
+    except UnicodeDecodeError as err:
+        raise ValueError('%s is not a metrics file (JSON lines as examples/train_imagenet.py '
+                         'writes): not UTF-8 text (%s)' % (path, err.reason)) from None
     steps, epochs = [], []
     last = max((i for i, l in enumerate(lines) if l.strip()), default=-1)
     for i, line in enumerate(lines):
@@ -101,7 +105,7 @@ def read_run_info(jsonl_path):
                     info = pick(record)
                     if info:
                         return info
-    except OSError:
+    except (OSError, ValueError):   # UnicodeDecodeError: not text
         pass
     summary = os.path.join(os.path.dirname(os.path.abspath(jsonl_path)), 'summary.json')
     try:

@@ -43,8 +43,29 @@ def model(tmp_path_factory):
     other.hybridize()
     other(mx.nd.ones((1, 3)))
     other.export(str(d / 'other'))
+    two = TwoInputs()
+    two.initialize(mx.init.Xavier())
+    two.hybridize()
+    two(mx.nd.ones((2, 6)), mx.nd.ones((2, 4)))
+    two.export(str(d / 'two'))
+    (d / 'metrics.jsonl').write_text(json.dumps({'step': 1, 'loss': 1.0}) + '\n')
     return {'dir': d, 'sym': str(d / 'tiny-symbol.json'), 'params': str(d / 'tiny-0000.params'),
-            'other_params': str(d / 'other-0000.params'), 'net': net, 'x': x}
+            'other_params': str(d / 'other-0000.params'), 'net': net, 'x': x,
+            'two_sym': str(d / 'two-symbol.json'), 'two_params': str(d / 'two-0000.params'),
+            'metrics': str(d / 'metrics.jsonl')}
+
+
+class TwoInputs(gluon.HybridBlock):
+    """A classifier of two inputs (exported as data0, data1)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(prefix='two_', **kwargs)
+        with self.name_scope():
+            self.a = nn.Dense(10, in_units=6)
+            self.b = nn.Dense(10, in_units=4)
+
+    def hybrid_forward(self, F, x, y):   # pylint: disable=arguments-differ
+        return self.a(x) + self.b(y)
 
 
 def run(argv, capsys):
@@ -214,8 +235,9 @@ def test_check_alignment_reports_misaligned_sizes(model, capsys):
     rows = json.loads(out)
     assert {'layer': 'tiny_conv0_fwd', 'dimension': 'in_channels', 'size': 3}.items() <= \
         rows[0].items()
+    # 4: the check ran on good input and found something (1 is bad input)
     assert run(['check-alignment', model['sym'], '--shape', 'data=4,3,8,8', '--strict'],
-               capsys)[0] == 1
+               capsys)[0] == 4
 
 
 # ------------------------------------------------------------------------------ diagnose
@@ -250,6 +272,26 @@ def test_diagnose_synthetic_bfloat16(model, capsys):
                            '--data-shape', '3,8,8', '--batch-size', 4, '--steps', 1,
                            '--dtype', 'bfloat16', '--flagged-only'], capsys)
     assert code == 0 and 'mxmp numerics report for bfloat16' in stdout
+
+
+def test_diagnose_and_explain_take_several_data_inputs(model, capsys):
+    code, out, err = run(['diagnose', model['two_sym'], model['two_params'], '--synthetic',
+                          '--data-name', 'data0', '--data-shape', '6', '--data-name', 'data1',
+                          '--shape', 'data1=4', '--batch-size', 4, '--steps', 1], capsys)
+    assert code == 0, err
+    assert 'two_dense0_fwd' in out and 'two_dense1_fwd' in out and 'data1 4x4' in out
+    code, out, err = run(['explain', model['two_sym'], '--dtype', 'bf16', '--all', '--json',
+                          '--data-name', 'data0', '--data-name', 'data1'], capsys)
+    rows = {r['node']: r for r in json.loads(out)}
+    assert code == 0 and 'parameter' not in rows['data1']['rule'], rows['data1']
+
+
+def test_bad_output_paths_fail_before_the_work(model, capsys, tmp_path, monkeypatch):
+    import mxmp._src.diagnose.capture as capture
+    monkeypatch.setattr(capture, 'diagnose', lambda *a, **k: pytest.fail('ran the report'))
+    code, _, err = run(['diagnose', model['sym'], model['params'], '--synthetic', '--out',
+                        model['params']], capsys)
+    assert code == 1 and 'exists and is a file' in err
 
 
 # ------------------------------------------------------------------------------ plot
@@ -296,14 +338,60 @@ BAD = {
     'diagnose wrong data shape': (['diagnose', '{sym}', '{params}', '--synthetic',
                                    '--data-shape', '5,8,8'], 'cannot run on data'),
     'plot missing file': (['plot', '{d}/missing.jsonl'], 'does not exist'),
+    'plot not a metrics file': (['plot', '{params}'], 'tiny-0000.params is not a metrics file'),
+    'plot out is a directory': (['plot', '{metrics}', '--out', '{d}'], 'is a directory'),
+    'explain unknown data name': (['explain', '{sym}', '--dtype', 'bf16', '--data-name',
+                                   'nosuch'], 'no input named nosuch; its inputs are data'),
+    'explain two inputs without names': (['explain', '{two_sym}', '--dtype', 'bf16'],
+                                         'no input named data; its inputs are data0, data1'),
+    'diagnose out is a file': (['diagnose', '{sym}', '{params}', '--synthetic', '--out',
+                                '{params}'], 'exists and is a file'),
+    'diagnose second input without shape': (['diagnose', '{two_sym}', '{two_params}',
+                                             '--synthetic', '--data-name', 'data0',
+                                             '--data-name', 'data1'], '--shape data1=DIMS'),
+    'fuse names the missing input': (['convert', '{two_sym}', '{two_params}', '--dtype', 'bf16',
+                                      '--data-name', 'data0', '--data-name', 'data1', '--fuse',
+                                      '--shape', 'data0=1,6', '--out', '{d}/f'],
+                                     '--shape data1=1,3,224,224'),
+    'check-kernels out is a directory': (['check-kernels', '--ops', 'relu', '--out', '{d}'],
+                                         'is a directory'),
+    'fuse shape of no input': (['convert', '{sym}', '{params}', '--dtype', 'bf16', '--fuse',
+                                '--shape', 'nosuch=1,3,8,8', '--out', '{d}/g'],
+                               '--shape nosuch: nosuch is not a data input'),
+    'diagnose shape of no input': (['diagnose', '{sym}', '{params}', '--synthetic', '--shape',
+                                    'data1=3'], '--shape data1: data1 is not a data input'),
 }
+
+
+OUT_OF_RANGE = [
+    (['convert', '{sym}', '{params}', '--dtype', 'bf16', '--epoch', '-3', '--out', '{d}/e'],
+     "--epoch: expected an integer >= 0, got '-3'"),
+    (['diagnose', '{sym}', '{params}', '--synthetic', '--batch-size', '0'], '--batch-size'),
+    (['diagnose', '{sym}', '{params}', '--synthetic', '--steps', '0'], '--steps'),
+    (['diagnose', '{sym}', '{params}', '--synthetic', '--lr', '-1'], '--lr'),
+    (['diagnose', '{sym}', '{params}', '--synthetic', '--underflow-tol', '2'],
+     "--underflow-tol: expected a number >= 0.0 and <= 1.0, got '2'"),
+    (['check-alignment', '{sym}', '--shape', 'data=1,3,8,8', '--multiple', '0'], '--multiple'),
+    (['check-kernels', '--jobs', '0'], '--jobs'),
+    (['check-kernels', '--timeout', '-1'], "--timeout: expected a number > 0.0, got '-1'"),
+]
+
+
+@pytest.mark.parametrize('argv,needle', OUT_OF_RANGE)
+def test_numbers_out_of_range_are_usage_errors_before_the_work(argv, needle, model, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([a.format(d=model['dir'], sym=model['sym'], params=model['params'])
+              for a in argv])
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
 
 
 @pytest.mark.parametrize('case', sorted(BAD))
 def test_bad_input_exits_non_zero_with_one_line(case, model, capsys):
     argv, needle = BAD[case]
     fill = dict(d=model['dir'], sym=model['sym'], params=model['params'],
-                other_params=model['other_params'])
+                other_params=model['other_params'], metrics=model['metrics'],
+                two_sym=model['two_sym'], two_params=model['two_params'])
     code, out, err = run([a.format(**fill) for a in argv], capsys)
     assert code == 1
     lines = [l for l in err.splitlines() if l.strip()]
