@@ -1,18 +1,19 @@
 """Mixed precision inside the user's own Gluon network: :func:`convert` and the process-wide
 switch of :func:`mxmp.amp.init`.
 
-**The one module of mxmp that hooks MXNet.** :func:`install_hooks` (run by the first
-:func:`convert` or ``amp.init``; ``import mxmp`` patches nothing) replaces these methods with
-wrappers that call the originals: ``HybridBlock._build_cache`` (the traced graph of a converted
-block goes through the pass, :func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op``
-(grouped weights back to the default layout; the fused inference twin; calls :func:`mxmp.freeze`
-forbids), ``forward`` (a converted block that is not hybridized raises; under ``amp.init`` an
-imperative call warns once), ``export``/``save_parameters``/``load_parameters`` (files plain
-MXNet loads: float32, a frozen block's as it runs), and ``Parameter.set_data`` (fused graphs are
-rebuilt). :func:`remove_hooks` puts MXNet's methods back and forgets every conversion. Which
-blocks are converted is kept here, in weak dictionaries keyed by the block or Parameter: nothing
-is stamped on MXNet's objects but contrib.amp's own hook on a ``gluon.Trainer``
-(:func:`attach_trainer_loss_scaler`, for :mod:`mxmp.amp`).
+**The one module of mxmp that hooks MXNet's classes.** :func:`install_hooks` (run by the first
+:func:`convert` or ``amp.init``; ``import mxmp`` only wraps MXNet's graph loaders,
+:func:`mxmp._src.graph.kernel_rule.install_symbol_loaders`) replaces these methods with wrappers
+that call the originals: ``HybridBlock._build_cache`` (the traced graph of a converted block goes
+through the pass, :func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op`` (grouped weights back
+to the default layout; the fused inference twin; calls :func:`mxmp.freeze` forbids), ``forward`` (a
+converted block that is not hybridized raises; under ``amp.init`` an imperative call warns once),
+``export``/``save_parameters``/``load_parameters`` (files plain MXNet loads: float32, or as it runs
+with MXNet's own ops), and ``Parameter.set_data`` (fused graphs are rebuilt). :func:`remove_hooks`
+puts MXNet's methods back and forgets every conversion. Which blocks are converted is kept here, in
+weak dictionaries keyed by the block or Parameter: nothing is stamped on MXNet's objects but
+contrib.amp's own hook on a ``gluon.Trainer`` (:func:`attach_trainer_loss_scaler`, for
+:mod:`mxmp.amp`).
 """
 import logging
 import threading
@@ -24,7 +25,6 @@ from mxnet import autograd, gluon
 from mxnet.gluon.block import _flatten, _regroup
 
 from .graph.convert import convert_symbol
-from .graph.strip import float32_arrays, remove_casts
 from .graph.stem import check_option as check_pad_stem
 from .gluon_graph import (PARAM_POLICY, Conversion, cast_deferred, cast_to_graph, rewrite,
                           unrounded_values)
@@ -312,19 +312,18 @@ def _forward(self, x, *args):
         _LOCAL.depth = depth
 
 
-def _export(self, path, epoch=0, remove_amp_cast=None):   # None: MXNet's default, True
+def _export(self, path, epoch=0, remove_amp_cast=None, library_ops=False):
+    # remove_amp_cast None: MXNet's default, True; library_ops: keep mxmp's library ops
     if self in _FROZEN:   # its casts and stored dtypes are its graph (mxmp.freeze)
         from .frozen_calls import export_frozen
-        return export_frozen(self, path, epoch, remove_amp_cast, _ORIGINAL['export'])
+        return export_frozen(self, path, epoch, remove_amp_cast, _ORIGINAL['export'],
+                             library_ops)
     remove_amp_cast = True if remove_amp_cast is None else remove_amp_cast
     built = _BUILT.get(self)
     if built is None or not self._cached_graph or built.symbol is not self._cached_graph[1]:
         return _ORIGINAL['export'](self, path, epoch, remove_amp_cast)
-    _ORIGINAL['export'](self, path, epoch, remove_amp_cast=False)
-    if remove_amp_cast:
-        remove_casts(self._cached_graph[1]).save('%s-symbol.json' % path)
-        params_file = '%s-%04d.params' % (path, epoch)
-        mx.nd.save(params_file, float32_arrays(mx.nd.load(params_file)))
+    from .block_export import export_converted   # lazily: import budget
+    return export_converted(self, path, epoch, remove_amp_cast, library_ops, _ORIGINAL['export'])
 
 
 def _save_parameters(self, filename, deduplicate=False, dtype='float32'):

@@ -13,7 +13,7 @@ from ..graph.accumulate import accumulating_names, guard_accumulated_grads
 from ..graph.convert import convert_symbol
 from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, scaled_loss_ops
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
-from ..graph.strip import remove_casts
+from ..graph.strip import remove_casts, without_library_ops
 from ..graph.symbol_json import cast_param_names
 from . import module_checkpoint as files
 from ..files import save_atomic, write_atomic
@@ -284,11 +284,11 @@ class Module(mx.mod.Module):
                 'loss_scaler': self.loss_scaler.state_dict(),
                 'skipped_steps': self.skipped_steps}
 
-    def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True):
-        """Write ``prefix-symbol.json`` (float32, or with its casts), ``prefix-%04d.params``
+    def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True,
+                        library_ops=False):
+        """Write ``prefix-symbol.json`` (:func:`saved_graph`), ``prefix-%04d.params``
         (float32), optionally ``-%04d.states``, and ``-%04d.mxmp.json``, atomically."""
-        sym = self.symbol if remove_amp_cast else self._mp_symbol
-        write_atomic('%s-symbol.json' % prefix, sym.tojson(remove_amp_cast=remove_amp_cast))
+        write_atomic('%s-symbol.json' % prefix, saved_graph(self, remove_amp_cast, library_ops))
         param_name = '%s-%04d.params' % (prefix, epoch)
         save_atomic(param_name, self.save_params)
         if save_optimizer_states:
@@ -354,3 +354,13 @@ def _create_optimizer(module, optimizer, optimizer_params, kv):
     raise TypeError('optimizer must be a name or an mx.optimizer.Optimizer, got %s'
                     % type(optimizer).__name__)
 
+
+def saved_graph(module, remove_amp_cast, library_ops):
+    """The JSON (str) of the graph :meth:`Module.save_checkpoint` writes: the float32 network
+    (``remove_amp_cast=True``), or the converted graph with its casts and stored dtypes, holding
+    MXNet's own ops (plain MXNet loads it) unless ``library_ops=True`` keeps the ops of mxmp's
+    library the Module runs (then it loads after ``import mxmp``)."""
+    if remove_amp_cast:
+        return module.symbol.tojson()
+    sym = module._mp_symbol   # the converted graph, without the loss-scale node
+    return (sym if library_ops else without_library_ops(sym)).tojson(remove_amp_cast=False)

@@ -84,7 +84,8 @@ def reduced_updates(exec_group, kv, masters, updater):
 def module_policy(target_dtype, policy, cast_params, emulate, contexts):
     """``(target dtype, policy or None, cast_params bool)`` of a Module's arguments: the
     shorthands of :func:`mxmp._src.policy.policy.resolve_policy` (``emulate='auto'``: None),
-    emulated on every context if one lacks the kernels; ``target_dtype='float32'`` without a
+    emulated on every context if one lacks the kernels, MXNet's kernels (``kernels='mxnet'``)
+    on every context if one is not a CPU; ``target_dtype='float32'`` without a
     policy: plain MXNet. TypeError and ValueError as ``resolve_policy``; RuntimeError as
     :meth:`mxmp.Policy.on` (``emulate=False``, a context without the kernels)."""
     if policy is None and target_dtype is not None and \
@@ -92,6 +93,8 @@ def module_policy(target_dtype, policy, cast_params, emulate, contexts):
         return 'float32', None, False
     policy = resolve_policy(policy, target_dtype, cast_params,
                             None if emulate == 'auto' else emulate)
-    emulated = any([policy.on(ctx).emulate for ctx in contexts])
-    return (policy.target_dtype, policy.replace(emulate=emulated),
+    on = [policy.on(ctx) for ctx in contexts]
+    kernels = 'mxnet' if any(p.kernels == 'mxnet' for p in on) else policy.kernels
+    return (policy.target_dtype, policy.replace(emulate=any(p.emulate for p in on),
+                                                kernels=kernels),
             policy.param_dtype == policy.target_dtype)
