@@ -117,12 +117,16 @@ def test_cxx_with_a_launcher_runs_the_launcher(build, env, monkeypatch, tmp_path
 
 
 def test_library_is_readable_by_whoever_reads_the_cache(build, env):
+    os.makedirs(env['MXMP_KERNEL_CACHE'], mode=0o755)   # a cache others may read
     old = os.umask(0o077)
     try:
         path = build.ensure_built()
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    directory = os.path.dirname(path)
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(os.path.join(directory, '.lock')).st_mode) == 0o644
 
 
 def test_many_processes_compile_once(build, env):

@@ -15,8 +15,9 @@ The cache (one directory per key, :func:`library_file`):
 - one build per key and machine: a file lock (``fcntl.flock``) serialises the processes that
   share the cache (Horovod's ranks), the others wait and load its result;
 - the library is written to a temporary file, made readable by anyone who can read the cache
-  (mode 0644, whatever the umask and ``mkstemp``'s 0600) and renamed into place; temporary
-  files a killed build left are removed by the next build;
+  (mode 0644, whatever the umask and ``mkstemp``'s 0600; the key's directory as readable as the
+  cache directory, the lock file 0644) and renamed into place; temporary files a killed build
+  left are removed by the next build;
 - a compiler failure is remembered with its reason (``failed.txt`` in the key's directory), so
   that other processes do not retry it until an input of the key changes (delete the file to
   retry sooner);
@@ -171,12 +172,25 @@ def library_file(cache=None):
     return os.path.join(cache or cache_dir(), key.hexdigest()[:20], LIBRARY)
 
 
+def _make_key_directory(directory):
+    """Create a key's ``directory`` as readable as the cache holding it (the umask may be
+    stricter than the cache's owner made it)."""
+    if os.path.isdir(directory):
+        return
+    os.makedirs(directory, exist_ok=True)
+    cache = stat.S_IMODE(os.stat(os.path.dirname(directory)).st_mode)
+    with contextlib.suppress(OSError):
+        os.chmod(directory, (cache & 0o755) | 0o700)
+
+
 @contextlib.contextmanager
 def _locked(directory):
     """Hold the build lock of a key's ``directory`` (blocks while another process builds)."""
     import fcntl
     fd = os.open(os.path.join(directory, _LOCK), os.O_RDONLY | os.O_CREAT, 0o644)
     try:
+        with contextlib.suppress(OSError):   # others may lock it too (another user's file: as is)
+            os.fchmod(fd, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
@@ -247,7 +261,7 @@ def ensure_built(cache=None):
         return path
     failed = _failure(directory)
     if failed is None:
-        os.makedirs(directory, exist_ok=True)
+        _make_key_directory(directory)
         with _locked(directory):
             if os.path.exists(path):   # built by another process while we waited
                 return path
