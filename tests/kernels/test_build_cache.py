@@ -31,7 +31,7 @@ FAKE_CC = textwrap.dedent('''\
       case "$a" in
         --version) echo "fakecc ${FAKE_VERSION:-1.0}"; exit 0;;
         -dumpmachine) echo "x86_64-linux-gnu"; exit 0;;
-        -###) echo "cc1plus -march=${FAKE_TARGET:-znver4}" >&2; exit 0;;
+        -###) echo "cc1plus -march=${FAKE_TARGET:-znver4} -o /tmp/cc$$.s" >&2; exit 0;;
       esac
     done
     echo "compile $$" >> "$FAKE_LOG"
@@ -91,6 +91,8 @@ def _compiles(env):
 
 def test_key_covers_the_compiler_its_version_and_its_target(build, env, monkeypatch, tmp_path):
     first = build.library_file()
+    build._compiler_identity.cache_clear()   # the same compiler again, new temporary names
+    assert build.library_file() == first
     monkeypatch.setenv('FAKE_VERSION', '2.0')
     build._compiler_identity.cache_clear()
     other_version = build.library_file()

@@ -110,19 +110,31 @@ def compiler_command():
     raise RuntimeError('no C++ compiler (set $CXX or install g++)')
 
 
+def _target_options(text):
+    """The target options in a compiler's ``-###`` output: gcc's ``-m...`` (``-march=native``
+    expanded to the CPU's name and every ISA extension), clang's ``-target-cpu``,
+    ``-target-feature`` and ``-triple`` values; not its temporary file names."""
+    words = [w.strip('"') for w in text.split()]
+    return ' '.join(w for i, w in enumerate(words) if w.startswith('-m') or i and words[i - 1]
+                    in ('-target-cpu', '-target-feature', '-triple'))
+
+
 @functools.lru_cache(maxsize=None)
 def _compiler_identity(command):
-    """str: the compiler's ``--version`` and what it compiles :data:`FLAGS` to on this machine
-    (``-###`` prints the resolved ``-march=native`` target) for ``command`` (tuple)."""
+    """str: the compiler's ``--version``, its target machine and the target options it
+    compiles :data:`FLAGS` with on this CPU (``-###`` prints ``-march=native`` resolved) for
+    ``command`` (tuple)."""
     out = []
     for extra in (['--version'], ['-dumpmachine'],
                   [*FLAGS, '-###', '-x', 'c++', '-c', os.devnull, '-o', os.devnull]):
         try:
             proc = subprocess.run(list(command) + extra, capture_output=True, text=True,
                                   timeout=60)
-            out.append('%d\n%s\n%s' % (proc.returncode, proc.stdout, proc.stderr))
         except (OSError, subprocess.SubprocessError) as err:
             raise RuntimeError('%s does not run: %s' % (' '.join(command), err)) from None
+        text = proc.stdout + proc.stderr
+        out.append('%d %s' % (proc.returncode, _target_options(text) if '-###' in extra
+                              else text.strip()))
     return '\n'.join(out)
 
 
