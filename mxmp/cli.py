@@ -54,7 +54,8 @@ def cmd_convert(args):
         if args.fuse and args.fold_batchnorm:
             sym, arg_params, aux_params = fold_model(sym, arg_params, aux_params)
         out, arg_params, aux_params = convert_model(sym, arg_params, aux_params, args.dtype,
-                                                    args.cast_params, args.emulate, data_names)
+                                                    args.cast_params, args.emulate, data_names,
+                                                    args.library_ops)
         stored = sum(np.dtype(v.dtype) != np.float32
                      for v in list(arg_params.values()) + list(aux_params.values()))
         what = '%s%s, %d parameter(s) stored in %s' % (
@@ -236,25 +237,24 @@ def build_parser():
     c.add_argument('--out', required=True,
                    help='output prefix: writes OUT-symbol.json and OUT-NNNN.params')
     c.add_argument('--cast-params', action='store_true',
-                   help='store the weights of low-precision layers in the target dtype (no '
-                        'cast per call; BatchNorm statistics stay float32)')
+                   help='store low-precision weights in the target dtype (BatchNorm: float32)')
     c.add_argument('--strip', action='store_true',
                    help='remove all casts (mxmp or mxnet.contrib.amp) and write float32')
     c.add_argument('--emulate', action='store_true',
-                   help='emulated graph: float32 kernels with values rounded through the '
-                        'target dtype (for CPUs without its kernels)')
+                   help='float32 kernels, values rounded to the target dtype (CPUs without its)')
     c.add_argument('--data-name', action='append', default=None,
                    help='name of a data input (repeatable); default: data')
+    c.add_argument('--library-ops', action='store_true', help="keep mxmp's library ops (then "
+                   "the graph loads after `import mxmp` only); default: MXNet's own ops")
     c.add_argument('--epoch', type=number(int, 0), default=None,
                    help='number in the output params name; default: that of the input')
     c.add_argument('--fuse', action='store_true',
                    help="write the graph fused by MXNet's oneDNN backend (optimize_for('MKLDNN'): "
-                        'Convolution+BatchNorm+ReLU as one node; the fastest CPU inference, '
-                        'outputs within bfloat16 rounding of the unfused graph). Inference only; '
-                        'loads in plain MXNet built with oneDNN (the pip wheels). Needs --shape')
+                        'Convolution+BatchNorm+ReLU as one node; the fastest CPU inference, within '
+                        'bfloat16 rounding of the unfused graph). Inference only; loads in plain '
+                        'MXNet built with oneDNN (the pip wheels). Needs --shape')
     c.add_argument('--no-fold-batchnorm', dest='fold_batchnorm', action='store_false',
-                   help='--fuse: let MXNet fold BatchNorm into the convolutions (truncated to '
-                        'bfloat16); by default mxmp folds it in float32 (docs/cli.md)')
+                   help='--fuse: MXNet folds BatchNorm (truncated to bfloat16), not mxmp (float32)')
     c.add_argument('--shape', type=shape, action='append', default=[], metavar='NAME=DIMS',
                    help='shape of a data input for --fuse (repeatable), e.g. data=1,3,224,224')
 

@@ -20,7 +20,7 @@ from .gluon_graph import PARAM_POLICY, STORED_FROM
 from .training.master_weights import master_value, set_master_value
 
 __all__ = ['ParameterFileError', 'save_block_parameters', 'load_block_parameters',
-           'export_float32', 'holds_conversion', 'save_parameters', 'load_parameters',
+           'holds_conversion', 'save_parameters', 'load_parameters',
            'save_param_dict']
 
 
@@ -159,19 +159,6 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
 def _brief(names):
     names = list(names)
     return ', '.join(names[:5]) + (', ... (%d in all)' % len(names) if len(names) > 5 else '')
-
-
-def export_float32(block, path, epoch, remove_amp_cast, export):
-    """``HybridBlock.export`` (``export``, MXNet's) of a block running a converted graph: with
-    ``remove_amp_cast`` (bool), the float32 graph (casts removed, :func:`mxmp.remove_casts`)
-    and float32 parameters plain MXNet loads; else the converted graph and the stored dtypes.
-    """
-    export(block, path, epoch, remove_amp_cast=False)
-    if remove_amp_cast:
-        from .graph.strip import float32_arrays, remove_casts
-        remove_casts(block._cached_graph[1]).save('%s-symbol.json' % path)
-        params_file = '%s-%04d.params' % (path, epoch)
-        mx.nd.save(params_file, float32_arrays(mx.nd.load(params_file)))
 
 
 def holds_conversion(params):

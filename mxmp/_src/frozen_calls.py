@@ -25,10 +25,12 @@ def check_call(block, consumed_from, frozen_from):
             % (block.name, frozen_from))
 
 
-def export_frozen(block, path, epoch, remove_amp_cast, export):
+def export_frozen(block, path, epoch, remove_amp_cast, export, library_ops=False):
     """``block.export(path, epoch)`` of a network :func:`mxmp.freeze` made, through MXNet's
     ``export`` (the function ``export``): its graph with its casts and its stored dtypes,
-    which plain MXNet's ``SymbolBlock.imports`` runs.
+    which plain MXNet's ``SymbolBlock.imports`` runs: MXNet's own ops in place of those of
+    mxmp's library the frozen network runs, unless ``library_ops`` (then the files load after
+    ``import mxmp``).
 
     Raises:
         ValueError: ``remove_amp_cast=True`` was asked for: without its casts the graph would
@@ -40,4 +42,8 @@ def export_frozen(block, path, epoch, remove_amp_cast, export):
             'export(path) writes them (plain MXNet runs the files); remove_amp_cast=True would '
             'write a graph that cannot run. For a float32 model, export the float32 network '
             'before freezing.' % block.name)
-    return export(block, path, epoch, remove_amp_cast=False)
+    out = export(block, path, epoch, remove_amp_cast=False)
+    if not library_ops:
+        from .graph.strip import write_mxnet_ops
+        write_mxnet_ops('%s-symbol.json' % path)
+    return out

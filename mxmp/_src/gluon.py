@@ -1,20 +1,19 @@
 """Mixed precision inside the user's own Gluon network: :func:`convert` and the process-wide
 switch of :func:`mxmp.amp.init`.
 
-**The one module of mxmp that hooks MXNet.** :func:`install_hooks` (run by the first
-:func:`convert` or ``amp.init``; ``import mxmp`` patches nothing) replaces these methods with
-wrappers that call the originals: ``HybridBlock._build_cache`` (the traced graph of a converted
-block, or of the hybridized parent of one, :mod:`mxmp._src.block_scope`, goes through the pass,
-:func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op`` (grouped weights back to the default
-layout; the fused inference twin; calls :func:`mxmp.freeze` forbids), ``forward`` (a converted
-block that is not hybridized raises; under ``amp.init`` an imperative call warns once),
-``export`` and ``Block.save_parameters``/``load_parameters`` (files plain MXNet loads: float32,
-a frozen block's as it runs), ``Parameter.set_data`` (fused graphs are rebuilt) and the
-Parameter methods MXNet cannot run on bfloat16 (``Parameter.initialize``,
-``ParameterDict.zero_grad``: :mod:`mxmp._src.param_dtypes`). :func:`remove_hooks` undoes all
-of it. Which blocks are converted is kept here, in weak dictionaries keyed by the block or
-Parameter: nothing is stamped on MXNet's objects but contrib.amp's own hook on a
-``gluon.Trainer`` (:func:`attach_trainer_loss_scaler`, for :mod:`mxmp.amp`).
+**The one module of mxmp that hooks MXNet's classes** (``import mxmp`` only wraps MXNet's graph
+loaders: :func:`mxmp._src.graph.kernel_rule.install_symbol_loaders`). :func:`install_hooks` (run
+by the first :func:`convert` or ``amp.init``) wraps: ``HybridBlock._build_cache`` (the traced
+graph of a converted block, or of the hybridized parent of one, :mod:`mxmp._src.block_scope`,
+goes through the pass, :func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op`` (default
+layout for grouped weights; the fused twin; calls :func:`mxmp.freeze` forbids), ``forward`` (a
+converted block not hybridized raises; under ``amp.init`` an imperative call warns once),
+``export`` and ``Block.save_parameters``/``load_parameters`` (files plain MXNet loads),
+``Parameter.set_data`` (fused graphs rebuilt), ``Parameter.initialize`` and
+``ParameterDict.zero_grad`` (no bfloat16 in MXNet: :mod:`mxmp._src.param_dtypes`).
+:func:`remove_hooks` undoes all of it. Converted blocks are kept here in weak dictionaries:
+nothing is stamped on MXNet's objects but contrib.amp's own hook on a ``gluon.Trainer``
+(:func:`attach_trainer_loss_scaler`, for :mod:`mxmp.amp`).
 """
 import importlib
 import logging
@@ -317,15 +316,16 @@ def _forward(self, x, *args):
         _LOCAL.depth = depth
 
 
-def _export(self, path, epoch=0, remove_amp_cast=None):   # None: MXNet's default, True
+def _export(self, path, epoch=0, remove_amp_cast=None, library_ops=False):
     if self in _FROZEN:   # its casts and stored dtypes are its graph (mxmp.freeze)
         from .frozen_calls import export_frozen
-        return export_frozen(self, path, epoch, remove_amp_cast, _ORIGINAL['export'])
+        return export_frozen(self, path, epoch, remove_amp_cast, _ORIGINAL['export'], library_ops)
+    remove_amp_cast = remove_amp_cast is not False   # None is MXNet's default: True
     built = _BUILT.get(self)
     if built is None or not self._cached_graph or built.symbol is not self._cached_graph[1]:
-        return _ORIGINAL['export'](self, path, epoch, remove_amp_cast is not False)
-    from .block_params import export_float32
-    return export_float32(self, path, epoch, remove_amp_cast is not False, _ORIGINAL['export'])
+        return _ORIGINAL['export'](self, path, epoch, remove_amp_cast)
+    from .block_export import export_converted   # lazily: import budget
+    return export_converted(self, path, epoch, remove_amp_cast, library_ops, _ORIGINAL['export'])
 
 
 def _routed(module, func, name):

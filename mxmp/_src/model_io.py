@@ -141,17 +141,21 @@ def save_model(prefix, epoch, sym, arg_params, aux_params):
     return sym_path, params_path
 
 
-def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data_names):
+def convert_model(sym, arg_params, aux_params, dtype, cast_params, emulate, data_names,
+                  library_ops=False):
     """The mixed-precision model ``(graph, arg_params, aux_params)``: :func:`mxmp.convert_symbol`'s
-    graph; arrays float32 except those the graph stores or pins (``__dtype__``) to another
-    dtype, which plain MXNet needs in that dtype to bind. CLIError if the pass refuses it."""
-    from .graph.strip import arrays_for_graph
+    graph, with MXNet's own ops in place of those of mxmp's library unless ``library_ops``
+    (plain MXNet loads it); arrays float32 except those the graph stores or pins
+    (``__dtype__``) to another dtype, which plain MXNet needs in that dtype to bind. CLIError if
+    the pass refuses it."""
+    from .graph.strip import arrays_for_graph, without_library_ops
     from .graph.convert import convert_symbol
     try:
         out = convert_symbol(sym, dtype, cast_params=cast_params, emulate=emulate,
                              data_names=data_names)
     except ValueError as err:
         raise CLIError(str(err)) from None
+    out = out if library_ops else without_library_ops(out)
     return out, arrays_for_graph(out, arg_params), arrays_for_graph(out, aux_params)
 
 

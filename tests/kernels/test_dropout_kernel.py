@@ -81,7 +81,8 @@ def test_rule_adds_one_flag_and_remove_casts_undoes_it():
     assert mxmp.remove_casts(conv).tojson() == sym.tojson()
     rows = {r.name: r.rule for r in mxmp.explain(sym, policy=all_kernels)}
     assert rows['d2'].startswith('kernel rule: Dropout as mxmp_dropout')
-    assert rows['mxmp_train_flag'].startswith('kernel rule: training-mode flag')
+    # explain plans the user's graph (it never loads the library): the rule names the flag
+    assert 'training-mode flag' in rows['d2'] and 'mxmp_train_flag' not in rows
 
 
 @pytest.mark.parametrize('attrs', [dict(p=0.0), dict(p=0.5, axes=(1,))])

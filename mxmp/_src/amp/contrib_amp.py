@@ -16,7 +16,7 @@ from ..dtypes import normalize_dtype
 from ..gluon import attach_trainer_loss_scaler, convert, set_global
 from ..gluon_graph import Conversion, policy_of
 from ..graph.convert import convert_symbol as convert_graph
-from ..graph.strip import arrays_for_graph
+from ..graph.strip import arrays_for_graph, without_library_ops
 from ..graph.symbol_json import load
 from ..policy.policy import Policy, conditional_rules
 from ..scaling import make_loss_scaler
@@ -178,7 +178,8 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
     returned.
 
     Returns:
-        tuple (Symbol, dict, dict): the converted graph, and the parameters, each cast to the
+        tuple (Symbol, dict, dict): the converted graph, holding MXNet's own ops only (a model
+        to deploy: plain MXNet loads it once saved), and the parameters, each cast to the
         dtype the graph gives its variable (``__dtype__``, as contrib.amp): the target dtype
         where ``cast_optional_params=True`` stores it so, float32 otherwise.
 
@@ -189,8 +190,9 @@ def convert_model(sym, arg_params, aux_params, target_dtype=None, target_dtype_o
     if not isinstance(arg_params, dict) or not isinstance(aux_params, dict):
         raise TypeError('arg_params and aux_params must be dicts of name -> NDArray')
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
-    out = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
-                         excluded_sym_names, data_names, cast_optional_params)
+    out = without_library_ops(convert_symbol(
+        sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names,
+        data_names, cast_optional_params))
     return out, arrays_for_graph(out, arg_params), arrays_for_graph(out, aux_params)
 
 

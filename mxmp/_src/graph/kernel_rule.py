@@ -21,16 +21,22 @@ gradients: each graph variable it reads goes through a ``_copy`` the rule adds (
 MXNet backward honours ``grad_req='add'``; and with ``MXNET_EXEC_ENABLE_ADDTO=1`` (gradients of
 intermediate tensors accumulated in place) the rule stays off.
 
-It is on for bfloat16 targets (a CPU dtype: the library has CPU kernels only) and off with
-``Policy(kernels='mxnet')`` or ``MXMP_KERNELS=mxnet``; :func:`mxmp.explain` names it.
+It is on for bfloat16 targets of a CPU (the library has CPU kernels only: :meth:`mxmp.Policy.on`
+of another context turns it off) and off with ``Policy(kernels='mxnet')`` or
+``MXMP_KERNELS=mxnet``. An op the user names in ``lp_ops`` or ``follow_ops`` keeps MXNet's op
+in the user's class (the library ops compute in float32). :func:`mxmp.explain` names it, from
+the graph's structure alone (:func:`planned`: it never builds or loads the library).
+
+Files mxmp writes hold MXNet's ops only (:func:`mxnet_ops`), so that plain MXNet loads them;
+a graph that holds library ops loads after ``import mxmp`` (:mod:`mxmp._src.kernels.loading`).
 """
 import logging
 import os
 
 from .symbol_json import MARK, unique_name
 
-__all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'substitute', 'apply_kernels', 'restore', 'rule_of',
-           'inference_only']
+__all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'substitute', 'apply_kernels', 'planned', 'restore',
+           'rule_of', 'original_op', 'inference_only', 'mxnet_ops', 'install_symbol_loaders']
 
 logger = logging.getLogger('mxmp.kernels')
 
@@ -84,20 +90,13 @@ def _flag_nodes(names):
     return one, flag
 
 
-def substitute(js, policy):
-    """``js`` (graph JSON) with the kernel rule applied (module docstring): a new dict, or
-    ``js`` itself where nothing applies or the library is unavailable."""
-    if policy.kernels == 'mxnet' or policy.target_dtype != 'bfloat16':
-        return js
-    return apply_kernels(js, policy.kernels)
+def _user_ops(policy):
+    """Ops the user put in a low-precision or follow class: the rule leaves them."""
+    return policy.lp_ops | policy.follow_ops
 
 
-def apply_kernels(js, kernels):
-    """The rule's rewrite of ``js`` (graph JSON, dict) whatever its dtypes: ``kernels`` is
-    ``'auto'`` (the default set) or ``'all'`` (also :data:`OPT_IN`). :func:`substitute` calls
-    it for bfloat16 targets; the transformer study calls it on a float32 graph to measure the
-    library's kernels without the precision (``python -m benchmarks.gpt --kernels all``).
-    Returns a new dict, or ``js`` where nothing applies or the library is unavailable."""
+def _chosen(js, kernels, skip_ops=frozenset()):
+    """Positions of the nodes of ``js`` the rule replaces (structure only)."""
     if kernels not in ('auto', 'all'):
         raise ValueError("kernels must be 'auto' or 'all', got %r" % (kernels,))
     nodes = js['nodes']
@@ -107,13 +106,65 @@ def apply_kernels(js, kernels):
             used.setdefault(src, set()).add(idx)
     for src, idx, _ in js['heads']:
         used.setdefault(src, set()).add(idx)
-    chosen = {nid for nid, n in enumerate(nodes) if _eligible(n, used.get(nid, set()))
-              and (kernels == 'all' or n['op'] not in OPT_IN)}
+    return {nid for nid, n in enumerate(nodes) if _eligible(n, used.get(nid, set()))
+            and n['op'] not in skip_ops and (kernels == 'all' or n['op'] not in OPT_IN)}
+
+
+def _addto():
+    return os.environ.get('MXNET_EXEC_ENABLE_ADDTO', '0') not in ('', '0')
+
+
+#: Ops the MXNET_EXEC_ENABLE_ADDTO warning named already (it names each once per process).
+_ADDTO_SAID = set()
+
+
+def _warn_addto(ops):
+    new = sorted(set(ops) - _ADDTO_SAID)
+    if new:
+        _ADDTO_SAID.update(new)
+        logger.warning("mxmp: MXNET_EXEC_ENABLE_ADDTO is set: %s keep%s MXNet's kernel%s "
+                       "(mxmp's library ops cannot add to a gradient in place; unset it for "
+                       "mxmp's faster kernels)", ', '.join(
+                           'softmax (with lengths)' if op == 'softmax' else op for op in new),
+                       's' if len(new) == 1 else '', '' if len(new) == 1 else 's')
+
+
+def substitute(js, policy):
+    """``js`` (graph JSON) with the kernel rule applied (module docstring): a new dict, or
+    ``js`` itself where nothing applies or the library is unavailable (built and loaded here
+    on first use)."""
+    if policy.kernels == 'mxnet' or policy.target_dtype != 'bfloat16':
+        return js
+    return apply_kernels(js, policy.kernels, _user_ops(policy))
+
+
+def planned(js, policy):
+    """``{node name: library op}`` of the nodes :func:`substitute` would replace in ``js``,
+    decided from the graph's structure and the environment alone: it never builds or loads
+    the library (:func:`mxmp.explain`). Empty where the rule is off, including a library that
+    already failed to load in this process."""
+    from ..kernels.build import library_loaded
+    if (policy.kernels == 'mxnet' or policy.target_dtype != 'bfloat16' or _addto() or
+            os.environ.get('MXMP_KERNELS', '').lower() == 'mxnet' or library_loaded() is False):
+        return {}
+    nodes = js['nodes']
+    return {nodes[nid]['name']: SUBSTITUTES[nodes[nid]['op']]
+            for nid in _chosen(js, policy.kernels, _user_ops(policy))}
+
+
+def apply_kernels(js, kernels, skip_ops=frozenset()):
+    """The rule's rewrite of ``js`` (graph JSON, dict) whatever its dtypes: ``kernels`` is
+    ``'auto'`` (the default set) or ``'all'`` (also :data:`OPT_IN`); nodes of ``skip_ops``
+    stay. :func:`substitute` calls it for bfloat16 targets; the transformer study calls it on
+    a float32 graph to measure the library's kernels without the precision (``python -m
+    benchmarks.gpt --kernels all``). Returns a new dict, or ``js`` where nothing applies or
+    the library is unavailable."""
+    chosen = _chosen(js, kernels, skip_ops)
     if not chosen:
         return js
-    if os.environ.get('MXNET_EXEC_ENABLE_ADDTO', '0') not in ('', '0'):
-        logger.warning('mxmp: MXNET_EXEC_ENABLE_ADDTO is set: LayerNorm keeps MXNet\'s kernel '
-                       '(library ops cannot add to a gradient in place)')
+    nodes = js['nodes']
+    if _addto():
+        _warn_addto(nodes[nid]['op'] for nid in chosen)
         return js
     from ..kernels.build import load_library
     if load_library() is None:
@@ -160,6 +211,19 @@ def restore(node):
     return new
 
 
+def original_op(node):
+    """The MXNet op a library node of the rule replaced (str), or None for other nodes."""
+    mark = node.get('attrs', {}).get(MARK, '') if node['op'] != 'null' else ''
+    return mark[len(KERNEL_PREFIX):] if mark.startswith(KERNEL_PREFIX) else None
+
+
+def substitution_rule(op, library_op):
+    """The explain rule (str) of an ``op`` node the rule runs as ``library_op``."""
+    return ("kernel rule: %s as %s, mxmp's library kernel, in float32 (Policy(kernels='mxnet') "
+            "keeps MXNet's)%s" % (op, library_op, '; it reads a training-mode flag the rule '
+                                  'adds' if op == 'Dropout' else ''))
+
+
 def rule_of(node):
     """The explain rule (str) of a node the kernel rule wrote, or None."""
     mark = node.get('attrs', {}).get(MARK, '') if node['op'] != 'null' else ''
@@ -170,26 +234,85 @@ def rule_of(node):
         return ('kernel rule: training-mode flag of mxmp_dropout (1 in inference, 0 or 2 in '
                 'training)')
     if mark.startswith(KERNEL_PREFIX):
-        return ("kernel rule: %s as %s, mxmp's library kernel (Policy(kernels='mxnet') keeps "
-                "MXNet's)" % (mark[len(KERNEL_PREFIX):], node['op']))
+        return substitution_rule(mark[len(KERNEL_PREFIX):], node['op'])
     return None
+
+
+def _undo(js, undo):
+    """``js`` with the rule's nodes for which ``undo(node, restored)`` is true put back
+    (copies read their input again, flags dropped once no library op reads them)."""
+    nodes = js['nodes']
+    out, new_id, resolve = [], {}, {}
+    for nid, node in enumerate(nodes):
+        back = restore(node)
+        if back is not None and not undo(node, back):
+            back = None
+        if back == 'drop':
+            continue
+        if back == 'input':
+            src, idx, _ = node['inputs'][0]
+            resolve[nid] = resolve[src] if src in resolve else [new_id[src], idx]
+            continue
+        if isinstance(back, dict):
+            node = back
+        inputs = [resolve[s] + [v] if s in resolve and i == 0 else [new_id[s], i, v]
+                  for s, i, v in node['inputs']]
+        out.append(dict(node, inputs=inputs))
+        new_id[nid] = len(out) - 1
+    heads = [resolve[s] + [v] if s in resolve and i == 0 else [new_id[s], i, v]
+             for s, i, v in js['heads']]
+    return dict(js, nodes=out, heads=heads)
 
 
 def inference_only(js):
     """``js`` (a converted graph's JSON) for a graph that only runs inference (the oneDNN-fused
-    twin): the rule's ``mxmp_dropout`` nodes back to MXNet's Dropout, which MXNet runs as the
-    identity in inference at no cost (the library op copies), and the flag removed. A new
-    dict, or ``js`` where there is nothing to undo."""
-    nodes = js['nodes']
-    if not any(restore(n) == 'drop' for n in nodes):
+    twin, :func:`mxmp.freeze`): the rule's ``mxmp_dropout`` nodes back to MXNet's Dropout, which
+    MXNet runs as the identity in inference at no cost (the library op copies), and the flag
+    removed. A new dict, or ``js`` where there is nothing to undo."""
+    if not any(restore(n) == 'drop' for n in js['nodes']):
         return js
-    out, new_id = [], {}
-    for nid, node in enumerate(nodes):
-        back = restore(node)
-        if back == 'drop':
-            continue
-        if isinstance(back, dict) and back['op'] == 'Dropout':
-            node = back
-        out.append(dict(node, inputs=[[new_id[s], i, v] for s, i, v in node['inputs']]))
-        new_id[nid] = len(out) - 1
-    return dict(js, nodes=out, heads=[[new_id[s], i, v] for s, i, v in js['heads']])
+    return _undo(js, lambda node, back: back == 'drop' or
+                 isinstance(back, dict) and back['op'] == 'Dropout')
+
+
+def mxnet_ops(js):
+    """``js`` (graph JSON) with every node of the rule undone: MXNet's own ops in place of the
+    library's (same attributes, same float32 computation), the input copies and the training
+    flag gone; casts and stored dtypes stay. What every file mxmp writes holds, unless the user
+    asks for the library ops: plain MXNet loads it. A new dict, or ``js`` where the rule wrote
+    nothing."""
+    if not any(restore(n) is not None for n in js['nodes']):
+        return js
+    return _undo(js, lambda node, back: True)
+
+
+_LOADERS = {}   # name -> MXNet's own graph loader (install_symbol_loaders)
+
+
+def _symbol_loader(name, original):
+    def load(source, *args, **kwargs):
+        if name == 'load' or 'mxmp_' in str(source):   # a file, or a graph naming mxmp ops
+            from ..kernels.loading import before_loading   # lazily: import budget
+            before_loading(source, name == 'load')
+        return original(source, *args, **kwargs)
+    load.__doc__, load.__name__ = original.__doc__, original.__name__
+    return load
+
+
+def install_symbol_loaders():
+    """Wrap MXNet's graph loaders ``mx.sym.load`` and ``mx.sym.load_json`` (which
+    ``gluon.SymbolBlock.imports`` and ``mx.model.load_checkpoint`` call) so that a graph holding
+    library ops loads the library first (:mod:`mxmp._src.kernels.loading`); run by ``import
+    mxmp``, idempotent, kept by :func:`mxmp.remove_hooks`: graphs of MXNet's ops load as
+    before. Besides :mod:`mxmp._src.gluon`'s hooks, the one place mxmp wraps MXNet's code.
+
+    Why lazily, at load time: ``import mxmp`` stays fast and never compiles; graphs without
+    library ops (every file mxmp writes unless the user asks for them) never build or load the
+    library; a graph with them gets it, built once per machine, before MXNet meets its ops.
+    """
+    import mxnet as mx
+    if _LOADERS:
+        return
+    for name in ('load', 'load_json'):
+        _LOADERS[name] = getattr(mx.symbol, name)
+        setattr(mx.symbol, name, _symbol_loader(name, _LOADERS[name]))

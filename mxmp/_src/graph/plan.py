@@ -12,7 +12,7 @@ from typing import List, NamedTuple, Optional
 
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, dtype_name, from_mshadow_enum
 from ..policy.policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, resolve_policy
-from .kernel_rule import rule_of, substitute
+from .kernel_rule import planned, substitute
 from .strip import converted_dtype, strip
 from .symbol_json import (CAST_OPS, MARK, cast_origin, infer_dtypes, load, mutable_inputs,
     node_output_dtypes)
@@ -54,7 +54,7 @@ def _variable(kind, dtype, stored=None):
 class _Graph:
     """What every step of one plan reads: the nodes, the policy, the inputs and their classes."""
 
-    def __init__(self, js, policy, input_dtypes, data_names, pinned):
+    def __init__(self, js, policy, input_dtypes, data_names, pinned, kernel_nodes=None):
         self.nodes = js['nodes']
         self.policy = policy
         self.lp = policy.target_dtype
@@ -72,19 +72,18 @@ class _Graph:
                    else n for n in self.nodes]
         self.orig = infer_dtypes(dict(js, nodes=untyped), {n: 'float32' if d in _LOW else d
                                                            for n, d in input_dtypes.items()})
-        from . import reduce_rule   # loaded by the first conversion, not by `import mxmp`
+        from .rule_notes import rewritten_class, rules_left   # not loaded by `import mxmp`
         self.classes = [None] * len(self.nodes)
         for nid, node in enumerate(self.nodes):
+            rewritten = rewritten_class(policy, node, kernel_nodes or {})
             if node['op'] in CAST_OPS and cast_origin(node) == 'model':  # others were stripped
                 self.classes[nid] = (_MODEL_CAST,
                                      'cast written by the model: kept, computes as in MXNet')
-            elif rule_of(node) is not None:   # the kernel rule's nodes compute in float32
-                self.classes[nid] = (FLOAT32, rule_of(node))
-            elif reduce_rule.rule_of(node) is not None:   # so do the reduction rule's
-                self.classes[nid] = (FLOAT32, reduce_rule.rule_of(node))
+            elif rewritten is not None:   # the kernel and reduction rules' nodes: float32
+                self.classes[nid] = rewritten
             elif node['op'] != 'null':
-                self.classes[nid] = policy.classify(node['op'], node.get('attrs', {}),
-                                                    node['name'])
+                self.classes[nid] = rules_left(policy, node, policy.classify(
+                    node['op'], node.get('attrs', {}), node['name']))
 
     def n_outputs(self, nid):
         k = 0
@@ -109,14 +108,14 @@ class _Graph:
                 all(self.nodes[src]['op'] == 'null' for src, _, _ in node['inputs']))
 
 
-def plan(js, policy, input_dtypes, data_names, pinned=()):
+def plan(js, policy, input_dtypes, data_names, pinned=(), kernel_nodes=None):
     """One :class:`Decision` per node of ``js`` (list, in node order).
 
     ``pinned``: variables stored in low precision by their ``__dtype__``. With
     ``policy.follow_params`` a second round stores in the target dtype the parameters that the
-    first round cast down for follow ops (contrib.amp's rule).
+    first round cast down for follow ops (contrib.amp's rule). ``kernel_nodes``: explain's.
     """
-    graph = _Graph(js, policy, input_dtypes, data_names, pinned)
+    graph = _Graph(js, policy, input_dtypes, data_names, pinned, kernel_nodes)
     decisions = _plan_once(graph)
     if not policy.follow_params:
         return decisions
@@ -305,8 +304,10 @@ def _float32_storage(graph):
     return out
 
 
-def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_params=None):
+def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_params=None,
+            kernels=True):
     """The graph, its inputs and its :func:`plan` (arguments as :func:`mxmp.convert_symbol`).
+    ``kernels=False``: the kernel rule's nodes planned, not written (:func:`explain`).
 
     Returns:
         tuple ``(js, policy, input_dtypes, data_names, decisions)``: the graph JSON without its
@@ -331,7 +332,8 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
     if previous is not None or any(node.get('attrs', {}).get(MARK) is not None or
                                    cast_origin(node) == 'contrib.amp' for node in js['nodes']):
         js = strip(js)
-    js = substitute(js, policy)
+    kernel_nodes = None if kernels else planned(js, policy)
+    js = substitute(js, policy) if kernels else js
     input_dtypes = {name: d if isinstance(d, str) else dtype_name(d)
                     for name, d in (data_dtypes or {}).items()}
     names = set(data_names if data_names is not None else ('data',)) | set(input_dtypes)
@@ -349,7 +351,8 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
     from .reduce_rule import substitute as substitute_reductions
     js = substitute_reductions(js, policy, {n: 'float32' if d in _LOW else d
                                             for n, d in input_dtypes.items()})
-    return js, policy, input_dtypes, names, plan(js, policy, input_dtypes, names, set(pinned))
+    return js, policy, input_dtypes, names, plan(js, policy, input_dtypes, names, set(pinned),
+                                                 kernel_nodes)
 
 
 class ExplainRow(NamedTuple):
@@ -365,7 +368,9 @@ def explain(sym, target_dtype=None, policy=None, data_dtypes=None, cast_params=N
     """The pass's decision for every node of ``sym``, without rewriting it.
 
     A BatchNorm that fused inference folds into the low-precision Convolution before it
-    (:mod:`mxmp._src.graph.fold`) has that rewrite added to its rule.
+    (:mod:`mxmp._src.graph.fold`) has that rewrite added to its rule. Every rule that changed
+    a node is named, after the user's choice where the user named its op; a library op of the
+    kernel rule is decided from the graph alone (explain never builds or loads the library).
 
     Args: as :func:`mxmp.convert_symbol` (``sym`` float32 or converted; casts are ignored).
 
@@ -376,11 +381,12 @@ def explain(sym, target_dtype=None, policy=None, data_dtypes=None, cast_params=N
         TypeError, ValueError: as :func:`mxmp.convert_symbol`.
     """
     from .fold import batchnorm_folds, fold_rule   # a rewrite of fused inference only
-    js, _, _, _, decisions = prepare(sym, target_dtype, policy, None, data_dtypes, data_names,
-                                     cast_params)
+    js, policy, _, _, decisions = prepare(sym, target_dtype, policy, None, data_dtypes,
+                                          data_names, cast_params, kernels=False)
+    kernel_nodes = planned(js, policy)
     dtypes = {node['name']: dec.dtype for node, dec in zip(js['nodes'], decisions)}
     folds = {bn: conv for bn, conv in batchnorm_folds(js).items() if dtypes.get(conv) in _LOW}
-    return [ExplainRow(node['name'], node['op'], dec.dtype,
+    return [ExplainRow(node['name'], kernel_nodes.get(node['name'], node['op']), dec.dtype,
                        dec.rule + ('; ' + fold_rule(folds[node['name']])
                                    if node['name'] in folds else ''))
             for node, dec in zip(js['nodes'], decisions)]

@@ -36,7 +36,9 @@ gradient into ``x`` is the output gradient times 1.0 (``mean``: divided by the c
 MXNet's.
 
 It is on for bfloat16 targets (the slow kernel is MXNet's CPU kernel) and off with
-``Policy(reductions='mxnet')``; :func:`mxmp.explain` names every node it writes (:func:`rule_of`);
+``Policy(reductions='mxnet')``; a ``sum``/``mean`` the user names in ``lp_ops`` or
+``follow_ops`` keeps MXNet's reduction in the user's class; :func:`mxmp.explain` names every
+node it writes (:func:`rule_of`);
 :func:`restore_graph` undoes it (``remove_casts``, export).
 """
 from .symbol_json import MARK, infer_dtypes, unique_name
@@ -73,11 +75,13 @@ def substitute(js, policy, input_dtypes):
     """``js`` (graph JSON) with the rule applied (module docstring) to reductions of float32
     data (``input_dtypes``: ``{input name: dtype}`` as :func:`infer_dtypes` takes them, low
     precision read as float32): a new dict, or ``js`` itself where nothing applies or the
-    policy turns it off. Integer and float64 reductions keep MXNet's kernel."""
+    policy turns it off. Integer and float64 reductions keep MXNet's kernel, and so do ops the
+    user named in ``lp_ops`` or ``follow_ops``."""
     if policy.reductions == 'mxnet' or policy.target_dtype != 'bfloat16':
         return js
     nodes = js['nodes']
-    chosen = {nid: _form(n) for nid, n in enumerate(nodes) if _form(n)}
+    mine = policy.lp_ops | policy.follow_ops   # the user's class wins over the rule
+    chosen = {nid: _form(n) for nid, n in enumerate(nodes) if _form(n) and n['op'] not in mine}
     if not chosen:
         return js
     dtypes = infer_dtypes(js, input_dtypes)

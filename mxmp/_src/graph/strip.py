@@ -3,12 +3,12 @@ arrays that go with a converted or stripped graph."""
 import numpy as np
 
 from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum, mx_dtype
-from .kernel_rule import restore
+from .kernel_rule import mxnet_ops, restore
 from .symbol_json import (CAST_OPS, FLOAT_DTYPES, MARK, NAME_MARK, ROUND_MARK, STEM_MARK,
     STEM_SHAPE, cast_origin, dump, is_cast_param, load, original_dtype)
 
 __all__ = ['remove_casts', 'converted_dtype', 'count_casts', 'strip',
-           'float32_arrays', 'arrays_for_graph']
+           'float32_arrays', 'arrays_for_graph', 'without_library_ops', 'write_mxnet_ops']
 
 
 def _restore(node, attrs, mark, key, original):
@@ -92,6 +92,29 @@ def remove_casts(sym):
     stored in low precision (their arrays must be cast to float32). The model's own casts stay.
     """
     return dump(strip(load(sym), unpin=True))
+
+
+def without_library_ops(sym):
+    """``sym`` (a converted Symbol) with MXNet's own ops in place of those of mxmp's library
+    (:func:`mxmp._src.graph.kernel_rule.mxnet_ops`; casts and stored dtypes stay): the graph
+    mxmp writes to files, which plain MXNet loads. ``sym`` itself where it holds none."""
+    js = load(sym)
+    out = mxnet_ops(js)
+    return sym if out is js else dump(out)
+
+
+def write_mxnet_ops(path):
+    """Rewrite the graph file ``path`` (JSON) with MXNet's own ops in place of those of mxmp's
+    library, atomically (:func:`without_library_ops`); unchanged where it holds none."""
+    import json
+    from ..files import write_atomic
+    with open(path) as f:
+        js = json.load(f)
+    out = mxnet_ops(js)
+    if out is not js:
+        out = dict(out, arg_nodes=[i for i, n in enumerate(out['nodes']) if n['op'] == 'null'])
+        out.pop('node_row_ptr', None)
+        write_atomic(path, json.dumps(out, indent=2))
 
 
 def converted_dtype(sym):

@@ -32,6 +32,7 @@ _RULE_NAMES = {LOW_PRECISION: 'low-precision list', FLOAT32: 'float32 list',
                FOLLOW: 'follow list'}
 _LOSS_SCALERS = ('auto', 'dynamic', 'static', 'none')
 _EMULATION_SAID = set()   # (dtype, context) pairs already warned about
+_KERNELS_SAID = set()     # contexts told that kernels='all' has no kernels there
 
 
 @functools.lru_cache(maxsize=None)
@@ -260,13 +261,22 @@ class Policy:
     def on(self, ctx):
         """This policy for a graph that runs on ``ctx`` (mx.Context), ``emulate`` a bool: the
         one place ``'auto'`` is resolved (emulate where ``ctx`` has no kernels for the target
-        dtype, :func:`mxmp.lp_kernels_available`; said once per dtype and context).
+        dtype, :func:`mxmp.lp_kernels_available`; said once per dtype and context). On a
+        context other than the CPU, ``kernels`` is ``'mxnet'``: mxmp's operator library has CPU
+        kernels only (``kernels='all'`` there is said once in a warning).
 
         Raises:
             RuntimeError: ``emulate`` is False and ``ctx`` has no kernels for the target dtype
                 (checked up front: MXNet would fail asynchronously, far from the cause).
         """
         from ..device import lp_kernels_available, tensor_core_note
+        if ctx.device_type != 'cpu' and self.kernels != 'mxnet':
+            # mxmp's operator library has CPU kernels only: the kernel rule stays off
+            if self.kernels == 'all' and str(ctx) not in _KERNELS_SAID:
+                _KERNELS_SAID.add(str(ctx))
+                logger.warning("mxmp: Policy(kernels='all') on %s: mxmp's operator library "
+                               "has CPU kernels only; MXNet's kernels run there", ctx)
+            return self.replace(kernels='mxnet').on(ctx)
         dtype, emulate = self.target_dtype, self.emulate
         if emulate is True:
             return self

@@ -328,4 +328,3 @@ def _create_optimizer(module, optimizer, optimizer_params, kv):
         return optimizer
     raise TypeError('optimizer must be a name or an mx.optimizer.Optimizer, got %s'
                     % type(optimizer).__name__)
-

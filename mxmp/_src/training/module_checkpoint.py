@@ -15,11 +15,12 @@ from ..errors import mxnet_error_line
 from ..policy.policy import Policy
 from ..scaling import LossScaler, from_state_dict, make_loss_scaler
 from ..files import save_atomic, write_atomic
+from ..graph.strip import without_library_ops
 from .checkpoint import check_format
 
 __all__ = ['STATES_FORMAT', 'STATES_VERSION', 'write_state', 'restore_state',
            'read_state', 'load_params', 'policy_state', 'policy_from_state',
-           'states_by_index', 'ModuleCheckpoints']
+           'states_by_index', 'saved_graph', 'ModuleCheckpoints']
 
 #: ``format`` field of ``prefix-%04d.mxmp.json``.
 STATES_FORMAT = 'mxmp.Module'
@@ -204,6 +205,17 @@ def _copy_state(state):
     return state
 
 
+def saved_graph(module, remove_amp_cast, library_ops):
+    """The JSON (str) of the graph :meth:`Module.save_checkpoint` writes: the float32 network
+    (``remove_amp_cast=True``), or the converted graph with its casts and stored dtypes, holding
+    MXNet's own ops (plain MXNet loads it) unless ``library_ops=True`` keeps the ops of mxmp's
+    library the Module runs (then it loads after ``import mxmp``)."""
+    if remove_amp_cast:
+        return module.symbol.tojson()
+    sym = module._mp_symbol   # the converted graph, without the loss-scale node
+    return (sym if library_ops else without_library_ops(sym)).tojson(remove_amp_cast=False)
+
+
 class ModuleCheckpoints:
     """The checkpoint methods of :class:`mxmp.Module` (a base class before ``mx.mod.Module``):
     MXNet's float32 files, the optimizer states, and ``prefix-%04d.mxmp.json``."""
@@ -252,11 +264,11 @@ class ModuleCheckpoints:
                 'loss_scaler': self.loss_scaler.state_dict(),
                 'skipped_steps': self.skipped_steps}
 
-    def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True):
-        """Write ``prefix-symbol.json`` (float32, or with its casts), ``prefix-%04d.params``
+    def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True,
+                        library_ops=False):
+        """Write ``prefix-symbol.json`` (:func:`saved_graph`), ``prefix-%04d.params``
         (float32), optionally ``-%04d.states``, and ``-%04d.mxmp.json``, atomically."""
-        sym = self.symbol if remove_amp_cast else self._mp_symbol
-        write_atomic('%s-symbol.json' % prefix, sym.tojson(remove_amp_cast=remove_amp_cast))
+        write_atomic('%s-symbol.json' % prefix, saved_graph(self, remove_amp_cast, library_ops))
         param_name = '%s-%04d.params' % (prefix, epoch)
         save_atomic(param_name, self.save_params)
         if save_optimizer_states:

@@ -90,7 +90,8 @@ def module_policy(target_dtype, policy, cast_params, emulate, contexts):
     """``(target dtype, policy or None, cast_params bool, chosen policy or None)`` of a
     Module's arguments: the shorthands of :func:`mxmp._src.policy.policy.resolve_policy`
     (``emulate='auto'``: None); the policy emulated on every context if one lacks the kernels,
-    and the policy as the user chose it (``emulate`` unresolved: what a checkpoint stores);
+    with MXNet's kernels (``kernels='mxnet'``) on every context if one is not a CPU, and the
+    policy as the user chose it (``emulate`` unresolved: what a checkpoint stores);
     ``target_dtype='float32'`` without a policy: plain MXNet. TypeError and ValueError as
     ``resolve_policy``; RuntimeError as :meth:`mxmp.Policy.on` (``emulate=False``, a context
     without the kernels)."""
@@ -99,6 +100,8 @@ def module_policy(target_dtype, policy, cast_params, emulate, contexts):
         return 'float32', None, False, None
     chosen = resolve_policy(policy, target_dtype, cast_params,
                             None if emulate == 'auto' else emulate)
-    emulated = any([chosen.on(ctx).emulate for ctx in contexts])
-    return (chosen.target_dtype, chosen.replace(emulate=emulated),
+    on = [chosen.on(ctx) for ctx in contexts]
+    kernels = 'mxnet' if any(p.kernels == 'mxnet' for p in on) else chosen.kernels
+    return (chosen.target_dtype, chosen.replace(emulate=any(p.emulate for p in on),
+                                                kernels=kernels),
             chosen.param_dtype == chosen.target_dtype, chosen)
