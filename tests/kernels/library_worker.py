@@ -4,8 +4,7 @@ mxmp's operator library in its own process (a probe of the old library could cra
 prints one JSON line.
 
     python tests/kernels/library_worker.py contract            # the numerical contract
-    python tests/kernels/library_worker.py inference           # partial type/shape inference
-    python tests/kernels/library_worker.py messages            # errors: dtype names, attributes
+    python tests/kernels/library_worker.py inference           # partial inference, messages
     python tests/kernels/library_worker.py outputs             # bits of every output (threads)
 """
 import hashlib
@@ -98,10 +97,12 @@ def inference():
     out['gluon_1d'] = net(x).asnumpy().tolist()
     out['gluon_1d_ops'] = [r.op for r in mxmp.explain(mxmp.converted_graph(net), 'bfloat16')]
     out['gluon_1d_mxnet'] = mx.nd.LayerNorm(x, mx.nd.ones(4), mx.nd.zeros(4)).asnumpy().tolist()
+    out['messages'] = messages()
     return out
 
 
 def messages():
+    """Errors of bad dtypes and attributes (each as MXNet raises it)."""
     out = {}
     half = mx.nd.ones((2, 3), dtype='float16')
     out['ln_float16'] = _try(lambda: mx.nd.mxmp_layer_norm(half, mx.nd.ones(3, dtype='float16'),
@@ -157,5 +158,5 @@ if __name__ == '__main__':
     if load_library() is None:
         print(json.dumps({'library': None}))
         sys.exit(0)
-    print(json.dumps({'contract': contract, 'inference': inference, 'messages': messages,
+    print(json.dumps({'contract': contract, 'inference': inference,
                       'outputs': outputs}[sys.argv[1]]()))

@@ -55,8 +55,8 @@ def test_layer_norm_partial_inference_as_mxnet(inference):
 
 
 @needs_library
-def test_errors_name_dtypes_and_bad_attributes():
-    res = worker('messages')
+def test_errors_name_dtypes_and_bad_attributes(inference):
+    res = inference['messages']
     assert res['ln_float16']['error'].endswith(
         'mxmp_layer_norm: data, gamma and beta must be float32 or float64, got float16')
     assert res['dropout_int32']['error'].endswith(
