@@ -47,7 +47,9 @@ int main() {
   });
   const double sm = best_ms([&] {   // softmax_all / softmax_grad_all's loops, length 100
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < srows; ++r) softmax_row<float>(x.data() + r * m, y.data() + r * m, m, 100);
+    for (int64_t r = 0; r < srows; ++r) {
+      softmax_row<float>(x.data() + r * m, y.data() + r * m, m, 100);
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < srows; ++r) {
       softmax_grad_row<float>(dy.data() + r * m, y.data() + r * m, dx.data() + r * m, m, 100);

@@ -10,8 +10,8 @@ library op, its input copies of gamma and beta and, for Dropout, the training fl
 through an identity, as from the layer before in a network) run as a hybridized
 ``SymbolBlock`` (``static_alloc=True, static_shape=True``), forward and backward under
 ``autograd.record()``, ``--calls`` times after 5 warm-up calls; the table gives the median
-(and the minimum) ms per call and the speed-up from the first thread count to each other. The machine's load
-average is printed with it: on a shared machine the figures are indicative only
+(and the minimum) ms per call and the speed-up from the first thread count to each other. The
+machine's load average is printed with it: on a shared machine the figures are indicative only
 (docs/benchmark.md, "mxmp's operator library, op by op").
 """
 import argparse

@@ -27,8 +27,8 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'mxmp_ops.cc')
 #: global scope (``import horovod.mxnet``: its ctypes.CDLL(..., RTLD_GLOBAL) brings libmxnet.so
 #: with it; Sockeye imports Horovod when installed) would otherwise bind the library's
 #: registration to libmxnet's registry: SIGFPE while loading (tests/kernels/test_build.py).
-FLAGS = ('-O3', '-march=native', '-fopenmp', '-fno-trapping-math', '-std=c++17', '-shared', '-fPIC',
-         '-Wl,-Bsymbolic')
+FLAGS = ('-O3', '-march=native', '-fopenmp', '-fno-trapping-math', '-std=c++17', '-shared',
+         '-fPIC', '-Wl,-Bsymbolic')
 #: The ops the library registers (``mx.library.load`` adds them to mx.nd and mx.sym).
 OPS = ('mxmp_layer_norm', 'mxmp_dropout', 'mxmp_softmax')
 
