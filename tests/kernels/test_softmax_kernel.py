@@ -3,9 +3,9 @@ for ``softmax(data, length, use_length=True)`` (GluonNLP's masked attention).
 
 Compared with MXNet's softmax with lengths in a worker process (tests/kernels/kernels_worker.py),
 on the real kernels and with ``DNNL_MAX_CPU_ISA=AVX2``: shapes with rows of 7 to 1000, lengths
-from 0 to the full row, seeds 0-2. Measured on the Zen 5 machine: float64 errors below 5e-14,
-float32 below 3e-6 against MXNet's float32 (relative to the largest value); the library's float32
-result is as close to float64 as MXNet's float32 (within 2x + 1e-6). Bounds are 5x the spread.
+from 0 to the full row, seeds 0-2. Measured (Zen 4): float64 errors below 5e-14 against MXNet's
+float64; the library's float32 below 4e-7 against float64 (relative to the largest value), as
+close as MXNet's float32 or closer (within 2x + 1e-6). Bounds are 5x the spread.
 """
 import json
 import os
@@ -39,7 +39,9 @@ def test_matches_mxnet_softmax_with_lengths(rows):
     assert len(rows) == 12
     for row in rows:
         assert max(row['float64']) <= 1e-12, row
-        assert max(row['float32']) <= 1.5e-5, row
+        # float32 against float64 (the library sums rows in double: measured below 4e-7,
+        # where MXNet's float32 gradient is up to 5.6e-5 off; so no bound against MXNet's)
+        assert max(row['lib32_vs_64']) <= 2e-6, row
         for lib, ref in zip(row['lib32_vs_64'], row['mxnet32_vs_64']):
             assert lib <= 2 * ref + 1e-6, row
         assert row['beyond_length_zero'], row

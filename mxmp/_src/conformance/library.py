@@ -30,7 +30,7 @@ def library_row(row, inputs, attrs, seeds):
         return row
     lib = dump(graph)
     if op == 'Dropout':
-        return _dropout_row(row, sym, lib, names, inputs, attrs, seeds)
+        return _with_contract(_dropout_row(row, sym, lib, names, inputs, attrs, seeds), op)
     fe = be = 0.0
     for seed in seeds:
         rng = np.random.RandomState(seed)
@@ -51,6 +51,29 @@ def library_row(row, inputs, attrs, seeds):
     row.update(mode='real', fwd_err=fe, bwd_err=be, verdict='wrong' if bad else 'ok',
                detail="mxmp's library kernel vs MXNet's, float32 (tolerance 2**-16)" +
                ('; %s error above it' % ' and '.join(bad) if bad else ''))
+    return _with_contract(row, op)
+
+
+def _with_contract(row, op):
+    """``row`` with the op's numerical contract (:mod:`.contract`: adversarial and random
+    inputs, the library's float32 error against float64 within 4x MXNet's, NaN where the
+    reference has NaN) folded in: a case that breaks it makes the row ``wrong`` and is named."""
+    from .contract import CASES, FACTOR, run_contract
+    if op not in CASES:
+        return row
+    cases = run_contract(op)
+    broken = [c for c in cases if not c['ok']]
+    if broken:
+        row['verdict'] = 'wrong'
+        row['detail'] += '; numerical contract broken: ' + '; '.join(
+            '%s: %s (library %s, MXNet %s)' % (c['case'], c['detail'],
+                                               ', '.join('%.1e' % e for e in c['lib']),
+                                               ', '.join('%.1e' % e for e in c['mxnet']))
+            for c in broken)
+    else:
+        row['detail'] += ('; numerical contract: %d adversarial and random cases within %gx '
+                          "MXNet's float32 error against float64, NaN as the reference"
+                          % (len(cases), FACTOR))
     return row
 
 

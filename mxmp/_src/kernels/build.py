@@ -45,14 +45,15 @@ import tempfile
 logger = logging.getLogger('mxmp.kernels')
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'mxmp_ops.cc')
-#: The compiler flags (the one place they are set). ``-Wl,-Bsymbolic``: the library's calls
-#: bind to its own definitions. libmxnet.so exports lib_api's C++ symbols too (another
-#: std::string ABI), and a process that loaded it into the global scope (``import
+#: The compiler flags (the one place they are set). ``-fopenmp``: the kernels' parallel loops
+#: run on libgomp, the OpenMP runtime libmxnet.so links (one thread pool). ``-Wl,-Bsymbolic``:
+#: the library's calls bind to its own definitions. libmxnet.so exports lib_api's C++ symbols
+#: too (another std::string ABI), and a process that loaded it into the global scope (``import
 #: horovod.mxnet``: its ctypes.CDLL(..., RTLD_GLOBAL) brings libmxnet.so with it; Sockeye
 #: imports Horovod when installed) would otherwise bind the library's registration to
 #: libmxnet's registry: SIGFPE while loading (tests/kernels/test_build.py).
-FLAGS = ('-O3', '-march=native', '-fopenmp-simd', '-std=c++17', '-shared', '-fPIC',
-         '-Wl,-Bsymbolic')
+FLAGS = ('-O3', '-march=native', '-fopenmp', '-fno-trapping-math', '-std=c++17', '-shared',
+         '-fPIC', '-Wl,-Bsymbolic')
 #: The ops the library registers (``mx.library.load`` adds them to mx.nd and mx.sym).
 OPS = ('mxmp_layer_norm', 'mxmp_dropout', 'mxmp_softmax')
 #: File names inside a key's directory.

@@ -1,0 +1,138 @@
+"""Each op of mxmp's operator library alone against MXNet's op, at several thread counts.
+
+    python -m benchmarks.kernel_ops [--threads 1 2] [--calls 30] [--ops layer_norm,softmax,dropout]
+
+For each thread count, a fresh process (``OMP_NUM_THREADS`` set before MXNet loads) builds
+each op at BERT-base batch 8, sequence 128 shapes, float32: LayerNorm over (1024, 768),
+softmax with lengths over (96, 128, 128) (lengths in [64, 128]), Dropout p=0.1 over
+(1024, 3072). MXNet's op and the kernel rule's graph of it (``kernel_rule.apply_kernels``: the
+library op, its input copies of gamma and beta and, for Dropout, the training flag; data comes
+through an identity, as from the layer before in a network) run as a hybridized
+``SymbolBlock`` (``static_alloc=True, static_shape=True``), forward and backward under
+``autograd.record()``, ``--calls`` times after 5 warm-up calls; the table gives the median
+(and the minimum) ms per call and the speed-up from the first thread count to each other. The
+machine's load average is printed with it: on a shared machine the figures are indicative only
+(docs/benchmark.md, "mxmp's operator library, op by op").
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+SHAPES = {'layer_norm': 'LayerNorm (1024x768)',
+          'softmax': 'softmax with lengths (96x128x128)',
+          'dropout': 'Dropout p=0.1 (1024x3072)'}
+
+
+def _graphs(mx, op):
+    """(MXNet's symbol, input names, input arrays) of one op."""
+    rng = np.random.RandomState(0)
+    # data reaches the op through an identity, as from the previous layer in a network (the
+    # kernel rule copies a graph variable, not an op's output); both graphs run it
+    data = mx.sym.identity(mx.sym.var('data'), name='prev')
+    if op == 'layer_norm':
+        names = ['data', 'gamma', 'beta']
+        sym = mx.sym.LayerNorm(data, mx.sym.var('gamma'), mx.sym.var('beta'), name='op')
+        arrays = [rng.normal(size=(1024, 768)), rng.uniform(0.5, 2, 768), rng.normal(size=768)]
+        dtypes = ['float32'] * 3
+    elif op == 'softmax':
+        names = ['data', 'length']
+        sym = mx.sym.softmax(data, length=mx.sym.var('length'), axis=-1,
+                             use_length=True, name='op')
+        arrays = [rng.normal(size=(96, 128, 128)), rng.randint(64, 129, size=(96, 128))]
+        dtypes = ['float32', 'int32']
+    else:
+        names = ['data']
+        sym = mx.sym.Dropout(data, p=0.1, name='op')
+        arrays = [rng.normal(size=(1024, 3072))]
+        dtypes = ['float32']
+    return sym, names, [mx.nd.array(a, dtype=t) for a, t in zip(arrays, dtypes)]
+
+
+def _time(mx, sym, names, arrays, calls):
+    from mxnet import autograd, gluon
+    block = gluon.SymbolBlock(sym, [mx.sym.var(n) for n in names])
+    block.hybridize(static_alloc=True, static_shape=True)
+    grads = [a for a in arrays if a.dtype == np.float32]
+    for a in grads:
+        a.attach_grad()
+    times = []
+    for i in range(calls + 5):
+        start = time.perf_counter()
+        with autograd.record():
+            out = block(*arrays)
+        out.backward()
+        mx.nd.waitall()
+        if i >= 5:
+            times.append(1e3 * (time.perf_counter() - start))
+    return [statistics.median(times), min(times)]
+
+
+def worker(ops, calls):
+    """One thread count (the process's ``OMP_NUM_THREADS``): {op: {kernels: [median, min] ms}}."""
+    import mxnet as mx
+    from mxmp._src.graph.kernel_rule import apply_kernels
+    from mxmp._src.graph.symbol_json import dump, load
+    from mxmp._src.kernels.build import load_library
+    if load_library() is None:
+        raise SystemExit("mxmp's operator library does not build here")
+    res = {}
+    for op in ops:
+        sym, names, arrays = _graphs(mx, op)
+        lib = dump(apply_kernels(load(sym), 'auto'))
+        res[op] = {'MXNet': _time(mx, sym, names, arrays, calls),
+                   'mxmp': _time(mx, lib, names, arrays, calls)}
+    return res
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--threads', type=int, nargs='+', default=[1, 2])
+    p.add_argument('--calls', type=int, default=30)
+    p.add_argument('--ops', default='layer_norm,softmax,dropout')
+    p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    ops = [o for o in args.ops.split(',') if o]
+    bad = [o for o in ops if o not in SHAPES]
+    if bad:
+        p.error('unknown op(s) %s: choose from %s' % (', '.join(bad), ', '.join(SHAPES)))
+    if args.worker:
+        print(json.dumps(worker(ops, args.calls)))
+        return
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    results = {}
+    for n in args.threads:
+        env = dict(os.environ, OMP_NUM_THREADS=str(n),
+                   PYTHONPATH=root + os.pathsep + os.environ.get('PYTHONPATH', ''))
+        proc = subprocess.run([sys.executable, '-m', 'benchmarks.kernel_ops', '--worker',
+                               '--calls', str(args.calls), '--ops', ','.join(ops)],
+                              capture_output=True, text=True, env=env, cwd=root)
+        if proc.returncode != 0:
+            raise SystemExit(proc.stderr[-2000:])
+        results[n] = json.loads(proc.stdout.strip().splitlines()[-1])
+    first = args.threads[0]
+    print('load average %s; DNNL_MAX_CPU_ISA=%s; median (min) of %d calls, forward + backward, '
+          'float32' % (' '.join('%.2f' % v for v in os.getloadavg()),
+                       os.environ.get('DNNL_MAX_CPU_ISA', '(unset)'), args.calls))
+    head = ['op', 'kernels'] + ['%d thread%s ms' % (n, '' if n == 1 else 's')
+                                for n in args.threads]
+    head += ['%d -> %d threads' % (first, n) for n in args.threads[1:]]
+    print('| ' + ' | '.join(head) + ' |')
+    print('|' + '---|' * 2 + '---:|' * (len(head) - 2))
+    for op in ops:
+        for kernels in ('MXNet', 'mxmp'):
+            ms = [results[n][op][kernels][0] for n in args.threads]
+            low = [results[n][op][kernels][1] for n in args.threads]
+            cells = [SHAPES[op], kernels] + ['%.2f (%.2f)' % (t, b) for t, b in zip(ms, low)]
+            cells += ['%.2fx (%.2fx)' % (ms[0] / t, low[0] / b) for t, b in zip(ms[1:], low[1:])]
+            print('| ' + ' | '.join(cells) + ' |')
+    print(json.dumps({'threads': args.threads, 'results': results}))
+
+
+if __name__ == '__main__':
+    main()
