@@ -10,11 +10,11 @@ from typing import Optional
 
 from mxnet import nd
 
-from .dtypes import normalize_dtype
+from .dtypes import LOW_PRECISION_DTYPES, dtype_name, normalize_dtype
 
 __all__ = ['LossScaler', 'NoOpLossScaler', 'StaticLossScaler', 'DynamicLossScaler',
            'make_loss_scaler', 'from_state_dict', 'DEFAULT_STATIC_SCALE', 'LossScaleGroup',
-           'scale_losses', 'flatten_losses']
+           'scale_losses', 'flatten_losses', 'multiply', 'divide']
 
 #: The scale of ``make_loss_scaler('static', ...)``: 2**16, the dynamic scaler's start value.
 DEFAULT_STATIC_SCALE = 2.0 ** 16
@@ -299,10 +299,12 @@ class LossScaleGroup:
         return True
 
 
-def _walk(loss, leaf, path='loss'):
-    """Apply ``leaf`` to every NDArray of a (nested) list/tuple, keeping the nesting."""
+def _walk(loss, leaf, path='loss', sequence=None):
+    """Apply ``leaf`` to every NDArray of a (nested) list/tuple, keeping the nesting: each
+    list/tuple becomes a ``sequence`` (default: its own type)."""
     if isinstance(loss, (list, tuple)):
-        return type(loss)(_walk(x, leaf, '%s[%d]' % (path, i)) for i, x in enumerate(loss))
+        items = [_walk(x, leaf, '%s[%d]' % (path, i), sequence) for i, x in enumerate(loss)]
+        return (sequence or type(loss))(items)
     if not isinstance(loss, nd.NDArray):
         raise TypeError('scale_loss takes an NDArray or (nested) lists/tuples of NDArrays; %s '
                         'is a %s. Compute the loss with MXNet operators (or wrap a number with '
@@ -311,14 +313,69 @@ def _walk(loss, leaf, path='loss'):
 
 
 def scale_losses(loss, scale):
-    """``loss * scale`` (new NDArrays) for an NDArray or lists/tuples nesting them, with the
-    same nesting. TypeError naming the position of an element that is not an NDArray."""
-    return _walk(loss, lambda x: x * scale)
+    """``loss * scale`` (new NDArrays) for an NDArray or lists/tuples nesting them, as a list
+    for every list or tuple (contrib.amp's ``scale_loss`` returns a list for any sequence: a
+    namedtuple cannot be rebuilt from its elements). A float16/bfloat16 loss is multiplied in
+    float32 (:func:`multiply`) and the scaled loss is float32: 2**16 is inf in float16.
+    TypeError naming the position of an element that is not an NDArray."""
+    return _walk(loss, lambda x: multiply(x, scale) if _low(x) else x * scale, list)
+
+
+def _low(array):
+    return dtype_name(array.dtype) in LOW_PRECISION_DTYPES
+
+
+def _arithmetic(array, value, divide, out):
+    if not _low(array):
+        if out is array:
+            if divide:
+                array /= value
+            else:
+                array *= value
+            return array
+        result = array / value if divide else array * value
+        if out is not None:
+            result.copyto(out)
+            return out
+        return result
+    wide = array.astype('float32') if array.stype != 'default' else \
+        nd.amp_cast(array, dtype='float32')       # astype keeps a row_sparse array sparse
+    wide = wide / value if divide else wide * value
+    if out is None:
+        return wide
+    if array.stype != 'default':
+        wide.astype(out.dtype).copyto(out)
+    else:
+        nd.amp_cast(wide, dtype=out.dtype, out=out)
+    return out
+
+
+def multiply(array, factor, out=None):
+    """``array * factor`` for an NDArray (any dtype, dense or row_sparse) and a Python number,
+    safe for the range of float16/bfloat16: MXNet converts the number to the array's dtype
+    (2**16 is inf in float16, 2**-25 is 0), so a low-precision array is multiplied in float32.
+
+    Args:
+        array (NDArray): the operand.
+        factor (float): the number.
+        out (NDArray or None): where the result goes, rounded to its dtype (may be ``array``
+            itself: in place). None: a new array, float32 for a low-precision ``array``.
+
+    Returns:
+        NDArray: ``out``, or the new array.
+    """
+    return _arithmetic(array, factor, False, out)
+
+
+def divide(array, divisor, out=None):
+    """``array / divisor``, as :func:`multiply` (float32 arithmetic for float16/bfloat16:
+    the result is the correctly rounded quotient for a power-of-two ``divisor``)."""
+    return _arithmetic(array, divisor, True, out)
 
 
 def flatten_losses(loss):
     """The NDArrays of a (nested) list/tuple of losses as one flat list, in order (TypeError
     as :func:`scale_losses`)."""
     out = []
-    _walk(loss, out.append)
+    _walk(loss, out.append, sequence=list)
     return out

@@ -19,7 +19,7 @@ from ..graph.convert import convert_symbol as convert_graph
 from ..graph.strip import arrays_for_graph
 from ..graph.symbol_json import load
 from ..policy.policy import Policy, conditional_rules
-from ..scaling import make_loss_scaler
+from ..scaling import make_loss_scaler, multiply
 from ..training.step import param_grads
 from ..training.trainer import Trainer
 from .lists import policy_for
@@ -351,5 +351,5 @@ def unscale(optimizer_or_trainer):
     if factor != 1.0:
         with autograd.pause():
             for g in param_grads(trainer._params):
-                g *= factor
+                multiply(g, factor, out=g)   # float32 arithmetic for float16/bfloat16
     trainer._scale = 1.0

@@ -13,7 +13,7 @@ from mxnet import autograd, nd
 
 from ..dtypes import dtype_name
 from ..errors import LossScaleAtFloorError, NonFiniteForwardWarning
-from ..scaling import LossScaleGroup, flatten_losses, scale_losses
+from ..scaling import LossScaleGroup, divide, flatten_losses, scale_losses
 
 __all__ = ['Stage', 'Step', 'DeviceUpdate', 'device_update', 'update_groups', 'param_grads',
            'all_finite', 'MAX_FINITE_ARRAYS', 'UPDATE_GROUP']
@@ -155,7 +155,9 @@ class Step:
 
     def unscale(self, grads):
         """Divide ``grads`` by the loss scale in place (inf/NaN stay for :meth:`check`); a
-        no-op when scaling is disabled. RuntimeError if they were unscaled in this step."""
+        no-op when scaling is disabled. RuntimeError if they were unscaled in this step.
+        float16/bfloat16 gradients are divided in float32 (:func:`mxmp._src.scaling.divide`:
+        MXNet would convert the scale to float16, where 2**16 is inf and every gradient 0)."""
         scaler = self.scaler
         if not scaler.enabled:
             return
@@ -166,7 +168,7 @@ class Step:
         scale = float(scaler.scale)
         with autograd.pause():
             for grad in grads:
-                grad /= scale
+                divide(grad, scale, out=grad)
         self.stage = Stage.UNSCALED
 
     def check(self, per_device_grads):
