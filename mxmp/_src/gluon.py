@@ -353,7 +353,19 @@ def _reset_fused():
 
 def _set_data(self, data):
     _reset_fused()
-    return _ORIGINAL['Parameter.set_data'](self, data)
+    result = _ORIGINAL['Parameter.set_data'](self, data)
+    from .training.master_weights import value_changed   # training imports this module
+    value_changed(self)
+    return result
+
+
+def install_set_data_hook():
+    """Hook ``Parameter.set_data`` alone (idempotent): the Trainers' master weights follow a
+    value set from outside (:func:`mxmp._src.training.master_weights.value_changed`); also
+    installed by :func:`install_hooks`, and by every mxmp.Trainer."""
+    if 'Parameter.set_data' not in _ORIGINAL:
+        _ORIGINAL['Parameter.set_data'] = gluon.Parameter.set_data
+        gluon.Parameter.set_data = _set_data
 
 
 _WRAPPERS = {'_build_cache': _build_cache, '_call_cached_op': _call_cached_op, 'forward': _forward,
@@ -363,21 +375,21 @@ _WRAPPERS = {'_build_cache': _build_cache, '_call_cached_op': _call_cached_op, '
 
 def install_hooks():
     """Replace MXNet's methods with mxmp's wrappers (module docstring); idempotent."""
-    if _ORIGINAL:
+    install_set_data_hook()
+    if '_build_cache' in _ORIGINAL:
         return
     for name, wrapper in _WRAPPERS.items():
         _ORIGINAL[name] = getattr(gluon.HybridBlock, name)
         wrapper.__doc__ = _ORIGINAL[name].__doc__
         setattr(gluon.HybridBlock, name, wrapper)
-    _ORIGINAL['Parameter.set_data'] = gluon.Parameter.set_data
-    gluon.Parameter.set_data = _set_data
 
 
 def remove_hooks():
     """Undo mxmp's hooks: put MXNet's ``HybridBlock`` and ``Parameter.set_data`` methods back
     and forget every conversion and ``amp.init``'s switch. Graphs already built run until
     their block's cache is cleared (``hybridize()``); the next graph is MXNet's, float32.
-    The next :func:`convert` or ``amp.init`` installs the hooks again."""
+    The next :func:`convert` or ``amp.init`` installs the hooks again (the next step of an
+    mxmp.Trainer the ``set_data`` hook)."""
     for name, original in _ORIGINAL.items():
         if name == 'Parameter.set_data':
             gluon.Parameter.set_data = original

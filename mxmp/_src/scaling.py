@@ -10,11 +10,11 @@ from typing import Optional
 
 from mxnet import nd
 
-from .dtypes import LOW_PRECISION_DTYPES, dtype_name, normalize_dtype
+from .dtypes import LOW_PRECISION_DTYPES, dtype_name, mx_dtype, normalize_dtype
 
 __all__ = ['LossScaler', 'NoOpLossScaler', 'StaticLossScaler', 'DynamicLossScaler',
            'make_loss_scaler', 'from_state_dict', 'DEFAULT_STATIC_SCALE', 'LossScaleGroup',
-           'scale_losses', 'flatten_losses', 'multiply', 'divide']
+           'scale_losses', 'flatten_losses', 'multiply', 'divide', 'cast_keeping_storage']
 
 #: The scale of ``make_loss_scaler('static', ...)``: 2**16, the dynamic scaler's start value.
 DEFAULT_STATIC_SCALE = 2.0 ** 16
@@ -325,6 +325,22 @@ def _low(array):
     return dtype_name(array.dtype) in LOW_PRECISION_DTYPES
 
 
+def cast_keeping_storage(array, dtype):
+    """``array`` (NDArray, dense or row_sparse, any float dtype) as a new array of ``dtype``
+    (mxmp name or dtype object) of the same storage: ``amp_cast`` (round to nearest even) of
+    a dense array, ``astype`` of a row_sparse one (``amp_cast`` of a row_sparse array is
+    dense: weight decay and momentum then reach every row). ValueError for another
+    storage, or a row_sparse bfloat16 array (MXNet 1.9.1 cannot make one)."""
+    target = mx_dtype(dtype_name(dtype))
+    if array.stype == 'default':
+        return nd.amp_cast(array, dtype=target)
+    if array.stype != 'row_sparse' or 'bfloat16' in (dtype_name(dtype), dtype_name(array.dtype)):
+        raise ValueError('cast_keeping_storage takes dense arrays and row_sparse float16/32/64 '
+                         'arrays (MXNet has no row_sparse bfloat16), got a %s %s array'
+                         % (array.stype, dtype_name(array.dtype)))
+    return array.astype(target)   # sparse astype keeps the storage
+
+
 def _arithmetic(array, value, divide, out):
     if not _low(array):
         if out is array:
@@ -338,13 +354,12 @@ def _arithmetic(array, value, divide, out):
             result.copyto(out)
             return out
         return result
-    wide = array.astype('float32') if array.stype != 'default' else \
-        nd.amp_cast(array, dtype='float32')       # astype keeps a row_sparse array sparse
+    wide = cast_keeping_storage(array, 'float32')
     wide = wide / value if divide else wide * value
     if out is None:
         return wide
     if array.stype != 'default':
-        wide.astype(out.dtype).copyto(out)
+        cast_keeping_storage(wide, out.dtype).copyto(out)
     else:
         nd.amp_cast(wide, dtype=out.dtype, out=out)
     return out

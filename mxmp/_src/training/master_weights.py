@@ -13,7 +13,7 @@ from ..device import to_default_layout
 from ..gluon_graph import unrounded_values
 
 __all__ = ['MasterWeights', 'ParameterMasters', 'is_low_precision', 'master_value',
-           'set_master_value']
+           'set_master_value', 'value_changed']
 
 
 class MasterWeights:
@@ -90,6 +90,16 @@ def is_low_precision(param):
 # Parameter -> (weakref to the ParameterMasters that last made its masters, its index there).
 # The Parameter is held weakly (the key) and the masters weakly (they hold the Parameter).
 _OWNERS = weakref.WeakKeyDictionary()
+# Parameter -> how many times its value was set from outside a Trainer (value_changed).
+_GENERATION = weakref.WeakKeyDictionary()
+
+
+def value_changed(param):
+    """Tell every Trainer that ``param``'s value was set from outside (``Parameter.set_data``,
+    which ``load_parameters`` calls, runs this through mxmp's hook): its float32 master
+    weights are made again from the new value at the next update, as a ``gluon.Trainer``
+    would update the new value. Without this one ``set_data`` was undone by the next step."""
+    _GENERATION[param] = _GENERATION.get(param, 0) + 1
 
 
 class ParameterMasters(MasterWeights):
@@ -98,17 +108,34 @@ class ParameterMasters(MasterWeights):
     def __init__(self, params):
         super().__init__()
         self.params = params
+        self._made = {}   # index -> the value generation (value_changed) its masters are of
 
     def of(self, i):
-        """The float32 masters (one per device) of low-precision Parameter ``i``, created from
-        its unrounded float32 values if ``cast_params`` kept them, else from its values."""
+        """The float32 masters (one per device) of low-precision Parameter ``i``: the masters
+        of another live Trainer of the same Parameter if it made them last (two Trainers over
+        one Parameter update one float32 value, as two gluon.Trainers update one weight);
+        else made from a value given to :meth:`set_pending`, else from its unrounded float32
+        values if ``cast_params`` kept them, else from its values. Made again after its value
+        was set from outside (:func:`value_changed`)."""
         param = self.params[i]
-        _OWNERS[param] = (weakref.ref(self), i)
+        generation = _GENERATION.get(param, 0)
+        if i not in self._pending:
+            if self._made.get(i, generation) != generation:
+                self.discard(i)   # set_data since they were made: start from the new value
+            owner, j = _owner(param)
+            if owner is not None and owner is not self:
+                theirs = owner.of(j)
+                if all(a is b for a, b in zip(owner._sources.get(j) or (),
+                                              param.list_data())):
+                    self._masters[i], self._sources[i] = theirs, owner._sources[j]
         if self.first_device(i) is None:
             unrounded = unrounded_values(param)
             if unrounded is not None:
                 self.set_pending(i, unrounded[0])
-        return self.get(i, param.list_data())
+        masters = self.get(i, param.list_data())
+        self._made[i] = generation
+        _OWNERS[param] = (weakref.ref(self), i)
+        return masters
 
     def ensure_all(self):
         """Create the masters of every initialised low-precision Parameter."""

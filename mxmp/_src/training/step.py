@@ -9,14 +9,16 @@ import enum
 import warnings
 import weakref
 
+import mxnet as mx
 from mxnet import autograd, nd
 
 from ..dtypes import dtype_name
 from ..errors import LossScaleAtFloorError, NonFiniteForwardWarning
-from ..scaling import LossScaleGroup, divide, flatten_losses, scale_losses
+from ..scaling import (LossScaleGroup, cast_keeping_storage, divide, flatten_losses,
+                       scale_losses)
 
 __all__ = ['Stage', 'Step', 'DeviceUpdate', 'device_update', 'update_groups', 'param_grads',
-           'all_finite', 'MAX_FINITE_ARRAYS', 'UPDATE_GROUP']
+           'all_finite', 'MAX_FINITE_ARRAYS', 'UPDATE_GROUP', 'KEEPS_GRADIENTS']
 
 #: ``mx.nd.multi_all_finite`` takes at most 200 arrays per call (MultiAllFiniteKernelParam::N
 #: in MXNet's src/operator/contrib/all_finite-inl.h), of one dtype, and has no bfloat16 kernel.
@@ -25,6 +27,12 @@ MAX_FINITE_ARRAYS = 200
 #: master-weight update (:func:`update_groups`), and per float32 check of bfloat16 gradients.
 UPDATE_GROUP = 8
 _FINITE_DTYPES = ('float16', 'float32', 'float64')
+#: Optimizers that keep a reference to a gradient they were given after the call returns
+#: (MXNet 1.9.1's LBSGD accumulates ``cum_grad = grad`` over ``batch_scale`` calls): the
+#: float32 copies of their low-precision gradients are made in one call, never in a buffer
+#: that the next group overwrites (tests/training/test_update_memory.py runs every optimizer
+#: of ``mx.optimizer.Optimizer.opt_registry`` grouped against one call).
+KEEPS_GRADIENTS = (mx.optimizer.LBSGD,)
 
 
 def all_finite(per_device_grads):
@@ -104,11 +112,13 @@ def update_groups(updater, update):
     Updater cuts a call into chunks of ``aggregate_num`` weights of one dtype, SGD counts each
     chunk's updates before reading its learning rates), so the optimizer sees the same chunks
     as in one call: the same kernels, learning rates and results. One slice, the whole list,
-    when nothing is cast or the weights have several dtypes (MXNet then chunks per dtype)."""
+    when nothing is cast, the weights have several dtypes (MXNet then chunks per dtype) or the
+    optimizer keeps references to its gradients (:data:`KEEPS_GRADIENTS`)."""
     n = len(update.indices)
-    if all(t is None for t in update.targets) or len({w.dtype for w in update.weights}) > 1:
-        return [slice(0, n)]
     optimizer = getattr(updater, 'optimizer', None)
+    if all(t is None for t in update.targets) or len({w.dtype for w in update.weights}) > 1 \
+            or isinstance(optimizer, KEEPS_GRADIENTS):
+        return [slice(0, n)]
     chunk = getattr(optimizer, 'aggregate_num', 0) if getattr(updater, 'aggregate_updates',
                                                               False) else 0
     size = -(-UPDATE_GROUP // chunk) * chunk if chunk and chunk > 0 else UPDATE_GROUP
@@ -183,7 +193,8 @@ class Step:
         self.stage = Stage.READY
         self.losses = []
 
-    def apply(self, calls, optimizer, rescale_grad, name_of=None, forward_finite=None):
+    def apply(self, calls, optimizer, rescale_grad, name_of=None, forward_finite=None,
+              on_kvstore=None):
         """Check for overflow, then run every ``(updater, DeviceUpdate)`` of ``calls`` with
         ``optimizer.rescale_grad = rescale_grad / loss_scale`` (no scale if disabled or
         UNSCALED), or skip the step; returns False if skipped. ``name_of``: optimizer index ->
@@ -192,12 +203,16 @@ class Step:
         False. LossScaleAtFloorError when the scale is stuck at its floor: the step has then
         been skipped like any overflowing one (counted in :attr:`skipped_steps`, the stage
         READY again, the step told to the group, so the other members of a LossScaleGroup step
-        on without "already stepped"), and the error is raised instead of returning False."""
+        on without "already stepped"), and the error is raised instead of returning False.
+        ``on_kvstore``: None, or ``(per-device gradient lists, push)`` for a Trainer whose
+        kvstore updates the weights (sparse weights, as gluon.Trainer): those gradients are
+        checked too and ``push()`` (which makes the kvstore update) runs after ``calls``."""
         losses, self.losses = self.losses, []
         if forward_finite is None and losses:
             forward_finite = lambda: all_finite([losses])  # noqa: E731
         scaler = self.scaler
-        if not self.check([u.grads for _, u in calls]):
+        checked = [u.grads for _, u in calls] + (list(on_kvstore[0]) if on_kvstore else [])
+        if not self.check(checked):
             new = scaler.adjust(False)
             forward_nonfinite = None if forward_finite is None else not forward_finite()
             if forward_nonfinite:
@@ -233,6 +248,8 @@ class Step:
                 for part in parts:
                     _update_group(updater, update, part, buffer)
                 del buffer
+            if on_kvstore:
+                on_kvstore[1]()
         self.end(True)
         return True
 
@@ -276,8 +293,10 @@ class _GradientCopies:
         pairs = list(zip(self.update.grads[part], self.kind[part]))
         dense = [g for g, k in pairs if k == 'dense']
         views = iter(_float32_views(dense, self.array) if dense else [])
+        # a row_sparse gradient stays sparse (amp_cast makes it dense: weight decay and
+        # momentum then reached rows that were not in the batch)
         return [g if k is None else next(views) if k == 'dense' else
-                nd.amp_cast(g, dtype='float32') for g, k in pairs]
+                cast_keeping_storage(g, 'float32') for g, k in pairs]
 
 
 def _update_group(updater, update, part, buffer):
