@@ -130,9 +130,11 @@ class DynamicLossScaler(LossScaler):
         max_overflows_at_floor (int): consecutive overflows at ``min_scale`` after which the
             owner raises :class:`mxmp.LossScaleAtFloorError`, >= 0; 0 never raises (torch's
             behaviour); default 10.
-        scale (float or None): current scale (state); None means ``init_scale``.
-        counter (int): finite steps since the scale last changed (state), in
-            ``[0, growth_interval)``; default 0.
+        scale (float or None): current scale (state), >= ``min_scale``; None means
+            ``init_scale``. Above ``max_scale`` only when set so (contrib.amp's fields allow
+            it): the next growth then caps it, as contrib.amp's ``min(cap, 2 * scale)``.
+        counter (int): finite steps since the scale last changed (state), >= 0; default 0;
+            at or above ``growth_interval`` (set so) the scale grows at the next finite step.
         overflows_at_floor (int): consecutive overflows with the scale already at
             ``min_scale`` (state), >= 0; default 0; a finite step resets it.
 
@@ -171,12 +173,13 @@ class DynamicLossScaler(LossScaler):
                  self.max_scale, self.min_scale)
         setf('scale', _positive_finite('scale', self.init_scale if self.scale is None
                                        else self.scale))
-        for name in ('init_scale', 'scale'):
-            _require(self.min_scale <= getattr(self, name) <= self.max_scale,
-                     '%s (%r) must lie in [min_scale, max_scale] = [%r, %r]', name,
-                     getattr(self, name), self.min_scale, self.max_scale)
-        _require(_integer(self.counter, 0, self.growth_interval), 'counter must be an integer '
-                 'in [0, growth_interval=%d), got %r', self.growth_interval, self.counter)
+        _require(self.min_scale <= self.init_scale <= self.max_scale,
+                 'init_scale (%r) must lie in [min_scale, max_scale] = [%r, %r]',
+                 self.init_scale, self.min_scale, self.max_scale)
+        _require(self.min_scale <= self.scale, 'scale (%r) must be >= min_scale (%r)',
+                 self.scale, self.min_scale)
+        _require(_integer(self.counter, 0), 'counter must be an integer >= 0, got %r',
+                 self.counter)
         for name in ('max_overflows_at_floor', 'overflows_at_floor'):
             _require(_integer(getattr(self, name), 0), '%s must be an integer >= 0, got %r',
                      name, getattr(self, name))

@@ -18,7 +18,7 @@ from ..scaling import (LossScaleGroup, cast_keeping_storage, divide, flatten_los
                        scale_losses)
 
 __all__ = ['Stage', 'Step', 'DeviceUpdate', 'device_update', 'update_groups', 'param_grads',
-           'all_finite', 'MAX_FINITE_ARRAYS', 'UPDATE_GROUP', 'KEEPS_GRADIENTS']
+           'all_finite', 'finite_flag', 'flags_finite', 'MAX_FINITE_ARRAYS', 'UPDATE_GROUP', 'KEEPS_GRADIENTS']
 
 #: ``mx.nd.multi_all_finite`` takes at most 200 arrays per call (MultiAllFiniteKernelParam::N
 #: in MXNet's src/operator/contrib/all_finite-inl.h), of one dtype, and has no bfloat16 kernel.
@@ -37,41 +37,50 @@ KEEPS_GRADIENTS = (mx.optimizer.LBSGD,)
 
 def all_finite(per_device_grads):
     """Whether no gradient (per device, a list of NDArray of any dtype or storage; integer
-    ones are ignored) holds inf or NaN: one host synchronisation. bfloat16 gradients
-    (``multi_all_finite`` has no bfloat16 kernel) are checked through float32 copies made
-    :data:`UPDATE_GROUP` at a time, so the copies of all of them never exist at once."""
-    flags = []
-    for grads in per_device_grads:
-        if not grads:
-            continue
-        groups = {}
-        for g in grads:
-            if g.stype == 'row_sparse':
-                g = g.data
-            name = dtype_name(g.dtype)
-            if name not in _FINITE_DTYPES and name != 'bfloat16':
-                continue   # integer gradients cannot overflow to inf/NaN
-            groups.setdefault(name, []).append(g)
-        flag = nd.ones((1,), ctx=grads[0].context, dtype='float32')
-        for name, arrays in groups.items():
-            size = UPDATE_GROUP if name == 'bfloat16' else MAX_FINITE_ARRAYS
-            chunks = [arrays[start:start + size] for start in range(0, len(arrays), size)]
-            buffer = None
-            if name == 'bfloat16':   # one buffer, reused by every chunk (_float32_views)
-                buffer = nd.empty((max(sum(g.size for g in c) for c in chunks),),
-                                  ctx=flag.context, dtype='float32')
-            for chunk in chunks:
-                if buffer is not None:
-                    chunk = _float32_views(chunk, buffer)
-                nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False,
-                                    out=flag)
-        flags.append(flag)
+    ones are ignored) holds inf or NaN: one host synchronisation (:func:`finite_flag`)."""
+    flags = [finite_flag(grads) for grads in per_device_grads if grads]
+    return flags_finite(flags)
+
+
+def flags_finite(flags):
+    """Whether every flag (float32 NDArray of shape (1,), from :func:`finite_flag`, on any
+    devices) is 1: one host synchronisation; True for no flags."""
     if not flags:
         return True
     if len(flags) > 1:   # one flag per device: combined on the first one
         ctx = flags[0].context
         flags = [nd.min(nd.concat(*[f.as_in_context(ctx) for f in flags], dim=0))]
     return bool(flags[0].asscalar() > 0)
+
+
+def finite_flag(arrays, flag=None):
+    """A float32 NDArray of shape (1,) on the device of ``arrays`` (non-empty list of NDArray
+    of one device, any dtype or storage; integer ones are ignored): ``flag`` (default: a new
+    one, 1) set to 0 if an array holds inf or NaN, without a host synchronisation. bfloat16
+    arrays (``multi_all_finite`` has no bfloat16 kernel) are checked through float32 copies
+    made :data:`UPDATE_GROUP` at a time, so the copies of all of them never exist at once."""
+    groups = {}
+    for g in arrays:
+        if g.stype == 'row_sparse':
+            g = g.data
+        name = dtype_name(g.dtype)
+        if name not in _FINITE_DTYPES and name != 'bfloat16':
+            continue   # integer arrays cannot hold inf/NaN
+        groups.setdefault(name, []).append(g)
+    if flag is None:
+        flag = nd.ones((1,), ctx=arrays[0].context, dtype='float32')
+    for name, members in groups.items():
+        size = UPDATE_GROUP if name == 'bfloat16' else MAX_FINITE_ARRAYS
+        chunks = [members[start:start + size] for start in range(0, len(members), size)]
+        buffer = None
+        if name == 'bfloat16':   # one buffer, reused by every chunk (_float32_views)
+            buffer = nd.empty((max(sum(g.size for g in c) for c in chunks),),
+                              ctx=flag.context, dtype='float32')
+        for chunk in chunks:
+            if buffer is not None:
+                chunk = _float32_views(chunk, buffer)
+            nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False, out=flag)
+    return flag
 
 
 def param_grads(params):
@@ -135,7 +144,9 @@ class Stage(enum.Enum):
 class Step:
     """The state of one training loop between updates, and the update itself: ``scaler`` is
     a LossScaler (this Step's alone) or a LossScaleGroup whose member is ``owner`` (held
-    weakly; None: the Step itself). ``losses``: this step's, from :meth:`scale_loss`."""
+    weakly; None: the Step itself). The losses of every :meth:`scale_loss` since the last
+    step (all micro-batches under gradient accumulation) are checked for inf/NaN on the
+    device as they come, one flag per device (:func:`finite_flag`), read on an overflow."""
 
     def __init__(self, scaler, owner=None):
         self.group = scaler if isinstance(scaler, LossScaleGroup) else LossScaleGroup(scaler)
@@ -143,7 +154,7 @@ class Step:
         self.group.join(self._owner())
         self.skipped_steps = 0
         self.stage = Stage.READY
-        self.losses = []
+        self._loss_flags = {}   # context -> finite_flag of this step's losses
 
     @property
     def scaler(self):
@@ -155,12 +166,17 @@ class Step:
         self.group.current = value
 
     def scale_loss(self, loss):
-        """``loss`` times the loss scale (:func:`scale_losses`), kept flat in :attr:`losses`;
-        ``loss`` itself when scaling is disabled."""
+        """``loss`` times the loss scale (:func:`scale_losses`), its losses added to this
+        step's finite check; ``loss`` itself when scaling is disabled."""
         scaler = self.scaler
         if not scaler.enabled:
             return loss
-        self.losses = flatten_losses(loss)
+        per_device = {}
+        for x in flatten_losses(loss):
+            per_device.setdefault(x.context, []).append(x)
+        with autograd.pause():
+            for ctx, arrays in per_device.items():
+                self._loss_flags[ctx] = finite_flag(arrays, self._loss_flags.get(ctx))
         return scale_losses(loss, float(scaler.scale))
 
     def unscale(self, grads):
@@ -191,15 +207,15 @@ class Step:
         if not finite:
             self.skipped_steps += 1
         self.stage = Stage.READY
-        self.losses = []
+        self._loss_flags = {}
 
     def apply(self, calls, optimizer, rescale_grad, name_of=None, forward_finite=None,
               on_kvstore=None):
         """Check for overflow, then run every ``(updater, DeviceUpdate)`` of ``calls`` with
         ``optimizer.rescale_grad = rescale_grad / loss_scale`` (no scale if disabled or
         UNSCALED), or skip the step; returns False if skipped. ``name_of``: optimizer index ->
-        parameter name; ``forward_finite() -> bool`` (default: the losses of
-        :meth:`scale_loss`) is asked on an overflow only and warns NonFiniteForwardWarning if
+        parameter name; ``forward_finite() -> bool`` (default: the losses of every
+        :meth:`scale_loss` since the last step) is asked on an overflow only and warns NonFiniteForwardWarning if
         False. LossScaleAtFloorError when the scale is stuck at its floor: the step has then
         been skipped like any overflowing one (counted in :attr:`skipped_steps`, the stage
         READY again, the step told to the group, so the other members of a LossScaleGroup step
@@ -207,9 +223,9 @@ class Step:
         ``on_kvstore``: None, or ``(per-device gradient lists, push)`` for a Trainer whose
         kvstore updates the weights (sparse weights, as gluon.Trainer): those gradients are
         checked too and ``push()`` (which makes the kvstore update) runs after ``calls``."""
-        losses, self.losses = self.losses, []
-        if forward_finite is None and losses:
-            forward_finite = lambda: all_finite([losses])  # noqa: E731
+        flags, self._loss_flags = list(self._loss_flags.values()), {}
+        if forward_finite is None and flags:
+            forward_finite = lambda: flags_finite(flags)  # noqa: E731
         scaler = self.scaler
         checked = [u.grads for _, u in calls] + (list(on_kvstore[0]) if on_kvstore else [])
         if not self.check(checked):
