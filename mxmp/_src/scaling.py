@@ -321,7 +321,7 @@ def scale_losses(loss, scale):
     namedtuple cannot be rebuilt from its elements). A float16/bfloat16 loss is multiplied in
     float32 (:func:`multiply`) and the scaled loss is float32: 2**16 is inf in float16.
     TypeError naming the position of an element that is not an NDArray."""
-    return _walk(loss, lambda x: multiply(x, scale) if _low(x) else x * scale, list)
+    return _walk(loss, lambda x: multiply(x, scale) if _low(x) else x * scale, sequence=list)
 
 
 def _low(array):
