@@ -9,7 +9,7 @@ import struct
 
 import numpy as np
 
-from ..dtypes import dtype_name
+from ..dtypes import LOW_PRECISION_DTYPES, dtype_name
 from ..files import write_atomic
 from .master_weights import is_low_precision
 
@@ -121,9 +121,12 @@ def read_trainer_states(fname, params, check_names, scaler):
         raise ValueError('%s: malformed Parameter records: %r' % (fname, err)) from None
     out = {}
     for i, rec in enumerate(records):
-        if not (rec['master'] and saved_params[i]['master']):
-            continue   # no master here, or none saved (frozen then): made from the weight
+        if rec['dtype'] not in LOW_PRECISION_DTYPES:
+            continue
         arr = masters.get(i) if isinstance(masters, dict) else None
+        if arr is None and not (rec['master'] and saved_params[i]['master']):
+            continue   # frozen when saved, without masters yet: made from the weight
+        # (a master saved for a Parameter frozen here is kept for its unfreezing)
         if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or \
                 (0 not in rec['shape'] and list(arr.shape) != rec['shape']):
             raise ValueError('%s: the master weight of Parameter %d (%s) is missing or has '

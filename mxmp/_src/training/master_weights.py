@@ -4,9 +4,11 @@ it with ``amp_cast``. :class:`MasterWeights` keeps the copies by key; :class:`Pa
 are a Trainer's, by Parameter index; :func:`master_value` and :func:`set_master_value` let the
 parameter files of a converted network (:mod:`mxmp._src.block_params`) read and set them.
 """
+import ctypes
 import weakref
 
 from mxnet import autograd, nd
+from mxnet.base import _LIB, check_call
 
 from ..dtypes import LOW_PRECISION_DTYPES, dtype_name
 from ..device import to_default_layout
@@ -38,7 +40,7 @@ class MasterWeights:
         masters = self._masters.get(key)
         if masters is not None and len(masters) == len(arrays):
             sources = self._sources.get(key)
-            if sources is None or all(a is b for a, b in zip(sources, arrays)):
+            if sources is None or all(_same_array(a, b) for a, b in zip(sources, arrays)):
                 return masters
         with autograd.pause():
             pending = self._pending.pop(key, None)
@@ -82,6 +84,21 @@ class MasterWeights:
         return {k: self.first_device(k).asnumpy() for k in keys}
 
 
+def _data_pointer(array):
+    pointer = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
+    return pointer.value
+
+
+def _same_array(a, b):
+    """Whether NDArray ``b`` is ``a`` or a view of the same memory as ``a`` with its shape,
+    dtype and device: Gluon replaces a Parameter's arrays by ``detach()`` copies of them
+    (the same memory) when its grad_req becomes 'null'; that does not change its value."""
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and a.context == b.context
+                      and a.stype == b.stype == 'default'
+                      and _data_pointer(a) == _data_pointer(b))
+
+
 def is_low_precision(param):
     """bool: whether a Parameter gets master weights (float16/bfloat16, grad_req != 'null')."""
     return param.grad_req != 'null' and dtype_name(param.dtype) in LOW_PRECISION_DTYPES
@@ -119,14 +136,14 @@ class ParameterMasters(MasterWeights):
         was set from outside (:func:`value_changed`)."""
         param = self.params[i]
         generation = _GENERATION.get(param, 0)
+        if self._made.get(i, generation) != generation:
+            self.discard(i)   # set_data since they (or the pending value) were made
         if i not in self._pending:
-            if self._made.get(i, generation) != generation:
-                self.discard(i)   # set_data since they were made: start from the new value
             owner, j = _owner(param)
             if owner is not None and owner is not self:
                 theirs = owner.of(j)
-                if all(a is b for a, b in zip(owner._sources.get(j) or (),
-                                              param.list_data())):
+                if all(_same_array(a, b) for a, b in zip(owner._sources.get(j) or (),
+                                                         param.list_data())):
                     self._masters[i], self._sources[i] = theirs, owner._sources[j]
         if self.first_device(i) is None:
             unrounded = unrounded_values(param)
@@ -137,10 +154,20 @@ class ParameterMasters(MasterWeights):
         _OWNERS[param] = (weakref.ref(self), i)
         return masters
 
+    def set_pending(self, key, value):
+        """:meth:`MasterWeights.set_pending`, dropped if the Parameter's value is set from
+        outside (:func:`value_changed`) before its masters are made from it."""
+        super().set_pending(key, value)
+        self._made[key] = _GENERATION.get(self.params[key], 0)
+
     def ensure_all(self):
-        """Create the masters of every initialised low-precision Parameter."""
+        """Create (or bring up to date) the masters of every initialised low-precision
+        Parameter, and of a frozen one (grad_req='null') that has masters from before it was
+        frozen: they are kept for its unfreezing, and saved (a weight rebuilt from its rounded
+        value would lose what the master holds below the rounding)."""
         for i, param in enumerate(self.params):
-            if is_low_precision(param) and param._data is not None:
+            if param._data is not None and (is_low_precision(param) or (
+                    i in self._masters and dtype_name(param.dtype) in LOW_PRECISION_DTYPES)):
                 self.of(i)
 
 
