@@ -1,7 +1,7 @@
 """Mixed precision inside the user's own Gluon network: :func:`convert` and the process-wide
 switch of :func:`mxmp.amp.init`.
 
-**The one module of mxmp that hooks MXNet.** :func:`install_hooks` (run by the first
+**The one module of mxmp that hooks MXNet.** :func:`install_hooks` (run by the first mxmp.Trainer,
 :func:`convert` or ``amp.init``; ``import mxmp`` patches nothing) replaces these methods with
 wrappers that call the originals: ``HybridBlock._build_cache`` (the traced graph of a converted
 block goes through the pass, :func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op``
@@ -27,7 +27,7 @@ from .graph.convert import convert_symbol
 from .graph.strip import float32_arrays, remove_casts
 from .graph.stem import check_option as check_pad_stem
 from .gluon_graph import (PARAM_POLICY, Conversion, cast_deferred, cast_to_graph, rewrite,
-                          unrounded_values)
+                          unrounded_values, value_changed)
 from .policy.policy import resolve_policy
 
 __all__ = ['convert', 'converted_graph', 'fused_graph', 'set_global', 'install_hooks',
@@ -164,8 +164,7 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
     elif policy.cast_params:
         _cast_params_now(block, policy)
     if not block._active:
-        logger.info('mxmp.convert: hybridizing %s (mixed precision runs in its graph)',
-                    block.name)
+        logger.info('mxmp.convert: hybridizing %s (mixed precision runs in its graph)', block.name)
         block.hybridize()
     return block
 
@@ -353,19 +352,8 @@ def _reset_fused():
 
 def _set_data(self, data):
     _reset_fused()
-    result = _ORIGINAL['Parameter.set_data'](self, data)
-    from .training.master_weights import value_changed   # training imports this module
-    value_changed(self)
-    return result
-
-
-def install_set_data_hook():
-    """Hook ``Parameter.set_data`` alone (idempotent): the Trainers' master weights follow a
-    value set from outside (:func:`mxmp._src.training.master_weights.value_changed`); also
-    installed by :func:`install_hooks`, and by every mxmp.Trainer."""
-    if 'Parameter.set_data' not in _ORIGINAL:
-        _ORIGINAL['Parameter.set_data'] = gluon.Parameter.set_data
-        gluon.Parameter.set_data = _set_data
+    value_changed(self)   # the Trainers' master weights follow the new value
+    return _ORIGINAL['Parameter.set_data'](self, data)
 
 
 _WRAPPERS = {'_build_cache': _build_cache, '_call_cached_op': _call_cached_op, 'forward': _forward,
@@ -375,21 +363,21 @@ _WRAPPERS = {'_build_cache': _build_cache, '_call_cached_op': _call_cached_op, '
 
 def install_hooks():
     """Replace MXNet's methods with mxmp's wrappers (module docstring); idempotent."""
-    install_set_data_hook()
-    if '_build_cache' in _ORIGINAL:
+    if _ORIGINAL:
         return
     for name, wrapper in _WRAPPERS.items():
         _ORIGINAL[name] = getattr(gluon.HybridBlock, name)
         wrapper.__doc__ = _ORIGINAL[name].__doc__
         setattr(gluon.HybridBlock, name, wrapper)
+    _ORIGINAL['Parameter.set_data'] = gluon.Parameter.set_data
+    gluon.Parameter.set_data = _set_data
 
 
 def remove_hooks():
     """Undo mxmp's hooks: put MXNet's ``HybridBlock`` and ``Parameter.set_data`` methods back
     and forget every conversion and ``amp.init``'s switch. Graphs already built run until
     their block's cache is cleared (``hybridize()``); the next graph is MXNet's, float32.
-    The next :func:`convert` or ``amp.init`` installs the hooks again (the next step of an
-    mxmp.Trainer the ``set_data`` hook)."""
+    The next :func:`convert`, ``amp.init`` or mxmp.Trainer step installs the hooks again."""
     for name, original in _ORIGINAL.items():
         if name == 'Parameter.set_data':
             gluon.Parameter.set_data = original

@@ -302,12 +302,13 @@ class LossScaleGroup:
         return True
 
 
-def _walk(loss, leaf, path='loss', sequence=None):
-    """Apply ``leaf`` to every NDArray of a (nested) list/tuple, keeping the nesting: each
-    list/tuple becomes a ``sequence`` (default: its own type)."""
+def _walk(loss, leaf, path='loss'):
+    """Apply ``leaf`` to every NDArray of a (nested) list/tuple, keeping the nesting: a list
+    or tuple stays one, any other sequence (a namedtuple, which cannot be rebuilt from its
+    elements) becomes a list."""
     if isinstance(loss, (list, tuple)):
-        items = [_walk(x, leaf, '%s[%d]' % (path, i), sequence) for i, x in enumerate(loss)]
-        return (sequence or type(loss))(items)
+        items = [_walk(x, leaf, '%s[%d]' % (path, i)) for i, x in enumerate(loss)]
+        return type(loss)(items) if type(loss) in (list, tuple) else items
     if not isinstance(loss, nd.NDArray):
         raise TypeError('scale_loss takes an NDArray or (nested) lists/tuples of NDArrays; %s '
                         'is a %s. Compute the loss with MXNet operators (or wrap a number with '
@@ -316,12 +317,11 @@ def _walk(loss, leaf, path='loss', sequence=None):
 
 
 def scale_losses(loss, scale):
-    """``loss * scale`` (new NDArrays) for an NDArray or lists/tuples nesting them, as a list
-    for every list or tuple (contrib.amp's ``scale_loss`` returns a list for any sequence: a
-    namedtuple cannot be rebuilt from its elements). A float16/bfloat16 loss is multiplied in
+    """``loss * scale`` (new NDArrays) for an NDArray or lists/tuples nesting them, with the
+    same nesting (a namedtuple becomes a list). A float16/bfloat16 loss is multiplied in
     float32 (:func:`multiply`) and the scaled loss is float32: 2**16 is inf in float16.
     TypeError naming the position of an element that is not an NDArray."""
-    return _walk(loss, lambda x: multiply(x, scale) if _low(x) else x * scale, sequence=list)
+    return _walk(loss, lambda x: multiply(x, scale) if _low(x) else x * scale)
 
 
 def _low(array):
@@ -395,5 +395,5 @@ def flatten_losses(loss):
     """The NDArrays of a (nested) list/tuple of losses as one flat list, in order (TypeError
     as :func:`scale_losses`)."""
     out = []
-    _walk(loss, out.append, sequence=list)
+    _walk(loss, out.append)
     return out

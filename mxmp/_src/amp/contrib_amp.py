@@ -312,7 +312,8 @@ def scale_loss(loss, optimizer_or_trainer):
                 autograd.backward(scaled_loss)
         trainer.step(batch_size)
 
-    ``loss``: an NDArray or nested lists/tuples of them. A ``gluon.Trainer``'s ``_scale``
+    ``loss``: an NDArray or nested lists/tuples of them; a list or tuple (a namedtuple too)
+    is yielded as a list, as contrib.amp does. A ``gluon.Trainer``'s ``_scale``
     is set to divide by the scale, as contrib.amp does; an ``mxmp.Trainer`` scales itself.
 
     Raises:
@@ -321,11 +322,12 @@ def scale_loss(loss, optimizer_or_trainer):
     trainer = optimizer_or_trainer
     if _is_native(trainer):
         with trainer.scale_loss(loss) as scaled:
-            yield scaled
+            yield list(scaled) if isinstance(scaled, tuple) else scaled
         return
     scaler = _scaler_of(trainer)
     trainer._scale = trainer._amp_original_scale / scaler.loss_scale
-    yield scaler.scale_loss(loss)
+    scaled = scaler.scale_loss(loss)
+    yield list(scaled) if isinstance(scaled, tuple) else scaled
 
 
 def unscale(optimizer_or_trainer):

@@ -12,10 +12,10 @@ from mxnet.base import _LIB, check_call
 
 from ..dtypes import LOW_PRECISION_DTYPES, dtype_name
 from ..device import to_default_layout
-from ..gluon_graph import unrounded_values
+from ..gluon_graph import unrounded_values, value_generation
 
 __all__ = ['MasterWeights', 'ParameterMasters', 'is_low_precision', 'master_value',
-           'set_master_value', 'value_changed']
+           'set_master_value']
 
 
 class MasterWeights:
@@ -107,18 +107,6 @@ def is_low_precision(param):
 # Parameter -> (weakref to the ParameterMasters that last made its masters, its index there).
 # The Parameter is held weakly (the key) and the masters weakly (they hold the Parameter).
 _OWNERS = weakref.WeakKeyDictionary()
-# Parameter -> how many times its value was set from outside a Trainer (value_changed).
-_GENERATION = weakref.WeakKeyDictionary()
-
-
-def value_changed(param):
-    """Tell every Trainer that ``param``'s value was set from outside (``Parameter.set_data``,
-    which ``load_parameters`` calls, runs this through mxmp's hook): its float32 master
-    weights are made again from the new value at the next update, as a ``gluon.Trainer``
-    would update the new value. Without this one ``set_data`` was undone by the next step."""
-    _GENERATION[param] = _GENERATION.get(param, 0) + 1
-
-
 class ParameterMasters(MasterWeights):
     """The master weights of a Trainer's Parameters, by index in ``params``."""
 
@@ -133,9 +121,10 @@ class ParameterMasters(MasterWeights):
         one Parameter update one float32 value, as two gluon.Trainers update one weight);
         else made from a value given to :meth:`set_pending`, else from its unrounded float32
         values if ``cast_params`` kept them, else from its values. Made again after its value
-        was set from outside (:func:`value_changed`)."""
+        was set from outside (``Parameter.set_data``: mxmp's hook, which every mxmp.Trainer
+        installs, calls :func:`mxmp._src.gluon_graph.value_changed`)."""
         param = self.params[i]
-        generation = _GENERATION.get(param, 0)
+        generation = value_generation(param)
         if self._made.get(i, generation) != generation:
             self.discard(i)   # set_data since they (or the pending value) were made
         if i not in self._pending:
@@ -156,9 +145,9 @@ class ParameterMasters(MasterWeights):
 
     def set_pending(self, key, value):
         """:meth:`MasterWeights.set_pending`, dropped if the Parameter's value is set from
-        outside (:func:`value_changed`) before its masters are made from it."""
+        outside (``set_data``) before its masters are made from it."""
         super().set_pending(key, value)
-        self._made[key] = _GENERATION.get(self.params[key], 0)
+        self._made[key] = value_generation(self.params[key])
 
     def ensure_all(self):
         """Create (or bring up to date) the masters of every initialised low-precision

@@ -14,7 +14,6 @@ from ..graph.convert import convert_symbol
 from ..graph.loss_heads import LOSS_SCALE_NAME, insert_loss_scale, scaled_loss_ops
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
-from ..scaling import divide, multiply
 from ..graph.symbol_json import cast_param_names
 from . import module_checkpoint as files
 from ..files import save_atomic, write_atomic
@@ -208,7 +207,7 @@ class Module(mx.mod.Module):
         if out_grads is not None and self.loss_scaler.enabled:
             if isinstance(out_grads, nd.NDArray):
                 out_grads = [out_grads]
-            out_grads = [_in_its_dtype(multiply, g, self.loss_scale) for g in out_grads]
+            out_grads = [g * self.loss_scale for g in out_grads]
         super().backward(out_grads)
 
     def get_input_grads(self, merge_multi_context=True):
@@ -217,9 +216,8 @@ class Module(mx.mod.Module):
         if not self.loss_scaler.enabled:
             return grads
         if merge_multi_context:
-            return [_in_its_dtype(divide, g, self.loss_scale) for g in grads]
-        return [[_in_its_dtype(divide, g, self.loss_scale) for g in per_ctx]
-                for per_ctx in grads]
+            return [g / self.loss_scale for g in grads]
+        return [[g / self.loss_scale for g in per_ctx] for per_ctx in grads]
 
     def get_states(self, merge_multi_context=True):
         """As ``mx.mod.Module.get_states``, without the loss-scale input."""
@@ -356,10 +354,3 @@ def _create_optimizer(module, optimizer, optimizer_params, kv):
     raise TypeError('optimizer must be a name or an mx.optimizer.Optimizer, got %s'
                     % type(optimizer).__name__)
 
-
-def _in_its_dtype(op, array, value):
-    """``op(array, value)`` (:func:`mxmp._src.scaling.multiply` or ``divide``: float32
-    arithmetic for a dense float16/bfloat16 array) as a new array of ``array``'s dtype."""
-    if array.stype != 'default' or not is_low_precision(array.dtype):
-        return op(array, value)
-    return op(array, value, out=nd.empty(array.shape, array.context, array.dtype))

@@ -8,7 +8,7 @@ from mxnet import autograd, gluon
 
 from .. import distributed
 from ..dtypes import LOW_PRECISION_DTYPES, dtype_name, normalize_dtype
-from ..gluon import install_set_data_hook
+from ..gluon import install_hooks
 from ..gluon_graph import policy_of
 from ..policy.policy import resolve_policy
 from ..scaling import LossScaleGroup, make_loss_scaler
@@ -58,7 +58,7 @@ class Trainer(gluon.Trainer):
         grad_dtype = distributed.check_grad_dtype(grad_dtype, kv_type, self._step.scaler.dynamic)
         self._exchange = distributed.KVStoreExchange(len(self._params), grad_dtype)
         self._asked_update_on_kvstore = update_on_kvstore
-        install_set_data_hook()   # the masters follow Parameter.set_data (master_weights)
+        install_hooks()   # Parameter.set_data tells the masters (gluon_graph.value_changed)
         if self._contains_sparse_weight:
             _check_sparse_weights(self._params)
             # as gluon.Trainer: the kvstore holds sparse weights and updates every weight
@@ -188,7 +188,7 @@ class Trainer(gluon.Trainer):
                 or not batch_size > 0:
             raise ValueError('batch_size must be a positive number, got %r' % (batch_size,))
         self._step.group.check_can_step(self, _describe)
-        install_set_data_hook()   # again, after a remove_hooks()
+        install_hooks()   # again after a remove_hooks(): the masters follow set_data
         self._prepare()
         if self._update_on_kvstore:
             return self._apply_on_kvstore(batch_size, ignore_stale_grad)
