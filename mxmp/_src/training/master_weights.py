@@ -41,6 +41,8 @@ class MasterWeights:
         if masters is not None and len(masters) == len(arrays):
             sources = self._sources.get(key)
             if sources is None or all(_same_array(a, b) for a, b in zip(sources, arrays)):
+                if sources is not None:
+                    self._sources[key] = list(arrays)   # compared by identity from now on
                 return masters
         with autograd.pause():
             pending = self._pending.pop(key, None)
