@@ -168,3 +168,27 @@ def test_several_losses_in_any_sequence_are_scaled_as_a_list(make_losses, native
                 assert got.asscalar() == np.float32(loss.asscalar()) * np.float32(scale)
             autograd.backward(flat)
     assert trainer.step(2) in (True, None)
+
+
+def test_init_trainer_with_sparse_weights_names_mxmp_trainer_and_mxmp_trainer_steps():
+    """gluon updates sparse weights on the kvstore during the push, before an overflow check:
+    init_trainer refuses with the fix (it set update_on_kvstore=False, which gluon then refused
+    at the first step, blaming the user); mxmp.Trainer with amp.scale_loss steps."""
+    amp.init('float16')
+    refused = gluon.Parameter('emb', shape=(6, 2), stype='row_sparse', grad_stype='row_sparse')
+    refused.initialize(mx.init.One())
+    with pytest.raises(ValueError, match='mxmp.Trainer'):
+        amp.init_trainer(gluon.Trainer([refused], 'sgd'))
+    import mxmp
+    weight = gluon.Parameter('emb', shape=(6, 2), stype='row_sparse', grad_stype='row_sparse')
+    weight.initialize()   # a new Parameter: gluon allows one Trainer per row_sparse one
+    weight.set_data(nd.ones((6, 2)).tostype('row_sparse'))
+    trainer = mxmp.Trainer([weight], 'sgd', {'learning_rate': 1.0}, loss_scaler='dynamic')
+    rows, mask = nd.array([1, 4]), nd.array([[0, 0], [1, 1], [0, 0], [0, 0], [1, 1], [0, 0]])
+    with autograd.record():
+        loss = (weight.row_sparse_data(rows) * mask).sum()   # gradient 1 on rows 1 and 4
+        with amp.scale_loss(loss, trainer) as scaled:
+            scaled.backward()
+    assert trainer.step(1) is True
+    got = weight.row_sparse_data(nd.arange(6)).asnumpy()
+    assert np.array_equal(got[:, 0], [1, 0, 1, 1, 0, 1])

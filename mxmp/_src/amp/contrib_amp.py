@@ -272,11 +272,17 @@ def init_trainer(optimizer_or_trainer):
 
     Raises:
         TypeError: not a Trainer (a bare Optimizer is refused, as in contrib.amp).
-        ValueError: the Trainer updates on the kvstore.
+        ValueError: the Trainer updates on the kvstore, or has sparse weights (which gluon
+            updates there).
     """
     trainer = optimizer_or_trainer
     if _is_native(trainer):
         return
+    if trainer._contains_sparse_weight:
+        raise ValueError('this gluon.Trainer has sparse (row_sparse) weights, which gluon '
+                         'updates on the kvstore while the gradients are pushed, before any '
+                         'overflow check could skip the step: use mxmp.Trainer, which checks '
+                         'the gradients before the push (mxmp.amp.scale_loss works with it)')
     config = getattr(trainer, '_kvstore_params', {})
     if config.get('update_on_kvstore') or (trainer._kv_initialized and
                                            trainer._update_on_kvstore):
