@@ -109,6 +109,8 @@ def is_low_precision(param):
 # Parameter -> (weakref to the ParameterMasters that last made its masters, its index there).
 # The Parameter is held weakly (the key) and the masters weakly (they hold the Parameter).
 _OWNERS = weakref.WeakKeyDictionary()
+
+
 class ParameterMasters(MasterWeights):
     """The master weights of a Trainer's Parameters, by index in ``params``."""
 

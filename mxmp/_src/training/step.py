@@ -18,7 +18,8 @@ from ..scaling import (LossScaleGroup, cast_keeping_storage, divide, flatten_los
                        scale_losses)
 
 __all__ = ['Stage', 'Step', 'DeviceUpdate', 'device_update', 'update_groups', 'param_grads',
-           'all_finite', 'finite_flag', 'flags_finite', 'MAX_FINITE_ARRAYS', 'UPDATE_GROUP', 'KEEPS_GRADIENTS']
+           'all_finite', 'finite_flag', 'flags_finite', 'MAX_FINITE_ARRAYS', 'UPDATE_GROUP',
+           'KEEPS_GRADIENTS']
 
 #: ``mx.nd.multi_all_finite`` takes at most 200 arrays per call (MultiAllFiniteKernelParam::N
 #: in MXNet's src/operator/contrib/all_finite-inl.h), of one dtype, and has no bfloat16 kernel.
@@ -215,8 +216,8 @@ class Step:
         ``optimizer.rescale_grad = rescale_grad / loss_scale`` (no scale if disabled or
         UNSCALED), or skip the step; returns False if skipped. ``name_of``: optimizer index ->
         parameter name; ``forward_finite() -> bool`` (default: the losses of every
-        :meth:`scale_loss` since the last step) is asked on an overflow only and warns NonFiniteForwardWarning if
-        False. LossScaleAtFloorError when the scale is stuck at its floor: the step has then
+        :meth:`scale_loss` since the last step) is asked on an overflow only and warns
+        NonFiniteForwardWarning if False. LossScaleAtFloorError when the scale is stuck at its floor: the step has then
         been skipped like any overflowing one (counted in :attr:`skipped_steps`, the stage
         READY again, the step told to the group, so the other members of a LossScaleGroup step
         on without "already stepped"), and the error is raised instead of returning False.

@@ -221,6 +221,7 @@ class Trainer(gluon.Trainer):
         the optimizer while the gradients are pushed, so every gradient is checked for
         inf/NaN first (the push is skipped on overflow); stale gradients raise as in gluon
         (the push covers every Parameter whose grad_req is not 'null', as gluon's)."""
+        _check_sparse_weights(self._params)   # again: a frozen float16 one may be trainable now
         with autograd.pause():
             for param in self._params:
                 if param.grad_req == 'null' or ignore_stale_grad:
