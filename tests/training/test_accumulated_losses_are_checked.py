@@ -50,3 +50,26 @@ def test_the_floor_error_says_the_forward_pass_was_not_finite_for_an_early_micro
     with pytest.warns(NonFiniteForwardWarning), \
             pytest.raises(LossScaleAtFloorError, match='forward pass itself was not finite'):
         trainer.step(1)
+
+
+@pytest.mark.parametrize('bad_at', [0, 1])
+def test_a_gluon_trainer_under_mxmp_amp_warns_for_any_micro_batch(bad_at):
+    from mxmp import amp
+    amp.disable()
+    try:
+        amp.init('float16')
+        weight = gluon.Parameter('w', shape=(4,), init=mx.init.One(), grad_req='add')
+        weight.initialize()
+        trainer = gluon.Trainer([weight], 'sgd', {'learning_rate': 0.1})
+        amp.init_trainer(trainer)
+        for k in range(2):
+            x = nd.array([1, np.nan, 1, 1]) if k == bad_at else nd.ones((4,))
+            with autograd.record():
+                loss = (weight.data() * x).sum()
+                with amp.scale_loss(loss, trainer) as scaled:
+                    scaled.backward()
+        with pytest.warns(NonFiniteForwardWarning):
+            trainer.step(1)
+        assert np.array_equal(weight.data().asnumpy(), np.ones(4))   # skipped
+    finally:
+        amp.disable()

@@ -15,7 +15,7 @@ import numpy as np
 from mxnet import autograd
 
 from ..scaling import DynamicLossScaler, LossScaleGroup
-from ..training.step import Step, param_grads
+from ..training.step import Step, flags_finite, param_grads, warn_forward_nonfinite
 
 __all__ = ['TrainerLossScaler', 'CONTRIB_FIELDS']
 
@@ -211,7 +211,9 @@ class TrainerLossScaler(Step):
         """True (skip the step) if a gradient on any device is inf/NaN; adjusts the scale.
 
         A written ``_next_loss_scale`` becomes the scale first (as contrib.amp). Static and
-        disabled scalers never check (as :class:`mxmp.Trainer`).
+        disabled scalers never check (as :class:`mxmp.Trainer`). A skipped step whose losses
+        (of every ``scale_loss`` since the last step) were inf/NaN warns
+        :class:`mxmp.NonFiniteForwardWarning`, as :class:`mxmp.Trainer`.
         """
         if self._next is not None:
             self.scaler, self._next = dataclasses.replace(self.scaler, scale=self._next), None
@@ -221,6 +223,8 @@ class TrainerLossScaler(Step):
                 per_device.setdefault(k, []).append(grad)
         with autograd.pause():
             finite = self.check(list(per_device.values()))
+        if not finite and self._loss_flags and not flags_finite(list(self._loss_flags.values())):
+            warn_forward_nonfinite(stacklevel=5)   # user code -> step -> _update -> here
         self.end(finite)
         if not finite:
             logger.info('mxmp.amp: overflow, step skipped; loss scale now %g', self.loss_scale)

@@ -18,8 +18,8 @@ from ..scaling import (LossScaleGroup, cast_keeping_storage, divide, flatten_los
                        scale_losses)
 
 __all__ = ['Stage', 'Step', 'DeviceUpdate', 'device_update', 'update_groups', 'param_grads',
-           'all_finite', 'finite_flag', 'flags_finite', 'MAX_FINITE_ARRAYS', 'UPDATE_GROUP',
-           'KEEPS_GRADIENTS']
+           'all_finite', 'finite_flag', 'flags_finite', 'warn_forward_nonfinite',
+           'MAX_FINITE_ARRAYS', 'UPDATE_GROUP', 'KEEPS_GRADIENTS']
 
 #: ``mx.nd.multi_all_finite`` takes at most 200 arrays per call (MultiAllFiniteKernelParam::N
 #: in MXNet's src/operator/contrib/all_finite-inl.h), of one dtype, and has no bfloat16 kernel.
@@ -82,6 +82,15 @@ def finite_flag(arrays, flag=None):
                 chunk = _float32_views(chunk, buffer)
             nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False, out=flag)
     return flag
+
+
+def warn_forward_nonfinite(stacklevel):
+    """Warn NonFiniteForwardWarning: a skipped step whose losses were inf/NaN."""
+    warnings.warn(NonFiniteForwardWarning(
+        'the forward pass gave inf/NaN (the loss or the outputs are not finite): the step is '
+        'skipped, but this is not an overflow from loss scaling and a lower loss scale will '
+        'not fix it; check the batch (inputs, labels), the learning rate, and '
+        'log/exp/division/sqrt in the model'), stacklevel=stacklevel)
 
 
 def param_grads(params):
@@ -233,11 +242,7 @@ class Step:
             new = scaler.adjust(False)
             forward_nonfinite = None if forward_finite is None else not forward_finite()
             if forward_nonfinite:
-                warnings.warn(NonFiniteForwardWarning(
-                    'the forward pass gave inf/NaN (the loss or the outputs are not finite): '
-                    'the step is skipped, but this is not an overflow from loss scaling and a '
-                    'lower loss scale will not fix it; check the batch (inputs, labels), the '
-                    'learning rate, and log/exp/division/sqrt in the model'), stacklevel=3)
+                warn_forward_nonfinite(stacklevel=4)
             if getattr(new, 'stuck_at_floor', False):
                 names = sorted({str((name_of or str)(i)) for _, u in calls
                                 for i, grad in zip(u.indices, u.grads) if not all_finite([[grad]])})
