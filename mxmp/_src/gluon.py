@@ -2,14 +2,14 @@
 switch of :func:`mxmp.amp.init`.
 
 **The one module of mxmp that hooks MXNet's classes** (``import mxmp`` only wraps MXNet's graph
-loaders: :func:`mxmp._src.graph.kernel_rule.install_symbol_loaders`). :func:`install_hooks` (run
-by the first :func:`convert` or ``amp.init``) wraps: ``HybridBlock._build_cache`` (the traced
+loaders: :func:`mxmp._src.graph.kernel_rule.install_symbol_loaders`). :func:`install_hooks` (the
+first :func:`convert`, ``amp.init`` or mxmp.Trainer) wraps ``HybridBlock._build_cache`` (the
 graph of a converted block, or of the hybridized parent of one, :mod:`mxmp._src.block_scope`,
 goes through the pass, :func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op`` (default
 layout for grouped weights; the fused twin; calls :func:`mxmp.freeze` forbids), ``forward`` (a
 converted block not hybridized raises; under ``amp.init`` an imperative call warns once),
 ``export`` and ``Block.save_parameters``/``load_parameters`` (files plain MXNet loads),
-``Parameter.set_data`` (fused graphs rebuilt), ``Parameter.initialize`` and
+``Parameter.set_data`` (fused graphs rebuilt, masters follow), ``Parameter.initialize`` and
 ``ParameterDict.zero_grad`` (no bfloat16 in MXNet: :mod:`mxmp._src.param_dtypes`).
 :func:`remove_hooks` undoes all of it. Converted blocks are kept here in weak dictionaries:
 nothing is stamped on MXNet's objects but contrib.amp's own hook on a ``gluon.Trainer``
@@ -26,7 +26,7 @@ from mxnet import autograd, gluon
 from mxnet.gluon.block import _flatten, _regroup
 
 from .gluon_graph import (PARAM_POLICY, STORED_FROM, Conversion, cast_deferred, rewrite,
-                          unrounded_values)
+                          unrounded_values, value_changed)
 from .policy.policy import resolve_policy
 
 __all__ = ['convert', 'converted_graph', 'fused_graph', 'set_global', 'install_hooks',
@@ -152,8 +152,7 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
     elif policy.cast_params:
         _param_dtypes().cast_params_now(block, policy)
     if not block._active:
-        logger.info('mxmp.convert: hybridizing %s (mixed precision runs in its graph)',
-                    block.name)
+        logger.info('mxmp.convert: hybridizing %s (mixed precision runs in its graph)', block.name)
         block.hybridize()
     return block
 
@@ -348,6 +347,7 @@ def _reset_fused():   # every fused inference graph: the parameters may change (
 
 def _set_data(self, data):
     _reset_fused()
+    value_changed(self)   # the Trainers' master weights follow the new value
     return _ORIGINAL['set_data'](self, data)
 
 
@@ -378,7 +378,7 @@ def remove_hooks():
     """Undo what mxmp did to MXNet's objects: MXNet's methods back, the Parameters
     ``cast_params`` stored low in float32 again (the Trainer's master weights where kept,
     :mod:`mxmp._src.param_dtypes`), converted graphs dropped (the next is MXNet's float32
-    one), every conversion and ``amp.init``'s switch forgotten; ``convert`` hooks again."""
+    one), every conversion and ``amp.init``'s switch forgotten (the next hooks again)."""
     _param_dtypes().restore_dtypes()
     for block in list(_BUILT.keys()) + list(_CONVERTED.keys()):
         block._clear_cached_op()

@@ -33,7 +33,8 @@ from .graph.symbol_json import CAST_OPS, cast_param_names, dump, load
 from .policy.policy import Policy
 
 __all__ = ['Conversion', 'rewrite', 'cast_to_graph', 'BuiltGraph', 'unrounded_values',
-           'STORED_FROM', 'BACKEND', 'count_fused', 'unsafe_outputs', 'FusedInference']
+           'STORED_FROM', 'BACKEND', 'count_fused', 'unsafe_outputs', 'FusedInference',
+           'value_changed', 'value_generation']
 
 logger = logging.getLogger('mxmp.gluon')
 
@@ -202,6 +203,23 @@ def _grouped_weights_cast_in_graph(sym):
                 int(n.get('attrs', {}).get('num_group', '1')) > 1 and len(n['inputs']) > 1:
             names.update(nodes[i]['name'] for i in casts.get(n['inputs'][1][0], ()))
     return names
+
+
+# Parameter -> how many times its value was set from outside a Trainer (value_changed).
+_GENERATION = weakref.WeakKeyDictionary()
+
+
+def value_changed(param):
+    """Record that ``param``'s value was set from outside (``Parameter.set_data``, which
+    ``load_parameters`` calls, runs this through mxmp's hook): the Trainers make its float32
+    master weights again from the new value at the next update, as a ``gluon.Trainer``
+    updates the new value (:mod:`mxmp._src.training.master_weights`)."""
+    _GENERATION[param] = _GENERATION.get(param, 0) + 1
+
+
+def value_generation(param):
+    """int: how many times :func:`value_changed` was told about ``param``."""
+    return _GENERATION.get(param, 0)
 
 
 def unrounded_values(param):

@@ -10,11 +10,11 @@ from typing import Optional
 
 from mxnet import nd
 
-from .dtypes import normalize_dtype
+from .dtypes import LOW_PRECISION_DTYPES, dtype_name, mx_dtype, normalize_dtype
 
 __all__ = ['LossScaler', 'NoOpLossScaler', 'StaticLossScaler', 'DynamicLossScaler',
            'make_loss_scaler', 'from_state_dict', 'DEFAULT_STATIC_SCALE', 'LossScaleGroup',
-           'scale_losses', 'flatten_losses']
+           'scale_losses', 'flatten_losses', 'multiply', 'divide', 'cast_keeping_storage']
 
 #: The scale of ``make_loss_scaler('static', ...)``: 2**16, the dynamic scaler's start value.
 DEFAULT_STATIC_SCALE = 2.0 ** 16
@@ -130,9 +130,11 @@ class DynamicLossScaler(LossScaler):
         max_overflows_at_floor (int): consecutive overflows at ``min_scale`` after which the
             owner raises :class:`mxmp.LossScaleAtFloorError`, >= 0; 0 never raises (torch's
             behaviour); default 10.
-        scale (float or None): current scale (state); None means ``init_scale``.
-        counter (int): finite steps since the scale last changed (state), in
-            ``[0, growth_interval)``; default 0.
+        scale (float or None): current scale (state), >= ``min_scale``; None means
+            ``init_scale``. Above ``max_scale`` only when set so (contrib.amp's fields allow
+            it): the next growth then caps it, as contrib.amp's ``min(cap, 2 * scale)``.
+        counter (int): finite steps since the scale last changed (state), >= 0; default 0;
+            at or above ``growth_interval`` (set so) the scale grows at the next finite step.
         overflows_at_floor (int): consecutive overflows with the scale already at
             ``min_scale`` (state), >= 0; default 0; a finite step resets it.
 
@@ -171,12 +173,13 @@ class DynamicLossScaler(LossScaler):
                  self.max_scale, self.min_scale)
         setf('scale', _positive_finite('scale', self.init_scale if self.scale is None
                                        else self.scale))
-        for name in ('init_scale', 'scale'):
-            _require(self.min_scale <= getattr(self, name) <= self.max_scale,
-                     '%s (%r) must lie in [min_scale, max_scale] = [%r, %r]', name,
-                     getattr(self, name), self.min_scale, self.max_scale)
-        _require(_integer(self.counter, 0, self.growth_interval), 'counter must be an integer '
-                 'in [0, growth_interval=%d), got %r', self.growth_interval, self.counter)
+        _require(self.min_scale <= self.init_scale <= self.max_scale,
+                 'init_scale (%r) must lie in [min_scale, max_scale] = [%r, %r]',
+                 self.init_scale, self.min_scale, self.max_scale)
+        _require(self.min_scale <= self.scale, 'scale (%r) must be >= min_scale (%r)',
+                 self.scale, self.min_scale)
+        _require(_integer(self.counter, 0), 'counter must be an integer >= 0, got %r',
+                 self.counter)
         for name in ('max_overflows_at_floor', 'overflows_at_floor'):
             _require(_integer(getattr(self, name), 0), '%s must be an integer >= 0, got %r',
                      name, getattr(self, name))
@@ -300,9 +303,12 @@ class LossScaleGroup:
 
 
 def _walk(loss, leaf, path='loss'):
-    """Apply ``leaf`` to every NDArray of a (nested) list/tuple, keeping the nesting."""
+    """Apply ``leaf`` to every NDArray of a (nested) list/tuple, keeping the nesting: a list
+    or tuple stays one, any other sequence (a namedtuple, which cannot be rebuilt from its
+    elements) becomes a list."""
     if isinstance(loss, (list, tuple)):
-        return type(loss)(_walk(x, leaf, '%s[%d]' % (path, i)) for i, x in enumerate(loss))
+        items = [_walk(x, leaf, '%s[%d]' % (path, i)) for i, x in enumerate(loss)]
+        return type(loss)(items) if type(loss) in (list, tuple) else items
     if not isinstance(loss, nd.NDArray):
         raise TypeError('scale_loss takes an NDArray or (nested) lists/tuples of NDArrays; %s '
                         'is a %s. Compute the loss with MXNet operators (or wrap a number with '
@@ -312,8 +318,77 @@ def _walk(loss, leaf, path='loss'):
 
 def scale_losses(loss, scale):
     """``loss * scale`` (new NDArrays) for an NDArray or lists/tuples nesting them, with the
-    same nesting. TypeError naming the position of an element that is not an NDArray."""
-    return _walk(loss, lambda x: x * scale)
+    same nesting (a namedtuple becomes a list). A float16/bfloat16 loss is multiplied in
+    float32 (:func:`multiply`) and the scaled loss is float32: 2**16 is inf in float16.
+    TypeError naming the position of an element that is not an NDArray."""
+    return _walk(loss, lambda x: multiply(x, scale) if _low(x) else x * scale)
+
+
+def _low(array):
+    return dtype_name(array.dtype) in LOW_PRECISION_DTYPES
+
+
+def cast_keeping_storage(array, dtype):
+    """``array`` (NDArray, dense or row_sparse, any float dtype) as a new array of ``dtype``
+    (mxmp name or dtype object) of the same storage: ``amp_cast`` (round to nearest even) of
+    a dense array, ``astype`` of a row_sparse one (``amp_cast`` of a row_sparse array is
+    dense: weight decay and momentum then reach every row). ValueError for another
+    storage, or a row_sparse bfloat16 array (MXNet 1.9.1 cannot make one)."""
+    target = mx_dtype(dtype_name(dtype))
+    if array.stype == 'default':
+        return nd.amp_cast(array, dtype=target)
+    if array.stype != 'row_sparse' or 'bfloat16' in (dtype_name(dtype), dtype_name(array.dtype)):
+        raise ValueError('cast_keeping_storage takes dense arrays and row_sparse float16/32/64 '
+                         'arrays (MXNet has no row_sparse bfloat16), got a %s %s array'
+                         % (array.stype, dtype_name(array.dtype)))
+    return array.astype(target)   # sparse astype keeps the storage
+
+
+def _arithmetic(array, value, divide, out):
+    if not _low(array):
+        if out is array:
+            if divide:
+                array /= value
+            else:
+                array *= value
+            return array
+        result = array / value if divide else array * value
+        if out is not None:
+            result.copyto(out)
+            return out
+        return result
+    wide = cast_keeping_storage(array, 'float32')
+    wide = wide / value if divide else wide * value
+    if out is None:
+        return wide
+    if array.stype != 'default':
+        cast_keeping_storage(wide, out.dtype).copyto(out)
+    else:
+        nd.amp_cast(wide, dtype=out.dtype, out=out)
+    return out
+
+
+def multiply(array, factor, out=None):
+    """``array * factor`` for an NDArray (any dtype, dense or row_sparse) and a Python number,
+    safe for the range of float16/bfloat16: MXNet converts the number to the array's dtype
+    (2**16 is inf in float16, 2**-25 is 0), so a low-precision array is multiplied in float32.
+
+    Args:
+        array (NDArray): the operand.
+        factor (float): the number.
+        out (NDArray or None): where the result goes, rounded to its dtype (may be ``array``
+            itself: in place). None: a new array, float32 for a low-precision ``array``.
+
+    Returns:
+        NDArray: ``out``, or the new array.
+    """
+    return _arithmetic(array, factor, False, out)
+
+
+def divide(array, divisor, out=None):
+    """``array / divisor``, as :func:`multiply` (float32 arithmetic for float16/bfloat16:
+    the result is the correctly rounded quotient for a power-of-two ``divisor``)."""
+    return _arithmetic(array, divisor, True, out)
 
 
 def flatten_losses(loss):

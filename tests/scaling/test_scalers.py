@@ -130,7 +130,7 @@ def test_load_state_dict_rejects_missing_keys_and_invalid_state():
     with pytest.raises(ValueError, match='counter'):
         DynamicLossScaler().load_state_dict(d)
     d = DynamicLossScaler().state_dict()
-    d['scale'] = 2.**30
+    d['scale'] = 0.5   # below min_scale (above max_scale is a state contrib.amp's fields make)
     with pytest.raises(ValueError, match='scale'):
         DynamicLossScaler().load_state_dict(d)
     with pytest.raises(ValueError, match='dict'):
@@ -150,7 +150,7 @@ def test_load_state_dict_rejects_missing_keys_and_invalid_state():
     (dict(min_scale=-1.), 'min_scale'),
     (dict(min_scale=4., max_scale=2., init_scale=3.), 'max_scale'),
     (dict(counter=-1), 'counter'),
-    (dict(growth_interval=5, counter=5), 'counter'),
+    (dict(init_scale=4., min_scale=2., scale=1.), 'scale'),
     (dict(init_scale='big'), 'init_scale'),
 ])
 def test_dynamic_rejects_invalid_arguments_naming_them(kwargs, name):

@@ -508,9 +508,11 @@ def test_reset_master_weights_picks_up_new_parameter_values():
     trainer.step(4)
     weight = params_of(net)[1]
     weight.set_data(nd.amp_cast(nd.ones(weight.shape) * 3, dtype=bfloat16))
-    assert f32(trainer.master_weights(weight)[0]).max() < 1   # stale until reset
+    np.testing.assert_array_equal(f32(trainer.master_weights(weight)[0]), 3)   # followed
+    weight.data()[:] = nd.amp_cast(nd.ones(weight.shape) * 2, dtype=bfloat16)  # not set_data
+    np.testing.assert_array_equal(f32(trainer.master_weights(weight)[0]), 3)   # stale
     trainer.reset_master_weights()
-    np.testing.assert_array_equal(f32(trainer.master_weights(weight)[0]), 3)
+    np.testing.assert_array_equal(f32(trainer.master_weights(weight)[0]), 2)
 
 
 def test_stale_gradient_raises_like_gluon_unless_ignored():

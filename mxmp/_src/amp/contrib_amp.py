@@ -19,7 +19,7 @@ from ..graph.convert import convert_symbol as convert_graph
 from ..graph.strip import arrays_for_graph, without_library_ops
 from ..graph.symbol_json import load
 from ..policy.policy import Policy, conditional_rules
-from ..scaling import make_loss_scaler
+from ..scaling import make_loss_scaler, multiply
 from ..training.step import param_grads
 from ..training.trainer import Trainer
 from .lists import policy_for
@@ -274,11 +274,17 @@ def init_trainer(optimizer_or_trainer):
 
     Raises:
         TypeError: not a Trainer (a bare Optimizer is refused, as in contrib.amp).
-        ValueError: the Trainer updates on the kvstore.
+        ValueError: the Trainer updates on the kvstore, or has sparse weights (which gluon
+            updates there).
     """
     trainer = optimizer_or_trainer
     if _is_native(trainer):
         return
+    if trainer._contains_sparse_weight:
+        raise ValueError('this gluon.Trainer has sparse (row_sparse) weights, which gluon '
+                         'updates on the kvstore while the gradients are pushed, before any '
+                         'overflow check could skip the step: use mxmp.Trainer, which checks '
+                         'the gradients before the push (mxmp.amp.scale_loss works with it)')
     config = getattr(trainer, '_kvstore_params', {})
     if config.get('update_on_kvstore') or (trainer._kv_initialized and
                                            trainer._update_on_kvstore):
@@ -314,7 +320,8 @@ def scale_loss(loss, optimizer_or_trainer):
                 autograd.backward(scaled_loss)
         trainer.step(batch_size)
 
-    ``loss``: an NDArray or nested lists/tuples of them. A ``gluon.Trainer``'s ``_scale``
+    ``loss``: an NDArray or nested lists/tuples of them; a list or tuple (a namedtuple too)
+    is yielded as a list, as contrib.amp does. A ``gluon.Trainer``'s ``_scale``
     is set to divide by the scale, as contrib.amp does; an ``mxmp.Trainer`` scales itself.
 
     Raises:
@@ -323,11 +330,12 @@ def scale_loss(loss, optimizer_or_trainer):
     trainer = optimizer_or_trainer
     if _is_native(trainer):
         with trainer.scale_loss(loss) as scaled:
-            yield scaled
+            yield list(scaled) if isinstance(scaled, tuple) else scaled
         return
     scaler = _scaler_of(trainer)
     trainer._scale = trainer._amp_original_scale / scaler.loss_scale
-    yield scaler.scale_loss(loss)
+    scaled = scaler.scale_loss(loss)
+    yield list(scaled) if isinstance(scaled, tuple) else scaled
 
 
 def unscale(optimizer_or_trainer):
@@ -353,5 +361,5 @@ def unscale(optimizer_or_trainer):
     if factor != 1.0:
         with autograd.pause():
             for g in param_grads(trainer._params):
-                g *= factor
+                multiply(g, factor, out=g)   # float32 arithmetic for float16/bfloat16
     trainer._scale = 1.0

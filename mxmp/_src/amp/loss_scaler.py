@@ -8,12 +8,14 @@ the next step uses. Meanings and the one difference (no one-step lag): docs/from
 import dataclasses
 import logging
 import math
+import numbers
 import warnings
 
+import numpy as np
 from mxnet import autograd
 
-from ..scaling import DynamicLossScaler
-from ..training.step import Step, param_grads
+from ..scaling import DynamicLossScaler, LossScaleGroup
+from ..training.step import Step, flags_finite, param_grads, warn_forward_nonfinite
 
 __all__ = ['TrainerLossScaler', 'CONTRIB_FIELDS']
 
@@ -25,14 +27,18 @@ CONTRIB_FIELDS = ('_loss_scale', '_next_loss_scale', '_unskipped', '_scale_seq_l
 _DEFAULTS = DynamicLossScaler()   # contrib.amp's values: 2**16, x2 per 2000, cap 2**24
 
 
-def _number(name, value, integer=False):
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and \
-        math.isfinite(value) and value > 0
+def _number(name, value, integer=False, positive=True):
+    """``value`` (any real number, numpy's included; not a bool) as a float (int with
+    ``integer``); ValueError naming ``name`` unless finite and > 0 (>= 0 unless
+    ``positive``)."""
+    ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, numbers.Real) and \
+        math.isfinite(value) and (value > 0 if positive else value >= 0)
     if integer:
         ok = ok and float(value) == int(value)
     if not ok:
-        raise ValueError('%s must be a positive finite %s, got %r'
-                         % (name, 'integer' if integer else 'number', value))
+        raise ValueError('%s must be a %s finite %s, got %r'
+                         % (name, 'positive' if positive else 'non-negative',
+                            'integer' if integer else 'number', value))
     return int(value) if integer else float(value)
 
 
@@ -46,6 +52,12 @@ class TrainerLossScaler(Step):
     default) the scale reads 1.0 and ``_unskipped`` 0; writing those values is accepted, other
     scales raise ValueError naming the fix; ``_scale_seq_len``/``_max_loss_scale`` are kept
     and read back, with a UserWarning that they take effect only when scaling is on.
+
+    Every value contrib.amp's fields take is accepted (any positive finite scale and cap,
+    any count): a scale below mxmp's floor (``min_scale``) lowers the floor to it, a cap
+    below the scale caps it at the next growth (contrib.amp's ``min(cap, 2 * scale)``), an
+    ``_unskipped`` at or above ``_scale_seq_len`` grows the scale at the next finite step.
+    The object pickles (:meth:`__getstate__`), as contrib.amp's does.
     """
 
     def __init__(self, scaler, owner=None):
@@ -54,6 +66,21 @@ class TrainerLossScaler(Step):
         self._off = {'_scale_seq_len': _DEFAULTS.growth_interval,
                      '_max_loss_scale': _DEFAULTS.max_scale}   # kept while scaling is off
         self._sealed = True   # from now on: only existing attributes and the properties
+
+    # ------------------------------------------------------------------ pickling
+    def __getstate__(self):
+        """What a pickle keeps (contrib.amp's LossScaler pickles; the group's weak references
+        cannot): the scaler, a written ``_next_loss_scale``, the fields kept while scaling
+        is off and ``skipped_steps``. The step in progress (losses, stage) is not kept."""
+        return {'scaler': self.scaler, 'next': self._next, 'off': dict(self._off),
+                'skipped_steps': self.skipped_steps}
+
+    def __setstate__(self, state):
+        object.__setattr__(self, '_sealed', False)
+        Step.__init__(self, LossScaleGroup(state['scaler']))
+        self._next, self._off = state['next'], dict(state['off'])
+        self.skipped_steps = state['skipped_steps']
+        self._sealed = True
 
     def __setattr__(self, name, value):
         if self.__dict__.get('_sealed') and name not in self.__dict__ and \
@@ -92,6 +119,13 @@ class TrainerLossScaler(Step):
         """float: the scale of the next step (contrib.amp: ``loss_scale``)."""
         return float(self.scaler.scale)
 
+    def _with_scale(self, value):
+        """Changes making ``value`` a valid scale: contrib.amp's scale has no floor, so a
+        value below mxmp's ``min_scale`` lowers the floor to it."""
+        if self.scaler.dynamic and value < self.scaler.min_scale:
+            return {'scale': value, 'min_scale': value}
+        return {'scale': value}
+
     @_loss_scale.setter
     def _loss_scale(self, value):
         value = _number('_loss_scale', value)
@@ -100,7 +134,7 @@ class TrainerLossScaler(Step):
             return
         if self._next is None:   # contrib.amp: _next_loss_scale keeps its value
             self._next = float(self.scaler.scale)
-        self._replace('_loss_scale', scale=value)
+        self._replace('_loss_scale', **self._with_scale(value))
 
     @property
     def _next_loss_scale(self):
@@ -114,7 +148,9 @@ class TrainerLossScaler(Step):
         if not self.scaler.enabled:
             self._scale_off('_next_loss_scale', value)
             return
-        dataclasses.replace(self.scaler, scale=value)   # ValueError now, not at the step
+        changes = self._with_scale(value)
+        if 'min_scale' in changes:   # the floor now, so that the check can apply it
+            self._replace('_next_loss_scale', min_scale=value)
         self._next = None if value == self.scaler.scale else value
 
     @property
@@ -124,8 +160,7 @@ class TrainerLossScaler(Step):
 
     @_unskipped.setter
     def _unskipped(self, value):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError('_unskipped must be an integer >= 0, got %r' % (value,))
+        value = _number('_unskipped', value, integer=True, positive=False)
         if self.scaler.dynamic:
             self._replace('_unskipped', counter=value)
         elif value != 0:
@@ -150,12 +185,8 @@ class TrainerLossScaler(Step):
 
     @_scale_seq_len.setter
     def _scale_seq_len(self, value):
-        value = _number('_scale_seq_len', value, integer=True)
-        if self.scaler.dynamic and self.scaler.counter >= value:
-            raise ValueError('_scale_seq_len=%d is not above the finite steps already counted '
-                             '(_unskipped=%d): set _unskipped first'
-                             % (value, self.scaler.counter))
-        self._config('_scale_seq_len', 'growth_interval', value)
+        self._config('_scale_seq_len', 'growth_interval',
+                     _number('_scale_seq_len', value, integer=True))
 
     @property
     def _max_loss_scale(self):
@@ -165,14 +196,24 @@ class TrainerLossScaler(Step):
 
     @_max_loss_scale.setter
     def _max_loss_scale(self, value):
-        self._config('_max_loss_scale', 'max_scale', _number('_max_loss_scale', value))
+        value = _number('_max_loss_scale', value)
+        if not self.scaler.dynamic:
+            self._config('_max_loss_scale', 'max_scale', value)
+            return
+        # contrib.amp caps the scale at its next growth only: the current scale may stay
+        # above the cap; mxmp's start value (init_scale) and floor follow the cap down
+        self._replace('_max_loss_scale', max_scale=value,
+                      init_scale=min(self.scaler.init_scale, value),
+                      min_scale=min(self.scaler.min_scale, value))
 
     # ------------------------------------------------------------------ the check
     def has_overflow(self, params):
         """True (skip the step) if a gradient on any device is inf/NaN; adjusts the scale.
 
         A written ``_next_loss_scale`` becomes the scale first (as contrib.amp). Static and
-        disabled scalers never check (as :class:`mxmp.Trainer`).
+        disabled scalers never check (as :class:`mxmp.Trainer`). A skipped step whose losses
+        (of every ``scale_loss`` since the last step) were inf/NaN warns
+        :class:`mxmp.NonFiniteForwardWarning`, as :class:`mxmp.Trainer`.
         """
         if self._next is not None:
             self.scaler, self._next = dataclasses.replace(self.scaler, scale=self._next), None
@@ -182,6 +223,8 @@ class TrainerLossScaler(Step):
                 per_device.setdefault(k, []).append(grad)
         with autograd.pause():
             finite = self.check(list(per_device.values()))
+        if not finite and self._loss_flags and not flags_finite(list(self._loss_flags.values())):
+            warn_forward_nonfinite(stacklevel=5)   # user code -> step -> _update -> here
         self.end(finite)
         if not finite:
             logger.info('mxmp.amp: overflow, step skipped; loss scale now %g', self.loss_scale)

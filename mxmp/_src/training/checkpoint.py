@@ -9,7 +9,7 @@ import struct
 
 import numpy as np
 
-from ..dtypes import dtype_name
+from ..dtypes import LOW_PRECISION_DTYPES, dtype_name
 from ..files import write_atomic
 from .master_weights import is_low_precision
 
@@ -85,16 +85,14 @@ def _check_param_records(fname, saved, mine, check_names):
         if list(s['shape']) != m['shape'] and 0 not in m['shape']:
             raise ValueError('%s: Parameter %d (%s) has shape %s in the file but %s here'
                              % (fname, k, m['name'], tuple(s['shape']), tuple(m['shape'])))
-        if s['master'] and m['master'] and s['dtype'] != m['dtype']:
+        # a Parameter frozen (grad_req='null') on one side only has a master weight on the
+        # other: accepted, as gluon.Trainer loads it (made from the weight when unfrozen)
+        if s['dtype'] != m['dtype'] and (s['master'] or m['master']):
             raise ValueError('%s: Parameter %d (%s) is %s in the file but %s here: the states '
-                             'come from a run with another target dtype; convert the '
-                             'network to %s as in that run, or start the optimizer afresh'
+                             'come from a run with another target dtype (master weights exist '
+                             'only for float16/bfloat16 Parameters); cast the network as in '
+                             'that run (%s), or start the optimizer afresh'
                              % (fname, k, m['name'], s['dtype'], m['dtype'], s['dtype']))
-        if s['master'] != m['master']:
-            raise ValueError('%s: Parameter %d (%s) is %s in the file but %s here: master '
-                             'weights exist only for float16/bfloat16 Parameters; cast the '
-                             'network as in the run that saved the file'
-                             % (fname, k, m['name'], s['dtype'], m['dtype']))
 
 
 def _param_records(params):
@@ -123,9 +121,12 @@ def read_trainer_states(fname, params, check_names, scaler):
         raise ValueError('%s: malformed Parameter records: %r' % (fname, err)) from None
     out = {}
     for i, rec in enumerate(records):
-        if not rec['master']:
+        if rec['dtype'] not in LOW_PRECISION_DTYPES:
             continue
         arr = masters.get(i) if isinstance(masters, dict) else None
+        if arr is None and not (rec['master'] and saved_params[i]['master']):
+            continue   # frozen when saved, without masters yet: made from the weight
+        # (a master saved for a Parameter frozen here is kept for its unfreezing)
         if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or \
                 (0 not in rec['shape'] and list(arr.shape) != rec['shape']):
             raise ValueError('%s: the master weight of Parameter %d (%s) is missing or has '

@@ -4,13 +4,15 @@ it with ``amp_cast``. :class:`MasterWeights` keeps the copies by key; :class:`Pa
 are a Trainer's, by Parameter index; :func:`master_value` and :func:`set_master_value` let the
 parameter files of a converted network (:mod:`mxmp._src.block_params`) read and set them.
 """
+import ctypes
 import weakref
 
 from mxnet import autograd, nd
+from mxnet.base import _LIB, check_call
 
 from ..dtypes import LOW_PRECISION_DTYPES, dtype_name
 from ..device import to_default_layout
-from ..gluon_graph import unrounded_values
+from ..gluon_graph import unrounded_values, value_generation
 
 __all__ = ['MasterWeights', 'ParameterMasters', 'is_low_precision', 'master_value',
            'set_master_value']
@@ -38,7 +40,9 @@ class MasterWeights:
         masters = self._masters.get(key)
         if masters is not None and len(masters) == len(arrays):
             sources = self._sources.get(key)
-            if sources is None or all(a is b for a, b in zip(sources, arrays)):
+            if sources is None or all(_same_array(a, b) for a, b in zip(sources, arrays)):
+                if sources is not None:
+                    self._sources[key] = list(arrays)   # compared by identity from now on
                 return masters
         with autograd.pause():
             pending = self._pending.pop(key, None)
@@ -82,6 +86,21 @@ class MasterWeights:
         return {k: self.first_device(k).asnumpy() for k in keys}
 
 
+def _data_pointer(array):
+    pointer = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
+    return pointer.value
+
+
+def _same_array(a, b):
+    """Whether NDArray ``b`` is ``a`` or a view of the same memory as ``a`` with its shape,
+    dtype and device: Gluon replaces a Parameter's arrays by ``detach()`` copies of them
+    (the same memory) when its grad_req becomes 'null'; that does not change its value."""
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and a.context == b.context
+                      and a.stype == b.stype == 'default'
+                      and _data_pointer(a) == _data_pointer(b))
+
+
 def is_low_precision(param):
     """bool: whether a Parameter gets master weights (float16/bfloat16, grad_req != 'null')."""
     return param.grad_req != 'null' and dtype_name(param.dtype) in LOW_PRECISION_DTYPES
@@ -98,22 +117,50 @@ class ParameterMasters(MasterWeights):
     def __init__(self, params):
         super().__init__()
         self.params = params
+        self._made = {}   # index -> the value generation (value_changed) its masters are of
 
     def of(self, i):
-        """The float32 masters (one per device) of low-precision Parameter ``i``, created from
-        its unrounded float32 values if ``cast_params`` kept them, else from its values."""
+        """The float32 masters (one per device) of low-precision Parameter ``i``: the masters
+        of another live Trainer of the same Parameter if it made them last (two Trainers over
+        one Parameter update one float32 value, as two gluon.Trainers update one weight);
+        else made from a value given to :meth:`set_pending`, else from its unrounded float32
+        values if ``cast_params`` kept them, else from its values. Made again after its value
+        was set from outside (``Parameter.set_data``: mxmp's hook, which every mxmp.Trainer
+        installs, calls :func:`mxmp._src.gluon_graph.value_changed`)."""
         param = self.params[i]
-        _OWNERS[param] = (weakref.ref(self), i)
+        generation = value_generation(param)
+        if self._made.get(i, generation) != generation:
+            self.discard(i)   # set_data since they (or the pending value) were made
+        if i not in self._pending:
+            owner, j = _owner(param)
+            if owner is not None and owner is not self:
+                theirs = owner.of(j)
+                if all(_same_array(a, b) for a, b in zip(owner._sources.get(j) or (),
+                                                         param.list_data())):
+                    self._masters[i], self._sources[i] = theirs, owner._sources[j]
         if self.first_device(i) is None:
             unrounded = unrounded_values(param)
             if unrounded is not None:
                 self.set_pending(i, unrounded[0])
-        return self.get(i, param.list_data())
+        masters = self.get(i, param.list_data())
+        self._made[i] = generation
+        _OWNERS[param] = (weakref.ref(self), i)
+        return masters
+
+    def set_pending(self, key, value):
+        """:meth:`MasterWeights.set_pending`, dropped if the Parameter's value is set from
+        outside (``set_data``) before its masters are made from it."""
+        super().set_pending(key, value)
+        self._made[key] = value_generation(self.params[key])
 
     def ensure_all(self):
-        """Create the masters of every initialised low-precision Parameter."""
+        """Create (or bring up to date) the masters of every initialised low-precision
+        Parameter, and of a frozen one (grad_req='null') that has masters from before it was
+        frozen: they are kept for its unfreezing, and saved (a weight rebuilt from its rounded
+        value would lose what the master holds below the rounding)."""
         for i, param in enumerate(self.params):
-            if is_low_precision(param) and param._data is not None:
+            if param._data is not None and (is_low_precision(param) or (
+                    i in self._masters and dtype_name(param.dtype) in LOW_PRECISION_DTYPES)):
                 self.of(i)
 
 

@@ -9,14 +9,17 @@ import enum
 import warnings
 import weakref
 
+import mxnet as mx
 from mxnet import autograd, nd
 
 from ..dtypes import dtype_name
 from ..errors import LossScaleAtFloorError, NonFiniteForwardWarning
-from ..scaling import LossScaleGroup, flatten_losses, scale_losses
+from ..scaling import (LossScaleGroup, cast_keeping_storage, divide, flatten_losses,
+                       scale_losses)
 
 __all__ = ['Stage', 'Step', 'DeviceUpdate', 'device_update', 'update_groups', 'param_grads',
-           'all_finite', 'MAX_FINITE_ARRAYS', 'UPDATE_GROUP']
+           'all_finite', 'finite_flag', 'flags_finite', 'warn_forward_nonfinite',
+           'MAX_FINITE_ARRAYS', 'UPDATE_GROUP', 'KEEPS_GRADIENTS']
 
 #: ``mx.nd.multi_all_finite`` takes at most 200 arrays per call (MultiAllFiniteKernelParam::N
 #: in MXNet's src/operator/contrib/all_finite-inl.h), of one dtype, and has no bfloat16 kernel.
@@ -25,45 +28,69 @@ MAX_FINITE_ARRAYS = 200
 #: master-weight update (:func:`update_groups`), and per float32 check of bfloat16 gradients.
 UPDATE_GROUP = 8
 _FINITE_DTYPES = ('float16', 'float32', 'float64')
+#: Optimizers that keep a reference to a gradient they were given after the call returns
+#: (MXNet 1.9.1's LBSGD accumulates ``cum_grad = grad`` over ``batch_scale`` calls): the
+#: float32 copies of their low-precision gradients are made in one call, never in a buffer
+#: that the next group overwrites (tests/training/test_update_memory.py runs every optimizer
+#: of ``mx.optimizer.Optimizer.opt_registry`` grouped against one call).
+KEEPS_GRADIENTS = (mx.optimizer.LBSGD,)
 
 
 def all_finite(per_device_grads):
     """Whether no gradient (per device, a list of NDArray of any dtype or storage; integer
-    ones are ignored) holds inf or NaN: one host synchronisation. bfloat16 gradients
-    (``multi_all_finite`` has no bfloat16 kernel) are checked through float32 copies made
-    :data:`UPDATE_GROUP` at a time, so the copies of all of them never exist at once."""
-    flags = []
-    for grads in per_device_grads:
-        if not grads:
-            continue
-        groups = {}
-        for g in grads:
-            if g.stype == 'row_sparse':
-                g = g.data
-            name = dtype_name(g.dtype)
-            if name not in _FINITE_DTYPES and name != 'bfloat16':
-                continue   # integer gradients cannot overflow to inf/NaN
-            groups.setdefault(name, []).append(g)
-        flag = nd.ones((1,), ctx=grads[0].context, dtype='float32')
-        for name, arrays in groups.items():
-            size = UPDATE_GROUP if name == 'bfloat16' else MAX_FINITE_ARRAYS
-            chunks = [arrays[start:start + size] for start in range(0, len(arrays), size)]
-            buffer = None
-            if name == 'bfloat16':   # one buffer, reused by every chunk (_float32_views)
-                buffer = nd.empty((max(sum(g.size for g in c) for c in chunks),),
-                                  ctx=flag.context, dtype='float32')
-            for chunk in chunks:
-                if buffer is not None:
-                    chunk = _float32_views(chunk, buffer)
-                nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False,
-                                    out=flag)
-        flags.append(flag)
+    ones are ignored) holds inf or NaN: one host synchronisation (:func:`finite_flag`)."""
+    flags = [finite_flag(grads) for grads in per_device_grads if grads]
+    return flags_finite(flags)
+
+
+def flags_finite(flags):
+    """Whether every flag (float32 NDArray of shape (1,), from :func:`finite_flag`, on any
+    devices) is 1: one host synchronisation; True for no flags."""
     if not flags:
         return True
     if len(flags) > 1:   # one flag per device: combined on the first one
         ctx = flags[0].context
         flags = [nd.min(nd.concat(*[f.as_in_context(ctx) for f in flags], dim=0))]
     return bool(flags[0].asscalar() > 0)
+
+
+def finite_flag(arrays, flag=None):
+    """A float32 NDArray of shape (1,) on the device of ``arrays`` (non-empty list of NDArray
+    of one device, any dtype or storage; integer ones are ignored): ``flag`` (default: a new
+    one, 1) set to 0 if an array holds inf or NaN, without a host synchronisation. bfloat16
+    arrays (``multi_all_finite`` has no bfloat16 kernel) are checked through float32 copies
+    made :data:`UPDATE_GROUP` at a time, so the copies of all of them never exist at once."""
+    groups = {}
+    for g in arrays:
+        if g.stype == 'row_sparse':
+            g = g.data
+        name = dtype_name(g.dtype)
+        if name not in _FINITE_DTYPES and name != 'bfloat16':
+            continue   # integer arrays cannot hold inf/NaN
+        groups.setdefault(name, []).append(g)
+    if flag is None:
+        flag = nd.ones((1,), ctx=arrays[0].context, dtype='float32')
+    for name, members in groups.items():
+        size = UPDATE_GROUP if name == 'bfloat16' else MAX_FINITE_ARRAYS
+        chunks = [members[start:start + size] for start in range(0, len(members), size)]
+        buffer = None
+        if name == 'bfloat16':   # one buffer, reused by every chunk (_float32_views)
+            buffer = nd.empty((max(sum(g.size for g in c) for c in chunks),),
+                              ctx=flag.context, dtype='float32')
+        for chunk in chunks:
+            if buffer is not None:
+                chunk = _float32_views(chunk, buffer)
+            nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False, out=flag)
+    return flag
+
+
+def warn_forward_nonfinite(stacklevel):
+    """Warn NonFiniteForwardWarning: a skipped step whose losses were inf/NaN."""
+    warnings.warn(NonFiniteForwardWarning(
+        'the forward pass gave inf/NaN (the loss or the outputs are not finite): the step is '
+        'skipped, but this is not an overflow from loss scaling and a lower loss scale will '
+        'not fix it; check the batch (inputs, labels), the learning rate, and '
+        'log/exp/division/sqrt in the model'), stacklevel=stacklevel)
 
 
 def param_grads(params):
@@ -104,11 +131,13 @@ def update_groups(updater, update):
     Updater cuts a call into chunks of ``aggregate_num`` weights of one dtype, SGD counts each
     chunk's updates before reading its learning rates), so the optimizer sees the same chunks
     as in one call: the same kernels, learning rates and results. One slice, the whole list,
-    when nothing is cast or the weights have several dtypes (MXNet then chunks per dtype)."""
+    when nothing is cast, the weights have several dtypes (MXNet then chunks per dtype) or the
+    optimizer keeps references to its gradients (:data:`KEEPS_GRADIENTS`)."""
     n = len(update.indices)
-    if all(t is None for t in update.targets) or len({w.dtype for w in update.weights}) > 1:
-        return [slice(0, n)]
     optimizer = getattr(updater, 'optimizer', None)
+    if all(t is None for t in update.targets) or len({w.dtype for w in update.weights}) > 1 \
+            or isinstance(optimizer, KEEPS_GRADIENTS):
+        return [slice(0, n)]
     chunk = getattr(optimizer, 'aggregate_num', 0) if getattr(updater, 'aggregate_updates',
                                                               False) else 0
     size = -(-UPDATE_GROUP // chunk) * chunk if chunk and chunk > 0 else UPDATE_GROUP
@@ -125,7 +154,9 @@ class Stage(enum.Enum):
 class Step:
     """The state of one training loop between updates, and the update itself: ``scaler`` is
     a LossScaler (this Step's alone) or a LossScaleGroup whose member is ``owner`` (held
-    weakly; None: the Step itself). ``losses``: this step's, from :meth:`scale_loss`."""
+    weakly; None: the Step itself). The losses of every :meth:`scale_loss` since the last
+    step (all micro-batches under gradient accumulation) are checked for inf/NaN on the
+    device as they come, one flag per device (:func:`finite_flag`), read on an overflow."""
 
     def __init__(self, scaler, owner=None):
         self.group = scaler if isinstance(scaler, LossScaleGroup) else LossScaleGroup(scaler)
@@ -133,7 +164,7 @@ class Step:
         self.group.join(self._owner())
         self.skipped_steps = 0
         self.stage = Stage.READY
-        self.losses = []
+        self._loss_flags = {}   # context -> finite_flag of this step's losses
 
     @property
     def scaler(self):
@@ -145,17 +176,24 @@ class Step:
         self.group.current = value
 
     def scale_loss(self, loss):
-        """``loss`` times the loss scale (:func:`scale_losses`), kept flat in :attr:`losses`;
-        ``loss`` itself when scaling is disabled."""
+        """``loss`` times the loss scale (:func:`scale_losses`), its losses added to this
+        step's finite check; ``loss`` itself when scaling is disabled."""
         scaler = self.scaler
         if not scaler.enabled:
             return loss
-        self.losses = flatten_losses(loss)
+        per_device = {}
+        for x in flatten_losses(loss):
+            per_device.setdefault(x.context, []).append(x)
+        with autograd.pause():
+            for ctx, arrays in per_device.items():
+                self._loss_flags[ctx] = finite_flag(arrays, self._loss_flags.get(ctx))
         return scale_losses(loss, float(scaler.scale))
 
     def unscale(self, grads):
         """Divide ``grads`` by the loss scale in place (inf/NaN stay for :meth:`check`); a
-        no-op when scaling is disabled. RuntimeError if they were unscaled in this step."""
+        no-op when scaling is disabled. RuntimeError if they were unscaled in this step.
+        float16/bfloat16 gradients are divided in float32 (:func:`mxmp._src.scaling.divide`:
+        MXNet would convert the scale to float16, where 2**16 is inf and every gradient 0)."""
         scaler = self.scaler
         if not scaler.enabled:
             return
@@ -166,7 +204,7 @@ class Step:
         scale = float(scaler.scale)
         with autograd.pause():
             for grad in grads:
-                grad /= scale
+                divide(grad, scale, out=grad)
         self.stage = Stage.UNSCALED
 
     def check(self, per_device_grads):
@@ -179,31 +217,32 @@ class Step:
         if not finite:
             self.skipped_steps += 1
         self.stage = Stage.READY
-        self.losses = []
+        self._loss_flags = {}
 
-    def apply(self, calls, optimizer, rescale_grad, name_of=None, forward_finite=None):
+    def apply(self, calls, optimizer, rescale_grad, name_of=None, forward_finite=None,
+              on_kvstore=None):
         """Check for overflow, then run every ``(updater, DeviceUpdate)`` of ``calls`` with
         ``optimizer.rescale_grad = rescale_grad / loss_scale`` (no scale if disabled or
         UNSCALED), or skip the step; returns False if skipped. ``name_of``: optimizer index ->
-        parameter name; ``forward_finite() -> bool`` (default: the losses of
-        :meth:`scale_loss`) is asked on an overflow only and warns NonFiniteForwardWarning if
-        False. LossScaleAtFloorError when the scale is stuck at its floor: the step has then
+        parameter name; ``forward_finite() -> bool`` (default: the losses of every
+        :meth:`scale_loss` since the last step) is asked on an overflow only and warns
+        NonFiniteForwardWarning if False. LossScaleAtFloorError when the scale is stuck at its floor: the step has then
         been skipped like any overflowing one (counted in :attr:`skipped_steps`, the stage
         READY again, the step told to the group, so the other members of a LossScaleGroup step
-        on without "already stepped"), and the error is raised instead of returning False."""
-        losses, self.losses = self.losses, []
-        if forward_finite is None and losses:
-            forward_finite = lambda: all_finite([losses])  # noqa: E731
+        on without "already stepped"), and the error is raised instead of returning False.
+        ``on_kvstore``: None, or ``(per-device gradient lists, push)`` for a Trainer whose
+        kvstore updates the weights (sparse weights, as gluon.Trainer): those gradients are
+        checked too and ``push()`` (which makes the kvstore update) runs after ``calls``."""
+        flags, self._loss_flags = list(self._loss_flags.values()), {}
+        if forward_finite is None and flags:
+            forward_finite = lambda: flags_finite(flags)  # noqa: E731
         scaler = self.scaler
-        if not self.check([u.grads for _, u in calls]):
+        checked = [u.grads for _, u in calls] + (list(on_kvstore[0]) if on_kvstore else [])
+        if not self.check(checked):
             new = scaler.adjust(False)
             forward_nonfinite = None if forward_finite is None else not forward_finite()
             if forward_nonfinite:
-                warnings.warn(NonFiniteForwardWarning(
-                    'the forward pass gave inf/NaN (the loss or the outputs are not finite): '
-                    'the step is skipped, but this is not an overflow from loss scaling and a '
-                    'lower loss scale will not fix it; check the batch (inputs, labels), the '
-                    'learning rate, and log/exp/division/sqrt in the model'), stacklevel=3)
+                warn_forward_nonfinite(stacklevel=4)
             if getattr(new, 'stuck_at_floor', False):
                 names = sorted({str((name_of or str)(i)) for _, u in calls
                                 for i, grad in zip(u.indices, u.grads) if not all_finite([[grad]])})
@@ -231,6 +270,8 @@ class Step:
                 for part in parts:
                     _update_group(updater, update, part, buffer)
                 del buffer
+            if on_kvstore:
+                on_kvstore[1]()
         self.end(True)
         return True
 
@@ -274,8 +315,10 @@ class _GradientCopies:
         pairs = list(zip(self.update.grads[part], self.kind[part]))
         dense = [g for g, k in pairs if k == 'dense']
         views = iter(_float32_views(dense, self.array) if dense else [])
+        # a row_sparse gradient stays sparse (amp_cast makes it dense: weight decay and
+        # momentum then reached rows that were not in the batch)
         return [g if k is None else next(views) if k == 'dense' else
-                nd.amp_cast(g, dtype='float32') for g, k in pairs]
+                cast_keeping_storage(g, 'float32') for g, k in pairs]
 
 
 def _update_group(updater, update, part, buffer):

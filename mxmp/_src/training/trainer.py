@@ -8,6 +8,7 @@ from mxnet import autograd, gluon
 
 from .. import distributed
 from ..dtypes import LOW_PRECISION_DTYPES, dtype_name, normalize_dtype
+from ..gluon import install_hooks
 from ..gluon_graph import policy_of
 from ..policy.policy import resolve_policy
 from ..scaling import LossScaleGroup, make_loss_scaler
@@ -28,7 +29,10 @@ class Trainer(gluon.Trainer):
         params, optimizer, optimizer_params, compression_params: as for ``gluon.Trainer``;
             float16/bfloat16 Parameters get float32 master weights, which the optimizer updates.
         kvstore (str or KVStore): as for ``gluon.Trainer`` (default ``'device'``); it only
-            reduces gradients. update_on_kvstore (None or False): True is refused.
+            reduces gradients. update_on_kvstore (None or False): True is refused. With
+            sparse (row_sparse) weights, as ``gluon.Trainer``, the kvstore holds the weights
+            and updates them (every Parameter must then be float32, else ValueError); the
+            gradients are checked for inf/NaN before they are pushed.
         loss_scaler (keyword-only): anything :func:`mxmp.make_loss_scaler` accepts, or a
             :class:`mxmp.LossScaleGroup` shared with other Trainers.
         target_dtype, policy (keyword-only): the precision; see :func:`resolve_precision`.
@@ -54,6 +58,12 @@ class Trainer(gluon.Trainer):
         grad_dtype = distributed.check_grad_dtype(grad_dtype, kv_type, self._step.scaler.dynamic)
         self._exchange = distributed.KVStoreExchange(len(self._params), grad_dtype)
         self._asked_update_on_kvstore = update_on_kvstore
+        install_hooks()   # Parameter.set_data tells the masters (gluon_graph.value_changed)
+        if self._contains_sparse_weight:
+            _check_sparse_weights(self._params)
+            # as gluon.Trainer: the kvstore holds sparse weights and updates every weight
+            # (update_on_kvstore=False is refused by gluon, naming the sparse weights)
+            self._kvstore_params['update_on_kvstore'] = update_on_kvstore
         if 'dist' in (kv_type or '') and all(p._data is not None for p in self._params):
             self._prepare()   # every worker's first forward uses worker 0's weights
 
@@ -79,7 +89,8 @@ class Trainer(gluon.Trainer):
 
     def _init_kvstore(self):
         super()._init_kvstore()
-        if self._kvstore is not None and self._asked_update_on_kvstore is None:
+        if self._kvstore is not None and self._asked_update_on_kvstore is None and \
+                not self._update_on_kvstore:
             logger.info('mxmp.Trainer: update_on_kvstore=False on the %r kvstore (gluon\'s '
                         'default there is True): the kvstore only reduces the gradients',
                         self._kvstore.type)
@@ -93,7 +104,7 @@ class Trainer(gluon.Trainer):
             self._params_to_init = [p for p in self._params_to_init if p not in done]
         super()._init_params()
         for param in todo:
-            for arr in param.list_data():
+            for arr in param._check_and_get(param._data, list):   # sparse weights too
                 arr.wait_to_read()
 
     def _allreduce_grads(self):
@@ -177,7 +188,10 @@ class Trainer(gluon.Trainer):
                 or not batch_size > 0:
             raise ValueError('batch_size must be a positive number, got %r' % (batch_size,))
         self._step.group.check_can_step(self, _describe)
+        install_hooks()   # again after a remove_hooks(): the masters follow set_data
         self._prepare()
+        if self._update_on_kvstore:
+            return self._apply_on_kvstore(batch_size, ignore_stale_grad)
         if reduce:
             self._allreduce_grads()
         with autograd.pause():
@@ -201,6 +215,36 @@ class Trainer(gluon.Trainer):
             calls = [(u, device_update(e)) for u, e in zip(self._updaters, per_device)]
             return self._step.apply(calls, self._optimizer, self._scale / batch_size,
                                     name_of=lambda i: self._params[i].name)
+
+    def _apply_on_kvstore(self, batch_size, ignore_stale_grad):
+        """The step of a Trainer with sparse weights, as gluon.Trainer's: the kvstore applies
+        the optimizer while the gradients are pushed, so every gradient is checked for
+        inf/NaN first (the push is skipped on overflow); stale gradients raise as in gluon
+        (the push covers every Parameter whose grad_req is not 'null', as gluon's)."""
+        _check_sparse_weights(self._params)   # again: a frozen float16 one may be trainable now
+        with autograd.pause():
+            for param in self._params:
+                if param.grad_req == 'null' or ignore_stale_grad:
+                    continue
+                for data in param._check_and_get(param._data, list):
+                    if not data._fresh_grad:
+                        raise UserWarning(
+                            'Gradient of Parameter `%s` on context %s has not been updated '
+                            'by backward since the last step. If only a subset of the '
+                            'Parameters is used on purpose, call step with '
+                            'ignore_stale_grad=True.' % (param.name, data.context))
+            per_device = [list(g) for g in zip(*[p.list_grad() for p in self._params
+                                                  if p.grad_req != 'null'])]
+            return self._step.apply([], self._optimizer, self._scale / batch_size,
+                                    name_of=lambda i: self._params[i].name,
+                                    on_kvstore=(per_device,
+                                                lambda: gluon.Trainer._allreduce_grads(self)))
+
+    def _optimizer_updater(self):
+        """The Updater holding the optimizer states: the kvstore's when it updates."""
+        if self._update_on_kvstore:
+            return self._kvstore._updater
+        return self._updaters[0]
 
     # ------------------------------------------------------------------ master weights
     def master_weights(self, param):
@@ -239,7 +283,7 @@ class Trainer(gluon.Trainer):
         self._prepare()
         self._masters.ensure_all()
         checkpoint.write_trainer_states(fname, self._params, {
-            'optimizer': self._updaters[0].get_states(dump_optimizer=True),
+            'optimizer': self._optimizer_updater().get_states(dump_optimizer=True),
             'master_weights': self._masters.to_numpy(),
             'loss_scaler': self._step.scaler.state_dict(),
             'skipped_steps': self._step.skipped_steps,
@@ -252,10 +296,14 @@ class Trainer(gluon.Trainer):
         opt_blob, masters, scaler, skipped = checkpoint.read_trainer_states(
             fname, self._params, check_names, self._step.scaler)
         self._prepare()
-        for updater in self._updaters:
-            updater.set_states(opt_blob)
-            updater.optimizer = self._updaters[0].optimizer
-        self._optimizer = self._updaters[0].optimizer
+        if self._update_on_kvstore:
+            self._kvstore._updater.set_states(opt_blob)
+            self._optimizer = self._kvstore._updater.optimizer
+        else:
+            for updater in self._updaters:
+                updater.set_states(opt_blob)
+                updater.optimizer = self._updaters[0].optimizer
+            self._optimizer = self._updaters[0].optimizer
         self._optimizer.param_dict = dict(enumerate(self._params))
         self._masters.clear()
         for i, value in masters.items():
@@ -263,6 +311,20 @@ class Trainer(gluon.Trainer):
         self._masters.ensure_all()
         self._step.scaler, self._step.skipped_steps = scaler, skipped
         self._step.stage = Stage.READY
+
+
+def _check_sparse_weights(params):
+    """ValueError unless every Parameter is float32 when some weights are sparse: gluon (and
+    so mxmp) updates them on the kvstore, which holds the weights, where mxmp cannot keep
+    float32 master weights or skip the update of one overflowing step of low precision."""
+    low = [p.name for p in params if is_low_precision(p)]
+    if low:
+        sparse = [p.name for p in params if p._stype != 'default']
+        raise ValueError(
+            'this Trainer has sparse (row_sparse) weights (%s), which gluon updates on the '
+            'kvstore, and float16/bfloat16 Parameters (%s), whose float32 master weights the '
+            'kvstore cannot keep. Give the sparse weights a Trainer of their own, or keep '
+            'these Parameters float32.' % (', '.join(sparse[:3]), ', '.join(low[:3])))
 
 
 def _describe(member):
