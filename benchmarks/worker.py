@@ -303,7 +303,7 @@ class _Child:
             start = time.perf_counter()
             net = mxmp.freeze(net, *xs)   # hybridized with the block's flags, called once
             res['conversion_s'] += time.perf_counter() - start
-            res['fused'] = mxmp._src.gluon_graph.count_fused(net._cached_graph[1]) > 0
+            res['fused'] = mxmp._src.fused_inference.count_fused(net._cached_graph[1]) > 0
             hybridize = None
         else:
             raise BenchmarkError('mode %r has no inference phase' % mode)

@@ -32,7 +32,7 @@ FOUND = 4
 def cmd_convert(args):
     """mxmp convert: write a converted (or stripped) model."""
     import numpy as np
-    from ._src.gluon_graph import count_fused
+    from ._src.fused_inference import count_fused
     from ._src.graph.strip import count_casts, float32_arrays, remove_casts
     if not args.strip and args.dtype is None:
         raise CLIError('give --dtype float16 or --dtype bfloat16 (or --strip to get the '

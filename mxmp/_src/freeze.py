@@ -21,7 +21,7 @@ from .graph.kernel_rule import inference_only
 from .graph.stem import pad_stem, wants_padding
 from .graph.strip import remove_casts
 from .graph.symbol_json import cast_param_names, dump, load
-from .gluon_graph import BACKEND, count_fused, unsafe_outputs
+from .fused_inference import BACKEND, count_fused, unsafe_outputs
 
 __all__ = ['freeze']
 

@@ -185,7 +185,7 @@ def fuse_model(sym, arg_params, aux_params, shapes, data_names):
     would fuse), an output also feeds another node (as :class:`mxmp._src.gluon_graph.
     FusedInference`, such graphs are not fused) or the backend refuses the graph."""
     import mxnet as mx
-    from .gluon_graph import BACKEND, unsafe_outputs
+    from .fused_inference import BACKEND, unsafe_outputs
     missing = [n for n in data_names if n not in shapes]
     if missing:
         raise CLIError('--fuse needs the shape of every data input to find the patterns: '

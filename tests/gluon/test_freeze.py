@@ -154,7 +154,7 @@ for seed in map(int, sys.argv[1:]):
     got = frozen(x).asnumpy()
     out[seed] = [float(np.abs(got - ref).max() / np.abs(ref).max()),
                  float((got.argmax(1) == ref.argmax(1)).mean()), str(got.dtype),
-                 mxmp._src.gluon_graph.count_fused(frozen._cached_graph[1]),
+                 mxmp._src.fused_inference.count_fused(frozen._cached_graph[1]),
                  float(np.abs(got - converted).max())]
 print(json.dumps(out))
 '''

@@ -1,5 +1,5 @@
 """Fold inference BatchNorm into the Convolution before it, in float32, before any rounding:
-the graph rewrite of the fused inference graph (:class:`mxmp._src.gluon_graph.FusedInference`,
+the graph rewrite of the fused inference graph (:class:`mxmp._src.fused_inference.FusedInference`,
 ``mxmp.convert(..., fold_batchnorm=...)``).
 
 Why (docs/benchmark.md "Fused inference", measured on avx512_bf16): MXNet 1.9.1's oneDNN
