@@ -10,6 +10,7 @@ import json
 import platform
 from typing import Dict, List
 
+from ..cpu_tier import MEANING, describe
 from ..files import write_atomic
 
 #: The ``format`` field of a report file, and its version.
@@ -120,6 +121,8 @@ class KernelReport:
             else '', m.get('date')),
             'tolerance: forward %.4g, backward %.4g (relative, max-norm)'
             % (self.tolerances['forward'], self.tolerances['backward'])]
+        if m.get('tier') in MEANING:   # reports of check_kernels (not older files)
+            head.insert(0, describe(m))
         cols = ('op', 'class', 'variant', 'case', 'mode', 'fwd err', 'bwd err', 'verdict')
         body = [(r['op'], r['class'], r['variant'] or '-', r['case'] or '-', r['mode'] or '-',
                  _fmt_err(r['fwd_err']), _fmt_err(r['bwd_err']),
