@@ -77,7 +77,9 @@ def test_tier_agrees_with_onednn_and_the_warning_follows_it(cap):
         # three real conversions, one warning, naming the tier, the cap and a measured ratio
         assert len(out['warnings']) == 1, out['warnings']
         message = out['warnings'][0]
-        assert 'tier avx512_core' in message and 'DNNL_MAX_CPU_ISA=AVX512_CORE' in message
+        assert 'tier avx512_core' in message
+        # the cap is named where it made the tier (a Cascade Lake CPU is avx512_core uncapped)
+        assert ('DNNL_MAX_CPU_ISA=AVX512_CORE' in message) == (cap == 'AVX512_CORE')
         assert 'x the speed of float32' in message and 'mxmp check-kernels' in message
     else:
         assert out['warnings'] == []
