@@ -65,7 +65,9 @@ class KernelReport:
 
     Attributes:
         target_dtype (str): ``'bfloat16'`` or ``'float16'``.
-        machine (dict): :func:`machine_info` of the machine that ran the suite.
+        machine (dict): :func:`machine_info` of the machine that ran the suite, with
+            ``mxmp._src.cpu_tier.tier_info``'s ``tier``, ``dnnl_max_cpu_isa`` (the cap oneDNN
+            obeyed) and ``bf16_gemm_speed`` (reports of ``check_kernels``).
         rows (list of dict): keys ``op, class, variant, case, mode, fwd_err, bwd_err, verdict,
             detail`` (relative errors, None when not run).
         tolerances (dict): ``{'forward': float, 'backward': float}`` used for the verdicts.
