@@ -21,17 +21,14 @@ surrounding spaces, an unknown name) is ignored by oneDNN and so here (measured 
 first runs a primitive, so it must be set before that, in practice before MXNet is imported.
 """
 import functools
-import logging
 import os
 import time
 import warnings
 
 from .errors import SlowerThanFloat32Warning
 
-logger = logging.getLogger('mxmp')
-
-__all__ = ['TIERS', 'cpu_tier', 'describe', 'dnnl_isa_cap', 'gemm_speed_ratio', 'tier_info',
-           'warn_if_slower_than_float32']
+__all__ = ['TIERS', 'cpu_tier', 'describe', 'dnnl_isa_cap', 'gemm_speed_ratio', 'quiet',
+           'tier_info', 'warn_if_slower_than_float32']
 
 #: The tiers, fastest bfloat16 first.
 TIERS = ('avx512_bf16', 'avx512_core', 'avx2')
