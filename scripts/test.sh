@@ -79,7 +79,7 @@ EMULATED_PATH_TESTS=(tests/graph/test_pass.py tests/gluon/test_convert.py tests/
                      tests/amp/test_accumulate.py tests/amp/test_encoder_decoder.py tests/amp/test_bert_finetune.py
                      tests/amp/test_sockeye.py tests/kernels/test_dropout_in_training.py tests/gluon/test_freeze.py
                      tests/gluon/test_lp_params.py tests/gluon/test_checkpoint_files.py tests/gluon/test_fused_inference.py
-                     tests/gluon/test_fused_accuracy.py tests/test_plain_mxnet.py tests/graph/test_stem.py
+                     tests/test_plain_mxnet.py tests/graph/test_stem.py
                      tests/graph/test_existing_casts.py tests/graph/test_moved_params.py
                      tests/conformance/test_conformance.py)
 
