@@ -19,7 +19,8 @@ _cuda.preload_if_needed()
 from ._src.cuda import CudaLibrariesNotFound, missing_cuda_libraries, preload_cuda_libraries  # noqa: E402,E501
 from ._src.device import lp_kernels_available  # noqa: E402
 from ._src.dtypes import normalize_dtype  # noqa: E402
-from ._src.errors import AmpListConflict, GpuProbeError, LossScaleAtFloorError, NonFiniteForwardWarning  # noqa: E402,E501
+from ._src.errors import (AmpListConflict, GpuProbeError, LossScaleAtFloorError,  # noqa: E402
+                          NonFiniteForwardWarning, SlowerThanFloat32Warning)
 from ._src.gluon import convert, converted_graph, remove_hooks  # noqa: E402
 from ._src.graph.convert import convert_symbol  # noqa: E402
 from ._src.graph.plan import explain, format_explain  # noqa: E402
@@ -69,7 +70,8 @@ __all__ = ['convert', 'converted_graph', 'freeze', 'remove_hooks', 'convert_symb
            'lp_kernels_available', 'Trainer', 'LossScaler', 'DynamicLossScaler',
            'StaticLossScaler', 'NoOpLossScaler', 'make_loss_scaler', 'LossScaleGroup',
            'LossScaleAtFloorError',
-           'NonFiniteForwardWarning', 'GpuProbeError', 'Module', 'BucketingModule', 'amp', 'diagnose',
+           'NonFiniteForwardWarning', 'SlowerThanFloat32Warning', 'GpuProbeError', 'Module',
+           'BucketingModule', 'amp', 'diagnose',
            'NumericsReport', 'plot_run', 'check_kernels', 'KernelReport', 'load_kernel_report',
            'check_alignment', 'format_alignment', 'Misalignment', 'preload_cuda_libraries',
            'missing_cuda_libraries', 'CudaLibrariesNotFound']

@@ -12,6 +12,7 @@ Examples::
     python scripts/benchmark.py --dtype float16 --ctx gpu
     python scripts/benchmark.py --profile --batch-size 16 --iters 5
     python scripts/benchmark.py --model bert_base --batch-size 8 --seq-len 128 --threads 1
+    python scripts/benchmark.py --model bert_base --batch-size 8 --seq-len 128 --threads 1 2
 """
 import argparse
 import json
@@ -25,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import peak as bench_peak  # noqa: E402
 from benchmarks import profile as bench_profile  # noqa: E402
 from benchmarks import runner  # noqa: E402
+from benchmarks import scaling  # noqa: E402
 from benchmarks.charts import bar_chart  # noqa: E402
 from benchmarks.modes import (BERT_DEFAULT_MODES, BERT_MODEL_NAMES,  # noqa: E402
                               BERT_PROFILE_MODES, DEFAULT_MODES, DEFAULT_SENTENCE_LEN,
@@ -96,9 +98,13 @@ def parse_args(argv=None):
                    help='--profile: the phase profiled (a training step or an inference call)')
     p.add_argument('--loss-steps', type=int, default=20,
                    help='SGD steps of the loss check (0: skip it)')
-    p.add_argument('--threads', type=int, default=None,
+    p.add_argument('--threads', type=int, nargs='+', default=None,
                    help='OMP_NUM_THREADS/MKL_NUM_THREADS of every run (default: the current '
-                        'OMP_NUM_THREADS, else the number of cores)')
+                        'OMP_NUM_THREADS, else the number of cores); several counts (e.g. '
+                        '--threads 1 2) run everything once per count, in OUTPUT_DIR/threads<N>/'
+                        ' (the loss check at the first count only), then print and write '
+                        'scaling.md: the ratio against float32 per count and the speed-up from '
+                        'the first count (with --profile: of each operator)')
     p.add_argument('--timeout', type=float, default=3600, help='seconds per subprocess')
     p.add_argument('--output-dir', default='runs/benchmark', help='where the outputs go')
     p.add_argument('--quick', action='store_true',
@@ -142,6 +148,10 @@ def check_args(args):
                              '(the models downsample by 32)')
     if args.loss_steps < 0:
         raise BenchmarkError('--loss-steps must be >= 0')
+    if args.threads is not None and (min(args.threads) < 1 or
+                                     len(set(args.threads)) != len(args.threads)):
+        raise BenchmarkError('--threads %s: give distinct thread counts >= 1, e.g. --threads 1 2'
+                             % ' '.join(map(str, args.threads)))
     if bert:
         from benchmarks.bert import MAX_LENGTH, require_gluonnlp
         require_gluonnlp()
@@ -191,8 +201,36 @@ def main(argv=None):
                     'MXNet); nothing measured. Run on a GPU machine with mxnet-cu112, or use '
                     '--ctx cpu.')
         return 0
-    threads = args.threads or int(os.environ.get('OMP_NUM_THREADS') or os.cpu_count())
+    counts = args.threads or [int(os.environ.get('OMP_NUM_THREADS') or os.cpu_count())]
     out_dir = os.path.abspath(args.output_dir)
+    if len(counts) == 1:
+        return run_at(args, argv, counts[0], out_dir, modes_given)
+    reports, status = {}, 0
+    for threads in sorted(counts):
+        LOG.info('== %d threads', threads)
+        sub = os.path.join(out_dir, 'threads%d' % threads)
+        path = os.path.join(sub, 'profile.json' if args.profile else 'benchmark.json')
+        if os.path.exists(path):
+            os.remove(path)   # an earlier run's report is never lined up with this one's
+        status = max(status, run_at(args, argv, threads, sub, modes_given))
+        if os.path.exists(path):
+            with open(path) as f:
+                reports[threads] = json.load(f)
+        args.loss_steps = 0   # numerics: the same at every thread count
+    if len(reports) < 2:
+        LOG.error('fewer than two thread counts gave a report: no scaling table')
+        return status or 1
+    text = scaling.write('profile' if args.profile else 'benchmark', reports, out_dir,
+                         ' '.join(['python', 'scripts/benchmark.py'] +
+                                  (argv if argv is not None else sys.argv[1:])),
+                         unit=unit_of(args.model))
+    print(text)
+    LOG.info('wrote %s', os.path.join(out_dir, 'scaling.md'))
+    return status
+
+
+def run_at(args, argv, threads, out_dir, modes_given):
+    """The benchmark (or ``--profile``) at ``threads`` threads into ``out_dir``; exit code."""
     os.makedirs(os.path.join(out_dir, 'logs'), exist_ok=True)
     env = runner.child_env(threads)
     machine = runner.machine_info(threads)

@@ -77,7 +77,11 @@ EMULATED_PATH_TESTS=(tests/graph/test_pass.py tests/gluon/test_convert.py tests/
                      tests/gluon/test_onednn_layout.py tests/device/test_device.py tests/training/test_nonfinite.py
                      tests/cli/test_cli.py tests/test_bad_inputs.py tests/gluon/test_gluoncv_models.py
                      tests/amp/test_accumulate.py tests/amp/test_encoder_decoder.py tests/amp/test_bert_finetune.py
-                     tests/amp/test_sockeye.py)
+                     tests/amp/test_sockeye.py tests/kernels/test_dropout_in_training.py tests/gluon/test_freeze.py
+                     tests/gluon/test_lp_params.py tests/gluon/test_checkpoint_files.py tests/gluon/test_fused_inference.py
+                     tests/test_plain_mxnet.py tests/graph/test_stem.py
+                     tests/graph/test_existing_casts.py tests/graph/test_moved_params.py
+                     tests/conformance/test_conformance.py)
 
 echo "== pytest"
 status=0

@@ -1,4 +1,4 @@
-"""scripts/measure_conv_ceiling.py: its DNNL_VERBOSE parsing and per-layer arithmetic, on a
+"""benchmarks/conv_ceiling.py: its DNNL_VERBOSE parsing and per-layer arithmetic, on a
 hand-written log (the measurement itself needs the real kernels and minutes: docs/benchmark.md
 "ResNet-50's bfloat16 convolutions, layer by layer")."""
 import sys
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'scripts'))
-from measure_conv_ceiling import conv_of, gemm_of, parse, report  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.conv_ceiling import conv_of, gemm_of, parse, report  # noqa: E402
 
 CONV = ('dnnl_verbose,exec,cpu,convolution,brgconv_1x1:avx512_core_bf16,forward_inference,'
         'src_bf16::blocked:acdb:f0 wei_bf16::blocked:AcdB64a2b:f0,{post},'

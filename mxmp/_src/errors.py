@@ -3,8 +3,8 @@ already catches), and the one-line reason of an MXNet error. Imports nothing fro
 from .cuda import CudaLibrariesNotFound
 
 __all__ = ['AmpListConflict', 'LossScaleAtFloorError', 'NonFiniteForwardWarning',
-           'ParameterFileError', 'CLIError', 'CudaLibrariesNotFound', 'GpuProbeError',
-           'mxnet_error_line']
+           'SlowerThanFloat32Warning', 'ParameterFileError', 'CLIError', 'CudaLibrariesNotFound',
+           'GpuProbeError', 'mxnet_error_line']
 
 
 class AmpListConflict(ValueError, AssertionError):
@@ -34,6 +34,12 @@ class LossScaleAtFloorError(RuntimeError):
 class NonFiniteForwardWarning(RuntimeWarning):
     """A step was skipped because the forward pass itself gave inf/NaN (loss or outputs), not
     because the loss scale made gradients overflow; issued on every such step."""
+
+
+class SlowerThanFloat32Warning(UserWarning):
+    """A graph was converted to bfloat16 on real kernels on a CPU where oneDNN emulates bfloat16
+    (AVX-512 without bfloat16 instructions: tier ``avx512_core``), so it will run slower than
+    float32; issued once per process, with the measured matrix-product speed ratio."""
 
 
 class ParameterFileError(ValueError, AssertionError):

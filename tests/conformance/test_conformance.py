@@ -177,6 +177,10 @@ def test_cli_prints_the_table_and_writes_a_loadable_report(tmp_path, capsys):
     assert main(['check-kernels', '--ops', 'negative', '--out', out, '--jobs', '1']) == 0
     text = capsys.readouterr().out
     assert 'negative' in text and 'ok' in text and out in text
+    # the CPU's bfloat16 tier, and the matrix-product speed ratio where oneDNN has the kernels
+    from mxmp._src.cpu_tier import cpu_tier
+    assert text.startswith('CPU tier: %s' % cpu_tier())
+    assert ('x the speed of float32' in text) == mxmp.lp_kernels_available('bfloat16')
     with open(out) as f:
         assert json.load(f)['format'] == 'mxmp-kernel-report'
     assert mxmp.Policy.from_kernel_report(out).classify('negative')[0] == FOLLOW

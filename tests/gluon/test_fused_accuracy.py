@@ -1,6 +1,6 @@
 """A trained network keeps float32's predictions on mxmp's default inference path.
 
-``scripts/measure_fused_accuracy.py`` trains GluonCV's cifar_resnet20_v1 in float32 for 200
+``benchmarks/fused_accuracy.py`` trains GluonCV's cifar_resnet20_v1 in float32 for 200
 SGD steps on Fashion-MNIST (seed 0, one thread, in a subprocess), then classifies 2,000 test
 images in float32 and through ``mxmp.convert(net, 'bfloat16')`` as a user calls it: oneDNN's
 fused graph with BatchNorm folded by mxmp where the real kernels run (also with
@@ -40,7 +40,7 @@ def measured():
     env = dict(os.environ, OMP_NUM_THREADS='1', MXNET_CPU_WORKER_NSTREAMS='1',
                PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'scripts', 'measure_fused_accuracy.py'),
+        [sys.executable, '-m', 'benchmarks.fused_accuracy',
          'cifar_resnet20_v1', '--train-steps', '200', '--seeds', '0', '--src', DATA],
         capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

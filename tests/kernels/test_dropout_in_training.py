@@ -9,7 +9,8 @@ rounding); bounds about 10x); a mask changes between steps and between layers (a
 2 p (1 - p) of the elements differ, as for independent masks); the dropped fraction is p; a
 seed gives the same masks in float32 and in bfloat16 (``convert_symbol(..., kernels='all')``),
 so the transformer study's float32 and bfloat16 runs with the library are paired
-(docs/accuracy.md).
+(docs/accuracy.md). Where oneDNN has no bfloat16 kernels (an AVX2 CPU, DNNL_MAX_CPU_ISA=AVX2) the
+bfloat16 run is emulated (``emulate=True``), with the same library Dropout.
 """
 import json
 import os
@@ -19,6 +20,7 @@ import sys
 import numpy as np
 import pytest
 
+import mxmp
 from mxmp._src.kernels.build import load_library
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,6 +61,9 @@ def test_masks_are_fresh_per_step_and_per_layer(steps):
 
 
 def test_float32_and_bfloat16_runs_of_a_seed_draw_the_same_masks(steps):
+    # every Dropout of the bfloat16 graph is the library's, emulated or not
+    assert steps['bf16_mxmp_dropout'] == 7
+    assert steps['bf16_emulated'] == (not mxmp.lp_kernels_available('bfloat16'))
     assert len(steps['bf16_masks_equal']) == 21 and all(steps['bf16_masks_equal'])
     # the losses differ by bfloat16's rounding only (measured below 0.2%)
     assert 0 < max(steps['bf16_loss_rel']) <= 0.01

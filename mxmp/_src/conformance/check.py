@@ -6,6 +6,7 @@ import json
 import signal
 import threading
 
+from ..cpu_tier import tier_info
 from ..policy.policy import Policy
 from ..dtypes import normalize_dtype
 from ..policy.kernel_report import KernelReport, machine_info
@@ -76,7 +77,7 @@ def check_kernels(target_dtype='bfloat16', ops=None, emulate=None, policy=None, 
         # build mxmp's operator library here, once, not in a child under its timeout
         from ..kernels.build import load_library
         load_library()
-    info = machine_info(target)
+    info = dict(machine_info(target), **tier_info(target))
     rows, local, zygotes = [], threading.local(), []
 
     def execute(job, limit):  # one zygote per worker thread, started on first use

@@ -94,6 +94,8 @@ def _serve():
     import traceback
     import mxnet  # noqa: F401  pylint: disable=unused-import
     from ..graph import convert  # noqa: F401  pylint: disable=unused-import
+    from .. import cpu_tier
+    cpu_tier.quiet()   # the parent prints the tier; each child converts a one-op graph
     for line in sys.stdin:
         job = json.loads(line)
         pid = os.fork()

@@ -168,6 +168,8 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
     """
     js, policy, input_dtypes, names, decisions = prepare(sym, target_dtype, policy, emulate,
                                                          data_dtypes, data_names, cast_params)
+    from ..cpu_tier import warn_if_slower_than_float32   # on first use: import mxmp stays small
+    warn_if_slower_than_float32(policy.target_dtype, policy.emulate)
     builder = _Builder(js, policy.emulate, policy.target_dtype)
     for nid, (node, dec) in enumerate(zip(js['nodes'], decisions)):
         builder.add(nid, node, dec)

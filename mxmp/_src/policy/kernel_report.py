@@ -10,6 +10,7 @@ import json
 import platform
 from typing import Dict, List
 
+from ..cpu_tier import MEANING, describe
 from ..files import write_atomic
 
 #: The ``format`` field of a report file, and its version.
@@ -64,7 +65,9 @@ class KernelReport:
 
     Attributes:
         target_dtype (str): ``'bfloat16'`` or ``'float16'``.
-        machine (dict): :func:`machine_info` of the machine that ran the suite.
+        machine (dict): :func:`machine_info` of the machine that ran the suite, with
+            ``mxmp._src.cpu_tier.tier_info``'s ``tier``, ``dnnl_max_cpu_isa`` (the cap oneDNN
+            obeyed) and ``bf16_gemm_speed`` (reports of ``check_kernels``).
         rows (list of dict): keys ``op, class, variant, case, mode, fwd_err, bwd_err, verdict,
             detail`` (relative errors, None when not run).
         tolerances (dict): ``{'forward': float, 'backward': float}`` used for the verdicts.
@@ -120,6 +123,8 @@ class KernelReport:
             else '', m.get('date')),
             'tolerance: forward %.4g, backward %.4g (relative, max-norm)'
             % (self.tolerances['forward'], self.tolerances['backward'])]
+        if m.get('tier') in MEANING:   # reports of check_kernels (not older files)
+            head.insert(0, describe(m))
         cols = ('op', 'class', 'variant', 'case', 'mode', 'fwd err', 'bwd err', 'verdict')
         body = [(r['op'], r['class'], r['variant'] or '-', r['case'] or '-', r['mode'] or '-',
                  _fmt_err(r['fwd_err']), _fmt_err(r['bwd_err']),

@@ -94,7 +94,7 @@ Where the facts come from:
 #       MobileNetV3) this made GluonCV mobilenetv3_small's logits 4-5x less accurate than
 #       contrib.amp's: relative error 0.0522/0.0430/0.0401 (seeds 0/1/2) with _plus_scalar in
 #       bfloat16, 0.0100/0.0087/0.0118 with it in float32, the same as contrib.amp (`python
-#       scripts/measure_hard_swish.py`, avx512_bf16). With _plus_scalar in float32 the clip,
+#       benchmarks/hard_swish.py`, avx512_bf16). With _plus_scalar in float32 the clip,
 #       division and multiply that follow it run in float32 too; the graph has 132 casts instead of
 #       104, and a batch of 4 224x224 images runs in 342-459 ms instead of 1599-1732 ms on one
 #       thread (MXNet's generic bfloat16 elementwise kernels are slow), so float32 wins on both

@@ -11,7 +11,7 @@ relative error of the logits (max|y - y32| / max|y32|) and the number of casts o
 * the same with only ``_plus_scalar`` in float32 (the ops after it follow into float32);
 * ``mxnet.contrib.amp.convert_hybrid_block`` (bfloat16).
 
-Run: ``python scripts/measure_hard_swish.py [--seeds 0 1 2] [--batch 4] [--size 224]``.
+Run: ``python -m benchmarks.hard_swish [--seeds 0 1 2] [--batch 4] [--size 224]``.
 """
 import argparse
 

@@ -8,7 +8,7 @@ hybridized with ``static_alloc``/``static_shape``: the default fused inference),
 (the same, then ``mxmp.freeze``), ``frozen_unfused`` (``fuse_inference=False``, then
 ``mxmp.freeze``). Prints the best and the median milliseconds of each and their ratio (b/a).
 
-Run: ``OMP_NUM_THREADS=1 python scripts/measure_freeze_speed.py resnet50_v1 --a converted
+Run: ``OMP_NUM_THREADS=1 python -m benchmarks.freeze_speed resnet50_v1 --a converted
 --b frozen --calls 10``.
 """
 import argparse

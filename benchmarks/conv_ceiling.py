@@ -18,7 +18,7 @@ Every time is oneDNN's own (the ``exec`` lines of ``DNNL_VERBOSE``), the best of
 (the machine may be shared: other load can only slow a call down); wall-clock times of whole
 calls are printed beside. Ratios are taken within that one process.
 
-Run: ``python scripts/measure_conv_ceiling.py --batch-size 16 --calls 5`` (about 2 minutes on
+Run: ``python -m benchmarks.conv_ceiling --batch-size 16 --calls 5`` (about 2 minutes on
 one quiet Zen 5 core). Prints a markdown table per layer (FLOP, best ms, % of the peak, the
 GEMM equivalent's % of the peak) and the whole call's breakdown.
 """

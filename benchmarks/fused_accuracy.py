@@ -21,8 +21,8 @@ Two setups:
 The fused rows need the real bfloat16 kernels (avx512_bf16/AMX); elsewhere the random-weights
 setup exits with a message and the trained setup reports the emulated default path (unfused).
 
-Run: ``python scripts/measure_fused_accuracy.py cifar_resnet20_v1 --train-steps 300 --seeds 0``
-or ``python scripts/measure_fused_accuracy.py mobilenet1.0 [--size 64] [--seeds 0 1 2]``.
+Run: ``python -m benchmarks.fused_accuracy cifar_resnet20_v1 --train-steps 300 --seeds 0``
+or ``python -m benchmarks.fused_accuracy mobilenet1.0 [--size 64] [--seeds 0 1 2]``.
 """
 import argparse
 import json
@@ -37,8 +37,9 @@ from mxnet import autograd, gluon
 
 import mxmp
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prepare_fashion_mnist import DEFAULT_SRC, load_split  # noqa: E402  (a sibling script)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                'scripts'))
+from prepare_fashion_mnist import DEFAULT_SRC, load_split  # noqa: E402  (a tool in scripts/)
 
 #: Fashion-MNIST's pixel mean and standard deviation (of the 60,000 training images, /255).
 MEAN, STD = 0.286, 0.353

@@ -2,7 +2,7 @@
 """Characters or words for the transformer accuracy study: vocabulary sizes of the King James
 Bible and the float32 cost of a training step of the study's GPT with each output layer.
 
-    python scripts/measure_gpt_vocab.py            # ~1 minute, one thread
+    python -m benchmarks.gpt_vocab            # ~1 minute, one thread
 
 Prints the number of distinct characters and of distinct whitespace-separated words of
 ``bible gen1:1-rev22:21``, then, for the study's model (benchmarks/gpt.py: 3 layers, 128 units,

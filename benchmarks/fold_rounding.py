@@ -1,16 +1,16 @@
 """Which rounding of BatchNorm-folded bfloat16 inference costs accuracy, emulated in float32.
 
-A trained GluonCV network (``--params``, e.g. from ``measure_fused_accuracy.py --save-params``)
-gets every Convolution -> BatchNorm pair folded in float32 (mxmp._src.graph.fold), then runs
-in float32 kernels (``MXNET_SUBGRAPH_BACKEND=NONE``) with one rounding at a time switched on:
-the folded weights rounded to nearest bfloat16 once, or twice (bfloat16 weight, then the
-product: what folding a ``cast_params=True`` weight does), or truncated as MXNet 1.9.1's fused
-convolution does; the folded bias rounded or truncated; the inputs of the convolutions (and of
-the classifier) rounded to bfloat16. Prints, per setting, top-1 on the first 2,000 Fashion-MNIST
-test images, the predictions changed against float32 and the rms logit error over the rms
-logit.
+A trained GluonCV network (``--params``, e.g. from ``python -m benchmarks.fused_accuracy
+--save-params``) gets every Convolution -> BatchNorm pair folded in float32
+(mxmp._src.graph.fold), then runs in float32 kernels (``MXNET_SUBGRAPH_BACKEND=NONE``) with one
+rounding at a time switched on: the folded weights rounded to nearest bfloat16 once, or twice
+(bfloat16 weight, then the product: what folding a ``cast_params=True`` weight does), or
+truncated as MXNet 1.9.1's fused convolution does; the folded bias rounded or truncated; the
+inputs of the convolutions (and of the classifier) rounded to bfloat16. Prints, per setting,
+top-1 on the first 2,000 Fashion-MNIST test images, the predictions changed against float32 and
+the rms logit error over the rms logit.
 
-Run: ``python scripts/measure_fold_rounding.py cifar_resnet20_v1 --params net.params``.
+Run: ``python -m benchmarks.fold_rounding cifar_resnet20_v1 --params net.params``.
 """
 import argparse
 import os
@@ -21,9 +21,10 @@ import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from gluoncv.model_zoo import get_model  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from measure_fused_accuracy import images  # noqa: E402  (a sibling script)
-from prepare_fashion_mnist import DEFAULT_SRC  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, 'scripts')]
+from benchmarks.fused_accuracy import images  # noqa: E402
+from prepare_fashion_mnist import DEFAULT_SRC  # noqa: E402  (a tool in scripts/)
 from mxmp._src.graph.fold import fold_batchnorm, folded_values  # noqa: E402
 
 #: setting -> (folded weight, folded bias, inputs rounded)
