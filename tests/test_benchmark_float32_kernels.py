@@ -78,3 +78,23 @@ def test_no_library_is_an_error_not_plain_float32(monkeypatch):
     monkeypatch.setattr(build, 'load_library', lambda *a, **k: None)
     with pytest.raises(RuntimeError, match="operator library does not load"):
         float32_library_kernels(net, DATA_NAMES)
+
+
+def test_kernels_ab_times_mxmp_against_float32_on_library_kernels():
+    import subprocess
+    import sys
+    import pathlib
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, '-m', 'benchmarks.kernels_ab', '--model', 'bert_tiny', '--batch-size',
+         '2', '--seq-len', '16', '--rounds', '3', '--warmup', '1', '--modes',
+         'float32_mxmp_kernels,mxmp'], cwd=str(repo), capture_output=True, text=True,
+        timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(result['times_s']) == {'float32', 'float32_mxmp_kernels', 'mxmp'}
+    assert all(len(t) == 3 for t in result['times_s'].values())
+    # per round: float32_mxmp_kernels' time over mxmp's, the median of the three
+    times = result['times_s']
+    ratios = sorted(a / b for a, b in zip(times['float32_mxmp_kernels'], times['mxmp']))
+    assert result['x_float32_mxmp_kernels'] == pytest.approx(ratios[1])
