@@ -29,13 +29,14 @@ def float32_library_kernels(net, data_names, kernels='auto'):
         inputs as ``net``.
 
     Raises:
-        RuntimeError: mxmp's operator library does not build or load here (the baseline would
-            be plain float32 under another name).
+        RuntimeError: mxmp's operator library does not build or load here, or the kernel rule
+            replaced none of the nodes it would (``MXNET_EXEC_ENABLE_ADDTO`` set): the baseline
+            would be plain float32 under another name.
     """
     import mxnet as mx
     from mxnet import gluon
     from mxmp import Policy
-    from mxmp._src.graph.kernel_rule import apply_kernels
+    from mxmp._src.graph.kernel_rule import _chosen, apply_kernels
     from mxmp._src.graph.reduce_rule import substitute as substitute_reductions
     from mxmp._src.graph.symbol_json import dump, load
     from mxmp._src.kernels.build import load_library
@@ -45,7 +46,13 @@ def float32_library_kernels(net, data_names, kernels='auto'):
     inputs = [mx.sym.var(name) for name in data_names]
     out = net(*inputs)
     sym = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
-    graph = apply_kernels(load(sym), kernels)
+    original = load(sym)
+    graph = apply_kernels(original, kernels)
+    if graph is original and _chosen(original, kernels):
+        # the rule had nodes to replace and left them (MXNET_EXEC_ENABLE_ADDTO, which it warns
+        # about): the row would be plain float32 under another name
+        raise RuntimeError("mxmp's kernel rule left the float32 graph unchanged (is "
+                           "MXNET_EXEC_ENABLE_ADDTO set? unset it for mxmp's kernels)")
     # The reduction rule rewrites float32 reductions and keeps them float32 (it reads the
     # policy only for its switch and the user's op lists: the defaults here).
     graph = substitute_reductions(graph, Policy('bfloat16'),

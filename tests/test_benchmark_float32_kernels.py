@@ -80,6 +80,17 @@ def test_no_library_is_an_error_not_plain_float32(monkeypatch):
         float32_library_kernels(net, DATA_NAMES)
 
 
+def test_gradient_addto_is_an_error_not_plain_float32(monkeypatch):
+    import mxnet as mx
+    from benchmarks.bert import DATA_NAMES, build_bert
+    from benchmarks.float32_kernels import float32_library_kernels
+    net = build_bert('bert_tiny')
+    net.initialize(mx.init.Normal(0.02))
+    monkeypatch.setenv('MXNET_EXEC_ENABLE_ADDTO', '1')
+    with pytest.raises(RuntimeError, match='MXNET_EXEC_ENABLE_ADDTO'):
+        float32_library_kernels(net, DATA_NAMES)
+
+
 def test_kernels_ab_times_mxmp_against_float32_on_library_kernels():
     import subprocess
     import sys
