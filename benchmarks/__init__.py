@@ -14,6 +14,10 @@ Modes (``--dtype`` is the target dtype, ``bfloat16`` by default):
 * ``float32_fused`` (inference only): the same, ``hybridize(static_alloc=True,
   static_shape=True, backend='MKLDNN')``: oneDNN's fused graph, the fastest float32 inference a
   user can have; the float32 reference of the inference rows ("x fused float32").
+* ``float32_mxmp_kernels`` (BERT and transformer models' default, else only when named):
+  float32 with mxmp's float32 rewrites and nothing else (:mod:`benchmarks.float32_kernels`: the
+  library's LayerNorm, softmax with lengths and Dropout, the reduction rule), ``gluon.Trainer``:
+  the reference of what bfloat16 itself buys ("x float32 mxmp's kernels").
 * ``contrib_amp``: ``mxnet.contrib.amp``. Training: ``amp.init(target_dtype)`` before the
   network is built, ``amp.init_trainer(trainer)``, ``amp.scale_loss`` inside
   ``autograd.record()``. Inference: ``amp.convert_hybrid_block(net, target_dtype, ctx=ctx)``

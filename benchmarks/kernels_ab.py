@@ -10,8 +10,9 @@ take one training step (SGD, batch of synthetic tokens, softmax cross-entropy) o
 call each per round, in an order that rotates every round, so that a shared machine's load falls
 on all alike. Prints one JSON line: the per-round times and, per mode, the median of its
 per-round ratio to float32 (> 1: faster; float32 is always run), ``x_mxnet_kernels`` (mxmp
-against mxmp_mxnet_kernels) and ``x_auto_kernels`` (mxmp_all_kernels against mxmp) where both
-ran. Run it with OMP_NUM_THREADS set (one thread for the one-core figures).
+against mxmp_mxnet_kernels), ``x_auto_kernels`` (mxmp_all_kernels against mxmp) and
+``x_float32_mxmp_kernels`` (mxmp against ``float32_mxmp_kernels``: float32 on the library's
+kernels, :mod:`benchmarks.float32_kernels`, what bfloat16 itself buys) where both ran. Run it with OMP_NUM_THREADS set (one thread for the one-core figures).
 """
 import argparse
 import json
@@ -21,9 +22,11 @@ import time
 import numpy as np
 
 
-#: mode -> Policy(kernels=...) (None: float32, not converted)
-KERNELS = {'float32': None, 'mxmp_mxnet_kernels': 'mxnet', 'mxmp': 'auto',
-           'mxmp_all_kernels': 'all'}
+#: mode -> Policy(kernels=...) (None: float32, not converted; float32_mxmp_kernels: float32 on
+#: the library's kernels, benchmarks.float32_kernels)
+KERNELS = {'float32': None, 'float32_mxmp_kernels': None, 'mxmp_mxnet_kernels': 'mxnet',
+           'mxmp': 'auto', 'mxmp_all_kernels': 'all'}
+FLOAT32_MODES = ('float32', 'float32_mxmp_kernels')
 
 
 def main(argv=None):
@@ -44,7 +47,8 @@ def main(argv=None):
     import mxnet as mx
     from mxnet import autograd, gluon
     import mxmp
-    from benchmarks.bert import bert_inputs, bert_labels, build_bert
+    from benchmarks.bert import DATA_NAMES, bert_inputs, bert_labels, build_bert
+    from benchmarks.float32_kernels import float32_library_kernels
     ctx = mx.cpu()
     rng = np.random.RandomState(0)
     data = bert_inputs(mx, args.model, args.batch_size, args.seq_len, ctx, rng)
@@ -59,11 +63,13 @@ def main(argv=None):
             first = list(nets.values())[0].collect_params().values()
             for a, b in zip(first, net.collect_params().values()):
                 b.set_data(a.data())
-        if mode != 'float32':
+        if mode == 'float32_mxmp_kernels':
+            net = float32_library_kernels(net, DATA_NAMES)
+        elif mode != 'float32':
             net = mxmp.convert(net, 'bfloat16',
                                policy=mxmp.Policy('bfloat16', kernels=KERNELS[mode]))
         net.hybridize(static_alloc=True, static_shape=True)
-        trainer = (mxmp.Trainer if mode != 'float32' else gluon.Trainer)(
+        trainer = (mxmp.Trainer if mode not in FLOAT32_MODES else gluon.Trainer)(
             net.collect_params(), 'sgd', {'learning_rate': 1e-4, 'momentum': 0.9})
         nets[mode] = net
 
@@ -89,7 +95,8 @@ def main(argv=None):
               for m in order}
     result = {'phase': args.phase, 'times_s': times, 'x_float32': ratios}
     for key, slow, fast in (('x_mxnet_kernels', 'mxmp_mxnet_kernels', 'mxmp'),
-                            ('x_auto_kernels', 'mxmp', 'mxmp_all_kernels')):
+                            ('x_auto_kernels', 'mxmp', 'mxmp_all_kernels'),
+                            ('x_float32_mxmp_kernels', 'float32_mxmp_kernels', 'mxmp')):
         if slow in times and fast in times:
             result[key] = statistics.median(a / b for a, b in zip(times[slow], times[fast]))
     print(json.dumps(result))

@@ -8,7 +8,8 @@ def aggregate(runs):
 
     Returns a dict: status, img_per_s_{median,min,max} (images/s), peak_rss_mib (largest over
     the repeats, MiB), rss_after_import_mib, casts, casts_real_graph, layer_dtypes (op -> {dtype
-    -> nodes} of the graph that ran), conversion_s (median, seconds), emulated, error, repeats
+    -> nodes} of the graph that ran), library_ops ({mxmp library op: nodes}, the
+    float32_mxmp_kernels mode), conversion_s (median, seconds), emulated, error, repeats
     (per-repeat median images/s and peak RSS).
     """
     ok = [r for r in runs if r['status'] == 'ok']
@@ -19,7 +20,7 @@ def aggregate(runs):
                        for r in runs]}
     first = runs[0]
     for key in ('casts', 'casts_real_graph', 'emulated', 'lp_kernels_available', 'versions',
-                'flop_per_image', 'fused', 'layer_dtypes', 'tokens_per_sample'):
+                'flop_per_image', 'fused', 'layer_dtypes', 'tokens_per_sample', 'library_ops'):
         row[key] = first.get(key)
     convs = [r['conversion_s'] for r in runs if r.get('conversion_s') is not None]
     row['conversion_s'] = float(np.median(convs)) if convs else None
@@ -57,7 +58,8 @@ def add_ratios(rows):
     ``contrib_amp`` row, or the ``contrib_amp_fp32_attention`` row where ``contrib_amp`` has no
     throughput (GluonNLP's BERT); ``contrib_amp_reference`` names it (None without either).
     ``*_vs_float32_fused`` exists for inference only (the fused float32 row is the fastest
-    float32 inference).
+    float32 inference); ``*_vs_float32_mxmp_kernels`` where that mode ran (float32 with mxmp's
+    float32 rewrites: what the target dtype itself buys).
     """
     for row in rows:
         peers = {r['mode']: r for r in rows
@@ -67,7 +69,8 @@ def add_ratios(rows):
             'contrib_amp_fp32_attention' not in peers else 'contrib_amp_fp32_attention'
         row['contrib_amp_reference'] = amp_ref if amp_ref in peers else None
         for ref, key in (('float32', 'float32'), (amp_ref, 'contrib_amp'),
-                         ('float32_fused', 'float32_fused')):
+                         ('float32_fused', 'float32_fused'),
+                         ('float32_mxmp_kernels', 'float32_mxmp_kernels')):
             other = peers.get(ref, {})
             row['speedup_vs_%s' % key] = _ratio(row.get('img_per_s_median'),
                                                 other.get('img_per_s_median'))

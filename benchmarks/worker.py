@@ -210,6 +210,21 @@ class _Child:
                 data_names=self.wl.data_names))
         return block
 
+    def float32_kernels(self, net):
+        """``net`` (float32) with mxmp's float32 rewrites (:mod:`benchmarks.float32_kernels`),
+        timed; ``library_ops``: {library op: nodes} of the graph it runs."""
+        from benchmarks.float32_kernels import float32_library_kernels
+        start = time.perf_counter()
+        block = float32_library_kernels(net, self.wl.data_names)
+        self.result['conversion_s'] = time.perf_counter() - start
+        ops = {}
+        for node in json.loads(block(*[self.mx.sym.var(n) for n in self.wl.data_names])
+                               .tojson())['nodes']:
+            if node['op'].startswith('mxmp_'):
+                ops[node['op']] = ops.get(node['op'], 0) + 1
+        self.result['library_ops'] = ops
+        return block
+
     # ------------------------------------------------------------------ training
     def build_train(self):
         mx, mxmp, spec, res = self.mx, self.mxmp, self.spec, self.result
@@ -221,6 +236,13 @@ class _Child:
         if mode == 'float32':
             net = self.new_net()
             res['conversion_s'] = 0.0
+            trainer = gluon.Trainer(net.collect_params(), 'sgd', opt)
+            net.hybridize(static_alloc=True, static_shape=True)
+
+            def backward(loss):
+                loss.backward()
+        elif mode == 'float32_mxmp_kernels':
+            net = self.float32_kernels(self.new_net())
             trainer = gluon.Trainer(net.collect_params(), 'sgd', opt)
             net.hybridize(static_alloc=True, static_shape=True)
 
@@ -275,6 +297,8 @@ class _Child:
                 hybridize['backend'] = 'MKLDNN'
             if mode == 'float32_grad_null':   # an inference-only process: no gradient arrays
                 net.collect_params().setattr('grad_req', 'null')
+        elif mode == 'float32_mxmp_kernels':
+            net = self.float32_kernels(net)
         elif mode in CONTRIB_AMP_MODES:
             from mxnet.contrib import amp
             # convert_hybrid_block needs a hybridized block that ran forward once (float32).

@@ -570,9 +570,10 @@ def test_train_rss_pad_channels_trains_the_same_model():
 
 # ------------------------------------------------------------------------------ BERT
 # bert_tiny (benchmarks.bert): 2 layers, 64 units, 4 heads, feed-forward 256, 16 tokens.
-BERT_MODES = {'train': ['float32', 'contrib_amp', 'contrib_amp_fp32_attention', 'mxmp'],
-              'infer': ['float32', 'float32_fused', 'contrib_amp', 'contrib_amp_fp32_attention',
-                        'mxmp']}
+BERT_MODES = {'train': ['float32', 'float32_mxmp_kernels', 'contrib_amp',
+                        'contrib_amp_fp32_attention', 'mxmp'],
+              'infer': ['float32', 'float32_mxmp_kernels', 'float32_fused', 'contrib_amp',
+                        'contrib_amp_fp32_attention', 'mxmp']}
 # FLOP of one 16-token sequence of bert_tiny, by hand (2 per multiply-accumulate): per layer
 # the query/key/value projection 16*64*192, the output projection 16*64*64, the feed-forward
 # 2*16*64*256, the two attention products 4 heads * 16*16*16 each; then the pooler 64*64 and
@@ -636,6 +637,24 @@ def test_bert_contrib_amp_failure_on_gluonnlp_attention_is_a_row_not_a_crash(ber
                 == {'float32': 2}
         else:
             assert workaround['status'] == 'failed'
+
+
+def test_bert_float32_with_mxmp_kernels_is_a_float32_row_on_library_ops(bert_run):
+    report, stdout = bert_run
+    rows = rows_by(report)
+    assert "x float32 mxmp's kernels" in stdout
+    for phase in BERT_MODES:
+        r = rows[(phase, 'float32_mxmp_kernels')]
+        assert r['status'] == 'ok' and r['img_per_s_median'] > 0
+        assert "| %s | 2 | float32, mxmp's kernels |" % phase in stdout
+        # the library's LayerNorm (5), softmax with lengths (2) and Dropout run; no cast
+        assert r['library_ops']['mxmp_layer_norm'] == 5
+        assert r['library_ops']['mxmp_softmax'] == 2 and r['library_ops']['mxmp_dropout'] > 0
+        assert r['casts'] == {'amp_cast': 0, 'amp_multicast': 0}
+        assert r['layer_dtypes']['FullyConnected'] == {'float32': 10}
+        mxmp_row = rows[(phase, 'mxmp')]
+        assert mxmp_row['speedup_vs_float32_mxmp_kernels'] == pytest.approx(
+            mxmp_row['img_per_s_median'] / r['img_per_s_median'])
 
 
 def test_bert_mxmp_runs_its_fully_connected_layers_in_bfloat16(bert_run):

@@ -87,6 +87,7 @@ def tiny_run(tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''))
     proc = subprocess.run([sys.executable, str(SCRIPT), '--model', 'transformer_tiny',
                            '--seq-len', '12', '--batch-size', '4', '--modes', 'float32', 'mxmp',
+                           'float32_mxmp_kernels',
                            '--warmup', '1', '--iters', '5', '--repeats', '1', '--loss-steps',
                            '1', '--threads', '1', '--gemm-size', '0', '--output-dir', str(out)],
                           cwd=str(REPO), env=env, capture_output=True, text=True, timeout=900)
@@ -112,16 +113,19 @@ def test_tiny_transformer_trains_and_infers_in_sentences_per_second(tiny_run):
     flop = round(np.mean([tiny_flop(xs[0].shape[1], xs[1].shape[1]) for xs, _ in batches]))
     tokens = np.mean(np.concatenate([xs[3].asnumpy() for xs, _ in batches]))
     rows = {(r['phase'], r['mode']): r for r in report['rows']}
-    assert sorted(rows) == [('infer', 'float32'), ('infer', 'mxmp'), ('train', 'float32'),
-                            ('train', 'mxmp')]
+    assert sorted(rows) == [('infer', 'float32'), ('infer', 'float32_mxmp_kernels'),
+                            ('infer', 'mxmp'), ('train', 'float32'),
+                            ('train', 'float32_mxmp_kernels'), ('train', 'mxmp')]
     for (phase, mode), r in rows.items():
         assert r['status'] == 'ok' and r['img_per_s_median'] > 0
         assert r['flop_per_image'] == flop
         assert r['tokens_per_sample'] == pytest.approx(tokens)
         # 6 encoder + 10 decoder Dense layers and the output layer; 6 attention products
-        dtype = 'float32' if mode == 'float32' or r['emulated'] else 'bfloat16'
+        dtype = 'float32' if mode != 'mxmp' or r['emulated'] else 'bfloat16'
         assert r['layer_dtypes']['FullyConnected'] == {dtype: 17}
         assert r['layer_dtypes']['batch_dot'] == {'float32': 6}
+        if mode == 'float32_mxmp_kernels':   # LayerNorm: 2 encoder, 3 decoder, 2 final
+            assert r['library_ops']['mxmp_layer_norm'] == 7 and r['casts']['amp_cast'] == 0
     loss = report['loss_check']
     assert loss['status'] == 'ok' and loss['steps'] == 1
     # dropout off, the same weights and batch: the first losses differ by bfloat16 rounding
