@@ -75,8 +75,15 @@ def test_ops_in_fp32_ops_run_the_library_kernel_and_explain_names_both():
         assert 'mxmp_layer_norm' in ops and 'LayerNorm' not in ops
 
 
-def test_a_gpu_context_gets_no_library_op():
-    # by graph structure: no GPU is needed (Policy.on emulates where a context has no kernels)
+def test_a_gpu_context_gets_no_library_op(monkeypatch):
+    # by graph structure: no GPU is needed. Without CUDA in the build the kernel probe of
+    # gpu(0) raises GpuProbeError (test_device.py), so the probe answers as a GPU whose
+    # bfloat16 kernels are missing would (Policy.on emulates there).
+    from mxmp._src import device
+    real = device.lp_kernels_available
+    monkeypatch.setattr(device, 'lp_kernels_available',
+                        lambda dtype, ctx=None: False if ctx is not None and
+                        ctx.device_type == 'gpu' else real(dtype, ctx))
     on_gpu = mxmp.Policy('bfloat16').on(mx.gpu(0))
     assert on_gpu.kernels == 'mxnet'
     ops = [n['op'] for n in _convert(on_gpu)]
@@ -84,7 +91,7 @@ def test_a_gpu_context_gets_no_library_op():
     assert not set(_explain(on_gpu)[n].op for n in ('ln', 'drop', 'sm')) & set(OPS)
     assert mxmp.Policy('bfloat16').on(mx.cpu()).kernels == 'auto'
     from mxmp._src.training.module_parts import module_policy
-    _, policy, _ = module_policy('bfloat16', None, None, 'auto', [mx.cpu(), mx.gpu(0)])
+    _, policy, _, _ = module_policy('bfloat16', None, None, 'auto', [mx.cpu(), mx.gpu(0)])
     assert policy.kernels == 'mxnet'
     if load_library() is not None:
         assert set(OPS) <= {n['op'] for n in _convert(mxmp.Policy('bfloat16').on(mx.cpu()))}
