@@ -10,6 +10,7 @@ variables a ``__shape__`` hint of one unknown axis (gamma and beta are 1-D by de
 which ``remove_casts`` and the files mxmp writes do not keep. With data's shape unknown the
 library names the fix instead of writing back ``()`` shapes that the next op misread.
 """
+import json
 import os
 import subprocess
 import sys
@@ -18,29 +19,24 @@ import pytest
 
 from mxmp._src.kernels.build import load_library
 
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 needs_library = pytest.mark.skipif(load_library() is None, reason="mxmp's operator library "
                                    'does not build here (no C++ compiler?)')
 
 
-def _worker(what, **env):
-    import json
-    proc = subprocess.run([sys.executable, os.path.join(HERE, 'shape_worker.py'), what],
+@pytest.fixture(scope='module', params=['native', 'AVX2'])
+def results(request):
+    env = {'DNNL_MAX_CPU_ISA': 'AVX2'} if request.param == 'AVX2' else {}
+    proc = subprocess.run([sys.executable, os.path.join(HERE, 'shape_worker.py')],
                           capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, OMP_NUM_THREADS='1', **env))
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope='module', params=['native', 'AVX2'])
-def tier(request):
-    return {'DNNL_MAX_CPU_ISA': 'AVX2'} if request.param == 'AVX2' else {}
-
-
 @needs_library
-def test_partial_inference_with_shapeless_gamma_beta_as_mxnet(tier):
-    res = _worker('partial', **tier)
+def test_partial_inference_with_shapeless_gamma_beta_as_mxnet(results):
+    res = results['partial']
     for ndim in (1, 2, 3, 4):
         assert 'mxmp_layer_norm' in res['ln_ops_%d' % ndim]
         assert 'mxmp_softmax' in res['sm_ops_%d' % ndim]
@@ -60,8 +56,8 @@ def test_partial_inference_with_shapeless_gamma_beta_as_mxnet(tier):
 
 
 @needs_library
-def test_module_binds_layer_norm_with_shapeless_gamma_beta(tier):
-    res = _worker('module', **tier)
+def test_module_binds_layer_norm_with_shapeless_gamma_beta(results):
+    res = results['module']
     assert sorted(res) == ['2', '3', '4']
     for ndim, row in res.items():
         assert 'mxmp_layer_norm' in row['ops'], row
