@@ -537,7 +537,10 @@ MXReturnValue dropout_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
                      << "of library ops cannot return unknown dimensions)";
         return MX_FAIL;
       }
-      return unknown_data("mxmp_dropout", "Dropout");
+      // no axes: a 0-D tensor (NumPy shapes); an unknown data shape never gets here (MXNet's
+      // wrapper fails first: docs/pass.md, "Kernel rule")
+      for (auto& o : *out) o.clear();
+      return MX_SUCCESS;
     }
     (*out)[0] = (*in)[0];
     (*out)[1] = (*in)[0];
