@@ -58,6 +58,17 @@ OPT_IN = ()
 _N_INPUTS = {'LayerNorm': 3, 'Dropout': 1, 'softmax': 2}
 #: Inputs that get no copy: integer lengths, whose gradient is zero.
 _NO_COPY = {'softmax': (1,)}
+#: Attribute key of a graph variable whose ``__shape__`` hint the rule wrote (value: ``'1'``);
+#: :func:`mxnet_ops` and ``remove_casts`` take both away.
+SHAPE_HINT = '__mxmp_shape_hint__'   # a graph attribute key
+#: Inputs of a library op whose number of axes the op defines, as a ``__shape__`` hint of
+#: unknown dimensions: LayerNorm's gamma and beta are 1-D. MXNet 1.9.1's wrapper of library
+#: ops sizes its buffer of input shapes as the sum of the inputs' numbers of axes, an unknown
+#: shape counting -1, before it calls the library: a shapeless gamma and beta (a Symbol
+#: variable without ``shape``) made it write past that buffer (3-D and 4-D data), through a
+#: null pointer (2-D data: a segmentation fault) or fail with ``std::bad_alloc`` (1-D).
+#: ``(-1,)`` is unknown with and without NumPy shape semantics.
+_HINTS = {'LayerNorm': {1: '(-1,)', 2: '(-1,)'}}
 _TRUE = ('1', 'true', 'True')
 
 
@@ -181,6 +192,13 @@ def apply_kernels(js, kernels, skip_ops=frozenset()):
                 flag = [len(out) - 1, 0, 0]
             inputs.append(flag)
         if nid in chosen:
+            for pos, hint in _HINTS.get(node['op'], {}).items():
+                src = node['inputs'][pos][0]
+                if nodes[src]['op'] == 'null' and '__shape__' not in out[new_id[src]].get(
+                        'attrs', {}):
+                    var = out[new_id[src]]
+                    out[new_id[src]] = dict(var, attrs=dict(var.get('attrs', {}), **{
+                        '__shape__': hint, SHAPE_HINT: '1'}))
             for pos, (src, _, _) in enumerate(node['inputs']):
                 if nodes[src]['op'] == 'null' and pos not in _NO_COPY.get(node['op'], ()):
                     name = unique_name('%s_%s_copy' % (node['name'], nodes[src]['name']), names)
@@ -197,8 +215,11 @@ def apply_kernels(js, kernels, skip_ops=frozenset()):
 def restore(node):
     """The original form of a node the rule wrote: ``'input'`` for an added ``_copy`` (it stands
     for its input), ``'drop'`` for the flag's nodes, a new node dict with the original op (and
-    inputs), or None for other nodes."""
-    mark = node.get('attrs', {}).get(MARK, '') if node['op'] != 'null' else ''
+    inputs), a variable without the ``__shape__`` hint the rule wrote (:data:`SHAPE_HINT`), or
+    None for other nodes."""
+    if node['op'] == 'null':
+        return without_hint(node) if SHAPE_HINT in node.get('attrs', {}) else None
+    mark = node.get('attrs', {}).get(MARK, '')
     if mark in (INPUT_COPY, FLAG):
         return 'input' if mark == INPUT_COPY else 'drop'
     if not mark.startswith(KERNEL_PREFIX):
@@ -206,6 +227,15 @@ def restore(node):
     attrs = {k: v for k, v in node['attrs'].items() if k != MARK}
     op = mark[len(KERNEL_PREFIX):]
     new = dict(node, op=op, attrs=attrs, inputs=node['inputs'][:_N_INPUTS.get(op, 99)])
+    if not attrs:
+        new.pop('attrs')
+    return new
+
+
+def without_hint(node):
+    """``node`` (a graph variable) without the ``__shape__`` hint the rule wrote: a new dict."""
+    attrs = {k: v for k, v in node['attrs'].items() if k not in (SHAPE_HINT, '__shape__')}
+    new = dict(node, attrs=attrs)
     if not attrs:
         new.pop('attrs')
     return new

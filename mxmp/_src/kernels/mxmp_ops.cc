@@ -171,6 +171,17 @@ std::string shape_str(const std::vector<unsigned>& s) {
   return o.str();
 }
 
+// The error of a library op asked about shapes while data's shape is wholly unknown (partial
+// inference): MXNet's wrapper writes back every shape the library returns, so an unknown one
+// would come back as () (a known scalar) that the next op misreads; the library cannot leave
+// it unknown, so it names the fix instead.
+MXReturnValue unknown_data(const char* op, const char* mxnet_op) {
+  MX_ERROR_MSG << op << ": data's shape is unknown; give it (e.g. infer_shape_partial(data=...)"
+               << "), or keep MXNet's " << mxnet_op << " with mxmp.Policy(kernels='mxnet') "
+               << "(MXNet's wrapper of library ops cannot leave a shape unknown)";
+  return MX_FAIL;
+}
+
 // Runs fn, turning any C++ exception into MX_FAIL with its message: nothing may be thrown
 // across the C interface of lib_api.
 template <typename Fn>
@@ -346,19 +357,13 @@ MXReturnValue ln_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
   return guarded("mxmp_layer_norm", [&] {
     const auto& ds = (*in)[0];
     if (!known(ds)) {
-      // data's shape unknown (partial inference): nothing to infer; the other inputs go back
-      // as they came where the wrapper can carry them
-      for (size_t i = 1; i < 3; ++i) {
-        if (has_unknown_dim((*in)[i])) (*in)[i].clear();
-      }
       if (has_unknown_dim(ds)) {
         MX_ERROR_MSG << "mxmp_layer_norm: data's shape " << shape_str(ds) << " has an unknown "
                      << "dimension; the library op needs it whole (MXNet's wrapper of library "
                      << "ops cannot return unknown dimensions)";
         return MX_FAIL;
       }
-      for (auto& o : *out) o.clear();
-      return MX_SUCCESS;
+      return unknown_data("mxmp_layer_norm", "LayerNorm");
     }
     const unsigned d = ds.back();
     uint64_t rows = 1;
@@ -532,6 +537,8 @@ MXReturnValue dropout_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
                      << "of library ops cannot return unknown dimensions)";
         return MX_FAIL;
       }
+      // no axes: a 0-D tensor (NumPy shapes); an unknown data shape never gets here (MXNet's
+      // wrapper fails first: docs/pass.md, "Kernel rule")
       for (auto& o : *out) o.clear();
       return MX_SUCCESS;
     }
@@ -724,15 +731,13 @@ MXReturnValue softmax_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
   return guarded("mxmp_softmax", [&] {
     const auto& ds = (*in)[0];
     if (!known(ds)) {
-      if (in->size() > 1 && has_unknown_dim((*in)[1])) (*in)[1].clear();
       if (has_unknown_dim(ds)) {
         MX_ERROR_MSG << "mxmp_softmax: data's shape " << shape_str(ds) << " has an unknown "
                      << "dimension; the library op needs it whole (MXNet's wrapper of library "
                      << "ops cannot return unknown dimensions)";
         return MX_FAIL;
       }
-      (*out)[0].clear();
-      return MX_SUCCESS;
+      return unknown_data("mxmp_softmax", "softmax");
     }
     if (in->size() > 1) {
       // data's shape without its last axis; (1,) for 1-D data, as MXNet's softmax
