@@ -619,7 +619,8 @@ def _train_three_steps(mod, x, y):
     # IdentityAttachKLSparseReg writes its moving average in its backward without the engine
     # ordering later reads after that write, and plain mx.mod.Module.get_params() copies the
     # aux states without waiting: it read the average of two steps instead of three in 2 of
-    # 200 runs (measured, loaded machine), the test's old flake. mxmp.Module waits
+    # 200 runs, 144 of 200 with OMP_NUM_THREADS=2 (measured, loaded machine), the test's old
+    # flake. mxmp.Module waits
     # (test_get_params_reads_aux_states_after_the_backward_that_writes_them); plain MXNet is
     # compared once its last backward is done.
     nd.waitall()
