@@ -16,6 +16,7 @@ from ..graph.output_names import keep_output_names
 from ..graph.stem import check_option as check_pad_stem, pad_stem, wants_padding
 from ..graph.strip import remove_casts
 from ..graph.symbol_json import cast_param_names
+from ..scaling import divide, multiply
 from . import module_checkpoint as files
 from .module_parts import ModuleMasters, module_policy, reduced_updates, start_kvstore
 from .step import Step, all_finite
@@ -211,7 +212,8 @@ class Module(files.ModuleCheckpoints, mx.mod.Module):
         super().forward(data_batch, is_train)
 
     def backward(self, out_grads=None):
-        """As ``mx.mod.Module.backward``; ``out_grads`` are multiplied by the loss scale,
+        """As ``mx.mod.Module.backward``; ``out_grads`` are multiplied by the loss scale
+        (in float32 for float16/bfloat16 ones: MXNet would round 2**16 to inf in float16),
         except those of outputs made by an op whose backward mxmp brackets
         (:data:`mxmp._src.graph.loss_heads.OPAQUE_GRADIENT_OPS`), which scales itself."""
         self._write_loss_scale()
@@ -219,21 +221,26 @@ class Module(files.ModuleCheckpoints, mx.mod.Module):
         if out_grads is not None and scale is not None:
             if isinstance(out_grads, nd.NDArray):
                 out_grads = [out_grads]
-            out_grads = [g if k in self._raw_heads else g * scale
+            out_grads = [g if k in self._raw_heads else multiply(g, scale)
                          for k, g in enumerate(out_grads)]
         super().backward(out_grads)
         self._backward_scale = scale
 
     def get_input_grads(self, merge_multi_context=True):
         """As ``mx.mod.Module.get_input_grads``: divided by the loss scale the last
-        :meth:`backward` used (an :meth:`update` since may have changed the current one)."""
+        :meth:`backward` used (an :meth:`update` since may have changed the current one), in
+        float32 and rounded once to each gradient's dtype (a float16 input's gradient divided
+        in float16 by 2**16, inf there, would be 0); new arrays of the gradients' dtypes."""
         grads = super().get_input_grads(merge_multi_context)
         scale = self._backward_scale
         if scale is None:
             return grads
+
+        def unscaled(grad):
+            return divide(grad, scale, out=nd.empty(grad.shape, grad.context, grad.dtype))
         if merge_multi_context:
-            return [g / scale for g in grads]
-        return [[g / scale for g in per_ctx] for per_ctx in grads]
+            return [unscaled(g) for g in grads]
+        return [[unscaled(g) for g in per_ctx] for per_ctx in grads]
 
     def get_states(self, merge_multi_context=True):
         """As ``mx.mod.Module.get_states``, without the loss-scale input."""
