@@ -30,6 +30,15 @@ def _close(got, want, head_dim):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
 
 
+def _same_op(f_mxnet, f_ours, inputs, seed, shape, head_dim):
+    """The route ``f_ours`` gives MXNet's op ``f_mxnet``'s output (of ``shape``) and input
+    gradients (``head_dim``: the scale's, 64 where the op has none)."""
+    want, got = _grad_check(f_mxnet, f_ours, inputs, seed)
+    assert want[0].shape == shape
+    for w, g in zip(want, got):
+        _close(g, w, head_dim)
+
+
 @pytest.mark.parametrize('seq,batch,heads,head_dim,seed', [(7, 3, 2, 64, 0), (5, 2, 3, 10, 1)])
 def test_selfatt_ops_are_batch_dot_of_heads_first_layout(seq, batch, heads, head_dim, seed):
     import mxnet as mx
@@ -37,18 +46,12 @@ def test_selfatt_ops_are_batch_dot_of_heads_first_layout(seq, batch, heads, head
     rng = np.random.RandomState(seed)
     qkv = mx.nd.array(rng.normal(size=(seq, batch, 3 * heads * head_dim)))
     att = mx.nd.array(rng.uniform(size=(batch * heads, seq, seq)))
-    mxnet_qk = lambda x: mx.nd.contrib.interleaved_matmul_selfatt_qk(x, heads=heads)  # noqa
-    want, got = _grad_check(mxnet_qk, lambda x: routes.selfatt_qk(x, heads), [qkv], seed)
-    assert want[0].shape == (batch * heads, seq, seq)
-    for w, g in zip(want, got):
-        _close(g, w, head_dim)
-    mxnet_va = lambda x, a: mx.nd.contrib.interleaved_matmul_selfatt_valatt(  # noqa
-        x, a, heads=heads)
-    want, got = _grad_check(mxnet_va, lambda x, a: routes.selfatt_valatt(x, a, heads),
-                            [qkv, att], seed)
-    assert want[0].shape == (seq, batch, heads * head_dim)
-    for w, g in zip(want, got):
-        _close(g, w, 64)   # no scale in valatt
+    _same_op(lambda x: mx.nd.contrib.interleaved_matmul_selfatt_qk(x, heads=heads),
+             lambda x: routes.selfatt_qk(x, heads), [qkv], seed,
+             (batch * heads, seq, seq), head_dim)
+    _same_op(lambda x, a: mx.nd.contrib.interleaved_matmul_selfatt_valatt(x, a, heads=heads),
+             lambda x, a: routes.selfatt_valatt(x, a, heads), [qkv, att], seed,
+             (seq, batch, heads * head_dim), 64)   # no scale in valatt
 
 
 @pytest.mark.parametrize('seq_q,seq_k,batch,heads,head_dim,seed',
@@ -61,18 +64,12 @@ def test_encdec_ops_are_batch_dot_of_heads_first_layout(seq_q, seq_k, batch, hea
     q = mx.nd.array(rng.normal(size=(seq_q, batch, heads * head_dim)))
     kv = mx.nd.array(rng.normal(size=(seq_k, batch, 2 * heads * head_dim)))
     att = mx.nd.array(rng.uniform(size=(batch * heads, seq_q, seq_k)))
-    mxnet_qk = lambda a, b: mx.nd.contrib.interleaved_matmul_encdec_qk(a, b, heads=heads)  # noqa
-    want, got = _grad_check(mxnet_qk, lambda a, b: routes.encdec_qk(a, b, heads), [q, kv], seed)
-    assert want[0].shape == (batch * heads, seq_q, seq_k)
-    for w, g in zip(want, got):
-        _close(g, w, head_dim)
-    mxnet_va = lambda a, b: mx.nd.contrib.interleaved_matmul_encdec_valatt(  # noqa
-        a, b, heads=heads)
-    want, got = _grad_check(mxnet_va, lambda a, b: routes.encdec_valatt(a, b, heads),
-                            [kv, att], seed)
-    assert want[0].shape == (seq_q, batch, heads * head_dim)
-    for w, g in zip(want, got):
-        _close(g, w, 64)
+    _same_op(lambda a, b: mx.nd.contrib.interleaved_matmul_encdec_qk(a, b, heads=heads),
+             lambda a, b: routes.encdec_qk(a, b, heads), [q, kv], seed,
+             (batch * heads, seq_q, seq_k), head_dim)
+    _same_op(lambda a, b: mx.nd.contrib.interleaved_matmul_encdec_valatt(a, b, heads=heads),
+             lambda a, b: routes.encdec_valatt(a, b, heads), [kv, att], seed,
+             (seq_q, batch, heads * head_dim), 64)   # no scale in valatt
 
 
 def test_mxnet_has_no_bfloat16_batched_product_on_cpu():
