@@ -175,7 +175,16 @@ std::string shape_str(const std::vector<unsigned>& s) {
 // inference): MXNet's wrapper writes back every shape the library returns, so an unknown one
 // would come back as () (a known scalar) that the next op misreads; the library cannot leave
 // it unknown, so it names the fix instead.
-MXReturnValue unknown_data(const char* op, const char* mxnet_op) {
+// The error for a data shape that is not wholly known (call it only then): an unknown
+// dimension, or no shape at all.
+MXReturnValue unknown_data(const char* op, const char* mxnet_op,
+                           const std::vector<unsigned>& ds) {
+  if (has_unknown_dim(ds)) {
+    MX_ERROR_MSG << op << ": data's shape " << shape_str(ds) << " has an unknown dimension; the "
+                 << "library op needs it whole (MXNet's wrapper of library ops cannot return "
+                 << "unknown dimensions)";
+    return MX_FAIL;
+  }
   MX_ERROR_MSG << op << ": data's shape is unknown; give it (e.g. infer_shape_partial(data=...)"
                << "), or keep MXNet's " << mxnet_op << " with mxmp.Policy(kernels='mxnet') "
                << "(MXNet's wrapper of library ops cannot leave a shape unknown)";
@@ -356,15 +365,7 @@ MXReturnValue ln_infer_type(const Attrs& attrs, std::vector<int>* in, std::vecto
 MXReturnValue ln_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
   return guarded("mxmp_layer_norm", [&] {
     const auto& ds = (*in)[0];
-    if (!known(ds)) {
-      if (has_unknown_dim(ds)) {
-        MX_ERROR_MSG << "mxmp_layer_norm: data's shape " << shape_str(ds) << " has an unknown "
-                     << "dimension; the library op needs it whole (MXNet's wrapper of library "
-                     << "ops cannot return unknown dimensions)";
-        return MX_FAIL;
-      }
-      return unknown_data("mxmp_layer_norm", "LayerNorm");
-    }
+    if (!known(ds)) return unknown_data("mxmp_layer_norm", "LayerNorm", ds);
     const unsigned d = ds.back();
     uint64_t rows = 1;
     for (size_t i = 0; i + 1 < ds.size(); ++i) rows *= ds[i];
@@ -730,15 +731,7 @@ MXReturnValue softmax_infer_type(const Attrs& attrs, std::vector<int>* in,
 MXReturnValue softmax_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
   return guarded("mxmp_softmax", [&] {
     const auto& ds = (*in)[0];
-    if (!known(ds)) {
-      if (has_unknown_dim(ds)) {
-        MX_ERROR_MSG << "mxmp_softmax: data's shape " << shape_str(ds) << " has an unknown "
-                     << "dimension; the library op needs it whole (MXNet's wrapper of library "
-                     << "ops cannot return unknown dimensions)";
-        return MX_FAIL;
-      }
-      return unknown_data("mxmp_softmax", "softmax");
-    }
+    if (!known(ds)) return unknown_data("mxmp_softmax", "softmax", ds);
     if (in->size() > 1) {
       // data's shape without its last axis; (1,) for 1-D data, as MXNet's softmax
       std::vector<unsigned> ls(ds.begin(), ds.end() - 1);
