@@ -4,7 +4,7 @@ import logging
 
 from mxnet import gluon
 
-__all__ = ['hybrid_parts', 'hybrid_parts_to_convert']
+__all__ = ['hybrid_parts', 'hybrid_parts_to_convert', 'refuse_second_policy']
 
 
 def hybrid_parts(block):
@@ -46,3 +46,28 @@ def hybrid_parts_to_convert(block):
         'mxmp.convert: %s is a plain Block; converting its HybridBlocks %s (its own forward '
         'runs as written)', block.name, [p.name for p in parts])
     return parts
+
+
+def refuse_second_policy(block, conversion, converted):
+    """Raise if :func:`mxmp.convert` converted ``block`` or a HybridBlock inside it with settings
+    other than ``conversion``: one graph runs one policy, so converting a parent would silently
+    replace the policy the user gave one of its children.
+
+    Args:
+        block (mxnet.gluon.HybridBlock): the block being converted.
+        conversion: the settings it is being converted with (compared with ``==``).
+        converted (mapping): HybridBlock -> the settings it was converted with.
+
+    Raises:
+        ValueError: naming the block converted otherwise, its target dtype and the fix.
+    """
+    queue = [block]   # breadth first: the outermost block converted otherwise is named
+    for b in queue:
+        if isinstance(b, gluon.HybridBlock) and converted.get(b, conversion) != conversion:
+            raise ValueError(
+                '%s is already converted by mxmp (target dtype %s); converting %s with other '
+                'settings would mix two policies in one graph. Build the network anew (or load '
+                'its float32 checkpoint into a new one) and convert it once, with one Policy '
+                '(its op lists choose per op).'
+                % (b.name, converted[b].policy.target_dtype, block.name))
+        queue.extend(b._children.values())

@@ -128,15 +128,10 @@ def convert(block, target_dtype=None, cast_params=None, emulate=None, policy=Non
         return block
     policy = resolve_policy(policy, target_dtype, cast_params, emulate)
     conversion = Conversion(policy, fuse_inference, pad_stem, fold_batchnorm)
-    previous = _CONVERTED.get(block)
-    if previous is not None:
-        if previous == conversion:
-            return block
-        raise ValueError(
-            '%s is already converted by mxmp (target dtype %s); converting it again with other '
-            'settings would mix two policies. Build the network anew (or load its float32 '
-            'checkpoint into a new one) and convert that.'
-            % (block.name, previous.policy.target_dtype))
+    if _CONVERTED.get(block) == conversion:
+        return block
+    from .block_tree import refuse_second_policy   # one graph, one policy
+    refuse_second_policy(block, conversion, _CONVERTED)
     install_hooks()
     def register(child):   # the block and every HybridBlock inside it (Block.apply)
         if isinstance(child, gluon.HybridBlock):

@@ -288,6 +288,20 @@ def test_converting_again_with_the_same_settings_changes_nothing_other_settings_
         mxmp.convert(net, 'float16')
 
 
+def test_converting_a_parent_never_silently_replaces_a_childs_policy():
+    net = small_resnet()
+    child = [b for b in net._children.values() if isinstance(b, gluon.HybridBlock)][0]
+    mxmp.convert(child, policy=mxmp.Policy('bfloat16', fp32_ops=['Convolution']))
+    with pytest.raises(ValueError, match='%s is already converted.*converting %s with other'
+                       % (child.name, net.name)):
+        mxmp.convert(net, 'bfloat16')
+    assert mxmp.convert(child, policy=mxmp.Policy('bfloat16', fp32_ops=['Convolution']))
+    same = small_resnet()   # the same settings inside and out: one policy, accepted
+    inner = [b for b in same._children.values() if isinstance(b, gluon.HybridBlock)][0]
+    mxmp.convert(inner, 'bfloat16')
+    assert mxmp.convert(same, 'bfloat16') is same
+
+
 def test_contradicting_target_dtype_and_policy_raise():
     with pytest.raises(ValueError, match='contradicts policy'):
         mxmp.convert(small_resnet(), 'float16', policy=mxmp.Policy('bfloat16'))
