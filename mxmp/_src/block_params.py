@@ -21,7 +21,7 @@ from .training.master_weights import master_value, set_master_value
 
 __all__ = ['ParameterFileError', 'save_block_parameters', 'load_block_parameters',
            'holds_conversion', 'save_parameters', 'load_parameters',
-           'save_param_dict']
+           'save_param_dict', 'load_param_dict']
 
 
 def _value(param, dtype):
@@ -145,8 +145,14 @@ def load_block_parameters(block, filename, ctx=None, allow_missing=False, ignore
                     "Parameter '%s' is missing in file '%s', which contains parameters: %s. "
                     "Set allow_missing=True to ignore missing parameters."
                     % (name, filename, _brief(loaded)))
+    _load_values([(param, value) for _, param, value in chosen.values()], ctx)
+
+
+def _load_values(pairs, ctx):
+    """Set each (Parameter, file value) of ``pairs``: the value cast (rounded to nearest even)
+    to the dtype the Parameter is stored in, a Trainer's master weight to the file's value."""
     with autograd.pause():
-        for _, param, value in chosen.values():
+        for param, value in pairs:
             own = dtype_name(param.dtype if param.dtype is not None else value.dtype)
             cast = value
             if own != dtype_name(value.dtype):
@@ -202,4 +208,47 @@ def save_param_dict(params, original, filename, strip_prefix=''):
         arrays[param.name[len(strip_prefix):]] = _value(param, 'float32' if _is_float(param)
                                                         else None)
     save_atomic(filename, lambda tmp: mx.nd.save(tmp, arrays))
+    return None
+
+
+def load_param_dict(params, original, filename, ctx=None, allow_missing=False,
+                    ignore_extra=False, restore_prefix='', cast_dtype=False,
+                    dtype_source='current'):
+    """``ParameterDict.load`` (``original``, MXNet's) for a dict holding Parameters of a
+    converted network: each value cast to the dtype its Parameter is stored in (MXNet's own
+    load refuses a float32 file for a bfloat16 Parameter, and with ``cast_dtype=True`` rounds
+    it otherwise than mxmp), a Trainer's master weight set to the file's value (float32 kept
+    whole, as :func:`load_block_parameters`). Arguments as MXNet's; ``cast_dtype`` is accepted
+    (values are always cast), ``dtype_source`` must be ``'current'``.
+
+    Raises:
+        ParameterFileError: a parameter is missing from the file (without ``allow_missing``),
+            or a key names no parameter (without ``ignore_extra``).
+        ValueError: ``dtype_source`` is not ``'current'``; a Parameter's name does not start
+            with ``restore_prefix``.
+        FileNotFoundError: no such file.
+    """
+    if not holds_conversion(params.values()):
+        return original(params, filename, ctx, allow_missing, ignore_extra, restore_prefix,
+                        cast_dtype, dtype_source)
+    if dtype_source != 'current':
+        raise ValueError("dtype_source=%r: a converted network keeps the dtypes it was "
+                         "converted with; use dtype_source='current'" % (dtype_source,))
+    bad = [n for n in params.keys() if not n.startswith(restore_prefix)]
+    if bad:
+        raise ValueError('restore_prefix=%r: the name of Parameter %r does not start with it'
+                         % (restore_prefix, bad[0]))
+    if not os.path.isfile(filename):
+        raise FileNotFoundError('no such parameter file: %s' % (filename,))
+    loaded = {restore_prefix + k: v for k, v in mx.nd.load(os.fspath(filename)).items()}
+    extra = [k for k in loaded if k not in params.keys()]
+    if extra and not ignore_extra:
+        raise ParameterFileError("Parameter '%s' loaded from file '%s' is not present in this "
+                                 "ParameterDict. Set ignore_extra=True to ignore."
+                                 % (extra[0], filename))
+    missing = [k for k in params.keys() if k not in loaded]
+    if missing and not allow_missing:
+        raise ParameterFileError("Parameter '%s' is missing in file '%s'. Set "
+                                 "allow_missing=True to ignore." % (missing[0], filename))
+    _load_values([(params[k], v) for k, v in loaded.items() if k in params.keys()], ctx)
     return None

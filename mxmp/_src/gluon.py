@@ -8,7 +8,8 @@ graph of a converted block, or of the hybridized parent of one, :mod:`mxmp._src.
 goes through the pass, :func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op`` (default
 layout for grouped weights; the fused twin; calls :func:`mxmp.freeze` forbids), ``forward`` (a
 converted block not hybridized raises; under ``amp.init`` an imperative call warns once),
-``export`` and ``Block.save_parameters``/``load_parameters`` (files plain MXNet loads),
+``export``, ``Block.save_parameters``/``load_parameters`` and ``ParameterDict.save``/``load``
+(files plain MXNet loads; loading casts and sets the masters),
 ``Parameter.set_data`` (fused graphs rebuilt, masters follow), ``Parameter.initialize`` and
 ``ParameterDict.zero_grad`` (no bfloat16 in MXNet: :mod:`mxmp._src.param_dtypes`).
 :func:`remove_hooks` undoes all of it. Converted blocks are kept here in weak dictionaries:
@@ -355,6 +356,7 @@ _WRAPPERS.update({(cls, name): _routed(module, func, name)
                       (gluon.Block, 'save_parameters', '.block_params', 'save_parameters'),
                       (gluon.Block, 'load_parameters', '.block_params', 'load_parameters'),
                       (gluon.ParameterDict, 'save', '.block_params', 'save_param_dict'),
+                      (gluon.ParameterDict, 'load', '.block_params', 'load_param_dict'),
                       (gluon.Parameter, 'initialize', '.param_dtypes', 'initialize'),
                       (gluon.ParameterDict, 'zero_grad', '.param_dtypes', 'zero_grad'))})
 

@@ -178,3 +178,53 @@ def test_files_plain_gluon_refuses_are_refused_by_the_converted_twin_too(tmp_pat
     assert try_load(plain, path) is not None
     err = try_load(conv, path)
     assert err is not None and 'nosuch_weight' in str(err)
+
+
+def _param_dict_load(net, path):
+    try:
+        net.collect_params().load(path, restore_prefix=net.prefix)
+        return None
+    except (AssertionError, ValueError, RuntimeError) as err:
+        return err
+
+
+@pytest.mark.parametrize('cast_params', [False, True])
+def test_param_dict_load_takes_a_float32_file_and_keeps_it_whole_in_the_masters(tmp_path,
+                                                                                cast_params):
+    """``collect_params().load`` (names less the prefix) of a plain file into the converted twin: loaded
+    where plain Gluon loads it (before: a bfloat16 Parameter refused the float32 file), the
+    stored values the file's rounded once, and the Trainer's master weights the file's float32
+    values, so saving again writes the file back bit for bit."""
+    source = build('hybrid', 0)
+    path = str(tmp_path / 'full.params')
+    source.collect_params().save(path, strip_prefix=source.prefix)
+    plain = build('hybrid', 5)
+    assert _param_dict_load(plain, path) is None
+    conv = build('hybrid', 6)
+    mxmp.convert(conv, 'bfloat16', cast_params=cast_params)
+    trainer = mxmp.Trainer(conv.collect_params(), 'sgd', {'learning_rate': 0.0})
+    with mx.autograd.record():
+        loss = conv(x_batch()).sum()
+    loss.backward()
+    trainer.step(1)   # the masters exist before the load
+    err = _param_dict_load(conv, path)
+    assert err is None, err
+    want = by_name(source)
+    got = by_name(conv)
+    for k in want:
+        np.testing.assert_array_equal(got[k], rounded({k: want[k]}, 'bfloat16')[k]
+                                      if cast_params and k.endswith('weight') else want[k])
+    with mx.autograd.record():
+        loss = conv(x_batch()).sum()
+    loss.backward()
+    trainer.step(1)   # lr 0: the masters, not the old values, are written back
+    again = str(tmp_path / 'again.params')
+    conv.collect_params().save(again, strip_prefix=conv.prefix)
+    back, orig = nd.load(again), nd.load(path)
+    assert sorted(back) == sorted(orig)
+    for k in orig:
+        np.testing.assert_array_equal(back[k].asnumpy(), orig[k].asnumpy())
+    nd.save(str(tmp_path / 'other.params'), {'nosuch_weight': nd.ones((2, 2))})
+    err = _param_dict_load(conv, str(tmp_path / 'other.params'))   # as plain Gluon: refused
+    assert _param_dict_load(plain, str(tmp_path / 'other.params')) is not None
+    assert err is not None and 'nosuch_weight' in str(err)
