@@ -137,9 +137,11 @@ def measure(args):
 
 def update_only(args):
     """``trainer.step`` alone on the workload's Parameters (random gradients, no forward or
-    backward): medians (ms) of its host time (call to return) and of the whole update (call to
-    ``waitall``) over ``args.iters`` calls after ``args.warmup``. The A/B of a change to the
-    Trainer's host side, without the noise of the rest of the step."""
+    backward): medians (ms) of its host time (call to return; wall and thread CPU time) and of
+    the whole update (call to ``waitall``) over ``args.iters`` calls after ``args.warmup``: the
+    A/B of a change to the Trainer's host side, without the noise of the rest of the step.
+    ``floor_ms``: two ``elemwise_add`` per float32 weight over its arrays (24 bytes moved per
+    value, the SGD momentum update moves 20), the time of streaming them through memory."""
     import numpy as np
     import mxnet as mx
     from benchmarks.worker import _Child
@@ -178,8 +180,25 @@ def update_only(args):
             host.append(t1 - t0)
             cpu.append(c1 - c0)
             total.append(t2 - t0)
+    # the streaming floor: per weight, two adds over the update's arrays (read 4, write 2
+    # arrays: 24 bytes per float32 value against the SGD momentum update's 20)
+    floor = []
+    pairs = [(p.data(), p.grad()) for p in params if str(p.dtype) == "<class 'numpy.float32'>"
+             or p.dtype == np.float32]
+    moms = [mx.nd.zeros(w.shape) for w, _ in pairs]
+    for i in range(args.warmup + args.iters):
+        mx.nd.waitall()
+        t0 = time.perf_counter()
+        for (w, g), m in zip(pairs, moms):
+            mx.nd.elemwise_add(m, g, out=m)
+            mx.nd.elemwise_add(w, g, out=w)
+        mx.nd.waitall()
+        if i >= args.warmup:
+            floor.append(time.perf_counter() - t0)
     ms = lambda xs: 1e3 * statistics.median(xs)  # noqa: E731
     return {'update_host_ms': ms(host), 'update_total_ms': ms(total),
+            'floor_ms': ms(floor) if floor else None, 'floor_min_ms': 1e3 * min(floor)
+            if floor else None, 'values': sum(w.size for w, _ in pairs),
             'update_host_cpu_ms': ms(cpu), 'host_cpu_min_ms': 1e3 * min(cpu),
             'host_min_ms': 1e3 * min(host), 'total_min_ms': 1e3 * min(total),
             'weights': len(params)}
