@@ -162,9 +162,7 @@ def update_only(args):
     params = [p for p in net.collect_params().values() if p.grad_req != 'null']
     for p in params:
         g = p.grad()
-        g[:] = mx.nd.array(rng.randn(*g.shape) * 1e-3, dtype='float32').astype(g.dtype) \
-            if str(g.dtype) != "[('bfloat16', '<u2')]" else \
-            mx.nd.amp_cast(mx.nd.array(rng.randn(*g.shape) * 1e-3), dtype=g.dtype)
+        g[:] = mx.nd.amp_cast(mx.nd.array(rng.randn(*g.shape) * 1e-3), dtype=g.dtype)
     mx.nd.waitall()
     host, total, cpu = [], [], []
     for i in range(args.warmup + args.iters):
@@ -183,8 +181,8 @@ def update_only(args):
     # the streaming floor: per weight, two adds over the update's arrays (read 4, write 2
     # arrays: 24 bytes per float32 value against the SGD momentum update's 20)
     floor = []
-    pairs = [(p.data(), p.grad()) for p in params if str(p.dtype) == "<class 'numpy.float32'>"
-             or p.dtype == np.float32]
+    pairs = [(p.data(), p.grad()) for p in params
+             if mxmp._src.dtypes.dtype_name(p.dtype) == 'float32']
     moms = [mx.nd.zeros(w.shape) for w, _ in pairs]
     for i in range(args.warmup + args.iters):
         mx.nd.waitall()
