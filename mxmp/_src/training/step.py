@@ -269,6 +269,8 @@ class Step:
                 buffer = _GradientCopies(update, parts)
                 for part in parts:
                     _update_group(updater, update, part, buffer)
+                if any(buffer.kind) and hasattr(updater, 'forget_arrays'):
+                    updater.forget_arrays()   # its checks held the copies: free them now
                 del buffer
             if on_kvstore:
                 on_kvstore[1]()
