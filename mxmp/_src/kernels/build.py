@@ -55,7 +55,8 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'mxmp_ops.cc')
 FLAGS = ('-O3', '-march=native', '-fopenmp', '-fno-trapping-math', '-std=c++17', '-shared',
          '-fPIC', '-Wl,-Bsymbolic')
 #: The ops the library registers (``mx.library.load`` adds them to mx.nd and mx.sym).
-OPS = ('mxmp_layer_norm', 'mxmp_dropout', 'mxmp_softmax')
+OPS = ('mxmp_layer_norm', 'mxmp_dropout', 'mxmp_softmax', 'mxmp_selfatt_qk',
+       'mxmp_selfatt_valatt', 'mxmp_encdec_qk', 'mxmp_encdec_valatt')
 #: File names inside a key's directory.
 LIBRARY = 'libmxmp_ops.so'
 FAILED = 'failed.txt'
