@@ -17,9 +17,10 @@ Substitutions, from the BERT-base training profile (docs/benchmark.md, "Transfor
   training, and every ``mxmp_dropout`` reads it.
 - The interleaved attention matmuls ``_contrib_interleaved_matmul_selfatt_qk/valatt`` and
   ``_encdec_qk/valatt`` become ``mxmp_selfatt_qk/valatt`` and ``mxmp_encdec_qk/valatt``
-  (:data:`ATTENTION`): the same products with bfloat16 inputs (rounded to nearest even) and
-  float32 accumulation, where MXNet 1.9.1 has float32 kernels only. Only in bfloat16 graphs
-  (they round their inputs: never in :func:`apply_kernels`' float32 graphs unless asked) and
+  (:data:`ATTENTION`): the same products in bfloat16 (inputs and outputs; float32 inputs are
+  rounded to nearest even) with float32 accumulation, where MXNet 1.9.1 has float32 kernels
+  only. They are low-precision ops of the plan (every other library op is float32). Only in
+  bfloat16 graphs (never in :func:`apply_kernels`' float32 graphs unless asked) and
   only on the ``avx512_bf16`` tier (:func:`mxmp._src.cpu_tier.cpu_tier`), where the library's
   AVX512-BF16 GEMM runs and was measured faster than MXNet's float32 op (docs/benchmark.md,
   "The attention matmuls"); on the other tiers its portable path is correct (``mxmp
@@ -282,9 +283,9 @@ def original_op(node):
 def substitution_rule(op, library_op):
     """The explain rule (str) of an ``op`` node the rule runs as ``library_op``."""
     if op in ATTENTION:
-        return ("kernel rule: %s as %s, mxmp's library kernel: bfloat16 products (inputs "
-                "rounded), float32 accumulation, float32 in and out (Policy(kernels='mxnet') "
-                "keeps MXNet's float32 op)" % (op, library_op))
+        return ("kernel rule: %s as %s, mxmp's library kernel: bfloat16 in and out, float32 "
+                "accumulation (Policy(kernels='mxnet') keeps MXNet's float32 op)"
+                % (op, library_op))
     return ("kernel rule: %s as %s, mxmp's library kernel, in float32 (Policy(kernels='mxnet') "
             "keeps MXNet's)%s" % (op, library_op, '; it reads a training-mode flag the rule '
                                   'adds' if op == 'Dropout' else ''))
