@@ -128,10 +128,11 @@ def _user_ops(policy):
 
 def attention_pays():
     """bool: whether the library's attention matmuls replace MXNet's here: this CPU's tier
-    (its flags and ``DNNL_MAX_CPU_ISA``) is ``avx512_bf16``, where their AVX512-BF16 GEMM runs
-    (the library reads the same cap) and was measured faster than MXNet's float32 kernel."""
-    from ..cpu_tier import cpu_tier
-    return cpu_tier() == 'avx512_bf16'
+    (its flags and ``DNNL_MAX_CPU_ISA``) is ``avx512_bf16`` and it has the ``avx512_bf16``
+    instructions: there their AVX512-BF16 GEMM runs (the library reads the same cap) and was
+    measured faster than MXNet's float32 kernel."""
+    from ..cpu_tier import _cpu_flags, cpu_tier
+    return cpu_tier() == 'avx512_bf16' and 'avx512_bf16' in _cpu_flags()
 
 
 def _chosen(js, kernels, skip_ops=frozenset(), attention=False):
