@@ -19,61 +19,13 @@ import numpy as np
 import mxnet as mx
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
+from mxmp._src.conformance.attention import reference, round_bf16  # noqa: E402
 from mxmp._src.kernels.build import load_library  # noqa: E402
 
 #: (seq_q, seq_k, batch, heads, head_dim): BERT's head dim 64 at a short sequence, and odd
 #: sizes (edges of the 8 x 32 tiles, odd k, one head).
 SHAPES = [(128, 128, 2, 2, 64), (33, 9, 2, 3, 17), (7, 40, 3, 1, 5)]
 OPS = ('selfatt_qk', 'selfatt_valatt', 'encdec_qk', 'encdec_valatt')
-
-
-def round_bf16(a):
-    """float32 array rounded to bfloat16 (nearest even), as float32."""
-    u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
-
-
-def _heads(x, parts, heads):
-    """(seq, batch, heads * parts * d) -> (parts, batch * heads, seq, d)."""
-    seq, batch, width = x.shape
-    d = width // (heads * parts)
-    return x.reshape(seq, batch * heads, parts, d).transpose(2, 1, 0, 3)
-
-
-def _seq_first(o):
-    """(batch * heads, seq, d) -> (seq, batch * heads * d) laid out as (seq, batch, heads*d)."""
-    g, seq, d = o.shape
-    return o.transpose(1, 0, 2).reshape(seq, -1)
-
-
-def reference(op, xs, og, heads):
-    """Output and input gradients of ``op`` in float64 (the ops' definition)."""
-    xs = [x.astype(np.float64) for x in xs]
-    og = og.astype(np.float64)
-    if op in ('selfatt_qk', 'encdec_qk'):
-        if op == 'selfatt_qk':
-            t = _heads(xs[0], 3, heads)
-            q, k = t[0], t[1]
-        else:
-            q, k = _heads(xs[0], 1, heads)[0], _heads(xs[1], 2, heads)[0]
-        s = 1.0 / np.sqrt(np.float64(np.float32(q.shape[2])))
-        out = np.einsum('gid,gjd->gij', q, k) * s
-        dq = np.einsum('gij,gjd->gid', og, k) * s
-        dk = np.einsum('gij,gid->gjd', og, q) * s
-        if op == 'selfatt_qk':
-            g = np.stack([dq, dk, np.zeros_like(dq)])            # (3, g, seq, d)
-            return [out, g.transpose(2, 1, 0, 3).reshape(xs[0].shape)]
-        gk = np.stack([dk, np.zeros_like(dk)]).transpose(2, 1, 0, 3).reshape(xs[1].shape)
-        return [out, dq.transpose(1, 0, 2).reshape(xs[0].shape), gk]
-    parts = 3 if op == 'selfatt_valatt' else 2
-    t = _heads(xs[0], parts, heads)
-    v, att = t[parts - 1], xs[1]
-    out = np.einsum('gij,gjd->gid', att, v)
-    ogh = og.reshape(og.shape[0], -1, v.shape[2]).transpose(1, 0, 2)   # (g, seq_q, d)
-    datt = np.einsum('gid,gjd->gij', ogh, v)
-    dv = np.einsum('gij,gid->gjd', att, ogh)
-    g = np.stack([np.zeros_like(dv)] * (parts - 1) + [dv]).transpose(2, 1, 0, 3)
-    return [_seq_first(out).reshape(og.shape), g.reshape(xs[0].shape), datt]
 
 
 def _inputs(op, shape, rng):

@@ -8,7 +8,8 @@ bfloat16-representable, so the float64 reference sees the values the kernel mult
 Measured (Zen 4, seeds per op, three shapes): float32 in and out within 3.2e-7 of float64
 (relative max-norm), as MXNet's float32 op (3.2e-7); bfloat16 in and out within 3.1e-3, the
 output's rounding to nearest even (at most 2**-8 of a value); the portable path gives the
-AVX512-BF16 path's bits.
+AVX512-BF16 path's bits. Bounds: the conformance suite's (mxmp/_src/conformance/attention.py,
+2**-16 and 2**-8 + 2**-16).
 """
 import json
 import os
@@ -20,6 +21,7 @@ import pytest
 
 import mxnet as mx
 import mxmp
+from mxmp._src.conformance.attention import BFLOAT16_TOL, FLOAT32_TOL
 from mxmp._src.graph.kernel_rule import ATTENTION, apply_kernels, attention_pays, mxnet_ops
 from mxmp._src.graph.symbol_json import load
 from mxmp._src.kernels.build import load_library
@@ -27,10 +29,6 @@ from mxmp._src.kernels.build import load_library
 HERE = os.path.dirname(os.path.abspath(__file__))
 needs_library = pytest.mark.skipif(load_library() is None, reason="mxmp's operator library "
                                    'does not build here (no C++ compiler?)')
-#: float32 in and out against float64: float32 sums of exact products (measured 3.2e-7).
-FLOAT32_TOL = 2e-6
-#: bfloat16 in and out: the output rounded to nearest even, 2**-8 of a value at most.
-BFLOAT16_TOL = 2.0 ** -8 + FLOAT32_TOL
 
 
 def _worker(isa):
