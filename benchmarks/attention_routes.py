@@ -23,6 +23,9 @@ self-attention block (qk, softmax, valatt; forward and backward) at BERT-base sh
    and ``split`` (never ``transpose``, whose bfloat16 kernel corrupts the heap). Its products
    run ~2.5x faster than the float32 interleaved ops, but the layout ops it needs cost more than
    that saves.
+4. **mxmp's library ops in bfloat16** (:func:`library_attention`): ``mxmp_selfatt_qk`` and
+   ``mxmp_selfatt_valatt`` of mxmp's operator library (AVX512-BF16 GEMM, float32 accumulation,
+   bfloat16 in and out), what the kernel rule runs on the ``avx512_bf16`` tier.
 
 Prints one JSON line per route: median and minimum milliseconds of the block's forward +
 backward, the relative max-norm error of its output and input gradient against the interleaved
@@ -138,6 +141,18 @@ def interleaved_attention(qkv, heads, cast):
     return nd.amp_cast(out, dtype=bfloat16) if cast else out
 
 
+def library_attention(qkv, heads):
+    """The block as mxmp's bfloat16 graph runs it on the ``avx512_bf16`` tier (route 4): mxmp's
+    library ops ``mxmp_selfatt_qk``/``_valatt`` in bfloat16 (float32 accumulation), the
+    softmax in float32 between casts. ``qkv`` bfloat16; returns bfloat16."""
+    import mxnet as mx
+    from mxnet.contrib.amp.amp import bfloat16
+    nd = mx.nd
+    att = nd.amp_cast(nd.mxmp_selfatt_qk(qkv, heads=heads), dtype='float32')
+    probs = nd.amp_cast(nd.softmax(att), dtype=bfloat16)
+    return nd.mxmp_selfatt_valatt(qkv, probs, heads=heads)
+
+
 def batched_attention(qkv, heads):
     """The block on float32 ``transpose``/``batch_dot`` (route 2)."""
     import mxnet as mx
@@ -228,6 +243,9 @@ def main(argv=None):
         'batch_dot_float32': (lambda x: batched_attention(x, h), x32, g32),
         'conv_bfloat16': (lambda x: conv_attention(x, h), x16, g16),
     }
+    from mxmp._src.kernels.build import load_library
+    if load_library() is not None:
+        routes['library_bfloat16'] = (lambda x: library_attention(x, h), x16, g16)
     # rounds interleave the routes (A B C D A B C D ...): a shared machine's load hits all alike
     results = {name: time_block(block, x.copy(), g, 2) for name, (block, x, g) in routes.items()}
     times = {name: [] for name in routes}
