@@ -53,6 +53,19 @@
 //   Backward: dx = out * (dy - sum_row(dy * out)) over the row's length (the sum in double),
 //   0 beyond it; length gets a zero gradient.
 //
+// mxmp_selfatt_qk, mxmp_selfatt_valatt, mxmp_encdec_qk, mxmp_encdec_valatt: MXNet's
+// _contrib_interleaved_matmul_* (same inputs, outputs, shapes and `heads` attribute) with
+// bfloat16 products and float32 accumulation. Inputs and outputs float32 or bfloat16 (one
+// dtype; float32 inputs are rounded to bfloat16, nearest even). With d the head dimension and
+// g = b * heads + h (per sequence position, the last axis holds the heads in order, each its
+// query, key and value, or for encdec's keys_values its key and value, d values each):
+//   selfatt_qk(qkv (L, B, 3 heads d))            -> (B heads, L, L),  q_i . k_j / sqrt(d)
+//   selfatt_valatt(qkv, att (B heads, L, L))     -> (L, B, heads d),  sum_j att[g, i, j] v_j
+//   encdec_qk(q (Lq, B, heads d), kv (Lk, B, 2 heads d)) -> (B heads, Lq, Lk)
+//   encdec_valatt(kv, att (B heads, Lq, Lk))     -> (Lq, B, heads d)
+// 1/sqrt(d) is float32 and scales the float32 sum once, as MXNet's GEMM alpha. Backward: the
+// transposed products; the parts of an interleaved input an op does not read get zeros.
+//
 // Every entry point catches exceptions (nothing is thrown across the C interface) and reports
 // errors with dtype names; attributes are parsed independently of the C locale.
 #include <cmath>
