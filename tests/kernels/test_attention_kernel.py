@@ -126,16 +126,23 @@ def test_rule_puts_the_library_ops_in_bfloat16_without_casts_on_the_avx512_bf16_
 
 
 @needs_library
-def test_rule_keeps_mxnet_ops_off_the_avx512_bf16_tier_float32_graphs_and_on_request(
+def test_rule_keeps_mxnet_ops_off_the_avx512_bf16_tier_in_float32_graphs_and_on_request(
         monkeypatch):
     sym = _sym()
     mxnet_op = '_contrib_interleaved_matmul_selfatt_qk'
     # float32 graphs (the "float32 with mxmp's kernels" baseline): the products stay float32
     assert all(n['op'] not in ('mxmp_selfatt_qk', 'mxmp_selfatt_valatt')
                for n in apply_kernels(load(sym), 'all')['nodes'])
+    # the user's float32 (by op or by node name) and follow classes keep MXNet's float32 op
     for policy in (mxmp.Policy('bfloat16', kernels='mxnet'),
-                   mxmp.Policy('bfloat16', lp_ops=[mxnet_op])):
-        assert (mxnet_op, 'att_qk') in _ops(mxmp.convert_symbol(sym, policy=policy))
+                   mxmp.Policy('bfloat16', fp32_ops=[mxnet_op]),
+                   mxmp.Policy('bfloat16', follow_ops=[mxnet_op]),
+                   mxmp.Policy('bfloat16', excluded_names=['att_qk'])):
+        got = _ops(mxmp.convert_symbol(sym, policy=policy))
+        assert (mxnet_op, 'att_qk') in got, (policy, got)
+    # lp_ops asks for what the library op does
+    got = _ops(mxmp.convert_symbol(sym, policy=mxmp.Policy('bfloat16', lp_ops=[mxnet_op])))
+    assert (('mxmp_selfatt_qk', 'att_qk') in got) == attention_pays(), got
     monkeypatch.setenv('DNNL_MAX_CPU_ISA', 'AVX2')   # the rule reads the tier per conversion
     assert not attention_pays()
     assert (mxnet_op, 'att_qk') in _ops(mxmp.convert_symbol(sym, 'bfloat16'))

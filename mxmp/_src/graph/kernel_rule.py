@@ -34,8 +34,10 @@ intermediate tensors accumulated in place) the rule stays off.
 It is on for bfloat16 targets of a CPU (the library has CPU kernels only: :meth:`mxmp.Policy.on`
 of another context turns it off) and off with ``Policy(kernels='mxnet')`` or
 ``MXMP_KERNELS=mxnet``. An op the user names in ``lp_ops`` or ``follow_ops`` keeps MXNet's op
-in the user's class (the library ops compute in float32). :func:`mxmp.explain` names it, from
-the graph's structure alone (:func:`planned`: it never builds or loads the library).
+in the user's class (the library ops compute in float32); the attention matmuls, which compute
+in bfloat16, keep MXNet's op when named in ``fp32_ops`` or ``follow_ops``, or their node in
+``excluded_names``. :func:`mxmp.explain` names it, from the graph's structure alone
+(:func:`planned`: it never builds or loads the library).
 
 Files mxmp writes hold MXNet's ops only (:func:`mxnet_ops`), so that plain MXNet loads them;
 a graph that holds library ops loads after ``import mxmp`` (:mod:`mxmp._src.kernels.loading`).
@@ -122,8 +124,13 @@ def _flag_nodes(names):
 
 
 def _user_ops(policy):
-    """Ops the user put in a low-precision or follow class: the rule leaves them."""
-    return policy.lp_ops | policy.follow_ops
+    """Ops the user put in another class than the rule's library op: the float32 library ops
+    leave the ops named in ``lp_ops`` or ``follow_ops``; the attention matmuls (low precision)
+    leave those named in ``fp32_ops`` or ``follow_ops`` (an ``lp_ops`` name asks for what the
+    library op does)."""
+    attention = frozenset(ATTENTION)
+    return ((frozenset(policy.lp_ops | policy.follow_ops) - attention) |
+            (frozenset(policy.fp32_ops | policy.follow_ops) & attention))
 
 
 def attention_pays():
@@ -135,9 +142,10 @@ def attention_pays():
     return cpu_tier() == 'avx512_bf16' and 'avx512_bf16' in _cpu_flags()
 
 
-def _chosen(js, kernels, skip_ops=frozenset(), attention=False):
+def _chosen(js, kernels, skip_ops=frozenset(), attention=False, skip_names=frozenset()):
     """Positions of the nodes of ``js`` the rule replaces (structure only); the attention
-    matmuls (:data:`ATTENTION`) only with ``attention``."""
+    matmuls (:data:`ATTENTION`) only with ``attention``, and not those named in ``skip_names``
+    (the policy's ``excluded_names``: float32)."""
     if not attention:
         skip_ops = frozenset(skip_ops) | frozenset(ATTENTION)
     if kernels not in ('auto', 'all'):
@@ -150,7 +158,8 @@ def _chosen(js, kernels, skip_ops=frozenset(), attention=False):
     for src, idx, _ in js['heads']:
         used.setdefault(src, set()).add(idx)
     return {nid for nid, n in enumerate(nodes) if _eligible(n, used.get(nid, set()))
-            and n['op'] not in skip_ops and (kernels == 'all' or n['op'] not in OPT_IN)}
+            and n['op'] not in skip_ops and (kernels == 'all' or n['op'] not in OPT_IN)
+            and not (n['op'] in ATTENTION and n['name'] in skip_names)}
 
 
 def _addto():
@@ -178,7 +187,8 @@ def substitute(js, policy):
     on first use)."""
     if policy.kernels == 'mxnet' or policy.target_dtype != 'bfloat16':
         return js
-    return apply_kernels(js, policy.kernels, _user_ops(policy), attention=attention_pays())
+    return apply_kernels(js, policy.kernels, _user_ops(policy), attention=attention_pays(),
+                         skip_names=policy.excluded_names)
 
 
 def planned(js, policy):
@@ -192,19 +202,20 @@ def planned(js, policy):
         return {}
     nodes = js['nodes']
     return {nodes[nid]['name']: SUBSTITUTES[nodes[nid]['op']]
-            for nid in _chosen(js, policy.kernels, _user_ops(policy), attention_pays())}
+            for nid in _chosen(js, policy.kernels, _user_ops(policy), attention_pays(),
+                               policy.excluded_names)}
 
 
-def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False):
+def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False, skip_names=frozenset()):
     """The rule's rewrite of ``js`` (graph JSON, dict) whatever its dtypes: ``kernels`` is
     ``'auto'`` (the default set) or ``'all'`` (also :data:`OPT_IN`); nodes of ``skip_ops``
     stay; the attention matmuls (:data:`ATTENTION`, bfloat16 products) only with
-    ``attention`` (bool, default False). :func:`substitute` calls it for bfloat16 targets; the
-    transformer study calls it on a float32 graph to measure the library's kernels without the
-    precision (``python -m benchmarks.gpt --kernels all``), where the attention matmuls stay
-    float32. Returns a new dict, or ``js`` where nothing applies or the library is
+    ``attention`` (bool, default False), except the nodes named in ``skip_names``.
+    :func:`substitute` calls it for bfloat16 targets; the transformer study calls it on a
+    float32 graph to measure the library's kernels without the precision (``python -m
+    benchmarks.gpt --kernels all``), where the attention matmuls stay float32. Returns a new dict, or ``js`` where nothing applies or the library is
     unavailable."""
-    chosen = _chosen(js, kernels, skip_ops, attention)
+    chosen = _chosen(js, kernels, skip_ops, attention, skip_names)
     if not chosen:
         return js
     nodes = js['nodes']

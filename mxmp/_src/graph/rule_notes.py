@@ -42,8 +42,11 @@ def rules_left(policy, node, decision):
     op_class, rule = decision
     if 'user override' not in rule or policy.target_dtype != 'bfloat16':
         return decision
-    if op_class in (LOW_PRECISION, FOLLOW) and node['op'] in SUBSTITUTES and \
-            policy.kernels != 'mxnet':
+    if node['op'] in ATTENTION and op_class in (FLOAT32, FOLLOW) and policy.kernels != 'mxnet':
+        rule += ("; the kernel rule keeps MXNet's %s (mxmp's %s computes in bfloat16)"
+                 % (node['op'], SUBSTITUTES[node['op']]))
+    elif op_class in (LOW_PRECISION, FOLLOW) and node['op'] in SUBSTITUTES and \
+            node['op'] not in ATTENTION and policy.kernels != 'mxnet':
         rule += ("; the kernel rule keeps MXNet's %s (mxmp's %s computes in float32 only)"
                  % (node['op'], SUBSTITUTES[node['op']]))
     elif op_class in (LOW_PRECISION, FOLLOW) and node['op'] in ('sum', 'mean') and \

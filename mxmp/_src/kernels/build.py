@@ -11,7 +11,8 @@ The cache (one directory per key, :func:`library_file`):
 
 - the key hashes the sources, :data:`LIB_API_PATCH`, :data:`FLAGS`, MXNet's version, the
   compiler command, its ``--version`` and the target ``-march=native`` resolves to on this CPU
-  (the compiler's own expansion, ``-###``), and the CPU's flags: another compiler, MXNet or CPU gets another build;
+  (the compiler's own expansion, ``-###``), and the CPU's flags: another compiler, MXNet or
+  CPU gets another build;
 - one build per key and machine: a file lock (``fcntl.flock``) serialises the processes that
   share the cache (Horovod's ranks), the others wait and load its result;
 - the library is written to a temporary file, made readable by anyone who can read the cache
