@@ -213,8 +213,8 @@ def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False, skip_names
     ``attention`` (bool, default False), except the nodes named in ``skip_names``.
     :func:`substitute` calls it for bfloat16 targets; the transformer study calls it on a
     float32 graph to measure the library's kernels without the precision (``python -m
-    benchmarks.gpt --kernels all``), where the attention matmuls stay float32. Returns a new dict, or ``js`` where nothing applies or the library is
-    unavailable."""
+    benchmarks.gpt --kernels all``), where the attention matmuls stay float32. Returns a new
+    dict, or ``js`` where nothing applies or the library is unavailable."""
     chosen = _chosen(js, kernels, skip_ops, attention, skip_names)
     if not chosen:
         return js
