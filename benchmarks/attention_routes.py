@@ -1,12 +1,12 @@
 """Routes to bfloat16 for GluonNLP's attention matmuls under MXNet 1.9.1, measured.
 
     OMP_NUM_THREADS=1 python -m benchmarks.attention_routes [--seq-len 128] [--batch-size 8] \
-        [--heads 12] [--head-dim 64] [--iters 8] [--profile]
+        [--heads 12] [--head-dim 64] [--iters 8] [--profile] [--ops]
 
 MXNet 1.9.1's ``_contrib_interleaved_matmul_selfatt_qk/valatt`` and ``_encdec_qk/valatt``
 accept float32 only on CPU ("Only FP32 is supported on CPU"), so mxmp runs them in float32 with
-casts around. This script checks the routes a graph rule could take instead, on one
-self-attention block (qk, softmax, valatt; forward and backward) at BERT-base shapes:
+casts around where mxmp's library ops cannot run. This script checks the routes a graph rule
+can take, on one self-attention block (qk, softmax, valatt; forward and backward) at BERT-base shapes:
 
 1. **bfloat16 batched products.** Which of MXNet's batched matrix products run in bfloat16 on
    CPU (:func:`bfloat16_batched_products`): ``batch_dot``, ``dot``, ``linalg.gemm2``,
@@ -23,11 +23,15 @@ self-attention block (qk, softmax, valatt; forward and backward) at BERT-base sh
    and ``split`` (never ``transpose``, whose bfloat16 kernel corrupts the heap). Its products
    run ~2.5x faster than the float32 interleaved ops, but the layout ops it needs cost more than
    that saves.
+4. **mxmp's library ops in bfloat16** (:func:`library_attention`): ``mxmp_selfatt_qk`` and
+   ``mxmp_selfatt_valatt`` of mxmp's operator library (AVX512-BF16 GEMM, float32 accumulation,
+   bfloat16 in and out), what the kernel rule runs on the ``avx512_bf16`` tier.
 
 Prints one JSON line per route: median and minimum milliseconds of the block's forward +
 backward, the relative max-norm error of its output and input gradient against the interleaved
 float32 ops (bfloat16 routes: bfloat16 inputs; the reference sees the same rounded values), and
-with ``--profile`` the per-operator milliseconds from ``mx.profiler``. docs/benchmark.md
+with ``--profile`` the per-operator milliseconds from ``mx.profiler``. With ``--ops``, each of
+the four ops alone instead (:func:`op_times`). docs/benchmark.md
 ("The attention matmuls") has the figures.
 """
 import argparse
@@ -138,6 +142,18 @@ def interleaved_attention(qkv, heads, cast):
     return nd.amp_cast(out, dtype=bfloat16) if cast else out
 
 
+def library_attention(qkv, heads):
+    """The block as mxmp's bfloat16 graph runs it on the ``avx512_bf16`` tier (route 4): mxmp's
+    library ops ``mxmp_selfatt_qk``/``_valatt`` in bfloat16 (float32 accumulation), the
+    softmax in float32 between casts. ``qkv`` bfloat16; returns bfloat16."""
+    import mxnet as mx
+    from mxnet.contrib.amp.amp import bfloat16
+    nd = mx.nd
+    att = nd.amp_cast(nd.mxmp_selfatt_qk(qkv, heads=heads), dtype='float32')
+    probs = nd.amp_cast(nd.softmax(att), dtype=bfloat16)
+    return nd.mxmp_selfatt_valatt(qkv, probs, heads=heads)
+
+
 def batched_attention(qkv, heads):
     """The block on float32 ``transpose``/``batch_dot`` (route 2)."""
     import mxnet as mx
@@ -201,6 +217,48 @@ def _profile(block, qkv, out_grad, iters):
     return dict(sorted(ops.items(), key=lambda kv: -kv[1]))
 
 
+def op_times(seq, batch, heads, head_dim, iters):
+    """{op: {'mxnet_float32': [ms...], 'library_bfloat16': [ms...]}}: forward + backward of each
+    interleaved op alone at these shapes (encdec: seq_q = seq_k = ``seq``), MXNet's float32 op
+    on float32 arrays against the library op on bfloat16 ones, rounds interleaved."""
+    import mxnet as mx
+    from mxnet.contrib.amp.amp import bfloat16
+    nd = mx.nd
+    rng = np.random.RandomState(0)
+    g, w = batch * heads, heads * head_dim
+    shapes = {'selfatt_qk': [(seq, batch, 3 * w)],
+              'selfatt_valatt': [(seq, batch, 3 * w), (g, seq, seq)],
+              'encdec_qk': [(seq, batch, w), (seq, batch, 2 * w)],
+              'encdec_valatt': [(seq, batch, 2 * w), (g, seq, seq)]}
+    out = {}
+    for op, ins in shapes.items():
+        arrays = [nd.array(rng.uniform(size=s)) for s in ins]
+        fns = {'mxnet_float32': (getattr(nd.contrib, 'interleaved_matmul_' + op), 'float32'),
+               'library_bfloat16': (getattr(nd, 'mxmp_' + op), bfloat16)}
+        runs = {}
+        for name, (fn, dtype) in fns.items():
+            xs = [nd.amp_cast(a, dtype=dtype) for a in arrays]
+            for x in xs:
+                x.attach_grad()
+            head = nd.amp_cast(nd.ones(fn(*xs, heads=heads).shape), dtype=dtype)
+
+            def run(fn=fn, xs=xs, head=head):
+                start = time.perf_counter()
+                with mx.autograd.record():
+                    y = fn(*xs, heads=heads)
+                y.backward(head)
+                for x in xs:
+                    x.grad.wait_to_read()
+                return 1e3 * (time.perf_counter() - start)
+            run()
+            runs[name] = run
+        out[op] = {name: [] for name in runs}
+        for _ in range(iters):
+            for name, run in runs.items():
+                out[op][name].append(run())
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--seq-len', type=int, default=128)
@@ -210,9 +268,21 @@ def main(argv=None):
     p.add_argument('--iters', type=int, default=8,
                    help='timed rounds, each route once per round (after 2 untimed)')
     p.add_argument('--profile', action='store_true', help="per-operator ms from mx.profiler")
+    p.add_argument('--ops', action='store_true', help='each op alone, forward + backward: '
+                   "MXNet's float32 op against mxmp's library op in bfloat16 (op_times)")
     args = p.parse_args(argv)
     import mxnet as mx
     from mxnet.contrib.amp.amp import bfloat16
+    if args.ops:
+        from mxmp._src.kernels.build import load_library
+        if load_library() is None:
+            raise SystemExit("mxmp's operator library does not load here")
+        for op, runs in op_times(args.seq_len, args.batch_size, args.heads, args.head_dim,
+                                 args.iters).items():
+            print(json.dumps({'op': op, **{name: {'ms_median': round(float(np.median(t)), 2),
+                                                  'ms_min': round(min(t), 2)}
+                                           for name, t in runs.items()}}), flush=True)
+        return
     print(json.dumps({'bfloat16_batched_products': bfloat16_batched_products()}))
     s, b, h = args.seq_len, args.batch_size, args.heads
     rng = np.random.RandomState(0)
@@ -228,6 +298,9 @@ def main(argv=None):
         'batch_dot_float32': (lambda x: batched_attention(x, h), x32, g32),
         'conv_bfloat16': (lambda x: conv_attention(x, h), x16, g16),
     }
+    from mxmp._src.kernels.build import load_library
+    if load_library() is not None:
+        routes['library_bfloat16'] = (lambda x: library_attention(x, h), x16, g16)
     # rounds interleave the routes (A B C D A B C D ...): a shared machine's load hits all alike
     results = {name: time_block(block, x.copy(), g, 2) for name, (block, x, g) in routes.items()}
     times = {name: [] for name in routes}

@@ -5,14 +5,17 @@
 
 Copies of the model with the same weights, one per mode (float32; ``mxmp_mxnet_kernels``: mxmp
 bfloat16 with MXNet's kernels, ``Policy(kernels='mxnet')``; ``mxmp``: with the library, the
-default ``kernels='auto'``; ``mxmp_all_kernels``: ``kernels='all'``, the library's Dropout too)
+default ``kernels='auto'``; ``mxmp_all_kernels``: ``kernels='all'``, the library's Dropout too;
+``mxmp_fp32_attention``: the default with MXNet's float32 attention matmuls, ``fp32_ops``)
 take one training step (SGD, batch of synthetic tokens, softmax cross-entropy) or one inference
 call each per round, in an order that rotates every round, so that a shared machine's load falls
 on all alike. Prints one JSON line: the per-round times and, per mode, the median of its
 per-round ratio to float32 (> 1: faster; float32 is always run), ``x_mxnet_kernels`` (mxmp
 against mxmp_mxnet_kernels), ``x_auto_kernels`` (mxmp_all_kernels against mxmp) and
 ``x_float32_mxmp_kernels`` (mxmp against ``float32_mxmp_kernels``: float32 on the library's
-kernels, :mod:`benchmarks.float32_kernels`, what bfloat16 itself buys) where both ran. Run it with OMP_NUM_THREADS set (one thread for the one-core figures).
+kernels, :mod:`benchmarks.float32_kernels`, what bfloat16 itself buys) and ``x_fp32_attention``
+(mxmp against mxmp_fp32_attention: what the library's bfloat16 attention matmuls buy) where both
+ran. Run it with OMP_NUM_THREADS set (one thread for the one-core figures).
 """
 import argparse
 import json
@@ -25,7 +28,11 @@ import numpy as np
 #: mode -> Policy(kernels=...) (None: float32, not converted; float32_mxmp_kernels: float32 on
 #: the library's kernels, benchmarks.float32_kernels)
 KERNELS = {'float32': None, 'float32_mxmp_kernels': None, 'mxmp_mxnet_kernels': 'mxnet',
-           'mxmp': 'auto', 'mxmp_all_kernels': 'all'}
+           'mxmp': 'auto', 'mxmp_all_kernels': 'all', 'mxmp_fp32_attention': 'auto'}
+#: mxmp_fp32_attention: the default kernels with MXNet's float32 attention matmuls (fp32_ops),
+#: as before the library had them
+ATTENTION_OPS = ('_contrib_interleaved_matmul_selfatt_qk',
+                 '_contrib_interleaved_matmul_selfatt_valatt')
 FLOAT32_MODES = ('float32', 'float32_mxmp_kernels')
 
 
@@ -66,8 +73,9 @@ def main(argv=None):
         if mode == 'float32_mxmp_kernels':
             net = float32_library_kernels(net, DATA_NAMES)
         elif mode != 'float32':
-            net = mxmp.convert(net, 'bfloat16',
-                               policy=mxmp.Policy('bfloat16', kernels=KERNELS[mode]))
+            fp32 = ATTENTION_OPS if mode == 'mxmp_fp32_attention' else ()
+            net = mxmp.convert(net, 'bfloat16', policy=mxmp.Policy(
+                'bfloat16', kernels=KERNELS[mode], fp32_ops=fp32))
         net.hybridize(static_alloc=True, static_shape=True)
         trainer = (mxmp.Trainer if mode not in FLOAT32_MODES else gluon.Trainer)(
             net.collect_params(), 'sgd', {'learning_rate': 1e-4, 'momentum': 0.9})
@@ -96,7 +104,8 @@ def main(argv=None):
     result = {'phase': args.phase, 'times_s': times, 'x_float32': ratios}
     for key, slow, fast in (('x_mxnet_kernels', 'mxmp_mxnet_kernels', 'mxmp'),
                             ('x_auto_kernels', 'mxmp', 'mxmp_all_kernels'),
-                            ('x_float32_mxmp_kernels', 'float32_mxmp_kernels', 'mxmp')):
+                            ('x_float32_mxmp_kernels', 'float32_mxmp_kernels', 'mxmp'),
+                            ('x_fp32_attention', 'mxmp_fp32_attention', 'mxmp')):
         if slow in times and fast in times:
             result[key] = statistics.median(a / b for a, b in zip(times[slow], times[fast]))
     print(json.dumps(result))

@@ -94,7 +94,9 @@ def test_a_gpu_context_gets_no_library_op(monkeypatch):
     _, policy, _, _ = module_policy('bfloat16', None, None, 'auto', [mx.cpu(), mx.gpu(0)])
     assert policy.kernels == 'mxnet'
     if load_library() is not None:
-        assert set(OPS) <= {n['op'] for n in _convert(mxmp.Policy('bfloat16').on(mx.cpu()))}
+        # the graph has no attention matmul: the library's other three ops
+        assert set(OPS) - set(kernel_rule.ATTENTION.values()) <= {
+            n['op'] for n in _convert(mxmp.Policy('bfloat16').on(mx.cpu()))}
 
 
 def test_addto_warning_names_every_op_once(monkeypatch, caplog):

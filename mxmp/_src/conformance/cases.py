@@ -79,6 +79,16 @@ CASES = {
     'Dropout': [('p=0.1', [((8, 128, 256), 'n')], dict(p=0.1))],
     'softmax': [('use_length', [((24, 32, 32), 'n'), ((24, 32), 'I33')],
                  dict(axis=-1, use_length=True))],
+    # the attention matmuls (bfloat16 products): head dim 16, and odd sizes (tile edges)
+    '_contrib_interleaved_matmul_selfatt_qk': [
+        ('heads=4', [((32, 4, 192), 'n')], dict(heads=4)),
+        ('heads=3 odd', [((33, 2, 153), 'n')], dict(heads=3))],
+    '_contrib_interleaved_matmul_selfatt_valatt': [
+        ('heads=4', [((32, 4, 192), 'n'), ((16, 32, 32), 'p')], dict(heads=4))],
+    '_contrib_interleaved_matmul_encdec_qk': [
+        ('heads=4', [((24, 4, 64), 'n'), ((33, 4, 128), 'n')], dict(heads=4))],
+    '_contrib_interleaved_matmul_encdec_valatt': [
+        ('heads=4', [((33, 4, 128), 'n'), ((16, 24, 33), 'p')], dict(heads=4))],
     'InstanceNorm': [('', [_X, ((32,), 'g'), ((32,), 'w')], {})],
     'GroupNorm': [('', [_X, ((4,), 'g'), ((4,), 'w')], dict(num_groups=4))],
     'BatchNorm': [('', [_X, ((32,), 'g'), ((32,), 'w'), ((32,), 'a'), ((32,), 'a')],

@@ -18,9 +18,12 @@ def library_row(row, inputs, attrs, seeds):
     """The ``library`` case: the kernel rule's graph of the op (mxmp's library kernel) against
     MXNet's own op, both float32, forward (training mode) and backward, on the same inputs."""
     import mxnet as mx
-    from ..graph.kernel_rule import substitute
+    from ..graph.kernel_rule import ATTENTION, substitute
     from ..graph.symbol_json import dump, load
     op = row['op']
+    if op in ATTENTION:
+        from .attention import attention_row
+        return attention_row(row, inputs, attrs, seeds)
     names = ['in%d' % i for i in range(len(inputs))]
     sym = _op_fn(op)(*[mx.sym.var(n) for n in names], name='op', **attrs)
     graph = substitute(load(sym), Policy('bfloat16'))

@@ -15,6 +15,16 @@ Substitutions, from the BERT-base training profile (docs/benchmark.md, "Transfor
   does not tell a library op whether it runs in training: the rule adds one flag per graph,
   MXNet's own Dropout (p=0.5) of a constant 1, which is 1 exactly in inference and 0 or 2 in
   training, and every ``mxmp_dropout`` reads it.
+- The interleaved attention matmuls ``_contrib_interleaved_matmul_selfatt_qk/valatt`` and
+  ``_encdec_qk/valatt`` become ``mxmp_selfatt_qk/valatt`` and ``mxmp_encdec_qk/valatt``
+  (:data:`ATTENTION`): the same products in bfloat16 (inputs and outputs; float32 inputs are
+  rounded to nearest even) with float32 accumulation, where MXNet 1.9.1 has float32 kernels
+  only. They are low-precision ops of the plan (every other library op is float32). Only in
+  bfloat16 graphs (never in :func:`apply_kernels`' float32 graphs unless asked) and
+  only on the ``avx512_bf16`` tier (:func:`mxmp._src.cpu_tier.cpu_tier`), where the library's
+  AVX512-BF16 GEMM runs and was measured faster than MXNet's float32 op (docs/benchmark.md,
+  "The attention matmuls"); on the other tiers its portable path is correct (``mxmp
+  check-kernels``) but unmeasured, so MXNet's float32 op stays.
 
 MXNet passes a library op no write/add request, so the library op always writes its
 gradients: each graph variable it reads goes through a ``_copy`` the rule adds (marked), whose
@@ -24,8 +34,10 @@ intermediate tensors accumulated in place) the rule stays off.
 It is on for bfloat16 targets of a CPU (the library has CPU kernels only: :meth:`mxmp.Policy.on`
 of another context turns it off) and off with ``Policy(kernels='mxnet')`` or
 ``MXMP_KERNELS=mxnet``. An op the user names in ``lp_ops`` or ``follow_ops`` keeps MXNet's op
-in the user's class (the library ops compute in float32). :func:`mxmp.explain` names it, from
-the graph's structure alone (:func:`planned`: it never builds or loads the library).
+in the user's class (the library ops compute in float32); the attention matmuls, which compute
+in bfloat16, keep MXNet's op when named in ``fp32_ops`` or ``follow_ops``, or their node in
+``excluded_names``. :func:`mxmp.explain` names it, from the graph's structure alone
+(:func:`planned`: it never builds or loads the library).
 
 Files mxmp writes hold MXNet's ops only (:func:`mxnet_ops`), so that plain MXNet loads them;
 a graph that holds library ops loads after ``import mxmp`` (:mod:`mxmp._src.kernels.loading`).
@@ -47,15 +59,23 @@ INPUT_COPY = 'kernel_input'
 #: MARK value of the training-mode flag's nodes (a constant 1 and MXNet's Dropout of it).
 FLAG = 'kernel_flag'
 #: MXNet op -> library op.
-SUBSTITUTES = {'LayerNorm': 'mxmp_layer_norm', 'Dropout': 'mxmp_dropout',
-               'softmax': 'mxmp_softmax'}
+ATTENTION = {'_contrib_interleaved_matmul_selfatt_qk': 'mxmp_selfatt_qk',
+             '_contrib_interleaved_matmul_selfatt_valatt': 'mxmp_selfatt_valatt',
+             '_contrib_interleaved_matmul_encdec_qk': 'mxmp_encdec_qk',
+             '_contrib_interleaved_matmul_encdec_valatt': 'mxmp_encdec_valatt'}
+SUBSTITUTES = dict({'LayerNorm': 'mxmp_layer_norm', 'Dropout': 'mxmp_dropout',
+                    'softmax': 'mxmp_softmax'}, **ATTENTION)
 #: Ops substituted only under ``Policy(kernels='all')`` (none now). Dropout was, until the
 #: transformer study's +1.2% perplexity with it was traced to its other masks: float32 with the
 #: library Dropout lands where float32 with MXNet's Dropout reseeded does, and bfloat16 with it
 #: matches float32 with it (docs/accuracy.md, "mxmp's Dropout kernel").
 OPT_IN = ()
 #: Inputs of the MXNet op (the library op may take more: Dropout's flag).
-_N_INPUTS = {'LayerNorm': 3, 'Dropout': 1, 'softmax': 2}
+_N_INPUTS = {'LayerNorm': 3, 'Dropout': 1, 'softmax': 2,
+             '_contrib_interleaved_matmul_selfatt_qk': 1,
+             '_contrib_interleaved_matmul_selfatt_valatt': 2,
+             '_contrib_interleaved_matmul_encdec_qk': 2,
+             '_contrib_interleaved_matmul_encdec_valatt': 2}
 #: Inputs that get no copy: integer lengths, whose gradient is zero.
 _NO_COPY = {'softmax': (1,)}
 #: Attribute key of a graph variable whose ``__shape__`` hint the rule wrote (value: ``'1'``);
@@ -77,6 +97,8 @@ def _eligible(node, used_outputs):
     op, attrs = node['op'], node.get('attrs', {})
     if op not in SUBSTITUTES or len(node['inputs']) != _N_INPUTS[op]:
         return False
+    if op in ATTENTION:
+        return 'heads' in attrs
     if op == 'softmax':
         return (attrs.get('use_length', 'False') in _TRUE and attrs.get('axis', '-1') == '-1'
                 and attrs.get('temperature', 'None') in ('None', '1', '1.0')
@@ -102,12 +124,30 @@ def _flag_nodes(names):
 
 
 def _user_ops(policy):
-    """Ops the user put in a low-precision or follow class: the rule leaves them."""
-    return policy.lp_ops | policy.follow_ops
+    """Ops the user put in another class than the rule's library op: the float32 library ops
+    leave the ops named in ``lp_ops`` or ``follow_ops``; the attention matmuls (low precision)
+    leave those named in ``fp32_ops`` or ``follow_ops`` (an ``lp_ops`` name asks for what the
+    library op does)."""
+    attention = frozenset(ATTENTION)
+    return ((frozenset(policy.lp_ops | policy.follow_ops) - attention) |
+            (frozenset(policy.fp32_ops | policy.follow_ops) & attention))
 
 
-def _chosen(js, kernels, skip_ops=frozenset()):
-    """Positions of the nodes of ``js`` the rule replaces (structure only)."""
+def attention_pays():
+    """bool: whether the library's attention matmuls replace MXNet's here: this CPU's tier
+    (its flags and ``DNNL_MAX_CPU_ISA``) is ``avx512_bf16`` and it has the ``avx512_bf16``
+    instructions: there their AVX512-BF16 GEMM runs (the library reads the same cap) and was
+    measured faster than MXNet's float32 kernel."""
+    from ..cpu_tier import _cpu_flags, cpu_tier
+    return cpu_tier() == 'avx512_bf16' and 'avx512_bf16' in _cpu_flags()
+
+
+def _chosen(js, kernels, skip_ops=frozenset(), attention=False, skip_names=frozenset()):
+    """Positions of the nodes of ``js`` the rule replaces (structure only); the attention
+    matmuls (:data:`ATTENTION`) only with ``attention``, and not those named in ``skip_names``
+    (the policy's ``excluded_names``: float32)."""
+    if not attention:
+        skip_ops = frozenset(skip_ops) | frozenset(ATTENTION)
     if kernels not in ('auto', 'all'):
         raise ValueError("kernels must be 'auto' or 'all', got %r" % (kernels,))
     nodes = js['nodes']
@@ -118,7 +158,8 @@ def _chosen(js, kernels, skip_ops=frozenset()):
     for src, idx, _ in js['heads']:
         used.setdefault(src, set()).add(idx)
     return {nid for nid, n in enumerate(nodes) if _eligible(n, used.get(nid, set()))
-            and n['op'] not in skip_ops and (kernels == 'all' or n['op'] not in OPT_IN)}
+            and n['op'] not in skip_ops and (kernels == 'all' or n['op'] not in OPT_IN)
+            and not (n['op'] in ATTENTION and n['name'] in skip_names)}
 
 
 def _addto():
@@ -146,7 +187,8 @@ def substitute(js, policy):
     on first use)."""
     if policy.kernels == 'mxnet' or policy.target_dtype != 'bfloat16':
         return js
-    return apply_kernels(js, policy.kernels, _user_ops(policy))
+    return apply_kernels(js, policy.kernels, _user_ops(policy), attention=attention_pays(),
+                         skip_names=policy.excluded_names)
 
 
 def planned(js, policy):
@@ -160,17 +202,20 @@ def planned(js, policy):
         return {}
     nodes = js['nodes']
     return {nodes[nid]['name']: SUBSTITUTES[nodes[nid]['op']]
-            for nid in _chosen(js, policy.kernels, _user_ops(policy))}
+            for nid in _chosen(js, policy.kernels, _user_ops(policy), attention_pays(),
+                               policy.excluded_names)}
 
 
-def apply_kernels(js, kernels, skip_ops=frozenset()):
+def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False, skip_names=frozenset()):
     """The rule's rewrite of ``js`` (graph JSON, dict) whatever its dtypes: ``kernels`` is
     ``'auto'`` (the default set) or ``'all'`` (also :data:`OPT_IN`); nodes of ``skip_ops``
-    stay. :func:`substitute` calls it for bfloat16 targets; the transformer study calls it on
-    a float32 graph to measure the library's kernels without the precision (``python -m
-    benchmarks.gpt --kernels all``). Returns a new dict, or ``js`` where nothing applies or
-    the library is unavailable."""
-    chosen = _chosen(js, kernels, skip_ops)
+    stay; the attention matmuls (:data:`ATTENTION`, bfloat16 products) only with
+    ``attention`` (bool, default False), except the nodes named in ``skip_names``.
+    :func:`substitute` calls it for bfloat16 targets; the transformer study calls it on a
+    float32 graph to measure the library's kernels without the precision (``python -m
+    benchmarks.gpt --kernels all``), where the attention matmuls stay float32. Returns a new
+    dict, or ``js`` where nothing applies or the library is unavailable."""
+    chosen = _chosen(js, kernels, skip_ops, attention, skip_names)
     if not chosen:
         return js
     nodes = js['nodes']
@@ -249,6 +294,10 @@ def original_op(node):
 
 def substitution_rule(op, library_op):
     """The explain rule (str) of an ``op`` node the rule runs as ``library_op``."""
+    if op in ATTENTION:
+        return ("kernel rule: %s as %s, mxmp's library kernel: bfloat16 in and out, float32 "
+                "accumulation (Policy(kernels='mxnet') keeps MXNet's float32 op)"
+                % (op, library_op))
     return ("kernel rule: %s as %s, mxmp's library kernel, in float32 (Policy(kernels='mxnet') "
             "keeps MXNet's)%s" % (op, library_op, '; it reads a training-mode flag the rule '
                                   'adds' if op == 'Dropout' else ''))

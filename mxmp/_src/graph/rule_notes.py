@@ -3,21 +3,25 @@ rule) next to the user's op lists: the user's choice first where the user named 
 and, where the user's class made a rule leave a node, that rule and why.
 """
 from ..policy.policy import FLOAT32, FOLLOW, LOW_PRECISION
-from .kernel_rule import SUBSTITUTES, original_op, rule_of, substitution_rule
+from .kernel_rule import ATTENTION, SUBSTITUTES, original_op, rule_of, substitution_rule
 
 __all__ = ['rewritten_class', 'with_user_choice', 'rules_left']
 
 
 def rewritten_class(policy, node, kernel_nodes):
-    """``(FLOAT32, rule)`` of a node (graph JSON) the kernel or reduction rule wrote, or that
+    """``(class, rule)`` of a node (graph JSON) the kernel or reduction rule wrote, or that
     the kernel rule would write (``kernel_nodes``: ``{node name: library op}``, explain's);
-    None for other nodes. The rules' nodes compute in float32."""
+    None for other nodes. The rules' nodes compute in float32, except the attention matmuls
+    (:data:`~.kernel_rule.ATTENTION`), low precision: bfloat16 in and out."""
     from . import reduce_rule   # loaded by the first conversion, not by `import mxmp`
     if rule_of(node) is not None:
-        return FLOAT32, with_user_choice(policy, node, original_op(node), rule_of(node))
+        op = original_op(node)
+        return (LOW_PRECISION if op in ATTENTION else FLOAT32,
+                with_user_choice(policy, node, op, rule_of(node)))
     if node['op'] != 'null' and node['name'] in kernel_nodes:
-        return FLOAT32, with_user_choice(policy, node, node['op'], substitution_rule(
-            node['op'], kernel_nodes[node['name']]))
+        return (LOW_PRECISION if node['op'] in ATTENTION else FLOAT32,
+                with_user_choice(policy, node, node['op'], substitution_rule(
+                    node['op'], kernel_nodes[node['name']])))
     if reduce_rule.rule_of(node) is not None:
         return FLOAT32, with_user_choice(policy, node, node['op'], reduce_rule.rule_of(node))
     return None
@@ -38,8 +42,11 @@ def rules_left(policy, node, decision):
     op_class, rule = decision
     if 'user override' not in rule or policy.target_dtype != 'bfloat16':
         return decision
-    if op_class in (LOW_PRECISION, FOLLOW) and node['op'] in SUBSTITUTES and \
-            policy.kernels != 'mxnet':
+    if node['op'] in ATTENTION and op_class in (FLOAT32, FOLLOW) and policy.kernels != 'mxnet':
+        rule += ("; the kernel rule keeps MXNet's %s (mxmp's %s computes in bfloat16)"
+                 % (node['op'], SUBSTITUTES[node['op']]))
+    elif op_class in (LOW_PRECISION, FOLLOW) and node['op'] in SUBSTITUTES and \
+            node['op'] not in ATTENTION and policy.kernels != 'mxnet':
         rule += ("; the kernel rule keeps MXNet's %s (mxmp's %s computes in float32 only)"
                  % (node['op'], SUBSTITUTES[node['op']]))
     elif op_class in (LOW_PRECISION, FOLLOW) and node['op'] in ('sum', 'mean') and \

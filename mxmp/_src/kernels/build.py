@@ -9,9 +9,10 @@ MXNet's way to build an operator library; nothing of MXNet's is copied into mxmp
 
 The cache (one directory per key, :func:`library_file`):
 
-- the key hashes the sources, :data:`FLAGS`, MXNet's version, the compiler command, its
-  ``--version`` and the target ``-march=native`` resolves to on this CPU (the compiler's own
-  expansion, ``-###``), and the CPU's flags: another compiler, MXNet or CPU gets another build;
+- the key hashes the sources, :data:`LIB_API_PATCH`, :data:`FLAGS`, MXNet's version, the
+  compiler command, its ``--version`` and the target ``-march=native`` resolves to on this CPU
+  (the compiler's own expansion, ``-###``), and the CPU's flags: another compiler, MXNet or
+  CPU gets another build;
 - one build per key and machine: a file lock (``fcntl.flock``) serialises the processes that
   share the cache (Horovod's ranks), the others wait and load its result;
 - the library is written to a temporary file, made readable by anyone who can read the cache
@@ -23,6 +24,9 @@ The cache (one directory per key, :func:`library_file`):
   retry sooner);
 - a cache this process cannot write (read-only, another user's) or whose library does not load
   (foreign, damaged) is replaced by a private one, ``$TMPDIR/mxmp-kernels-<uid>`` (mode 0700).
+
+bfloat16: the compiled copies of the wheel's lib_api files are patched so that library ops take
+and return bfloat16 (:data:`LIB_API_PATCH`, :func:`patch_lib_api`: :mod:`.lib_api_patch`).
 
 The build takes ~6 s of CPU once per machine and is said in one log line. Where the library
 cannot build or load, mxmp warns once per process naming the reason, and the graphs keep
@@ -42,6 +46,11 @@ import stat
 import subprocess
 import tempfile
 
+try:
+    from .lib_api_patch import LIB_API_PATCH, patch_lib_api
+except ImportError:   # this file loaded alone, as tests/kernels/test_build_cache.py loads it
+    from mxmp._src.kernels.lib_api_patch import LIB_API_PATCH, patch_lib_api
+
 logger = logging.getLogger('mxmp.kernels')
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'mxmp_ops.cc')
@@ -55,16 +64,17 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'mxmp_ops.cc')
 FLAGS = ('-O3', '-march=native', '-fopenmp', '-fno-trapping-math', '-std=c++17', '-shared',
          '-fPIC', '-Wl,-Bsymbolic')
 #: The ops the library registers (``mx.library.load`` adds them to mx.nd and mx.sym).
-OPS = ('mxmp_layer_norm', 'mxmp_dropout', 'mxmp_softmax')
+OPS = ('mxmp_layer_norm', 'mxmp_dropout', 'mxmp_softmax', 'mxmp_selfatt_qk',
+       'mxmp_selfatt_valatt', 'mxmp_encdec_qk', 'mxmp_encdec_valatt')
 #: File names inside a key's directory.
 LIBRARY = 'libmxmp_ops.so'
 FAILED = 'failed.txt'
 _LOCK = '.lock'
 _TMP_PREFIX = 'tmp-build-'
 
-__all__ = ['FLAGS', 'OPS', 'cache_dir', 'private_cache_dir', 'compiler_command',
-           'library_file', 'ensure_built', 'locate', 'load_library', 'library_loaded',
-           'library_ops_in']
+__all__ = ['FLAGS', 'OPS', 'LIB_API_PATCH', 'patch_lib_api', 'cache_dir', 'private_cache_dir',
+           'compiler_command', 'library_file', 'ensure_built', 'locate', 'load_library',
+           'library_loaded', 'library_ops_in']
 
 
 def _mxnet_dir():
@@ -179,8 +189,8 @@ def library_file(cache=None):
                 key.update(f.read())
         except OSError as err:
             raise RuntimeError('the mxnet wheel lacks %s (%s)' % (path, err.strerror)) from None
-    for part in (' '.join(FLAGS), ' '.join(command), _compiler_identity(tuple(command)),
-                 _cpu_flags()):
+    for part in (repr(LIB_API_PATCH), ' '.join(FLAGS), ' '.join(command),
+                 _compiler_identity(tuple(command)), _cpu_flags()):
         key.update(b'\0' + part.encode())
     return os.path.join(cache or cache_dir(), key.hexdigest()[:20], LIBRARY)
 
@@ -241,11 +251,13 @@ def _compile(command, path):
     root = _mxnet_dir()
     fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix='.so', dir=directory)
     os.close(fd)
-    cmd = [*command, *FLAGS, '-I' + os.path.join(root, 'include'), SOURCE,
-           os.path.join(root, 'src', 'lib_api.cc'), '-o', tmp]
     logger.warning('mxmp: building its operator library once for this machine (%s)', path)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        with tempfile.TemporaryDirectory(prefix='mxmp-lib-api-') as patched:
+            include, lib_api = patch_lib_api(root, patched)
+            cmd = [*command, *FLAGS, '-I' + include, '-I' + os.path.join(root, 'include'),
+                   SOURCE, lib_api, '-o', tmp]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             lines = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             reason = '%s failed (exit %d): %s' % (' '.join(os.path.basename(w) for w in command),

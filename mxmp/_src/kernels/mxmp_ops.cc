@@ -53,18 +53,37 @@
 //   Backward: dx = out * (dy - sum_row(dy * out)) over the row's length (the sum in double),
 //   0 beyond it; length gets a zero gradient.
 //
+// mxmp_selfatt_qk, mxmp_selfatt_valatt, mxmp_encdec_qk, mxmp_encdec_valatt: MXNet's
+// _contrib_interleaved_matmul_* (same inputs, outputs, shapes and `heads` attribute) with
+// bfloat16 products and float32 accumulation. Inputs and outputs float32 or bfloat16 (one
+// dtype; float32 inputs are rounded to bfloat16, nearest even). With d the head dimension and
+// g = b * heads + h (per sequence position, the last axis holds the heads in order, each its
+// query, key and value, or for encdec's keys_values its key and value, d values each):
+//   selfatt_qk(qkv (L, B, 3 heads d))            -> (B heads, L, L),  q_i . k_j / sqrt(d)
+//   selfatt_valatt(qkv, att (B heads, L, L))     -> (L, B, heads d),  sum_j att[g, i, j] v_j
+//   encdec_qk(q (Lq, B, heads d), kv (Lk, B, 2 heads d)) -> (B heads, Lq, Lk)
+//   encdec_valatt(kv, att (B heads, Lq, Lk))     -> (Lq, B, heads d)
+// 1/sqrt(d) is float32 and scales the float32 sum once, as MXNet's GEMM alpha. Backward: the
+// transposed products; the parts of an interleaved input an op does not read get zeros.
+//
 // Every entry point catches exceptions (nothing is thrown across the C interface) and reports
 // errors with dtype names; attributes are parsed independently of the C locale.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <locale>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "mxnet/lib_api.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 using mxnet::ext::MXReturnValue;
 using mxnet::ext::MXTensor;
@@ -820,6 +839,623 @@ MXReturnValue softmax_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in
   });
 }
 
+// ---------------------------------------------------------------------------------------------
+// Attention matmuls: bfloat16 products, float32 accumulation
+//
+// Every product of these ops is a batch of G = batch * heads small GEMMs C = alpha * A B whose
+// operands are strided views of the interleaved tensors. A GEMM packs its operands into pairs
+// of bfloat16 values along k (rounded to nearest even from float32; NaN stays NaN), MR rows of
+// A and NR columns of B per panel, zero-padded; the micro-kernel multiplies the pairs and
+// accumulates in float32: AVX512-BF16's vdpbf16ps where the CPU has it and DNNL_MAX_CPU_ISA
+// does not cap it (as oneDNN reads it), else portable code with the same products (a product of
+// two bfloat16 values is exact in float32) summed in float32. alpha scales the float32 sum once,
+// at the store (MXNet passes its scale as the GEMM's alpha too). The batch is split over an
+// OpenMP parallel loop; each GEMM is computed by one thread, so results do not depend on the
+// number of threads.
+typedef uint16_t bf16_bits;
+const int kMR = 8;    // rows of A per panel
+const int kNR = 32;   // columns of B per panel (two 16-lane vectors)
+
+inline uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// float32 -> bfloat16, round to nearest even; a NaN stays a (quiet) NaN
+inline uint32_t round_bf16(float f) {
+  const uint32_t u = float_bits(f);
+  const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u;
+  return (u & 0x7FFFFFFFu) > 0x7F800000u ? nan : r;
+}
+
+inline uint32_t bf16_of(float v) { return round_bf16(v); }
+inline uint32_t bf16_of(bf16_bits v) { return v; }
+
+inline float float_of_bf16(uint32_t b) {
+  const uint32_t u = b << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// A strided view: element (r, c) at p[r * rs + c * cs], of dtype T (float, or bfloat16 bits).
+template <typename T>
+struct View {
+  const T* p;
+  int64_t rs, cs;
+};
+
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 9) || \
+                            (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
+#define MXMP_BF16_KERNEL 1
+#define MXMP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#endif
+
+bool use_bf16_kernel();
+
+#ifdef MXMP_BF16_KERNEL
+// to_pairs of k contiguous float32 values with vcvtne2ps2bf16 (round to nearest even, NaN
+// quieted, as round_bf16): consecutive values become consecutive bfloat16, i.e. the pairs.
+MXMP_BF16_TARGET void to_pairs_avx512(const float* src, int64_t k, uint32_t* pairs) {
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    const __m512 lo = _mm512_loadu_ps(src + i), hi = _mm512_loadu_ps(src + i + 16);
+    _mm512_storeu_si512(pairs + i / 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+  if (i < k) {
+    const int64_t rest = k - i;   // 1..31; values past k load as 0 (the odd pair's high half)
+    const __mmask16 m0 = rest >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << rest) - 1);
+    const __mmask16 m1 = rest <= 16 ? 0 : static_cast<__mmask16>((1u << (rest - 16)) - 1);
+    const __m512 lo = _mm512_maskz_loadu_ps(m0, src + i);
+    const __m512 hi = _mm512_maskz_loadu_ps(m1, src + i + 16);
+    const int64_t np = (rest + 1) / 2;
+    _mm512_mask_storeu_epi32(pairs + i / 2, static_cast<__mmask16>((1u << np) - 1),
+                             (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+}
+
+// interleave_rows of float32 rows with vcvtne2ps2bf16 and one permutation.
+MXMP_BF16_TARGET void interleave_avx512(const float* r0, const float* r1, int64_t n,
+                                        uint32_t* out) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                       24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17,
+                                       1, 16, 0);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512 a = _mm512_maskz_loadu_ps(m, r0 + j);
+    const __m512 b = r1 == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, r1 + j);
+    const __m512i v = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    _mm512_mask_storeu_epi32(out + j, m, v);
+  }
+}
+#endif
+
+// pairs[q] = (bf16(src[2q * step]), bf16(src[(2q + 1) * step])) for q < k / 2, and the last
+// value alone (high half 0) for odd k: k values along one axis of a view, as pairs.
+template <typename T>
+void to_pairs(const T* src, int64_t step, int64_t k, uint32_t* pairs) {
+  const int64_t half = k / 2;
+#ifdef MXMP_BF16_KERNEL
+  if (std::is_same<T, float>::value && step == 1 && use_bf16_kernel()) {
+    to_pairs_avx512(reinterpret_cast<const float*>(src), k, pairs);
+    return;
+  }
+#endif
+  if (step == 1) {
+#pragma omp simd
+    for (int64_t q = 0; q < half; ++q) {
+      pairs[q] = bf16_of(src[2 * q]) | (bf16_of(src[2 * q + 1]) << 16);
+    }
+  } else {
+    for (int64_t q = 0; q < half; ++q) {
+      pairs[q] = bf16_of(src[2 * q * step]) | (bf16_of(src[(2 * q + 1) * step]) << 16);
+    }
+  }
+  if (k & 1) pairs[half] = bf16_of(src[(k - 1) * step]);
+}
+
+// out[j] = (bf16(r0[j]), bf16(r1[j])) for j < n (r1 null: high halves 0): two rows of a view
+// along its contiguous axis, as pairs.
+template <typename T>
+void interleave_rows(const T* r0, const T* r1, int64_t n, uint32_t* out) {
+#ifdef MXMP_BF16_KERNEL
+  if (std::is_same<T, float>::value && use_bf16_kernel()) {
+    interleave_avx512(reinterpret_cast<const float*>(r0), reinterpret_cast<const float*>(r1),
+                      n, out);
+    return;
+  }
+#endif
+  if (r1 == nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) out[j] = bf16_of(r0[j]);
+    return;
+  }
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) out[j] = bf16_of(r0[j]) | (bf16_of(r1[j]) << 16);
+}
+
+// A packed: the pair (A[m, 2q], A[m, 2q + 1]) at ap[m * a_m + q * a_q], m < m_pad (rows past
+// m are zero). Returns a_m and a_q. Layout follows the view: rows of pairs where A's rows are
+// contiguous along k, columns of pairs where its columns are contiguous along m.
+template <typename T>
+void pack_a(const View<T>& a, int64_t m, int64_t k, uint32_t* ap, int64_t* a_m, int64_t* a_q) {
+  const int64_t pairs = (k + 1) / 2;
+  const int64_t m_pad = (m + kMR - 1) / kMR * kMR;
+  if (a.cs == 1 || a.rs != 1) {   // rows of pairs
+    *a_m = pairs;
+    *a_q = 1;
+    for (int64_t r = 0; r < m; ++r) to_pairs(a.p + r * a.rs, a.cs, k, ap + r * pairs);
+    std::memset(ap + m * pairs, 0, (m_pad - m) * pairs * sizeof(uint32_t));
+    return;
+  }
+  *a_m = 1;   // columns of pairs: A's columns are contiguous along m
+  *a_q = m_pad;
+  for (int64_t q = 0; q < pairs; ++q) {
+    uint32_t* o = ap + q * m_pad;
+    interleave_rows(a.p + 2 * q * a.cs, 2 * q + 1 < k ? a.p + (2 * q + 1) * a.cs : nullptr,
+                    m, o);
+    for (int64_t r = m; r < m_pad; ++r) o[r] = 0;
+  }
+}
+
+// B packed: the pair (B[2q, n], B[2q + 1, n]) at bp[q * n_pad + n], n < n_pad (columns past n
+// are zero).
+template <typename T>
+void pack_b(const View<T>& b, int64_t n, int64_t k, uint32_t* bp, int64_t n_pad) {
+  const int64_t pairs = (k + 1) / 2;
+  if (b.cs == 1) {   // B's rows are contiguous along n
+    for (int64_t q = 0; q < pairs; ++q) {
+      uint32_t* o = bp + q * n_pad;
+      interleave_rows(b.p + 2 * q * b.rs, 2 * q + 1 < k ? b.p + (2 * q + 1) * b.rs : nullptr,
+                      n, o);
+      for (int64_t c = n; c < n_pad; ++c) o[c] = 0;
+    }
+    return;
+  }
+  // B's columns are contiguous along k (a transposed operand): each column to pairs, then
+  // transposed 16 columns at a time
+  thread_local std::vector<uint32_t> col;
+  if (col.size() < static_cast<size_t>(16 * pairs)) col.resize(16 * pairs);
+  for (int64_t c0 = 0; c0 < n_pad; c0 += 16) {
+    const int64_t w = n - c0 < 16 ? (n - c0 > 0 ? n - c0 : 0) : 16;
+    for (int64_t c = 0; c < w; ++c) to_pairs(b.p + (c0 + c) * b.cs, b.rs, k, &col[c * pairs]);
+    for (int64_t c = w; c < 16; ++c) {
+      for (int64_t q = 0; q < pairs; ++q) col[c * pairs + q] = 0;
+    }
+    for (int64_t q = 0; q < pairs; ++q) {
+      uint32_t* o = bp + q * n_pad + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < 16; ++c) o[c] = col[c * pairs + q];
+    }
+  }
+}
+
+inline void store_out(float* c, float v) { *c = v; }
+inline void store_out(bf16_bits* c, float v) { *c = static_cast<bf16_bits>(round_bf16(v)); }
+
+// The portable micro-kernel: c[mr x nr] = alpha * (A panel x B panel).
+template <typename O>
+void tile_portable(const uint32_t* ap, int64_t a_m, int64_t a_q, const uint32_t* bp,
+                   int64_t ldb, int64_t pairs, float alpha, O* c, int64_t ldc, int64_t mr,
+                   int64_t nr) {
+  float acc[kMR][kNR] = {};
+  for (int64_t q = 0; q < pairs; ++q) {
+    float b0[kNR], b1[kNR];
+#pragma omp simd
+    for (int j = 0; j < kNR; ++j) {
+      b0[j] = float_of_bf16(bp[q * ldb + j] & 0xFFFFu);
+      b1[j] = float_of_bf16(bp[q * ldb + j] >> 16);
+    }
+    for (int r = 0; r < kMR; ++r) {
+      const uint32_t pa = ap[r * a_m + q * a_q];
+      const float a0 = float_of_bf16(pa & 0xFFFFu);
+      const float a1 = float_of_bf16(pa >> 16);
+#pragma omp simd
+      for (int j = 0; j < kNR; ++j) acc[r][j] = (acc[r][j] + a1 * b1[j]) + a0 * b0[j];
+    }
+  }
+  for (int64_t r = 0; r < mr; ++r) {
+    for (int64_t j = 0; j < nr; ++j) store_out(c + r * ldc + j, alpha * acc[r][j]);
+  }
+}
+
+#ifdef MXMP_BF16_KERNEL
+MXMP_BF16_TARGET inline void store16(float* c, __m512 v, __mmask16 m) {
+  _mm512_mask_storeu_ps(c, m, v);
+}
+MXMP_BF16_TARGET inline void store16(bf16_bits* c, __m512 v, __mmask16 m) {
+  // vcvtneps2bf16 rounds to nearest even, as round_bf16
+  _mm256_mask_storeu_epi16(c, m, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+template <typename O>
+MXMP_BF16_TARGET void tile_avx512bf16(const uint32_t* ap, int64_t a_m, int64_t a_q,
+                                      const uint32_t* bp, int64_t ldb, int64_t pairs,
+                                      float alpha, O* c, int64_t ldc, int64_t mr, int64_t nr) {
+  __m512 acc[kMR][2];
+  for (int r = 0; r < kMR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t q = 0; q < pairs; ++q) {
+    const __m512i b0 = _mm512_loadu_si512(bp + q * ldb);
+    const __m512i b1 = _mm512_loadu_si512(bp + q * ldb + 16);
+    const uint32_t* aq = ap + q * a_q;
+    for (int r = 0; r < kMR; ++r) {
+      const __m512i a = _mm512_set1_epi32(static_cast<int>(aq[r * a_m]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)a, (__m512bh)b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)a, (__m512bh)b1);
+    }
+  }
+  const __m512 s = _mm512_set1_ps(alpha);
+  const __mmask16 m0 = nr >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << nr) - 1);
+  const __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 :
+                       static_cast<__mmask16>((1u << (nr - 16)) - 1);
+  for (int64_t r = 0; r < mr; ++r) {
+    store16(c + r * ldc, _mm512_mul_ps(acc[r][0], s), m0);
+    if (m1) store16(c + r * ldc + 16, _mm512_mul_ps(acc[r][1], s), m1);
+  }
+}
+#endif
+
+// Whether the AVX512-BF16 micro-kernel runs: the CPU has it, the library was compiled with
+// it, and DNNL_MAX_CPU_ISA (oneDNN v2's names, read as oneDNN reads them: exact, upper case)
+// does not cap the ISA below AVX512_CORE_BF16, so that the tiers mxmp simulates with it run the
+// portable path (docs/pass.md, "Kernel rule").
+bool use_bf16_kernel() {
+  static const bool yes = [] {
+#ifdef MXMP_BF16_KERNEL
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512bf16")) return false;
+    const char* cap = std::getenv("DNNL_MAX_CPU_ISA");
+    if (cap == nullptr) return true;
+    static const char* const below[] = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_MIC",
+                                        "AVX512_MIC_4OPS", "AVX512_CORE", "AVX512_CORE_VNNI"};
+    for (const char* b : below) {
+      if (std::strcmp(cap, b) == 0) return false;
+    }
+    return true;
+#else
+    return false;
+#endif
+  }();
+  return yes;
+}
+
+// C (m x n, row stride ldc, dtype O) = alpha * A (m x k) B (k x n); one thread.
+template <typename T, typename O>
+void gemm(const View<T>& a, const View<T>& b, int64_t m, int64_t n, int64_t k, float alpha,
+          O* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  const int64_t pairs = (k + 1) / 2;
+  const int64_t m_pad = (m + kMR - 1) / kMR * kMR;
+  const int64_t n_pad = (n + kNR - 1) / kNR * kNR;
+  // the thread's packing buffers, kept between calls (no allocation per GEMM)
+  thread_local std::vector<uint32_t> abuf, bbuf;
+  if (abuf.size() < static_cast<size_t>(m_pad * pairs)) abuf.resize(m_pad * pairs);
+  if (bbuf.size() < static_cast<size_t>(n_pad * pairs)) bbuf.resize(n_pad * pairs);
+  int64_t a_m, a_q;
+  pack_a(a, m, k, abuf.data(), &a_m, &a_q);
+  pack_b(b, n, k, bbuf.data(), n_pad);
+  const bool fast = use_bf16_kernel();
+  for (int64_t m0 = 0; m0 < m; m0 += kMR) {
+    const int64_t mr = m - m0 < kMR ? m - m0 : kMR;
+    const uint32_t* ap = abuf.data() + m0 * a_m;
+    for (int64_t n0 = 0; n0 < n; n0 += kNR) {
+      const int64_t nr = n - n0 < kNR ? n - n0 : kNR;
+      O* ct = c + m0 * ldc + n0;
+#ifdef MXMP_BF16_KERNEL
+      if (fast) {
+        tile_avx512bf16<O>(ap, a_m, a_q, bbuf.data() + n0, n_pad, pairs, alpha, ct, ldc, mr,
+                           nr);
+        continue;
+      }
+#endif
+      tile_portable<O>(ap, a_m, a_q, bbuf.data() + n0, n_pad, pairs, alpha, ct, ldc, mr, nr);
+    }
+  }
+}
+
+// Zeroes part [offset, offset + d) of each group's slice of width `width` in a (rows, groups,
+// width) tensor: the gradient of the part of an interleaved input an op does not read.
+template <typename O>
+void zero_part(O* x, int64_t rows, int64_t groups, int64_t width, int64_t offset, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      std::memset(x + (r * groups + g) * width + offset, 0, d * sizeof(O));
+    }
+  }
+}
+
+// The interleaved ops' geometry, from their inputs' shapes and the heads attribute.
+struct AttGeom {
+  int64_t lq, lk, g, d;   // query length, key length, batch * heads, head dim
+};
+
+bool attr_heads(const Attrs& attrs, const char* op, int64_t* heads) {
+  double h;
+  if (attrs.find("heads") == attrs.end()) {
+    MX_ERROR_MSG << op << ": the attribute heads is required";
+    return false;
+  }
+  if (!attr_double(attrs, "heads", 0, &h, op)) return false;
+  if (!(h >= 1) || h != std::floor(h) || h > 1e9) {
+    MX_ERROR_MSG << op << ": heads must be a positive integer, got " << attrs.at("heads");
+    return false;
+  }
+  *heads = static_cast<int64_t>(h);
+  return true;
+}
+
+// The ops: selfatt (one interleaved input of queries, keys and values, 3 parts per head) and
+// encdec (queries alone, keys and values interleaved: 2 parts per head).
+enum AttOp { kSelfQK, kSelfValAtt, kEncQK, kEncValAtt };
+
+const char* att_name(AttOp op) {
+  switch (op) {
+    case kSelfQK: return "mxmp_selfatt_qk";
+    case kSelfValAtt: return "mxmp_selfatt_valatt";
+    case kEncQK: return "mxmp_encdec_qk";
+    default: return "mxmp_encdec_valatt";
+  }
+}
+
+const char* att_mxnet(AttOp op) {
+  switch (op) {
+    case kSelfQK: return "_contrib_interleaved_matmul_selfatt_qk";
+    case kSelfValAtt: return "_contrib_interleaved_matmul_selfatt_valatt";
+    case kEncQK: return "_contrib_interleaved_matmul_encdec_qk";
+    default: return "_contrib_interleaved_matmul_encdec_valatt";
+  }
+}
+
+bool att_dtype_ok(int t) { return t == mxnet::ext::kFloat32 || t == 12; }
+
+template <AttOp OP>
+MXReturnValue att_parse(const Attrs& attrs, int* num_in, int* num_out) {
+  return guarded(att_name(OP), [&] {
+    int64_t heads;
+    if (!attr_heads(attrs, att_name(OP), &heads)) return MX_FAIL;
+    *num_in = OP == kSelfQK ? 1 : 2;
+    *num_out = 1;
+    return MX_SUCCESS;
+  });
+}
+
+template <AttOp OP>
+MXReturnValue att_infer_type(const Attrs& attrs, std::vector<int>* in, std::vector<int>* out) {
+  return guarded(att_name(OP), [&] {
+    // one dtype for every input and the output: float32, or bfloat16 where lib_api passes it
+    int t = (*out)[0];
+    for (int v : *in) {
+      if (v == -1) continue;
+      if (!att_dtype_ok(v)) {
+        MX_ERROR_MSG << att_name(OP) << ": inputs must be float32 or bfloat16, got "
+                     << dtype_name(v);
+        return MX_FAIL;
+      }
+      if (t != -1 && v != t) {
+        MX_ERROR_MSG << att_name(OP) << ": inputs must have one dtype, got " << dtype_name(t)
+                     << " and " << dtype_name(v);
+        return MX_FAIL;
+      }
+      t = v;
+    }
+    if (t == -1) return MX_SUCCESS;
+    for (int& v : *in) v = t;
+    (*out)[0] = t;
+    return MX_SUCCESS;
+  });
+}
+
+template <AttOp OP>
+MXReturnValue att_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
+  return guarded(att_name(OP), [&] {
+    const char* name = att_name(OP);
+    int64_t heads;
+    if (!attr_heads(attrs, name, &heads)) return MX_FAIL;
+    const auto& x = (*in)[0];
+    if (!known(x)) return unknown_data(name, att_mxnet(OP), x);
+    const int64_t parts = OP == kSelfQK || OP == kSelfValAtt ? 3 : OP == kEncQK ? 1 : 2;
+    if (x.size() != 3 || x[2] % (parts * heads) != 0) {
+      MX_ERROR_MSG << name << ": the first input must be (seq, batch, " << parts
+                   << " * heads * head_dim) with heads=" << heads << ", got " << shape_str(x);
+      return MX_FAIL;
+    }
+    const unsigned d = static_cast<unsigned>(x[2] / (parts * heads));
+    const unsigned g = static_cast<unsigned>(x[1] * heads);
+    if (OP == kSelfQK) {
+      (*out)[0] = {g, x[0], x[0]};
+      return MX_SUCCESS;
+    }
+    const auto& y = (*in)[1];
+    if (OP == kEncQK) {   // keys_values (seq_k, batch, 2 * heads * d)
+      if (!known(y)) return unknown_data(name, att_mxnet(OP), y);
+      if (y.size() != 3 || y[1] != x[1] || y[2] != 2 * x[2]) {
+        MX_ERROR_MSG << name << ": keys_values must be (seq_k, " << x[1] << ", " << 2 * x[2]
+                     << ") for queries " << shape_str(x) << ", got " << shape_str(y);
+        return MX_FAIL;
+      }
+      (*out)[0] = {g, x[0], y[0]};
+      return MX_SUCCESS;
+    }
+    // valatt: attention (batch * heads, seq_q, seq_k); selfatt: seq_q = seq_k = seq
+    if (OP == kSelfValAtt) {
+      const std::vector<unsigned> want = {g, x[0], x[0]};
+      if (!y.empty() && !has_unknown_dim(y) && y != want) {
+        MX_ERROR_MSG << name << ": attention must be " << shape_str(want) << " for "
+                     << "queries_keys_values " << shape_str(x) << ", got " << shape_str(y);
+        return MX_FAIL;
+      }
+      (*in)[1] = want;
+      (*out)[0] = {x[0], x[1], static_cast<unsigned>(heads) * d};
+      return MX_SUCCESS;
+    }
+    if (!known(y)) return unknown_data(name, att_mxnet(OP), y);
+    if (y.size() != 3 || y[0] != g || y[2] != x[0]) {
+      MX_ERROR_MSG << name << ": attention must be (" << g << ", seq_q, " << x[0] << ") for "
+                   << "keys_values " << shape_str(x) << ", got " << shape_str(y);
+      return MX_FAIL;
+    }
+    (*out)[0] = {y[1], x[1], static_cast<unsigned>(heads) * d};
+    return MX_SUCCESS;
+  });
+}
+
+AttGeom att_geom(AttOp op, const MXTensor& x, const MXTensor* y, int64_t heads) {
+  const int64_t parts = op == kSelfQK || op == kSelfValAtt ? 3 : op == kEncQK ? 1 : 2;
+  AttGeom g;
+  g.g = x.shape[1] * heads;
+  g.d = x.shape[2] / (parts * heads);
+  if (op == kSelfQK || op == kSelfValAtt) {
+    g.lq = g.lk = x.shape[0];
+  } else if (op == kEncQK) {
+    g.lq = x.shape[0];
+    g.lk = y->shape[0];
+  } else {
+    g.lk = x.shape[0];
+    g.lq = y->shape[1];
+  }
+  return g;
+}
+
+// Runs fn(i) for i in [0, n) over the OpenMP team when the work is large enough.
+template <typename Fn>
+void for_groups(int64_t n, int64_t work, Fn fn) {
+#pragma omp parallel for schedule(static) if (work >= kParallelMin * 16 && n > 1)
+  for (int64_t i = 0; i < n; ++i) fn(i);
+}
+
+// Forward. qk: x = queries (selfatt: qkv; encdec: queries), y = keys (encdec: keys_values).
+// valatt: x = values' tensor (qkv or keys_values), y = attention.
+template <AttOp OP, typename T, typename O>
+void att_forward(const T* x, const T* y, O* out, const AttGeom& s) {
+  const int64_t d = s.d, g = s.g, lq = s.lq, lk = s.lk;
+  const float alpha = 1.0f / std::sqrt(static_cast<float>(d));
+  if (OP == kSelfQK || OP == kEncQK) {
+    const int64_t qw = OP == kSelfQK ? 3 * d : d;     // width per group of the queries' tensor
+    const int64_t kw = OP == kSelfQK ? 3 * d : 2 * d; // and of the keys'
+    const T* keys = OP == kSelfQK ? x + d : y;
+    for_groups(g, g * lq * lk * d, [&](int64_t i) {
+      View<T> a{x + i * qw, g * qw, 1};
+      View<T> b{keys + i * kw, 1, g * kw};
+      gemm(a, b, lq, lk, d, alpha, out + i * lq * lk, lk);
+    });
+    return;
+  }
+  const int64_t vw = OP == kSelfValAtt ? 3 * d : 2 * d;
+  const T* values = x + (OP == kSelfValAtt ? 2 * d : d);
+  for_groups(g, g * lq * lk * d, [&](int64_t i) {
+    View<T> a{y + i * lq * lk, lk, 1};
+    View<T> b{values + i * vw, g * vw, 1};
+    gemm(a, b, lq, d, lk, 1.0f, out + i * d, g * d);
+  });
+}
+
+// Backward of qk: dout (g, lq, lk) -> d queries (into dq) and d keys (into dk; for selfatt both
+// are dqkv, whose value part is zeroed).
+template <AttOp OP, typename T, typename O>
+void att_qk_backward(const T* dout, const T* x, const T* y, O* dq, O* dk, const AttGeom& s) {
+  const int64_t d = s.d, g = s.g, lq = s.lq, lk = s.lk;
+  const float alpha = 1.0f / std::sqrt(static_cast<float>(d));
+  const int64_t qw = OP == kSelfQK ? 3 * d : d;
+  const int64_t kw = OP == kSelfQK ? 3 * d : 2 * d;
+  const T* keys = OP == kSelfQK ? x + d : y;
+  O* dkeys = dk == nullptr ? nullptr : OP == kSelfQK ? dk + d : dk;
+  for_groups(g, g * lq * lk * d, [&](int64_t i) {
+    if (dq != nullptr) {   // dQ = alpha dout K
+      gemm(View<T>{dout + i * lq * lk, lk, 1}, View<T>{keys + i * kw, g * kw, 1}, lq, d, lk,
+           alpha, dq + i * qw, g * qw);
+    }
+    if (dkeys != nullptr) {   // dK = alpha dout^T Q
+      gemm(View<T>{dout + i * lq * lk, 1, lk}, View<T>{x + i * qw, g * qw, 1}, lk, d, lq,
+           alpha, dkeys + i * kw, g * kw);
+    }
+  });
+  if (OP == kSelfQK && dq != nullptr) zero_part(dq, lq, g, 3 * d, 2 * d, d);
+  if (OP == kEncQK && dk != nullptr) zero_part(dk, lk, g, 2 * d, d, d);
+}
+
+// Backward of valatt: dout (lq, batch, heads * d) -> d values' tensor (dx; its value part,
+// the rest zeroed) and d attention (datt).
+template <AttOp OP, typename T, typename O>
+void att_valatt_backward(const T* dout, const T* x, const T* att, O* dx, O* datt,
+                         const AttGeom& s) {
+  const int64_t d = s.d, g = s.g, lq = s.lq, lk = s.lk;
+  const int64_t vw = OP == kSelfValAtt ? 3 * d : 2 * d;
+  const int64_t voff = OP == kSelfValAtt ? 2 * d : d;
+  for_groups(g, g * lq * lk * d, [&](int64_t i) {
+    if (datt != nullptr) {   // dAtt = dout V^T
+      gemm(View<T>{dout + i * d, g * d, 1}, View<T>{x + voff + i * vw, 1, g * vw}, lq, lk, d,
+           1.0f, datt + i * lq * lk, lk);
+    }
+    if (dx != nullptr) {   // dV = att^T dout
+      gemm(View<T>{att + i * lq * lk, 1, lk}, View<T>{dout + i * d, g * d, 1}, lk, d, lq,
+           1.0f, dx + voff + i * vw, g * vw);
+    }
+  });
+  if (dx != nullptr) {
+    zero_part(dx, lk, g, vw, 0, voff);
+  }
+}
+
+template <AttOp OP, typename T>
+void att_forward_typed(std::vector<MXTensor>* in, std::vector<MXTensor>* out, const AttGeom& s) {
+  const T* x = (*in)[0].data<T>();
+  const T* y = in->size() > 1 ? (*in)[1].data<T>() : nullptr;
+  att_forward<OP, T, T>(x, y, (*out)[0].data<T>(), s);
+}
+
+template <AttOp OP>
+MXReturnValue att_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
+                              std::vector<MXTensor>* out, const OpResource& res) {
+  return guarded(att_name(OP), [&] {
+    int64_t heads;
+    if (!attr_heads(attrs, att_name(OP), &heads)) return MX_FAIL;
+    const AttGeom s = att_geom(OP, (*in)[0], in->size() > 1 ? &(*in)[1] : nullptr, heads);
+    if ((*in)[0].dtype == mxnet::ext::kFloat32) {
+      att_forward_typed<OP, float>(in, out, s);
+    } else {
+      att_forward_typed<OP, bf16_bits>(in, out, s);
+    }
+    return MX_SUCCESS;
+  });
+}
+
+template <AttOp OP, typename T>
+void att_backward_typed(std::vector<MXTensor>* in, std::vector<MXTensor>* out,
+                        const AttGeom& s) {
+  // qk:     in: d out, x, [y], out;     out: d x, [d y]
+  // valatt: in: d out, x, att, out;     out: d x, d att
+  const T* dy = (*in)[0].data<T>();
+  const T* x = (*in)[1].data<T>();
+  if (OP == kSelfQK) {
+    T* dx = out_ptr<T>(out, 0);
+    att_qk_backward<OP, T, T>(dy, x, nullptr, dx, dx, s);
+  } else if (OP == kEncQK) {
+    att_qk_backward<OP, T, T>(dy, x, (*in)[2].data<T>(), out_ptr<T>(out, 0),
+                              out_ptr<T>(out, 1), s);
+  } else {
+    att_valatt_backward<OP, T, T>(dy, x, (*in)[2].data<T>(), out_ptr<T>(out, 0),
+                                  out_ptr<T>(out, 1), s);
+  }
+}
+
+template <AttOp OP>
+MXReturnValue att_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
+                               std::vector<MXTensor>* out, const OpResource& res) {
+  return guarded(att_name(OP), [&] {
+    int64_t heads;
+    if (!attr_heads(attrs, att_name(OP), &heads)) return MX_FAIL;
+    const AttGeom s = att_geom(OP, (*in)[1], OP == kSelfQK ? nullptr : &(*in)[2], heads);
+    if ((*in)[0].dtype == mxnet::ext::kFloat32) {
+      att_backward_typed<OP, float>(in, out, s);
+    } else {
+      att_backward_typed<OP, bf16_bits>(in, out, s);
+    }
+    return MX_SUCCESS;
+  });
+}
+
 }  // namespace
 
 REGISTER_OP(mxmp_softmax)
@@ -842,6 +1478,19 @@ REGISTER_OP(mxmp_layer_norm)
     .setInferShape(ln_infer_shape)
     .setForward(ln_forward_cpu, "cpu")
     .setBackward(ln_backward_cpu, "cpu");
+
+#define MXMP_REGISTER_ATT(NAME, OP)                 \
+  REGISTER_OP(NAME)                                 \
+      .setParseAttrs(att_parse<OP>)                 \
+      .setInferType(att_infer_type<OP>)             \
+      .setInferShape(att_infer_shape<OP>)           \
+      .setForward(att_forward_cpu<OP>, "cpu")       \
+      .setBackward(att_backward_cpu<OP>, "cpu");
+
+MXMP_REGISTER_ATT(mxmp_selfatt_qk, kSelfQK)
+MXMP_REGISTER_ATT(mxmp_selfatt_valatt, kSelfValAtt)
+MXMP_REGISTER_ATT(mxmp_encdec_qk, kEncQK)
+MXMP_REGISTER_ATT(mxmp_encdec_valatt, kEncValAtt)
 
 MXReturnValue initialize(int version) {
   if (version < 10900) {
