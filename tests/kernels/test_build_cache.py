@@ -4,7 +4,8 @@ each compilation to a file and writes a small file as the library (or fails, or 
 build module is loaded from its file (it needs only the standard library), so that the
 processes of the concurrency tests start in milliseconds without MXNet.
 
-Pinned: the key covers the compiler and the target ``-march=native`` resolves to; ``$CXX``
+Pinned: the key covers the compiler, the target ``-march=native`` resolves to and the
+lib_api patch; ``$CXX``
 with a launcher is run as given; the library is mode 0644 whatever the umask; one compilation
 for many processes; a killed build's temporary files are removed by the next build; a failure
 is remembered with its reason until an input of the key changes, and said once in a warning;
@@ -103,6 +104,12 @@ def test_key_covers_the_compiler_its_version_and_its_target(build, env, monkeypa
     other_compiler = build.library_file()
     assert len({first, other_version, other_target, other_compiler}) == 4
     assert all(p.startswith(env['MXMP_KERNEL_CACHE']) for p in (first, other_target))
+
+
+def test_key_covers_the_lib_api_patch(build, env, monkeypatch):
+    first = build.library_file()
+    monkeypatch.setattr(build, 'LIB_API_PATCH', build.LIB_API_PATCH[:-1])
+    assert build.library_file() != first
 
 
 def test_cxx_with_a_launcher_runs_the_launcher(build, env, monkeypatch, tmp_path):
