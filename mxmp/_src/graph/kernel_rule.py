@@ -24,24 +24,45 @@ intermediate tensors accumulated in place) the rule stays off.
 It is on for bfloat16 targets of a CPU (the library has CPU kernels only: :meth:`mxmp.Policy.on`
 of another context turns it off) and off with ``Policy(kernels='mxnet')`` or
 ``MXMP_KERNELS=mxnet``. An op the user names in ``lp_ops`` or ``follow_ops`` keeps MXNet's op
-in the user's class (the library ops compute in float32). :func:`mxmp.explain` names it, from
-the graph's structure alone (:func:`planned`: it never builds or loads the library).
+in the user's class. :func:`mxmp.explain` names it, from the graph's structure alone
+(:func:`planned`: it never builds or loads the library).
+
+Dtypes: the library ops take bfloat16 data as well as float32 (they load it into float32,
+compute their statistics and sums in float32 or double, and round their outputs to bfloat16
+once), so the pass plans them as follow ops (:func:`library_class`): each keeps the dtype of
+its data input, bfloat16 where a low-precision op feeds it, and no cast sits around it.
+LayerNorm's gamma and beta are taken in float32 (master parameters) and its mean and rstd
+outputs are float32 (:data:`FLOAT32_OUTPUTS`). A user's ``fp32_ops``/``excluded_names`` makes
+a library op compute in float32.
 
 Files mxmp writes hold MXNet's ops only (:func:`mxnet_ops`), so that plain MXNet loads them;
-a graph that holds library ops loads after ``import mxmp`` (:mod:`mxmp._src.kernels.loading`).
+MXNet 1.9.1 has no bfloat16 CPU kernel for LayerNorm, softmax or Dropout, so a library op the
+converted graph runs in bfloat16 (its mark ends with :data:`LOW_SUFFIX` and the dtype, written
+by the pass) comes back as MXNet's op in float32 between two casts. A graph that holds library
+ops loads after ``import mxmp`` (:mod:`mxmp._src.kernels.loading`).
 """
 import logging
 import os
 
 from .symbol_json import MARK, unique_name
 
-__all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'substitute', 'apply_kernels', 'planned', 'restore',
-           'rule_of', 'original_op', 'inference_only', 'mxnet_ops', 'install_symbol_loaders']
+__all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'LOW_SUFFIX', 'FLOAT32_OUTPUTS', 'FLOAT32_INPUTS',
+           'substitute', 'apply_kernels', 'planned', 'restore', 'rule_of', 'original_op',
+           'kernel_dtype', 'with_kernel_dtype', 'library_class', 'inference_only', 'mxnet_ops',
+           'install_symbol_loaders']
 
 logger = logging.getLogger('mxmp.kernels')
 
 #: MARK value prefix of a substituted node; the original op name follows.
 KERNEL_PREFIX = 'kernel:'
+#: Separator of the dtype a library node runs in (``'kernel:LayerNorm@bfloat16'``), written by
+#: the pass where that is a low-precision dtype held as such (not under emulation).
+LOW_SUFFIX = '@'
+#: Outputs of a library op (and of the MXNet op it replaces) that stay float32 when its data
+#: is bfloat16: LayerNorm's mean and rstd.
+FLOAT32_OUTPUTS = {'mxmp_layer_norm': (1, 2), 'LayerNorm': (1, 2)}
+#: Inputs of a library op taken in float32 whatever its data dtype: LayerNorm's gamma, beta.
+FLOAT32_INPUTS = {'mxmp_layer_norm': (1, 2), 'LayerNorm': (1, 2)}
 #: MARK value of a ``_copy`` the rule puts between a variable and a library op.
 INPUT_COPY = 'kernel_input'
 #: MARK value of the training-mode flag's nodes (a constant 1 and MXNet's Dropout of it).
@@ -212,6 +233,46 @@ def apply_kernels(js, kernels, skip_ops=frozenset()):
     return dict(js, nodes=out, heads=[[new_id[s], i, v] for s, i, v in js['heads']])
 
 
+def _mark_parts(node):
+    """``(original op, dtype)`` of a library node of the rule (dtype None unless the pass wrote
+    one), or ``(None, None)`` for other nodes."""
+    mark = node.get('attrs', {}).get(MARK, '') if node['op'] != 'null' else ''
+    if not mark.startswith(KERNEL_PREFIX):
+        return None, None
+    op, _, dtype = mark[len(KERNEL_PREFIX):].partition(LOW_SUFFIX)
+    return op, dtype or None
+
+
+def kernel_dtype(node):
+    """The low-precision dtype (str) a library node of the rule runs in, as the pass wrote it
+    (:func:`with_kernel_dtype`), or None."""
+    return _mark_parts(node)[1]
+
+
+def with_kernel_dtype(node, dtype):
+    """``node`` (a library node of the rule) marked as running in ``dtype`` (a low-precision
+    dtype name): a new dict."""
+    op = original_op(node)
+    return dict(node, attrs=dict(node['attrs'], **{MARK: KERNEL_PREFIX + op + LOW_SUFFIX +
+                                                   dtype}))
+
+
+def library_class(policy, node, op):
+    """``(op_class, rule)`` of a node the kernel rule runs (or would run) as a library op in
+    place of MXNet's ``op``: follow (its data's dtype, bfloat16 or float32) for a bfloat16
+    target; float32 where the user put ``op`` in ``fp32_ops`` or the node in
+    ``excluded_names``, and for other targets."""
+    from ..policy.policy import FLOAT32, FOLLOW
+    mine = policy.classify(op, node.get('attrs', {}), node['name'])
+    rule = substitution_rule(op, SUBSTITUTES[op])
+    if 'user override' in mine[1] and mine[0] == FLOAT32:
+        return FLOAT32, '%s; %s, in float32' % (mine[1], rule)
+    if policy.target_dtype != 'bfloat16':
+        return FLOAT32, rule + ', in float32'
+    return FOLLOW, rule + (", in its data's dtype (bfloat16 where a low-precision op feeds it; "
+                           'float32 arithmetic inside, rounded once)')
+
+
 def restore(node):
     """The original form of a node the rule wrote: ``'input'`` for an added ``_copy`` (it stands
     for its input), ``'drop'`` for the flag's nodes, a new node dict with the original op (and
@@ -225,7 +286,7 @@ def restore(node):
     if not mark.startswith(KERNEL_PREFIX):
         return None
     attrs = {k: v for k, v in node['attrs'].items() if k != MARK}
-    op = mark[len(KERNEL_PREFIX):]
+    op = original_op(node)
     new = dict(node, op=op, attrs=attrs, inputs=node['inputs'][:_N_INPUTS.get(op, 99)])
     if not attrs:
         new.pop('attrs')
@@ -243,15 +304,14 @@ def without_hint(node):
 
 def original_op(node):
     """The MXNet op a library node of the rule replaced (str), or None for other nodes."""
-    mark = node.get('attrs', {}).get(MARK, '') if node['op'] != 'null' else ''
-    return mark[len(KERNEL_PREFIX):] if mark.startswith(KERNEL_PREFIX) else None
+    return _mark_parts(node)[0]
 
 
 def substitution_rule(op, library_op):
     """The explain rule (str) of an ``op`` node the rule runs as ``library_op``."""
-    return ("kernel rule: %s as %s, mxmp's library kernel, in float32 (Policy(kernels='mxnet') "
-            "keeps MXNet's)%s" % (op, library_op, '; it reads a training-mode flag the rule '
-                                  'adds' if op == 'Dropout' else ''))
+    return ("kernel rule: %s as %s, mxmp's library kernel (Policy(kernels='mxnet') keeps "
+            "MXNet's)%s" % (op, library_op, '; it reads a training-mode flag the rule adds'
+                            if op == 'Dropout' else ''))
 
 
 def rule_of(node):
@@ -264,33 +324,54 @@ def rule_of(node):
         return ('kernel rule: training-mode flag of mxmp_dropout (1 in inference, 0 or 2 in '
                 'training)')
     if mark.startswith(KERNEL_PREFIX):
-        return substitution_rule(mark[len(KERNEL_PREFIX):], node['op'])
+        return substitution_rule(original_op(node), node['op'])
     return None
 
 
-def _undo(js, undo):
+def _cast(name, entry, dtype, names):
+    """A cast the restored graph needs (marked as the pass's casts: ``remove_casts`` strips it)."""
+    return {'op': 'amp_cast', 'name': unique_name(name, names),
+            'attrs': {MARK: 'cast', 'dtype': dtype}, 'inputs': [entry]}
+
+
+def _undo(js, undo, bypass=lambda node: False):
     """``js`` with the rule's nodes for which ``undo(node, restored)`` is true put back
-    (copies read their input again, flags dropped once no library op reads them)."""
+    (copies read their input again, flags dropped once no library op reads them; a library
+    node that ran in a low-precision dtype comes back in float32 between two casts, so that its
+    consumers get that dtype as before), and the library nodes for which ``bypass(node)`` is
+    true replaced by their data input."""
     nodes = js['nodes']
+    names = {n['name'] for n in nodes}
     out, new_id, resolve = [], {}, {}
+
+    def entry(src, idx, version):
+        return (resolve[src] + [version] if src in resolve and idx == 0 else
+                [new_id[src], idx, version])
+
     for nid, node in enumerate(nodes):
         back = restore(node)
         if back is not None and not undo(node, back):
             back = None
         if back == 'drop':
             continue
-        if back == 'input':
+        if back == 'input' or (isinstance(back, dict) and bypass(node)):
             src, idx, _ = node['inputs'][0]
-            resolve[nid] = resolve[src] if src in resolve else [new_id[src], idx]
+            resolve[nid] = resolve[src] if src in resolve and idx == 0 else [new_id[src], idx]
             continue
+        low = kernel_dtype(node) if isinstance(back, dict) else None
         if isinstance(back, dict):
             node = back
-        inputs = [resolve[s] + [v] if s in resolve and i == 0 else [new_id[s], i, v]
-                  for s, i, v in node['inputs']]
+        inputs = [entry(s, i, v) for s, i, v in node['inputs']]
+        if low is not None:
+            out.append(_cast('%s_amp_cast_float32' % node['name'], inputs[0], 'float32', names))
+            inputs[0] = [len(out) - 1, 0, 0]
         out.append(dict(node, inputs=inputs))
         new_id[nid] = len(out) - 1
-    heads = [resolve[s] + [v] if s in resolve and i == 0 else [new_id[s], i, v]
-             for s, i, v in js['heads']]
+        if low is not None:   # the rule substitutes nodes whose other outputs are not read
+            out.append(_cast('%s_amp_cast_%s' % (node['name'], low), [len(out) - 1, 0, 0], low,
+                             names))
+            resolve[nid] = [len(out) - 1, 0]
+    heads = [entry(s, i, v) for s, i, v in js['heads']]
     return dict(js, nodes=out, heads=heads)
 
 
@@ -298,18 +379,24 @@ def inference_only(js):
     """``js`` (a converted graph's JSON) for a graph that only runs inference (the oneDNN-fused
     twin, :func:`mxmp.freeze`): the rule's ``mxmp_dropout`` nodes back to MXNet's Dropout, which
     MXNet runs as the identity in inference at no cost (the library op copies), and the flag
-    removed. A new dict, or ``js`` where there is nothing to undo."""
+    removed; a bfloat16 one in the default mode (MXNet has no bfloat16 Dropout) is the identity
+    there and is removed (its consumers read its input). A new dict, or ``js`` where there is
+    nothing to undo."""
     if not any(restore(n) == 'drop' for n in js['nodes']):
         return js
     return _undo(js, lambda node, back: back == 'drop' or
-                 isinstance(back, dict) and back['op'] == 'Dropout')
+                 isinstance(back, dict) and back['op'] == 'Dropout',
+                 bypass=lambda node: original_op(node) == 'Dropout' and
+                 kernel_dtype(node) is not None and
+                 node['attrs'].get('mode', 'training') != 'always')
 
 
 def mxnet_ops(js):
     """``js`` (graph JSON) with every node of the rule undone: MXNet's own ops in place of the
-    library's (same attributes, same float32 computation), the input copies and the training
-    flag gone; casts and stored dtypes stay. What every file mxmp writes holds, unless the user
-    asks for the library ops: plain MXNet loads it. A new dict, or ``js`` where the rule wrote
+    library's (same attributes, same float32 computation; a library op that ran in bfloat16
+    gets casts to float32 and back around MXNet's op), the input copies and the training flag
+    gone; casts and stored dtypes stay. What every file mxmp writes holds, unless the user asks
+    for the library ops: plain MXNet loads it. A new dict, or ``js`` where the rule wrote
     nothing."""
     if not any(restore(n) is not None for n in js['nodes']):
         return js

@@ -12,7 +12,8 @@ from typing import List, NamedTuple, Optional
 
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, dtype_name, from_mshadow_enum
 from ..policy.policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, resolve_policy
-from .kernel_rule import planned, substitute
+from .kernel_rule import FLOAT32_INPUTS as _KERNEL_FLOAT32_INPUTS, FLOAT32_OUTPUTS as \
+    _KERNEL_FLOAT32_OUTPUTS, original_op, planned, substitute
 from .strip import converted_dtype, strip
 from .symbol_json import (CAST_OPS, MARK, cast_origin, infer_dtypes, load, mutable_inputs,
     node_output_dtypes)
@@ -74,6 +75,11 @@ class _Graph:
                                                            for n, d in input_dtypes.items()})
         from .rule_notes import rewritten_class, rules_left   # not loaded by `import mxmp`
         self.classes = [None] * len(self.nodes)
+        # Nodes the kernel rule runs as library ops (written, or planned for explain): their
+        # data input (0) alone decides a follow op's dtype (not LayerNorm's parameters or
+        # Dropout's flag).
+        self.library = {nid for nid, node in enumerate(self.nodes) if node['op'] != 'null' and
+                        (original_op(node) is not None or node['name'] in (kernel_nodes or {}))}
         for nid, node in enumerate(self.nodes):
             rewritten = rewritten_class(policy, node, kernel_nodes or {})
             if node['op'] in CAST_OPS and cast_origin(node) == 'model':  # others were stripped
@@ -232,19 +238,25 @@ def _op_decision(graph, nid, in_dtypes):
         compute = 'float32'
         wants = ['float32' if d in _LOW and p not in policy.index_inputs(op) else None
                  for p, d in enumerate(in_dtypes)]
+    elif nid in graph.library:   # a library op of the kernel rule: its data's dtype
+        compute = in_dtypes[0] if _is_float(in_dtypes[0]) else None
+        wants = [None] * len(in_dtypes)
     else:
         if op_class == LOW_PRECISION:
             compute = graph.lp if data_pos else None   # no float data: nothing runs low
         else:  # WIDEST_TYPE, FOLLOW
             compute, rule = _widest(graph, node, in_dtypes, data_pos, rule)
         wants = [compute if p in data_pos else None for p in range(len(in_dtypes))]
-    for p in policy.float32_inputs(op):
+    for p in tuple(policy.float32_inputs(op)) + (_KERNEL_FLOAT32_INPUTS.get(op, ())
+                                                  if nid in graph.library else ()):
         if p < len(in_dtypes) and in_dtypes[p] in _LOW:
             wants[p] = 'float32'
+    keep32 = _MXNET_FLOAT32_OUTPUTS.get(op, ()) + (_KERNEL_FLOAT32_OUTPUTS.get(op, ())
+                                                   if nid in graph.library else ())
     outputs = []
     for k in range(graph.n_outputs(nid)):
         d = graph.orig[(nid, k)]
-        if _is_float(d) and compute in _LOW and k not in _MXNET_FLOAT32_OUTPUTS.get(op, ()):
+        if _is_float(d) and compute in _LOW and k not in keep32:
             d = compute
         outputs.append(d)
     dtype = compute if compute in _LOW else \

@@ -3,21 +3,28 @@ rule) next to the user's op lists: the user's choice first where the user named 
 and, where the user's class made a rule leave a node, that rule and why.
 """
 from ..policy.policy import FLOAT32, FOLLOW, LOW_PRECISION
-from .kernel_rule import SUBSTITUTES, original_op, rule_of, substitution_rule
+from .kernel_rule import INPUT_COPY, SUBSTITUTES, library_class, original_op, rule_of
+from .symbol_json import MARK
 
 __all__ = ['rewritten_class', 'with_user_choice', 'rules_left']
 
 
 def rewritten_class(policy, node, kernel_nodes):
-    """``(FLOAT32, rule)`` of a node (graph JSON) the kernel or reduction rule wrote, or that
+    """``(op_class, rule)`` of a node (graph JSON) the kernel or reduction rule wrote, or that
     the kernel rule would write (``kernel_nodes``: ``{node name: library op}``, explain's);
-    None for other nodes. The rules' nodes compute in float32."""
+    None for other nodes. The library ops follow their data's dtype in bfloat16 graphs
+    (:func:`mxmp._src.graph.kernel_rule.library_class`), their input copies follow too; the
+    other nodes of the rules compute in float32."""
     from . import reduce_rule   # loaded by the first conversion, not by `import mxmp`
+    if original_op(node) is not None:
+        return library_class(policy, node, original_op(node))
+    if node['op'] != 'null' and node['name'] in kernel_nodes:
+        return library_class(policy, node, node['op'])
+    if node['op'] != 'null' and node.get('attrs', {}).get(MARK) == INPUT_COPY and \
+            policy.target_dtype == 'bfloat16':
+        return FOLLOW, rule_of(node)
     if rule_of(node) is not None:
         return FLOAT32, with_user_choice(policy, node, original_op(node), rule_of(node))
-    if node['op'] != 'null' and node['name'] in kernel_nodes:
-        return FLOAT32, with_user_choice(policy, node, node['op'], substitution_rule(
-            node['op'], kernel_nodes[node['name']]))
     if reduce_rule.rule_of(node) is not None:
         return FLOAT32, with_user_choice(policy, node, node['op'], reduce_rule.rule_of(node))
     return None
@@ -40,7 +47,7 @@ def rules_left(policy, node, decision):
         return decision
     if op_class in (LOW_PRECISION, FOLLOW) and node['op'] in SUBSTITUTES and \
             policy.kernels != 'mxnet':
-        rule += ("; the kernel rule keeps MXNet's %s (mxmp's %s computes in float32 only)"
+        rule += ("; the kernel rule keeps MXNet's %s (the user's class), not mxmp's %s"
                  % (node['op'], SUBSTITUTES[node['op']]))
     elif op_class in (LOW_PRECISION, FOLLOW) and node['op'] in ('sum', 'mean') and \
             policy.reductions != 'mxnet':
