@@ -1,7 +1,8 @@
 """The numerical contract of mxmp's operator library (mxmp/_src/conformance/contract.py,
 docs/conformance.md): each op, float32 and bfloat16, on adversarial and random inputs against a
-float64 reference, beside MXNet's float32 op (its outputs rounded to bfloat16 for bfloat16). The library's error is at most 4x MXNet's on every case and
-output (or one float32 rounding), and its NaNs are the reference's.
+float64 reference, beside MXNet's float32 op (its outputs rounded to bfloat16 for bfloat16).
+The library's error is at most 4x MXNet's on every case and output (or one float32 rounding),
+and its NaNs are the reference's.
 
 Runs in a worker process (tests/kernels/library_worker.py) at two threads (the parallel loops),
 on the machine's kernels and with ``DNNL_MAX_CPU_ISA=AVX2``. Measured (Zen 4, seed 0): the

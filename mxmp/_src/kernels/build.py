@@ -9,9 +9,10 @@ MXNet's way to build an operator library; nothing of MXNet's is copied into mxmp
 
 The cache (one directory per key, :func:`library_file`):
 
-- the key hashes the sources, :data:`LIB_API_PATCH`, :data:`FLAGS`, MXNet's version, the compiler command, its
-  ``--version`` and the target ``-march=native`` resolves to on this CPU (the compiler's own
-  expansion, ``-###``), and the CPU's flags: another compiler, MXNet or CPU gets another build;
+- the key hashes the sources, :data:`LIB_API_PATCH`, :data:`FLAGS`, MXNet's version, the
+  compiler command, its ``--version`` and the target ``-march=native`` resolves to on this CPU
+  (the compiler's own expansion, ``-###``), and the CPU's flags: another compiler, MXNet or CPU
+  gets another build;
 - one build per key and machine: a file lock (``fcntl.flock``) serialises the processes that
   share the cache (Horovod's ranks), the others wait and load its result;
 - the library is written to a temporary file, made readable by anyone who can read the cache
@@ -90,9 +91,9 @@ LIB_API_PATCH = (
      '    dltensor.dtype.bits = 16;\n    break;\n  default:'),
 )
 
-__all__ = ['FLAGS', 'OPS', 'LIB_API_PATCH', 'patch_lib_api', 'cache_dir', 'private_cache_dir', 'compiler_command',
-           'library_file', 'ensure_built', 'locate', 'load_library', 'library_loaded',
-           'library_ops_in']
+__all__ = ['FLAGS', 'OPS', 'LIB_API_PATCH', 'patch_lib_api', 'cache_dir', 'private_cache_dir',
+           'compiler_command', 'library_file', 'ensure_built', 'locate', 'load_library',
+           'library_loaded', 'library_ops_in']
 
 
 def _mxnet_dir():

@@ -32,9 +32,9 @@
 // accumulates in MXNet's own copy backward.
 //
 // mxmp_dropout: Dropout whose mask comes from a counter-based hash (cheap, vectorised).
-//   inputs  data (any shape, float32, float64 or bfloat16), flag (1,) float32: 1 in inference (the output
-//           of MXNet's own Dropout on a constant 1: 1 at inference, 0 or 2 in training; library
-//           ops are not told the training mode)
+//   inputs  data (any shape, float32, float64 or bfloat16), flag (1,) float32: 1 in inference
+//           (the output of MXNet's own Dropout on a constant 1: 1 at inference, 0 or 2 in
+//           training; library ops are not told the training mode)
 //   outputs out (data's shape and dtype), mask (data's shape, uint8: 1 kept, 0 dropped; not
 //           written in inference, where backward is the identity)
 //   attrs   p (drop probability, 0 < p < 1), mode ('training': identity where flag is 1;
@@ -45,10 +45,10 @@
 //   dropped gives NaN, as in MXNet. Backward: dx = dy * s.
 //
 // mxmp_softmax: softmax over the last axis, optionally with lengths (MXNet's use_length).
-//   inputs  data (..., M) float32, float64 or bfloat16; with use_length, length (data's shape without
-//           its last axis, (1,) for 1-D data, as MXNet's softmax; an integer dtype, or float32
-//           or float64 (truncated), which MXNet's softmax refuses at run time): row r uses its
-//           first length[r] values (clamped to [0, M]), the rest are 0
+//   inputs  data (..., M) float32, float64 or bfloat16; with use_length, length (data's shape
+//           without its last axis, (1,) for 1-D data, as MXNet's softmax; an integer dtype, or
+//           float32 or float64 (truncated), which MXNet's softmax refuses at run time): row r
+//           uses its first length[r] values (clamped to [0, M]), the rest are 0
 //   output  out (data's shape and dtype)
 //   exp is computed here (Cody-Waite reduction by ln 2, degree-7 Taylor polynomial: relative
 //   error below 2e-7 on [-87, 0]); below -87 it is 0. The row sum is in double.
