@@ -50,8 +50,8 @@ from hypothesis import strategies as st
 from mxnet import nd
 
 import mxmp
-from mxmp._src.graph.kernel_rule import FLOAT32_INPUTS as KERNEL_FLOAT32_INPUTS, library_class, \
-    original_op
+from mxmp._src.graph.kernel_rule import FLOAT32_INPUTS as KERNEL_FLOAT32_INPUTS, original_op
+from mxmp._src.graph.rule_notes import library_class
 from mxmp._src.graph.symbol_json import MARK, ROUND_MARK
 from mxmp._src.policy.policy import FLOAT32, FOLLOW, LOSS_OUTPUT, LOW_PRECISION, WIDEST_TYPE
 

@@ -27,19 +27,12 @@ of another context turns it off) and off with ``Policy(kernels='mxnet')`` or
 in the user's class. :func:`mxmp.explain` names it, from the graph's structure alone
 (:func:`planned`: it never builds or loads the library).
 
-Dtypes: the library ops take bfloat16 data as well as float32 (they load it into float32,
-compute their statistics and sums in float32 or double, and round their outputs to bfloat16
-once), so the pass plans them as follow ops (:func:`library_class`): each keeps the dtype of
-its data input, bfloat16 where a low-precision op feeds it, and no cast sits around it.
-LayerNorm's gamma and beta are taken in float32 (master parameters) and its mean and rstd
-outputs are float32 (:data:`FLOAT32_OUTPUTS`). A user's ``fp32_ops``/``excluded_names`` makes
-a library op compute in float32.
-
-Files mxmp writes hold MXNet's ops only (:func:`mxnet_ops`), so that plain MXNet loads them;
-MXNet 1.9.1 has no bfloat16 CPU kernel for LayerNorm, softmax or Dropout, so a library op the
-converted graph runs in bfloat16 (its mark ends with :data:`LOW_SUFFIX` and the dtype, written
-by the pass) comes back as MXNet's op in float32 between two casts. A graph that holds library
-ops loads after ``import mxmp`` (:mod:`mxmp._src.kernels.loading`).
+The library ops take bfloat16 or float32 data (float32 arithmetic inside, outputs rounded
+once), planned as follow ops of their data (:func:`.rule_notes.library_class`): no cast around.
+Files mxmp writes hold MXNet's ops only (:func:`mxnet_ops`), so that plain MXNet loads them (a
+library op the pass marked bfloat16, :data:`LOW_SUFFIX`, comes back in float32 between two
+casts: MXNet 1.9.1 has no bfloat16 kernel for these ops); a graph that holds library ops loads
+after ``import mxmp`` (:mod:`mxmp._src.kernels.loading`).
 """
 import logging
 import os
@@ -48,7 +41,7 @@ from .symbol_json import MARK, unique_name
 
 __all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'LOW_SUFFIX', 'FLOAT32_OUTPUTS', 'FLOAT32_INPUTS',
            'substitute', 'apply_kernels', 'planned', 'restore', 'rule_of', 'original_op',
-           'kernel_dtype', 'with_kernel_dtype', 'library_class', 'inference_only', 'mxnet_ops',
+           'kernel_dtype', 'with_kernel_dtype', 'inference_only', 'mxnet_ops',
            'install_symbol_loaders']
 
 logger = logging.getLogger('mxmp.kernels')
@@ -58,11 +51,9 @@ KERNEL_PREFIX = 'kernel:'
 #: Separator of the dtype a library node runs in (``'kernel:LayerNorm@bfloat16'``), written by
 #: the pass where that is a low-precision dtype held as such (not under emulation).
 LOW_SUFFIX = '@'
-#: Outputs of a library op (and of the MXNet op it replaces) that stay float32 when its data
-#: is bfloat16: LayerNorm's mean and rstd.
-FLOAT32_OUTPUTS = {'mxmp_layer_norm': (1, 2), 'LayerNorm': (1, 2)}
-#: Inputs of a library op taken in float32 whatever its data dtype: LayerNorm's gamma, beta.
-FLOAT32_INPUTS = {'mxmp_layer_norm': (1, 2), 'LayerNorm': (1, 2)}
+#: Outputs (mean, rstd) that stay float32 and inputs (gamma, beta) taken in float32 by a
+#: library op (and the MXNet op it replaces) whatever its data's dtype.
+FLOAT32_OUTPUTS = FLOAT32_INPUTS = {'mxmp_layer_norm': (1, 2), 'LayerNorm': (1, 2)}
 #: MARK value of a ``_copy`` the rule puts between a variable and a library op.
 INPUT_COPY = 'kernel_input'
 #: MARK value of the training-mode flag's nodes (a constant 1 and MXNet's Dropout of it).
@@ -234,8 +225,7 @@ def apply_kernels(js, kernels, skip_ops=frozenset()):
 
 
 def _mark_parts(node):
-    """``(original op, dtype)`` of a library node of the rule (dtype None unless the pass wrote
-    one), or ``(None, None)`` for other nodes."""
+    """``(original op, dtype or None)`` of a library node of the rule, else ``(None, None)``."""
     mark = node.get('attrs', {}).get(MARK, '') if node['op'] != 'null' else ''
     if not mark.startswith(KERNEL_PREFIX):
         return None, None
@@ -244,33 +234,14 @@ def _mark_parts(node):
 
 
 def kernel_dtype(node):
-    """The low-precision dtype (str) a library node of the rule runs in, as the pass wrote it
-    (:func:`with_kernel_dtype`), or None."""
+    """The low-precision dtype (str) the pass marked a library node with, or None."""
     return _mark_parts(node)[1]
 
 
 def with_kernel_dtype(node, dtype):
-    """``node`` (a library node of the rule) marked as running in ``dtype`` (a low-precision
-    dtype name): a new dict."""
-    op = original_op(node)
-    return dict(node, attrs=dict(node['attrs'], **{MARK: KERNEL_PREFIX + op + LOW_SUFFIX +
-                                                   dtype}))
-
-
-def library_class(policy, node, op):
-    """``(op_class, rule)`` of a node the kernel rule runs (or would run) as a library op in
-    place of MXNet's ``op``: follow (its data's dtype, bfloat16 or float32) for a bfloat16
-    target; float32 where the user put ``op`` in ``fp32_ops`` or the node in
-    ``excluded_names``, and for other targets."""
-    from ..policy.policy import FLOAT32, FOLLOW
-    mine = policy.classify(op, node.get('attrs', {}), node['name'])
-    rule = substitution_rule(op, SUBSTITUTES[op])
-    if 'user override' in mine[1] and mine[0] == FLOAT32:
-        return FLOAT32, '%s; %s, in float32' % (mine[1], rule)
-    if policy.target_dtype != 'bfloat16':
-        return FLOAT32, rule + ', in float32'
-    return FOLLOW, rule + (", in its data's dtype (bfloat16 where a low-precision op feeds it; "
-                           'float32 arithmetic inside, rounded once)')
+    """``node`` (a library node) marked as running in ``dtype`` (str): a new dict."""
+    mark = KERNEL_PREFIX + original_op(node) + LOW_SUFFIX + dtype
+    return dict(node, attrs=dict(node['attrs'], **{MARK: mark}))
 
 
 def restore(node):
@@ -328,18 +299,11 @@ def rule_of(node):
     return None
 
 
-def _cast(name, entry, dtype, names):
-    """A cast the restored graph needs (marked as the pass's casts: ``remove_casts`` strips it)."""
-    return {'op': 'amp_cast', 'name': unique_name(name, names),
-            'attrs': {MARK: 'cast', 'dtype': dtype}, 'inputs': [entry]}
-
-
 def _undo(js, undo, bypass=lambda node: False):
     """``js`` with the rule's nodes for which ``undo(node, restored)`` is true put back
     (copies read their input again, flags dropped once no library op reads them; a library
-    node that ran in a low-precision dtype comes back in float32 between two casts, so that its
-    consumers get that dtype as before), and the library nodes for which ``bypass(node)`` is
-    true replaced by their data input."""
+    node marked low precision comes back in float32 between two casts), and the library nodes
+    for which ``bypass(node)`` is true replaced by their data input."""
     nodes = js['nodes']
     names = {n['name'] for n in nodes}
     out, new_id, resolve = [], {}, {}
@@ -347,6 +311,11 @@ def _undo(js, undo, bypass=lambda node: False):
     def entry(src, idx, version):
         return (resolve[src] + [version] if src in resolve and idx == 0 else
                 [new_id[src], idx, version])
+
+    def cast(src, dtype, base):   # marked as the pass's: remove_casts strips it
+        out.append({'op': 'amp_cast', 'name': unique_name('%s_amp_cast_%s' % (base, dtype), names),
+                    'attrs': {MARK: 'cast', 'dtype': dtype}, 'inputs': [src]})
+        return [len(out) - 1, 0, 0]
 
     for nid, node in enumerate(nodes):
         back = restore(node)
@@ -362,15 +331,12 @@ def _undo(js, undo, bypass=lambda node: False):
         if isinstance(back, dict):
             node = back
         inputs = [entry(s, i, v) for s, i, v in node['inputs']]
-        if low is not None:
-            out.append(_cast('%s_amp_cast_float32' % node['name'], inputs[0], 'float32', names))
-            inputs[0] = [len(out) - 1, 0, 0]
+        if low is not None:   # MXNet's op in float32 between two casts
+            inputs[0] = cast(inputs[0], 'float32', node['name'])
         out.append(dict(node, inputs=inputs))
         new_id[nid] = len(out) - 1
         if low is not None:   # the rule substitutes nodes whose other outputs are not read
-            out.append(_cast('%s_amp_cast_%s' % (node['name'], low), [len(out) - 1, 0, 0], low,
-                             names))
-            resolve[nid] = [len(out) - 1, 0]
+            resolve[nid] = cast([len(out) - 1, 0, 0], low, node['name'])[:2]
     heads = [entry(s, i, v) for s, i, v in js['heads']]
     return dict(js, nodes=out, heads=heads)
 
@@ -379,9 +345,8 @@ def inference_only(js):
     """``js`` (a converted graph's JSON) for a graph that only runs inference (the oneDNN-fused
     twin, :func:`mxmp.freeze`): the rule's ``mxmp_dropout`` nodes back to MXNet's Dropout, which
     MXNet runs as the identity in inference at no cost (the library op copies), and the flag
-    removed; a bfloat16 one in the default mode (MXNet has no bfloat16 Dropout) is the identity
-    there and is removed (its consumers read its input). A new dict, or ``js`` where there is
-    nothing to undo."""
+    removed; a bfloat16 one in the default mode (no bfloat16 Dropout in MXNet) is removed (its
+    consumers read its input). A new dict, or ``js`` where there is nothing to undo."""
     if not any(restore(n) == 'drop' for n in js['nodes']):
         return js
     return _undo(js, lambda node, back: back == 'drop' or
@@ -393,11 +358,10 @@ def inference_only(js):
 
 def mxnet_ops(js):
     """``js`` (graph JSON) with every node of the rule undone: MXNet's own ops in place of the
-    library's (same attributes, same float32 computation; a library op that ran in bfloat16
-    gets casts to float32 and back around MXNet's op), the input copies and the training flag
-    gone; casts and stored dtypes stay. What every file mxmp writes holds, unless the user asks
-    for the library ops: plain MXNet loads it. A new dict, or ``js`` where the rule wrote
-    nothing."""
+    library's (same attributes, float32; between casts where the library op ran in bfloat16),
+    the input copies and the training flag gone; casts and stored dtypes stay. What every file
+    mxmp writes holds unless the user asks for the library ops: plain MXNet loads it. A new
+    dict, or ``js`` where the rule wrote nothing."""
     if not any(restore(n) is not None for n in js['nodes']):
         return js
     return _undo(js, lambda node, back: True)

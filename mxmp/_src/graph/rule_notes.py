@@ -3,17 +3,17 @@ rule) next to the user's op lists: the user's choice first where the user named 
 and, where the user's class made a rule leave a node, that rule and why.
 """
 from ..policy.policy import FLOAT32, FOLLOW, LOW_PRECISION
-from .kernel_rule import INPUT_COPY, SUBSTITUTES, library_class, original_op, rule_of
+from .kernel_rule import INPUT_COPY, SUBSTITUTES, original_op, rule_of, substitution_rule
 from .symbol_json import MARK
 
-__all__ = ['rewritten_class', 'with_user_choice', 'rules_left']
+__all__ = ['rewritten_class', 'library_class', 'with_user_choice', 'rules_left']
 
 
 def rewritten_class(policy, node, kernel_nodes):
     """``(op_class, rule)`` of a node (graph JSON) the kernel or reduction rule wrote, or that
     the kernel rule would write (``kernel_nodes``: ``{node name: library op}``, explain's);
     None for other nodes. The library ops follow their data's dtype in bfloat16 graphs
-    (:func:`mxmp._src.graph.kernel_rule.library_class`), their input copies follow too; the
+    (:func:`library_class`), their input copies follow too; the
     other nodes of the rules compute in float32."""
     from . import reduce_rule   # loaded by the first conversion, not by `import mxmp`
     if original_op(node) is not None:
@@ -28,6 +28,21 @@ def rewritten_class(policy, node, kernel_nodes):
     if reduce_rule.rule_of(node) is not None:
         return FLOAT32, with_user_choice(policy, node, node['op'], reduce_rule.rule_of(node))
     return None
+
+
+def library_class(policy, node, op):
+    """``(op_class, rule)`` of a node the kernel rule runs (or would run) as a library op in
+    place of MXNet's ``op``: follow (its data's dtype, bfloat16 or float32) for a bfloat16
+    target; float32 where the user put ``op`` in ``fp32_ops`` or the node in
+    ``excluded_names``, and for other targets."""
+    mine = policy.classify(op, node.get('attrs', {}), node['name'])
+    rule = substitution_rule(op, SUBSTITUTES[op])
+    if 'user override' in mine[1] and mine[0] == FLOAT32:
+        return FLOAT32, '%s; %s, in float32' % (mine[1], rule)
+    if policy.target_dtype != 'bfloat16':
+        return FLOAT32, rule + ', in float32'
+    return FOLLOW, rule + (", in its data's dtype (bfloat16 where a low-precision op feeds it; "
+                           'float32 arithmetic inside, rounded once)')
 
 
 def with_user_choice(policy, node, op, rule):

@@ -11,8 +11,7 @@ The cache (one directory per key, :func:`library_file`):
 
 - the key hashes the sources, :data:`LIB_API_PATCH`, :data:`FLAGS`, MXNet's version, the
   compiler command, its ``--version`` and the target ``-march=native`` resolves to on this CPU
-  (the compiler's own expansion, ``-###``), and the CPU's flags: another compiler, MXNet or CPU
-  gets another build;
+  (the compiler's own expansion, ``-###``), and the CPU's flags: another compiler, MXNet or CPU gets another build;
 - one build per key and machine: a file lock (``fcntl.flock``) serialises the processes that
   share the cache (Horovod's ranks), the others wait and load its result;
 - the library is written to a temporary file, made readable by anyone who can read the cache
@@ -25,14 +24,8 @@ The cache (one directory per key, :func:`library_file`):
 - a cache this process cannot write (read-only, another user's) or whose library does not load
   (foreign, damaged) is replaced by a private one, ``$TMPDIR/mxmp-kernels-<uid>`` (mode 0700).
 
-bfloat16: the wheel's ``lib_api.h`` and ``lib_api.cc`` know seven dtypes, not MXNet's bfloat16 (its
-dtype enum 12), and ``MXTensor::setDLTensor`` throws for it, although MXNet's core hands library
-ops bfloat16 tensors and accepts 12 from their type inference. The build compiles patched copies
-of the two files (:data:`LIB_API_PATCH`, mxmp's own three insertions, applied in a temporary
-directory; the wheel is not changed): ``kBfloat16 = 12`` in ``MXDType``, ``kDLBfloat = 4`` in
-lib_api's DLPack type codes (DLPack's own value), and a ``setDLTensor`` case giving it DLPack's
-bfloat16 (code 4, 16 bits). A wheel whose files do not hold the patch's anchors exactly once is
-a build error naming the file; the patch is part of the key.
+bfloat16: the compiled copies of the wheel's lib_api files are patched so that library ops take
+and return bfloat16 (:data:`LIB_API_PATCH`, :func:`patch_lib_api`: :mod:`.lib_api_patch`).
 
 The build takes ~6 s of CPU once per machine and is said in one log line. Where the library
 cannot build or load, mxmp warns once per process naming the reason, and the graphs keep
@@ -51,6 +44,11 @@ import shutil
 import stat
 import subprocess
 import tempfile
+
+try:
+    from .lib_api_patch import LIB_API_PATCH, patch_lib_api
+except ImportError:   # this file loaded alone, as tests/kernels/test_build_cache.py loads it
+    from mxmp._src.kernels.lib_api_patch import LIB_API_PATCH, patch_lib_api
 
 logger = logging.getLogger('mxmp.kernels')
 
@@ -71,25 +69,6 @@ LIBRARY = 'libmxmp_ops.so'
 FAILED = 'failed.txt'
 _LOCK = '.lock'
 _TMP_PREFIX = 'tmp-build-'
-
-#: The patch of the compiled copies of the wheel's lib_api files (module docstring): ``(file
-#: relative to the wheel's mxnet directory, anchor, replacement)``; each anchor must occur once.
-LIB_API_PATCH = (
-    ('include/mxnet/lib_api.h',
-     '    kDLFloat = 2U,\n  } DLDataTypeCode;',
-     '    kDLFloat = 2U,\n    kDLBfloat = 4U,  /* mxmp: DLPack\'s bfloat16 code */\n'
-     '  } DLDataTypeCode;'),
-    ('include/mxnet/lib_api.h',
-     '  kInt64 = 6,\n  kUNSET = 100,',
-     '  kInt64 = 6,\n  kBfloat16 = 12,  /* mxmp: MXNet\'s bfloat16 (mshadow kBfloat16) */\n'
-     '  kUNSET = 100,'),
-    ('src/lib_api.cc',
-     '  case kInt64:\n    dltensor.dtype.code = kDLInt;\n    dltensor.dtype.bits = 64;\n'
-     '    break;\n  default:',
-     '  case kInt64:\n    dltensor.dtype.code = kDLInt;\n    dltensor.dtype.bits = 64;\n'
-     '    break;\n  case kBfloat16:  /* mxmp */\n    dltensor.dtype.code = kDLBfloat;\n'
-     '    dltensor.dtype.bits = 16;\n    break;\n  default:'),
-)
 
 __all__ = ['FLAGS', 'OPS', 'LIB_API_PATCH', 'patch_lib_api', 'cache_dir', 'private_cache_dir',
            'compiler_command', 'library_file', 'ensure_built', 'locate', 'load_library',
@@ -254,34 +233,6 @@ def _remember_failure(directory, reason):
         f.write(reason + '\n')
     os.chmod(tmp, 0o644)
     os.replace(tmp, os.path.join(directory, FAILED))
-
-
-def patch_lib_api(root, directory):
-    """Write the wheel's ``include/mxnet/lib_api.h`` and ``src/lib_api.cc`` (under ``root``, the
-    mxnet package's directory) with :data:`LIB_API_PATCH` applied to ``directory`` (same
-    relative paths). Returns ``(include directory, lib_api.cc path)`` of the copies.
-
-    Raises:
-        RuntimeError: a file lacks an anchor or holds it more than once (another MXNet than
-            1.9.x's lib_api: the message names the file and the line the patch looks for).
-    """
-    texts = {}
-    for rel, anchor, replacement in LIB_API_PATCH:
-        if rel not in texts:
-            with open(os.path.join(root, rel)) as f:
-                texts[rel] = f.read()
-        count = texts[rel].count(anchor)
-        if count != 1:
-            raise RuntimeError(
-                "mxmp's bfloat16 patch of %s does not apply: the wheel's file holds %s %d "
-                'time(s), not once (MXNet 1.9.x is needed; build.LIB_API_PATCH)'
-                % (os.path.join(root, rel), repr(anchor.splitlines()[-1].strip()), count))
-        texts[rel] = texts[rel].replace(anchor, replacement)
-    for rel, text in texts.items():
-        os.makedirs(os.path.join(directory, os.path.dirname(rel)), exist_ok=True)
-        with open(os.path.join(directory, rel), 'w') as f:
-            f.write(text)
-    return os.path.join(directory, 'include'), os.path.join(directory, 'src', 'lib_api.cc')
 
 
 def _compile(command, path):
