@@ -10,7 +10,7 @@ from mxnet import autograd, gluon, nd
 
 import mxmp
 from mxmp._src.dtypes import dtype_name, mx_dtype
-from mxmp._src.graph.plan import MOVE_OPS
+from mxmp._src.graph.moved_params import MOVE_OPS
 
 HEADS, UNITS, IN = 2, 8, 6
 

@@ -50,6 +50,8 @@ from hypothesis import strategies as st
 from mxnet import nd
 
 import mxmp
+from mxmp._src.graph.kernel_rule import FLOAT32_INPUTS as KERNEL_FLOAT32_INPUTS, original_op
+from mxmp._src.graph.rule_notes import library_class
 from mxmp._src.graph.symbol_json import MARK, ROUND_MARK
 from mxmp._src.policy.policy import FLOAT32, FOLLOW, LOSS_OUTPUT, LOW_PRECISION, WIDEST_TYPE
 
@@ -749,6 +751,10 @@ def type_violations(sym, policy, given=None):
         f32 = set(policy.float32_inputs(op))
         ins = [dtypes[(e[0], e[1])] for e in node['inputs']]
         data = [p for p, d in enumerate(ins) if d in RANK and p not in index | f32]
+        if original_op(node) is not None:   # a library op: its data input (0) decides
+            op_class, _ = library_class(policy, node, original_op(node))
+            f32 = set(KERNEL_FLOAT32_INPUTS.get(op, ()))
+            data = [0] if ins[0] in RANK else []
         where = '%s %s (%s)' % (op, node['name'], op_class)
         for p in f32:
             if p < len(ins) and ins[p] in LOW:

@@ -23,7 +23,8 @@ from mxmp._src.kernels.build import load_library  # noqa: E402
 
 def contract():
     from mxmp._src.conformance.contract import CASES, run_contract
-    return {'rows': [r for op in CASES for r in run_contract(op)]}
+    return {'rows': [r for op in CASES for dtype in ('float32', 'bfloat16')
+                     for r in run_contract(op, dtype=dtype)]}
 
 
 def _shapes(res):
@@ -134,7 +135,7 @@ def outputs():
         mx.random.seed(7)
         with autograd.record():
             y = fn(*arrays)
-        y.backward(mx.nd.array(head))
+        y.backward(mx.nd.amp_cast(mx.nd.array(head), dtype=y.dtype))
         h = hashlib.sha256(y.asnumpy().tobytes())
         for a in grads:
             h.update(a.grad.asnumpy().tobytes())
@@ -151,6 +152,17 @@ def outputs():
     d = mx.nd.array(rng.normal(size=(512, 1024)))
     run('dropout', lambda d: mx.nd.mxmp_dropout(d, mx.nd.zeros(1), p=0.1, mode='always')[0],
         [d], [d], rng.normal(size=(512, 1024)))
+    # bfloat16 data (LayerNorm's gamma and beta float32)
+    from mxnet.contrib.amp.amp import bfloat16
+    xb, sb, db = (mx.nd.amp_cast(a, dtype=bfloat16) for a in (x, s, d))
+    run('layer_norm_bf16', lambda x, g, b: mx.nd.mxmp_layer_norm(x, g, b)[0], [xb, g, b],
+        [xb, g, b], rng.normal(size=(4096, 96)))
+    run('softmax_bf16', lambda s, l: mx.nd.mxmp_softmax(s, l, use_length=True),
+        [sb, mx.nd.array(rng.randint(0, 33, size=(64, 32)), dtype='int32')], [sb],
+        rng.normal(size=(64, 32, 32)))
+    run('dropout_bf16',
+        lambda d: mx.nd.mxmp_dropout(d, mx.nd.zeros(1), p=0.1, mode='always')[0], [db], [db],
+        rng.normal(size=(512, 1024)))
     return digest
 
 

@@ -86,7 +86,8 @@ def test_rule_substitutes_layer_norm_and_explain_names_it():
     assert all(n['attrs'][MARK] == INPUT_COPY for n in copies)
     assert 'LayerNorm' not in _ops(conv)
     rows = {r.name: r for r in mxmp.explain(_graph(), 'bfloat16')}
-    assert rows['ln'].op == 'mxmp_layer_norm' and rows['ln'].dtype == 'float32'
+    # the library op takes the bfloat16 output of the FullyConnected before it as it comes
+    assert rows['ln'].op == 'mxmp_layer_norm' and rows['ln'].dtype == 'bfloat16'
     assert rows['ln'].rule.startswith('kernel rule: LayerNorm as mxmp_layer_norm')
     assert "kernels='mxnet'" in rows['ln'].rule
 
@@ -163,9 +164,10 @@ def test_a_deferred_layer_norm_takes_its_size_from_the_data():
     assert any(r.op == 'mxmp_layer_norm' for r in rows)
     assert net[1].gamma.shape == (16,) and got.shape == (2, 3, 16)
     # normalized rows: mean 0, variance v / (v + eps) for a row of variance v (eps = 1e-5);
-    # v from the float32 product (the norm sees it rounded to bfloat16: 0.4% of v at most)
+    # v from the float32 product (the norm sees it rounded to bfloat16: 0.4% of v at most), the
+    # output rounded to bfloat16 (2**-9 relative per value: the bounds below)
     w, b = net[0].weight.data().asnumpy(), net[0].bias.data().asnumpy()
     v = (x.asnumpy() @ w.T + b).var(-1)
     out = got.asnumpy()
-    np.testing.assert_allclose(out.mean(-1), 0, atol=1e-5)
-    np.testing.assert_allclose(out.var(-1), v / (v + 1e-5), atol=1e-4)
+    np.testing.assert_allclose(out.mean(-1), 0, atol=4e-3)
+    np.testing.assert_allclose(out.var(-1), v / (v + 1e-5), atol=1e-2)

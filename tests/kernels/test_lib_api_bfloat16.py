@@ -26,27 +26,40 @@ OP = textwrap.dedent(r'''
     #include <cstring>
     #include "mxnet/lib_api.h"
     using namespace mxnet::ext;
-    static float load(uint16_t v) { uint32_t b = uint32_t(v) << 16; float f; std::memcpy(&f, &b, 4); return f; }
-    static uint16_t store(float f) { uint32_t b; std::memcpy(&b, &f, 4); return uint16_t(b >> 16); }  // exact here
-    MXReturnValue parse(const std::unordered_map<std::string, std::string>&, int* i, int* o) { *i = 1; *o = 1; return MX_SUCCESS; }
-    MXReturnValue itype(const std::unordered_map<std::string, std::string>&, std::vector<int>* in, std::vector<int>* out) {
+    typedef std::unordered_map<std::string, std::string> Attrs;
+    typedef std::vector<std::vector<unsigned>> Shapes;
+    static float load(uint16_t v) {
+      uint32_t b = uint32_t(v) << 16; float f; std::memcpy(&f, &b, 4); return f;
+    }
+    static uint16_t store(float f) {   // exact for the values here (2 x bfloat16)
+      uint32_t b; std::memcpy(&b, &f, 4); return uint16_t(b >> 16);
+    }
+    MXReturnValue parse(const Attrs&, int* i, int* o) { *i = 1; *o = 1; return MX_SUCCESS; }
+    MXReturnValue itype(const Attrs&, std::vector<int>* in, std::vector<int>* out) {
       const int t = (*in)[0] != -1 ? (*in)[0] : (*out)[0];
-      if (t != -1 && t != 12) { MX_ERROR_MSG << "bf16_probe_scale: bfloat16 only, got " << t; return MX_FAIL; }
+      if (t != -1 && t != 12) {
+        MX_ERROR_MSG << "bf16_probe_scale: bfloat16 only, got " << t; return MX_FAIL;
+      }
       (*in)[0] = t; (*out)[0] = t; return MX_SUCCESS;
     }
-    MXReturnValue ishape(const std::unordered_map<std::string, std::string>&, std::vector<std::vector<unsigned>>* in, std::vector<std::vector<unsigned>>* out) { (*out)[0] = (*in)[0]; return MX_SUCCESS; }
+    MXReturnValue ishape(const Attrs&, Shapes* in, Shapes* out) {
+      (*out)[0] = (*in)[0]; return MX_SUCCESS;
+    }
     static MXReturnValue scale(MXTensor& x, MXTensor& y) {
-      if (x.dtype != 12 || y.dtype != 12 || x.dltensor.dtype.code != 4 || x.dltensor.dtype.bits != 16) {
+      if (x.dtype != 12 || y.dtype != 12 || x.dltensor.dtype.code != 4 ||
+          x.dltensor.dtype.bits != 16) {
         MX_ERROR_MSG << "bf16_probe_scale: not a bfloat16 tensor"; return MX_FAIL;
       }
       const uint16_t* a = x.data<uint16_t>(); uint16_t* b = y.data<uint16_t>();
       for (int64_t i = 0; i < x.size(); ++i) b[i] = store(2.0f * load(a[i]));
       return MX_SUCCESS;
     }
-    MXReturnValue fwd(const std::unordered_map<std::string, std::string>&, std::vector<MXTensor>* in, std::vector<MXTensor>* out, const OpResource&) { return scale((*in)[0], (*out)[0]); }
-    MXReturnValue bwd(const std::unordered_map<std::string, std::string>&, std::vector<MXTensor>* in, std::vector<MXTensor>* out, const OpResource&) { return scale((*in)[0], (*out)[0]); }
-    REGISTER_OP(bf16_probe_scale).setParseAttrs(parse).setInferType(itype).setInferShape(ishape)
-        .setForward(fwd, "cpu").setBackward(bwd, "cpu");
+    MXReturnValue fwd(const Attrs&, std::vector<MXTensor>* in, std::vector<MXTensor>* out,
+                      const OpResource&) { return scale((*in)[0], (*out)[0]); }
+    MXReturnValue bwd(const Attrs&, std::vector<MXTensor>* in, std::vector<MXTensor>* out,
+                      const OpResource&) { return scale((*in)[0], (*out)[0]); }
+    REGISTER_OP(bf16_probe_scale).setParseAttrs(parse).setInferType(itype)
+        .setInferShape(ishape).setForward(fwd, "cpu").setBackward(bwd, "cpu");
     MXReturnValue initialize(int) { return MX_SUCCESS; }
 ''')
 

@@ -58,9 +58,10 @@ def test_layer_norm_partial_inference_as_mxnet(inference):
 def test_errors_name_dtypes_and_bad_attributes(inference):
     res = inference['messages']
     assert res['ln_float16']['error'].endswith(
-        'mxmp_layer_norm: data, gamma and beta must be float32 or float64, got float16')
+        'mxmp_layer_norm: data, gamma and beta must be float32, float64 or bfloat16, got '
+        'float16')
     assert res['dropout_int32']['error'].endswith(
-        'mxmp_dropout: data must be float32 or float64, got int32')
+        'mxmp_dropout: data must be float32, float64 or bfloat16, got int32')
     assert res['softmax_float16']['error'].endswith('got float16')
     assert "attribute p='abc' is not a number" in res['dropout_bad_p']['error']
     assert "attribute eps='1e-5x' is not a number" in res['ln_bad_eps']['error']

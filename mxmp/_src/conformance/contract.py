@@ -17,6 +17,13 @@ softmax with lengths: random, lengths 0, 1, the row and beyond it, all ``-inf`` 
 inf, large logits, rows of 65,536. Dropout: NaN, inf and finite values, p = 0.1 and 0.5 (the
 definition ``out = x * s``, ``s = 1/(1-p)`` where kept, 0 where dropped; gradient ``dy * s``).
 
+bfloat16 (``run_contract(op, dtype='bfloat16')``, the cases of :data:`BF16_CASES`): the library
+op takes bfloat16 data (LayerNorm's gamma and beta float32, as the pass gives them) and a
+bfloat16 head gradient, and returns bfloat16; the float64 reference is computed from the
+bfloat16-rounded inputs; the comparison is MXNet's float32 op on the same rounded inputs with
+its bfloat16 outputs rounded to bfloat16 (what a float32 op between casts computes, the graph
+of the pass without the library's bfloat16 kernels). The same bar holds.
+
 The conformance suite's ``library`` case runs these (:mod:`.library`), so ``mxmp check-kernels``
 checks them on a user's machine; tests/kernels/test_contract.py checks them in the suite.
 """
@@ -144,6 +151,14 @@ CASES = {
         ('NaN and inf, p=0.5', _dropout_case((64, 1000), 0.5)),
     ],
 }
+#: Cases also run in bfloat16 (names of :data:`CASES`).
+BF16_CASES = {
+    'LayerNorm': ('random', 'outlier at every position', 'large mean, small spread',
+                  '2**18 rows (dgamma, dbeta)', 'NaN and inf'),
+    'softmax': ('random', 'lengths 0, 1, row, beyond', 'all -inf rows', 'NaN and inf',
+                'large logits', '1-D data'),
+    'Dropout': ('NaN and inf, p=0.1', 'NaN and inf, p=0.5'),
+}
 OUTPUTS = {'LayerNorm': ('out', 'd data', 'd gamma', 'd beta'),
            'softmax': ('out', 'd data'), 'Dropout': ('out', 'd data')}
 
@@ -168,33 +183,62 @@ def _nan_ok(got, ref):
     return bool((np.isnan(np.asarray(got, np.float64)) == np.isnan(ref)).all())
 
 
-def _record(fn, arrays, grads, head):
+def _bf16():
+    from mxnet.contrib.amp.amp import bfloat16
+    return bfloat16
+
+
+def _nd(a, dtype):
+    """An NDArray of numpy ``a`` in ``dtype`` ('float32' or 'bfloat16': rounded by MXNet's cast,
+    to nearest even)."""
     import mxnet as mx
+    arr = mx.nd.array(a, dtype='float32')
+    return arr if dtype == 'float32' else mx.nd.amp_cast(arr, dtype=_bf16())
+
+
+def _np32(arr):
+    """numpy float32 values of an NDArray of any float dtype."""
+    import mxnet as mx
+    return (arr if arr.dtype == np.float32 else mx.nd.amp_cast(arr, dtype='float32')).asnumpy()
+
+
+def _rounded(a, dtype):
+    """numpy ``a`` as float32, rounded to ``dtype`` first (bfloat16: as MXNet's cast)."""
+    return _np32(_nd(a, dtype)) if dtype != 'float32' else np.asarray(a, np.float32)
+
+
+def _record(fn, arrays, grads, head, dtype='float32', round_out=()):
+    """Run ``fn(*arrays)`` forward and backward with head gradient ``head`` in ``dtype``; the
+    output and the gradients of ``grads`` as numpy float32, those at positions ``round_out``
+    (0: the output, 1...: the gradients) rounded to bfloat16 first."""
     from mxnet import autograd
     for a in grads:
         a.attach_grad()
     with autograd.record():
         out = fn(*arrays)
-    out.backward(mx.nd.array(head, dtype='float32'))
-    return [out.asnumpy()] + [a.grad.asnumpy() for a in grads]
+    out.backward(_nd(head, dtype))
+    got = [_np32(out)] + [_np32(a.grad) for a in grads]
+    return [_rounded(g, 'bfloat16') if i in round_out else g for i, g in enumerate(got)]
 
 
-def _run_layer_norm(v):
+def _run_layer_norm(v, dtype='float32'):
     import mxnet as mx
-    x32 = [v[k].astype(np.float32) for k in ('x', 'gamma', 'beta')]
-    dy32 = v['dy'].astype(np.float32)
+    x32 = [_rounded(v['x'], dtype)] + [v[k].astype(np.float32) for k in ('gamma', 'beta')]
+    dy32 = _rounded(v['dy'], dtype)
     ref = _ln_ref(*[a.astype(np.float64) for a in x32], dy32.astype(np.float64))
     res = {}
     for name, fn in (('lib', lambda x, g, b: mx.nd.mxmp_layer_norm(x, g, b, eps=_LN_EPS)[0]),
                      ('mxnet', lambda x, g, b: mx.nd.LayerNorm(x, g, b, eps=_LN_EPS))):
-        arrays = [mx.nd.array(a, dtype='float32') for a in x32]
-        res[name] = _record(fn, arrays, arrays, dy32)
+        lib = name == 'lib'
+        arrays = [_nd(x32[0], dtype if lib else 'float32')] + [mx.nd.array(a) for a in x32[1:]]
+        res[name] = _record(fn, arrays, arrays, dy32, dtype if lib else 'float32',
+                            (0, 1) if dtype != 'float32' and not lib else ())
     return ref, res
 
 
-def _run_softmax(v):
+def _run_softmax(v, dtype='float32'):
     import mxnet as mx
-    x32, dy32 = v['x'].astype(np.float32), v['dy'].astype(np.float32)
+    x32, dy32 = _rounded(v['x'], dtype), _rounded(v['dy'], dtype)
     length = v['length'].astype(np.int32)
     lshape = length.shape if length.ndim else (1,)
     ref = _softmax_ref(x32.astype(np.float64), length.reshape(x32.shape[:-1]) if
@@ -203,31 +247,33 @@ def _run_softmax(v):
     for name, fn in (('lib', lambda a, l: mx.nd.mxmp_softmax(a, l, use_length=True)),
                      ('mxnet', lambda a, l: mx.nd.softmax(a, length=l, axis=-1,
                                                           use_length=True))):
-        a = mx.nd.array(x32, dtype='float32')
+        lib = name == 'lib'
+        a = _nd(x32, dtype if lib else 'float32')
         lens = mx.nd.array(length.reshape(lshape), dtype='int32')
-        res[name] = _record(fn, [a, lens], [a], dy32)
+        res[name] = _record(fn, [a, lens], [a], dy32, dtype if lib else 'float32',
+                            (0, 1) if dtype != 'float32' and not lib else ())
     return ref, res
 
 
-def _run_dropout(v):
+def _run_dropout(v, dtype='float32'):
     """Dropout's masks are random: each op is checked against the definition applied to its
     own mask (read from the library's mask output; for MXNet's, kept where out != 0 for finite
     x), in float64."""
     import mxnet as mx
-    x32, dy32, p = v['x'].astype(np.float32), v['dy'].astype(np.float32), v['p']
+    x32, dy32, p = _rounded(v['x'], dtype), _rounded(v['dy'], dtype), v['p']
     s = 1.0 / (1.0 - p)
     flag = mx.nd.zeros((1,))
     res, ref = {}, None
-    a = mx.nd.array(x32, dtype='float32')
+    a = _nd(x32, dtype)
     a.attach_grad()
     from mxnet import autograd
     with autograd.record():
         out, mask = mx.nd.mxmp_dropout(a, flag, p=p, mode='always')
-    out.backward(mx.nd.array(dy32, dtype='float32'))
+    out.backward(_nd(dy32, dtype))
     keep = mask.asnumpy().astype(np.float64)
     with np.errstate(invalid='ignore'):
         ref = [x32.astype(np.float64) * keep * s, dy32.astype(np.float64) * keep * s]
-    res['lib'] = [out.asnumpy(), a.grad.asnumpy()]
+    res['lib'] = [_np32(out), _np32(a.grad)]
     b = mx.nd.array(x32, dtype='float32')
     b.attach_grad()
     with autograd.record():
@@ -238,7 +284,7 @@ def _run_dropout(v):
     kept = np.where(finite, ym != 0, b.grad.asnumpy() != 0)
     with np.errstate(invalid='ignore'):
         mref = [x32.astype(np.float64) * kept * s, dy32.astype(np.float64) * kept * s]
-    res['mxnet'] = [ym, b.grad.asnumpy()]
+    res['mxnet'] = [_rounded(ym, dtype), _rounded(b.grad.asnumpy(), dtype)]
     res['mxnet_ref'] = mref
     res['dropped'] = float(1.0 - keep.mean())
     return ref, res
@@ -247,20 +293,30 @@ def _run_dropout(v):
 _RUN = {'LayerNorm': _run_layer_norm, 'softmax': _run_softmax, 'Dropout': _run_dropout}
 
 
-def run_contract(op, seeds=(0,), cases=None):
+def run_contract(op, seeds=(0,), cases=None, dtype='float32'):
     """Run the contract cases of one library op (its MXNet name: ``'LayerNorm'``,
     ``'softmax'``, ``'Dropout'``) in this process (mxmp's operator library must be loaded).
 
     Args:
         op (str): the MXNet op the library replaces.
         seeds (tuple of int): input seeds; each case reports its largest errors over them.
-        cases (list of str or None): names of ``CASES[op]`` to run (default all).
+        cases (list of str or None): names of ``CASES[op]`` to run (default all; for bfloat16
+            those of :data:`BF16_CASES`).
+        dtype (str): ``'float32'`` or ``'bfloat16'`` (the library op in bfloat16, module
+            docstring); the rows' ``case`` names end with `` [bfloat16]`` then.
+
+    Raises:
+        ValueError: another ``dtype``.
 
     Returns:
         list of dict: per case ``{'op', 'case', 'outputs', 'lib', 'mxnet', 'nan_ok', 'ok',
         'detail'}``: ``lib``/``mxnet`` the errors per output against float64, ``nan_ok``
         whether the library's NaNs are the reference's, ``ok`` the contract (module docstring).
     """
+    if dtype not in ('float32', 'bfloat16'):
+        raise ValueError("dtype must be 'float32' or 'bfloat16', got %r" % (dtype,))
+    if cases is None and dtype == 'bfloat16':
+        cases = BF16_CASES[op]
     rows = []
     for name, make in CASES[op]:
         if cases is not None and name not in cases:
@@ -270,7 +326,7 @@ def run_contract(op, seeds=(0,), cases=None):
         nan_ok = True
         extra = {}
         for seed in seeds:
-            ref, res = _RUN[op](make(np.random.RandomState(seed)))
+            ref, res = _RUN[op](make(np.random.RandomState(seed)), dtype)
             mref = res.get('mxnet_ref', ref)
             for i, r in enumerate(ref):
                 lib_e[i] = max(lib_e[i], _err(res['lib'][i], r))
@@ -285,6 +341,8 @@ def run_contract(op, seeds=(0,), cases=None):
             detail.append('error above %gx MXNet\'s: %s' % (FACTOR, ', '.join(worse)))
         if not nan_ok:
             detail.append('NaN where the float64 reference is finite, or not where it is NaN')
+        if dtype != 'float32':
+            name = '%s [%s]' % (name, dtype)
         rows.append(dict({'op': op, 'case': name, 'outputs': list(OUTPUTS[op]), 'lib': lib_e,
                           'mxnet': mx_e, 'nan_ok': nan_ok, 'ok': not worse and nan_ok,
                           'detail': '; '.join(detail)}, **extra))

@@ -59,12 +59,13 @@ def library_row(row, inputs, attrs, seeds):
 
 def _with_contract(row, op):
     """``row`` with the op's numerical contract (:mod:`.contract`: adversarial and random
-    inputs, the library's float32 error against float64 within 4x MXNet's, NaN where the
-    reference has NaN) folded in: a case that breaks it makes the row ``wrong`` and is named."""
+    inputs, the library's float32 and bfloat16 errors against float64 within 4x MXNet's
+    float32 op's (rounded to bfloat16 for the bfloat16 cases), NaN where the reference has NaN)
+    folded in: a case that breaks it makes the row ``wrong`` and is named."""
     from .contract import CASES, FACTOR, run_contract
     if op not in CASES:
         return row
-    cases = run_contract(op)
+    cases = run_contract(op) + run_contract(op, dtype='bfloat16')
     broken = [c for c in cases if not c['ok']]
     if broken:
         row['verdict'] = 'wrong'
@@ -74,9 +75,9 @@ def _with_contract(row, op):
                                                ', '.join('%.1e' % e for e in c['mxnet']))
             for c in broken)
     else:
-        row['detail'] += ('; numerical contract: %d adversarial and random cases within %gx '
-                          "MXNet's float32 error against float64, NaN as the reference"
-                          % (len(cases), FACTOR))
+        row['detail'] += ('; numerical contract: %d adversarial and random cases (float32 and '
+                          "bfloat16) within %gx MXNet's float32 error against float64, NaN as "
+                          'the reference' % (len(cases), FACTOR))
     return row
 
 

@@ -7,6 +7,7 @@ holds every low-precision tensor in float32, rounded through the target dtype wh
 produced. How and why: docs/pass.md.
 """
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, MSHADOW_ENUM
+from .kernel_rule import original_op, with_kernel_dtype
 from .plan import prepare
 from .symbol_json import (MARK, ROUND_MARK, cast_origin, dump, infer_dtypes,
     pin_variable_dtypes, storage_mark, unique_name)
@@ -112,6 +113,8 @@ class _Builder:
         elif node['op'] != 'null':
             new['inputs'] = [self.get(src, out, want) + [version] for (src, out, version), want
                              in zip(node['inputs'], decision.wants)]
+            if original_op(node) is not None and decision.dtype in _LOW and not self.emulate:
+                new = with_kernel_dtype(new, decision.dtype)   # for mxnet_ops' casts
         self.nodes.append(new)
         # Under emulation every tensor is held in float32, except variables and the outputs of
         # the nodes that set their dtype themselves: a model's amp_cast to a low-precision

@@ -34,26 +34,38 @@ intermediate tensors accumulated in place) the rule stays off.
 It is on for bfloat16 targets of a CPU (the library has CPU kernels only: :meth:`mxmp.Policy.on`
 of another context turns it off) and off with ``Policy(kernels='mxnet')`` or
 ``MXMP_KERNELS=mxnet``. An op the user names in ``lp_ops`` or ``follow_ops`` keeps MXNet's op
-in the user's class (the library ops compute in float32); the attention matmuls, which compute
-in bfloat16, keep MXNet's op when named in ``fp32_ops`` or ``follow_ops``, or their node in
-``excluded_names``. :func:`mxmp.explain` names it, from the graph's structure alone
+in the user's class; the attention matmuls, low precision, keep MXNet's op when named in
+``fp32_ops`` or ``follow_ops``, or their node in ``excluded_names``. :func:`mxmp.explain` names
+it, from the graph's structure alone
 (:func:`planned`: it never builds or loads the library).
 
-Files mxmp writes hold MXNet's ops only (:func:`mxnet_ops`), so that plain MXNet loads them;
-a graph that holds library ops loads after ``import mxmp`` (:mod:`mxmp._src.kernels.loading`).
+The library ops take bfloat16 or float32 data (float32 arithmetic inside, outputs rounded
+once), planned as follow ops of their data (:func:`.rule_notes.library_class`): no cast around.
+Files mxmp writes hold MXNet's ops only (:func:`mxnet_ops`), so that plain MXNet loads them (a
+library op the pass marked bfloat16, :data:`LOW_SUFFIX`, comes back in float32 between two
+casts: MXNet 1.9.1 has no bfloat16 kernel for these ops); a graph that holds library ops loads
+after ``import mxmp`` (:mod:`mxmp._src.kernels.loading`).
 """
 import logging
 import os
 
 from .symbol_json import MARK, unique_name
 
-__all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'substitute', 'apply_kernels', 'planned', 'restore',
-           'rule_of', 'original_op', 'inference_only', 'mxnet_ops', 'install_symbol_loaders']
+__all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'LOW_SUFFIX', 'FLOAT32_OUTPUTS', 'FLOAT32_INPUTS',
+           'substitute', 'apply_kernels', 'planned', 'restore', 'rule_of', 'original_op',
+           'kernel_dtype', 'with_kernel_dtype', 'inference_only', 'mxnet_ops',
+           'install_symbol_loaders']
 
 logger = logging.getLogger('mxmp.kernels')
 
 #: MARK value prefix of a substituted node; the original op name follows.
 KERNEL_PREFIX = 'kernel:'
+#: Separator of the dtype a library node runs in (``'kernel:LayerNorm@bfloat16'``), written by
+#: the pass where that is a low-precision dtype held as such (not under emulation).
+LOW_SUFFIX = '@'
+#: Outputs (mean, rstd) that stay float32 and inputs (gamma, beta) taken in float32 by a
+#: library op (and the MXNet op it replaces) whatever its data's dtype.
+FLOAT32_OUTPUTS = FLOAT32_INPUTS = {'mxmp_layer_norm': (1, 2), 'LayerNorm': (1, 2)}
 #: MARK value of a ``_copy`` the rule puts between a variable and a library op.
 INPUT_COPY = 'kernel_input'
 #: MARK value of the training-mode flag's nodes (a constant 1 and MXNet's Dropout of it).
@@ -257,6 +269,26 @@ def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False, skip_names
     return dict(js, nodes=out, heads=[[new_id[s], i, v] for s, i, v in js['heads']])
 
 
+def _mark_parts(node):
+    """``(original op, dtype or None)`` of a library node of the rule, else ``(None, None)``."""
+    mark = node.get('attrs', {}).get(MARK, '') if node['op'] != 'null' else ''
+    if not mark.startswith(KERNEL_PREFIX):
+        return None, None
+    op, _, dtype = mark[len(KERNEL_PREFIX):].partition(LOW_SUFFIX)
+    return op, dtype or None
+
+
+def kernel_dtype(node):
+    """The low-precision dtype (str) the pass marked a library node with, or None."""
+    return _mark_parts(node)[1]
+
+
+def with_kernel_dtype(node, dtype):
+    """``node`` (a library node) marked as running in ``dtype`` (str): a new dict."""
+    mark = KERNEL_PREFIX + original_op(node) + LOW_SUFFIX + dtype
+    return dict(node, attrs=dict(node['attrs'], **{MARK: mark}))
+
+
 def restore(node):
     """The original form of a node the rule wrote: ``'input'`` for an added ``_copy`` (it stands
     for its input), ``'drop'`` for the flag's nodes, a new node dict with the original op (and
@@ -270,7 +302,7 @@ def restore(node):
     if not mark.startswith(KERNEL_PREFIX):
         return None
     attrs = {k: v for k, v in node['attrs'].items() if k != MARK}
-    op = mark[len(KERNEL_PREFIX):]
+    op = original_op(node)
     new = dict(node, op=op, attrs=attrs, inputs=node['inputs'][:_N_INPUTS.get(op, 99)])
     if not attrs:
         new.pop('attrs')
@@ -288,8 +320,7 @@ def without_hint(node):
 
 def original_op(node):
     """The MXNet op a library node of the rule replaced (str), or None for other nodes."""
-    mark = node.get('attrs', {}).get(MARK, '') if node['op'] != 'null' else ''
-    return mark[len(KERNEL_PREFIX):] if mark.startswith(KERNEL_PREFIX) else None
+    return _mark_parts(node)[0]
 
 
 def substitution_rule(op, library_op):
@@ -298,9 +329,9 @@ def substitution_rule(op, library_op):
         return ("kernel rule: %s as %s, mxmp's library kernel: bfloat16 in and out, float32 "
                 "accumulation (Policy(kernels='mxnet') keeps MXNet's float32 op)"
                 % (op, library_op))
-    return ("kernel rule: %s as %s, mxmp's library kernel, in float32 (Policy(kernels='mxnet') "
-            "keeps MXNet's)%s" % (op, library_op, '; it reads a training-mode flag the rule '
-                                  'adds' if op == 'Dropout' else ''))
+    return ("kernel rule: %s as %s, mxmp's library kernel (Policy(kernels='mxnet') keeps "
+            "MXNet's)%s" % (op, library_op, '; it reads a training-mode flag the rule adds'
+                            if op == 'Dropout' else ''))
 
 
 def rule_of(node):
@@ -313,33 +344,50 @@ def rule_of(node):
         return ('kernel rule: training-mode flag of mxmp_dropout (1 in inference, 0 or 2 in '
                 'training)')
     if mark.startswith(KERNEL_PREFIX):
-        return substitution_rule(mark[len(KERNEL_PREFIX):], node['op'])
+        return substitution_rule(original_op(node), node['op'])
     return None
 
 
-def _undo(js, undo):
+def _undo(js, undo, bypass=lambda node: False):
     """``js`` with the rule's nodes for which ``undo(node, restored)`` is true put back
-    (copies read their input again, flags dropped once no library op reads them)."""
+    (copies read their input again, flags dropped once no library op reads them; a library
+    node marked low precision comes back in float32 between two casts), and the library nodes
+    for which ``bypass(node)`` is true replaced by their data input."""
     nodes = js['nodes']
+    names = {n['name'] for n in nodes}
     out, new_id, resolve = [], {}, {}
+
+    def entry(src, idx, version):
+        return (resolve[src] + [version] if src in resolve and idx == 0 else
+                [new_id[src], idx, version])
+
+    def cast(src, dtype, base):   # marked as the pass's: remove_casts strips it
+        out.append({'op': 'amp_cast', 'name': unique_name('%s_amp_cast_%s' % (base, dtype), names),
+                    'attrs': {MARK: 'cast', 'dtype': dtype}, 'inputs': [src]})
+        return [len(out) - 1, 0, 0]
+
     for nid, node in enumerate(nodes):
         back = restore(node)
         if back is not None and not undo(node, back):
             back = None
         if back == 'drop':
             continue
-        if back == 'input':
+        if back == 'input' or (isinstance(back, dict) and bypass(node)):
             src, idx, _ = node['inputs'][0]
-            resolve[nid] = resolve[src] if src in resolve else [new_id[src], idx]
+            resolve[nid] = resolve[src] if src in resolve and idx == 0 else [new_id[src], idx]
             continue
+        low = kernel_dtype(node) if isinstance(back, dict) else None
         if isinstance(back, dict):
             node = back
-        inputs = [resolve[s] + [v] if s in resolve and i == 0 else [new_id[s], i, v]
-                  for s, i, v in node['inputs']]
+        inputs = [entry(s, i, v) for s, i, v in node['inputs']]
+        if low is not None:   # MXNet's op in float32 between two casts (low data inputs:
+            for k in range(len(inputs)) if node['op'] in ATTENTION else (0,):   # all, or 0)
+                inputs[k] = cast(inputs[k], 'float32', node['name'])
         out.append(dict(node, inputs=inputs))
         new_id[nid] = len(out) - 1
-    heads = [resolve[s] + [v] if s in resolve and i == 0 else [new_id[s], i, v]
-             for s, i, v in js['heads']]
+        if low is not None:   # the rule substitutes nodes whose other outputs are not read
+            resolve[nid] = cast([len(out) - 1, 0, 0], low, node['name'])[:2]
+    heads = [entry(s, i, v) for s, i, v in js['heads']]
     return dict(js, nodes=out, heads=heads)
 
 
@@ -347,19 +395,23 @@ def inference_only(js):
     """``js`` (a converted graph's JSON) for a graph that only runs inference (the oneDNN-fused
     twin, :func:`mxmp.freeze`): the rule's ``mxmp_dropout`` nodes back to MXNet's Dropout, which
     MXNet runs as the identity in inference at no cost (the library op copies), and the flag
-    removed. A new dict, or ``js`` where there is nothing to undo."""
+    removed; a bfloat16 one in the default mode (no bfloat16 Dropout in MXNet) is removed (its
+    consumers read its input). A new dict, or ``js`` where there is nothing to undo."""
     if not any(restore(n) == 'drop' for n in js['nodes']):
         return js
     return _undo(js, lambda node, back: back == 'drop' or
-                 isinstance(back, dict) and back['op'] == 'Dropout')
+                 isinstance(back, dict) and back['op'] == 'Dropout',
+                 bypass=lambda node: original_op(node) == 'Dropout' and
+                 kernel_dtype(node) is not None and
+                 node['attrs'].get('mode', 'training') != 'always')
 
 
 def mxnet_ops(js):
     """``js`` (graph JSON) with every node of the rule undone: MXNet's own ops in place of the
-    library's (same attributes, same float32 computation), the input copies and the training
-    flag gone; casts and stored dtypes stay. What every file mxmp writes holds, unless the user
-    asks for the library ops: plain MXNet loads it. A new dict, or ``js`` where the rule wrote
-    nothing."""
+    library's (same attributes, float32; between casts where the library op ran in bfloat16),
+    the input copies and the training flag gone; casts and stored dtypes stay. What every file
+    mxmp writes holds unless the user asks for the library ops: plain MXNet loads it. A new
+    dict, or ``js`` where the rule wrote nothing."""
     if not any(restore(n) is not None for n in js['nodes']):
         return js
     return _undo(js, lambda node, back: True)

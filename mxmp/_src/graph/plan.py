@@ -12,7 +12,8 @@ from typing import List, NamedTuple, Optional
 
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, dtype_name, from_mshadow_enum
 from ..policy.policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, resolve_policy
-from .kernel_rule import planned, substitute
+from .kernel_rule import FLOAT32_INPUTS as _KERNEL_FLOAT32_INPUTS, FLOAT32_OUTPUTS as \
+    _KERNEL_FLOAT32_OUTPUTS, original_op, planned, substitute
 from .strip import converted_dtype, strip
 from .symbol_json import (CAST_OPS, MARK, cast_origin, infer_dtypes, load, mutable_inputs,
     node_output_dtypes)
@@ -74,6 +75,11 @@ class _Graph:
                                                            for n, d in input_dtypes.items()})
         from .rule_notes import rewritten_class, rules_left   # not loaded by `import mxmp`
         self.classes = [None] * len(self.nodes)
+        # Nodes the kernel rule runs as library ops (written, or planned for explain): their
+        # data input (0) alone decides a follow op's dtype (not LayerNorm's parameters or
+        # Dropout's flag).
+        self.library = {nid for nid, node in enumerate(self.nodes) if node['op'] != 'null' and
+                        (original_op(node) is not None or node['name'] in (kernel_nodes or {}))}
         for nid, node in enumerate(self.nodes):
             rewritten = rewritten_class(policy, node, kernel_nodes or {})
             if node['op'] in CAST_OPS and cast_origin(node) == 'model':  # others were stripped
@@ -165,40 +171,13 @@ def _storage(graph, stored_lp):
                % (lp, lp, ', an amp_multicast of variables' if policy.follow_params else ''))
         out[name] = _variable('parameter stored in %s (cast_params: every consumer %s)'
                               % (lp, why), lp, lp)
-    for name in (_moved_to_low(graph) if policy.cast_moved_params else ()):
+    from .moved_params import MOVE_OPS, moved_to_low   # not loaded by `import mxmp`
+    for name in (moved_to_low(graph) if policy.cast_moved_params else ()):
         out.setdefault(name, _variable(
             'parameter stored in %s (cast_params, cast_moved_params: it reaches only low-'
             'precision ops, through %s of parameters alone: no float32 copy of the result)'
             % (lp, '/'.join(sorted(MOVE_OPS))), lp, lp))
     return out
-
-
-#: Ops that move values without arithmetic, exact in bfloat16 forward and backward on MXNet
-#: 1.9.1's kernels (tests/graph/test_moved_params.py; not ``transpose``: its bfloat16 kernel
-#: corrupts the heap). GluonNLP's BERT concatenates its query/key/value weights and biases
-#: through them before one FullyConnected.
-MOVE_OPS = frozenset(['Reshape', 'Concat', 'stack', 'expand_dims'])
-
-
-def _moved_to_low(graph):
-    """Names of the float32 parameters whose every path to a consumer runs through
-    :data:`MOVE_OPS` nodes of parameters (or such nodes) alone into low-precision inputs; a
-    fixed point that drops candidates until each qualifies."""
-    nodes, users = graph.nodes, graph.users
-    params = {i for i, n in enumerate(nodes) if n['op'] == 'null' and users[i] and
-              n['name'] not in graph.data_names and n['name'] not in graph.input_dtypes and
-              graph.orig.get((i, 0)) == 'float32'}
-    moves = {i for i, n in enumerate(nodes) if n['op'] in MOVE_OPS and graph.n_outputs(i) == 1
-             and graph.classes[i][0] not in (LOW_PRECISION, FLOAT32, LOSS_OUTPUT)
-             and i not in graph.heads}   # a graph output stays float32
-    keep, changed = params | moves, True
-    while changed:
-        live = keep & moves
-        drop = {i for i in keep if not all(graph.wants_low(c, p) or graph.cast_takes_low(c) or
-                                           c in live for c, p in users[i])
-                or (i in moves and not all(src in keep for src, _, _ in nodes[i]['inputs']))}
-        keep, changed = keep - drop, bool(drop)
-    return sorted(nodes[i]['name'] for i in keep & params if any(c in moves for c, _ in users[i]))
 
 
 def _variable_decision(graph, nid, storage):
@@ -232,19 +211,25 @@ def _op_decision(graph, nid, in_dtypes):
         compute = 'float32'
         wants = ['float32' if d in _LOW and p not in policy.index_inputs(op) else None
                  for p, d in enumerate(in_dtypes)]
+    elif nid in graph.library:   # a library op of the kernel rule: its data's dtype
+        compute = in_dtypes[0] if _is_float(in_dtypes[0]) else None
+        wants = [None] * len(in_dtypes)
     else:
         if op_class == LOW_PRECISION:
             compute = graph.lp if data_pos else None   # no float data: nothing runs low
         else:  # WIDEST_TYPE, FOLLOW
             compute, rule = _widest(graph, node, in_dtypes, data_pos, rule)
         wants = [compute if p in data_pos else None for p in range(len(in_dtypes))]
-    for p in policy.float32_inputs(op):
+    for p in tuple(policy.float32_inputs(op)) + (_KERNEL_FLOAT32_INPUTS.get(op, ())
+                                                  if nid in graph.library else ()):
         if p < len(in_dtypes) and in_dtypes[p] in _LOW:
             wants[p] = 'float32'
+    keep32 = _MXNET_FLOAT32_OUTPUTS.get(op, ()) + (_KERNEL_FLOAT32_OUTPUTS.get(op, ())
+                                                   if nid in graph.library else ())
     outputs = []
     for k in range(graph.n_outputs(nid)):
         d = graph.orig[(nid, k)]
-        if _is_float(d) and compute in _LOW and k not in _MXNET_FLOAT32_OUTPUTS.get(op, ()):
+        if _is_float(d) and compute in _LOW and k not in keep32:
             d = compute
         outputs.append(d)
     dtype = compute if compute in _LOW else \

@@ -3,28 +3,50 @@ rule) next to the user's op lists: the user's choice first where the user named 
 and, where the user's class made a rule leave a node, that rule and why.
 """
 from ..policy.policy import FLOAT32, FOLLOW, LOW_PRECISION
-from .kernel_rule import ATTENTION, SUBSTITUTES, original_op, rule_of, substitution_rule
+from .kernel_rule import (ATTENTION, INPUT_COPY, SUBSTITUTES, original_op, rule_of,
+                          substitution_rule)
+from .symbol_json import MARK
 
-__all__ = ['rewritten_class', 'with_user_choice', 'rules_left']
+__all__ = ['rewritten_class', 'library_class', 'with_user_choice', 'rules_left']
 
 
 def rewritten_class(policy, node, kernel_nodes):
-    """``(class, rule)`` of a node (graph JSON) the kernel or reduction rule wrote, or that
+    """``(op_class, rule)`` of a node (graph JSON) the kernel or reduction rule wrote, or that
     the kernel rule would write (``kernel_nodes``: ``{node name: library op}``, explain's);
-    None for other nodes. The rules' nodes compute in float32, except the attention matmuls
-    (:data:`~.kernel_rule.ATTENTION`), low precision: bfloat16 in and out."""
+    None for other nodes. The library ops follow their data's dtype in bfloat16 graphs, the
+    attention matmuls are low precision (:func:`library_class`), their input copies follow;
+    the other nodes of the rules compute in float32."""
     from . import reduce_rule   # loaded by the first conversion, not by `import mxmp`
-    if rule_of(node) is not None:
-        op = original_op(node)
-        return (LOW_PRECISION if op in ATTENTION else FLOAT32,
-                with_user_choice(policy, node, op, rule_of(node)))
+    if original_op(node) is not None:
+        return library_class(policy, node, original_op(node))
     if node['op'] != 'null' and node['name'] in kernel_nodes:
-        return (LOW_PRECISION if node['op'] in ATTENTION else FLOAT32,
-                with_user_choice(policy, node, node['op'], substitution_rule(
-                    node['op'], kernel_nodes[node['name']])))
+        return library_class(policy, node, node['op'])
+    if node['op'] != 'null' and node.get('attrs', {}).get(MARK) == INPUT_COPY and \
+            policy.target_dtype == 'bfloat16':
+        return FOLLOW, rule_of(node)
+    if rule_of(node) is not None:
+        return FLOAT32, with_user_choice(policy, node, original_op(node), rule_of(node))
     if reduce_rule.rule_of(node) is not None:
         return FLOAT32, with_user_choice(policy, node, node['op'], reduce_rule.rule_of(node))
     return None
+
+
+def library_class(policy, node, op):
+    """``(op_class, rule)`` of a node the kernel rule runs (or would run) as a library op in
+    place of MXNet's ``op``: low precision for the attention matmuls (:data:`ATTENTION`);
+    follow (its data's dtype, bfloat16 or float32) for a bfloat16
+    target; float32 where the user put ``op`` in ``fp32_ops`` or the node in
+    ``excluded_names``, and for other targets."""
+    rule = substitution_rule(op, SUBSTITUTES[op])
+    if op in ATTENTION:   # bfloat16 products: the kernel rule left the user's classes alone
+        return LOW_PRECISION, with_user_choice(policy, node, op, rule)
+    mine = policy.classify(op, node.get('attrs', {}), node['name'])
+    if 'user override' in mine[1] and mine[0] == FLOAT32:
+        return FLOAT32, '%s; %s, in float32' % (mine[1], rule)
+    if policy.target_dtype != 'bfloat16':
+        return FLOAT32, rule + ', in float32'
+    return FOLLOW, rule + (", in its data's dtype (bfloat16 where a low-precision op feeds it; "
+                           'float32 arithmetic inside, rounded once)')
 
 
 def with_user_choice(policy, node, op, rule):
@@ -47,7 +69,7 @@ def rules_left(policy, node, decision):
                  % (node['op'], SUBSTITUTES[node['op']]))
     elif op_class in (LOW_PRECISION, FOLLOW) and node['op'] in SUBSTITUTES and \
             node['op'] not in ATTENTION and policy.kernels != 'mxnet':
-        rule += ("; the kernel rule keeps MXNet's %s (mxmp's %s computes in float32 only)"
+        rule += ("; the kernel rule keeps MXNet's %s (the user's class), not mxmp's %s"
                  % (node['op'], SUBSTITUTES[node['op']]))
     elif op_class in (LOW_PRECISION, FOLLOW) and node['op'] in ('sum', 'mean') and \
             policy.reductions != 'mxnet':

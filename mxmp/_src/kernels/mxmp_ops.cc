@@ -10,8 +10,10 @@
 // precision, and adds the blocks in a fixed order.
 //
 // mxmp_layer_norm: layer normalisation over the last axis.
-//   inputs  data (..., D), gamma (D,), beta (D,)            float32 or float64, one dtype
-//   outputs out (..., D); mean (rows,), rstd (rows,)       rows = data.size / D
+//   inputs  data (..., D), gamma (D,), beta (D,)            float32 or float64, one dtype; or
+//           bfloat16 data with float32 (master) or bfloat16 gamma and beta
+//   outputs out (..., D) in data's dtype; mean (rows,), rstd (rows,)  rows = data.size / D,
+//           in data's dtype, float32 for bfloat16 data
 //   out = (data - mean) * rstd * gamma + beta, rstd = 1 / sqrt(var + eps), var biased.
 //   attrs   eps (default 1e-5)
 //   Numerics: a row's mean and variance are two passes in double (sum, then the sum of
@@ -30,9 +32,9 @@
 // accumulates in MXNet's own copy backward.
 //
 // mxmp_dropout: Dropout whose mask comes from a counter-based hash (cheap, vectorised).
-//   inputs  data (any shape, float32 or float64), flag (1,) float32: 1 in inference (the output
-//           of MXNet's own Dropout on a constant 1: 1 at inference, 0 or 2 in training; library
-//           ops are not told the training mode)
+//   inputs  data (any shape, float32, float64 or bfloat16), flag (1,) float32: 1 in inference
+//           (the output of MXNet's own Dropout on a constant 1: 1 at inference, 0 or 2 in
+//           training; library ops are not told the training mode)
 //   outputs out (data's shape and dtype), mask (data's shape, uint8: 1 kept, 0 dropped; not
 //           written in inference, where backward is the identity)
 //   attrs   p (drop probability, 0 < p < 1), mode ('training': identity where flag is 1;
@@ -43,15 +45,21 @@
 //   dropped gives NaN, as in MXNet. Backward: dx = dy * s.
 //
 // mxmp_softmax: softmax over the last axis, optionally with lengths (MXNet's use_length).
-//   inputs  data (..., M) float32 or float64; with use_length, length (data's shape without
-//           its last axis, (1,) for 1-D data, as MXNet's softmax; an integer dtype, or float32
-//           or float64 (truncated), which MXNet's softmax refuses at run time): row r uses its
-//           first length[r] values (clamped to [0, M]), the rest are 0
+//   inputs  data (..., M) float32, float64 or bfloat16; with use_length, length (data's shape
+//           without its last axis, (1,) for 1-D data, as MXNet's softmax; an integer dtype, or
+//           float32 or float64 (truncated), which MXNet's softmax refuses at run time): row r
+//           uses its first length[r] values (clamped to [0, M]), the rest are 0
 //   output  out (data's shape and dtype)
 //   exp is computed here (Cody-Waite reduction by ln 2, degree-7 Taylor polynomial: relative
 //   error below 2e-7 on [-87, 0]); below -87 it is 0. The row sum is in double.
 //   Backward: dx = out * (dy - sum_row(dy * out)) over the row's length (the sum in double),
-//   0 beyond it; length gets a zero gradient.
+//   0 beyond it; length gets a zero gradient. bfloat16: out is recomputed from data in float32
+//   (the rounded output would cancel to bfloat16's error where a probability is near 1).
+//
+// bfloat16 (MXNet's dtype 12; the build patches lib_api to pass it: build.py): every kernel
+// loads bfloat16 into float32 (exact: a shift), computes as for float32 data (statistics and
+// row sums in double where the float32 kernel has them) and stores its results rounded to
+// bfloat16 once, to nearest even (as MXNet's amp_cast and oneDNN; NaN stays a quiet NaN).
 //
 // mxmp_selfatt_qk, mxmp_selfatt_valatt, mxmp_encdec_qk, mxmp_encdec_valatt: MXNet's
 // _contrib_interleaved_matmul_* (same inputs, outputs, shapes and `heads` attribute) with
@@ -94,6 +102,46 @@ typedef std::unordered_map<std::string, std::string> Attrs;
 typedef std::vector<std::vector<unsigned>> Shapes;
 
 namespace {
+
+// MXNet's bfloat16 (dtype enum 12): the upper 16 bits of a float32.
+struct bf16 {
+  uint16_t bits;
+};
+const int kBfloat16 = 12;
+static_assert(sizeof(bf16) == 2, "bf16 is two bytes");
+
+// Num<T>: C, the type a kernel computes T in; load(T) -> C exactly; store(a number) -> T
+// rounded once (bfloat16: to nearest even from float32; a double goes through float32, as the
+// float32 kernel followed by MXNet's cast).
+template <typename T>
+struct Num {
+  typedef T C;
+  static inline T load(T v) { return v; }
+  template <typename V>
+  static inline T store(V v) { return static_cast<T>(v); }
+};
+template <>
+struct Num<bf16> {
+  typedef float C;
+  static inline float load(bf16 v) {
+    const uint32_t b = static_cast<uint32_t>(v.bits) << 16;
+    float f;
+    std::memcpy(&f, &b, sizeof f);
+    return f;
+  }
+  static inline bf16 store(float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof b);
+    const uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+    const uint32_t quiet = (b >> 16) | 0x40u;   // a NaN stays NaN (its payload's top kept)
+    const bool nan = (b & 0x7FFFFFFFu) > 0x7F800000u;
+    return bf16{static_cast<uint16_t>(nan ? quiet : rounded)};
+  }
+  static inline bf16 store(double v) { return store(static_cast<float>(v)); }
+  static inline bf16 store(int v) { return store(static_cast<float>(v)); }
+};
+template <typename T>
+inline double wide(T v) { return static_cast<double>(Num<T>::load(v)); }
 
 // Parallel loops run where a call has at least this many elements (below it one thread is
 // faster than waking the team).
@@ -141,7 +189,7 @@ const char* dtype_name(int dtype) {
     case 5: return "int8";
     case 6: return "int64";
     case 7: return "bool";
-    case 12: return "bfloat16";
+    case kBfloat16: return "bfloat16";
     case -1: return "unknown";
     default: return "an unsupported dtype";
   }
@@ -149,6 +197,15 @@ const char* dtype_name(int dtype) {
 
 bool is_float(int dtype) {
   return dtype == mxnet::ext::kFloat32 || dtype == mxnet::ext::kFloat64;
+}
+
+// A data dtype of the library's ops.
+bool is_data(int dtype) { return is_float(dtype) || dtype == kBfloat16; }
+
+size_t dtype_bytes(int dtype) {
+  return dtype == mxnet::ext::kFloat64 || dtype == mxnet::ext::kInt64 ? 8 :
+         dtype == mxnet::ext::kUint8 || dtype == mxnet::ext::kInt8 ? 1 :
+         dtype == mxnet::ext::kFloat16 || dtype == kBfloat16 ? 2 : 4;
 }
 
 bool is_integer(int dtype) {
@@ -234,8 +291,9 @@ T* out_ptr(std::vector<MXTensor>* out, size_t i) {
 
 // ---------------------------------------------------------------------------------------------
 // LayerNorm kernels
-template <typename T>
-void ln_forward(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd,
+// T: data and out; P: gamma and beta; S: mean and rstd.
+template <typename T, typename P, typename S>
+void ln_forward(const T* x, const P* gamma, const P* beta, T* y, S* mean, S* rstd,
                 int64_t rows, int64_t d, double eps) {
 #pragma omp parallel for schedule(static) if (rows * d >= kParallelMin && rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
@@ -243,21 +301,20 @@ void ln_forward(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rst
     T* yr = y + r * d;
     double s1 = 0;
 #pragma omp simd reduction(+ : s1)
-    for (int64_t j = 0; j < d; ++j) s1 += static_cast<double>(xr[j]);
+    for (int64_t j = 0; j < d; ++j) s1 += wide(xr[j]);
     const double mu = s1 / d;
     double s2 = 0;
 #pragma omp simd reduction(+ : s2)
     for (int64_t j = 0; j < d; ++j) {
-      const double v = static_cast<double>(xr[j]) - mu;
+      const double v = wide(xr[j]) - mu;
       s2 += v * v;
     }
     const double rs = 1.0 / std::sqrt(s2 / d + eps);
-    mean[r] = static_cast<T>(mu);
-    rstd[r] = static_cast<T>(rs);
+    mean[r] = static_cast<S>(mu);
+    rstd[r] = static_cast<S>(rs);
 #pragma omp simd
     for (int64_t j = 0; j < d; ++j) {
-      yr[j] = static_cast<T>((static_cast<double>(xr[j]) - mu) * rs *
-                             static_cast<double>(gamma[j]) + static_cast<double>(beta[j]));
+      yr[j] = Num<T>::store((wide(xr[j]) - mu) * rs * wide(gamma[j]) + wide(beta[j]));
     }
   }
 }
@@ -272,9 +329,9 @@ int64_t ln_blocks(int64_t rows, int64_t d) {
   return n < 1 ? 1 : n;
 }
 
-template <typename T>
-void ln_backward(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd,
-                 T* dx, T* dgamma, T* dbeta, int64_t rows, int64_t d) {
+template <typename T, typename P, typename S>
+void ln_backward(const T* dy, const T* x, const P* gamma, const S* mean, const S* rstd,
+                 T* dx, P* dgamma, P* dbeta, int64_t rows, int64_t d) {
   const bool params = dgamma != nullptr || dbeta != nullptr;
   const int64_t blocks = ln_blocks(rows, d);
   const int64_t per = (rows + blocks - 1) / blocks;
@@ -299,8 +356,8 @@ void ln_backward(const T* dy, const T* x, const T* gamma, const T* mean, const T
       double sg = 0, sgx = 0, sx = 0;
 #pragma omp simd reduction(+ : sg, sgx, sx)
       for (int64_t j = 0; j < d; ++j) {
-        const double v = static_cast<double>(xr[j]) - mf;
-        const double g = static_cast<double>(gamma[j]) * static_cast<double>(dyr[j]);
+        const double v = wide(xr[j]) - mf;
+        const double g = wide(gamma[j]) * wide(dyr[j]);
         sg += g;
         sgx += g * v;
         sx += v;
@@ -313,17 +370,17 @@ void ln_backward(const T* dy, const T* x, const T* gamma, const T* mean, const T
         T* dxr = dx + r * d;
 #pragma omp simd
         for (int64_t j = 0; j < d; ++j) {
-          const double xh = (static_cast<double>(xr[j]) - shift) * rs;
-          const double g = static_cast<double>(gamma[j]) * static_cast<double>(dyr[j]);
-          dxr[j] = static_cast<T>(rs * (g - a - xh * b));
+          const double xh = (wide(xr[j]) - shift) * rs;
+          const double g = wide(gamma[j]) * wide(dyr[j]);
+          dxr[j] = Num<T>::store(rs * (g - a - xh * b));
         }
       }
       if (params) {
 #pragma omp simd
         for (int64_t j = 0; j < d; ++j) {
-          const double xh = (static_cast<double>(xr[j]) - shift) * rs;
-          acc_g[j] += static_cast<double>(dyr[j]) * xh;
-          acc_b[j] += static_cast<double>(dyr[j]);
+          const double xh = (wide(xr[j]) - shift) * rs;
+          acc_g[j] += wide(dyr[j]) * xh;
+          acc_b[j] += wide(dyr[j]);
         }
       }
     }
@@ -336,8 +393,8 @@ void ln_backward(const T* dy, const T* x, const T* gamma, const T* mean, const T
       sg += buf[2 * blk * d + j];
       sb += buf[2 * blk * d + d + j];
     }
-    if (dgamma != nullptr) dgamma[j] = static_cast<T>(sg);
-    if (dbeta != nullptr) dbeta[j] = static_cast<T>(sb);
+    if (dgamma != nullptr) dgamma[j] = Num<P>::store(sg);
+    if (dbeta != nullptr) dbeta[j] = Num<P>::store(sb);
   }
 }
 
@@ -357,18 +414,41 @@ MXReturnValue ln_parse(const Attrs& attrs, int* num_in, int* num_out) {
 
 MXReturnValue ln_infer_type(const Attrs& attrs, std::vector<int>* in, std::vector<int>* out) {
   return guarded("mxmp_layer_norm", [&] {
-    // as MXNet's LayerNorm: one dtype for data, gamma, beta and the outputs, taken from
-    // whichever input knows it; all unknown: a partial answer (all stay unknown)
+    // float32 and float64 as MXNet's LayerNorm: one dtype for data, gamma, beta and the
+    // outputs, taken from whichever input knows it (all unknown: all stay unknown). bfloat16
+    // data: gamma and beta float32 (master parameters; the default where unknown) or
+    // bfloat16, each as it comes; mean and rstd float32.
+    for (int v : *in) {
+      if (v != -1 && !is_data(v)) {
+        MX_ERROR_MSG << "mxmp_layer_norm: data, gamma and beta must be float32, float64 or "
+                     << "bfloat16, got " << dtype_name(v);
+        return MX_FAIL;
+      }
+    }
+    int& data = (*in)[0];
+    if (data == -1 && (*out)[0] != -1) data = (*out)[0];
+    if (data == kBfloat16) {
+      for (size_t i = 1; i < 3; ++i) {
+        int& v = (*in)[i];
+        if (v == -1) v = mxnet::ext::kFloat32;
+        if (v != mxnet::ext::kFloat32 && v != kBfloat16) {
+          MX_ERROR_MSG << "mxmp_layer_norm: gamma and beta of bfloat16 data must be float32 "
+                       << "or bfloat16, got " << dtype_name((*in)[1]) << " and "
+                       << dtype_name((*in)[2]);
+          return MX_FAIL;
+        }
+      }
+      (*out)[0] = kBfloat16;
+      (*out)[1] = mxnet::ext::kFloat32;
+      (*out)[2] = mxnet::ext::kFloat32;
+      return MX_SUCCESS;
+    }
     int t = -1;
     for (int v : *in) {
       if (v == -1) continue;
-      if (!is_float(v)) {
-        MX_ERROR_MSG << "mxmp_layer_norm: data, gamma and beta must be float32 or float64, "
-                     << "got " << dtype_name(v);
-        return MX_FAIL;
-      }
-      if (t != -1 && v != t) {
-        MX_ERROR_MSG << "mxmp_layer_norm: data, gamma and beta must have one dtype, got "
+      if ((t != -1 && v != t) || v == kBfloat16) {
+        MX_ERROR_MSG << "mxmp_layer_norm: data, gamma and beta must have one dtype (or "
+                     << "bfloat16 data with float32 or bfloat16 gamma and beta), got "
                      << dtype_name((*in)[0]) << ", " << dtype_name((*in)[1]) << " and "
                      << dtype_name((*in)[2]);
         return MX_FAIL;
@@ -414,6 +494,14 @@ MXReturnValue ln_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
   });
 }
 
+template <typename T, typename P, typename S>
+void ln_forward_typed(std::vector<MXTensor>* in, std::vector<MXTensor>* out, int64_t rows,
+                      int64_t d, double eps) {
+  ln_forward<T, P, S>((*in)[0].data<T>(), (*in)[1].data<P>(), (*in)[2].data<P>(),
+                      (*out)[0].data<T>(), (*out)[1].data<S>(), (*out)[2].data<S>(), rows, d,
+                      eps);
+}
+
 MXReturnValue ln_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
                              std::vector<MXTensor>* out, const OpResource& res) {
   return guarded("mxmp_layer_norm", [&] {
@@ -423,34 +511,41 @@ MXReturnValue ln_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
     double eps;
     if (!attr_double(attrs, "eps", 1e-5, &eps, "mxmp_layer_norm")) return MX_FAIL;
     if (x.dtype == mxnet::ext::kFloat32) {
-      ln_forward<float>(x.data<float>(), (*in)[1].data<float>(), (*in)[2].data<float>(),
-                        (*out)[0].data<float>(), (*out)[1].data<float>(),
-                        (*out)[2].data<float>(), rows, d, eps);
+      ln_forward_typed<float, float, float>(in, out, rows, d, eps);
+    } else if (x.dtype == mxnet::ext::kFloat64) {
+      ln_forward_typed<double, double, double>(in, out, rows, d, eps);
+    } else if ((*in)[1].dtype == kBfloat16) {
+      ln_forward_typed<bf16, bf16, float>(in, out, rows, d, eps);
     } else {
-      ln_forward<double>(x.data<double>(), (*in)[1].data<double>(), (*in)[2].data<double>(),
-                         (*out)[0].data<double>(), (*out)[1].data<double>(),
-                         (*out)[2].data<double>(), rows, d, eps);
+      ln_forward_typed<bf16, float, float>(in, out, rows, d, eps);
     }
     return MX_SUCCESS;
   });
 }
 
+template <typename T, typename P, typename S>
+void ln_backward_typed(std::vector<MXTensor>* in, std::vector<MXTensor>* out, int64_t rows,
+                       int64_t d) {
+  // in: d out, d mean, d rstd, data, gamma, beta, out, mean, rstd
+  ln_backward<T, P, S>((*in)[0].data<T>(), (*in)[3].data<T>(), (*in)[4].data<P>(),
+                       (*in)[7].data<S>(), (*in)[8].data<S>(), out_ptr<T>(out, 0),
+                       out_ptr<P>(out, 1), out_ptr<P>(out, 2), rows, d);
+}
+
 MXReturnValue ln_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
                               std::vector<MXTensor>* out, const OpResource& res) {
-  // in: d out, d mean, d rstd, data, gamma, beta, out, mean, rstd
   return guarded("mxmp_layer_norm backward", [&] {
     MXTensor& x = (*in)[3];
     const int64_t d = last_dim(x);
     const int64_t rows = d == 0 ? 0 : x.size() / d;
     if (x.dtype == mxnet::ext::kFloat32) {
-      ln_backward<float>((*in)[0].data<float>(), x.data<float>(), (*in)[4].data<float>(),
-                         (*in)[7].data<float>(), (*in)[8].data<float>(), out_ptr<float>(out, 0),
-                         out_ptr<float>(out, 1), out_ptr<float>(out, 2), rows, d);
+      ln_backward_typed<float, float, float>(in, out, rows, d);
+    } else if (x.dtype == mxnet::ext::kFloat64) {
+      ln_backward_typed<double, double, double>(in, out, rows, d);
+    } else if ((*in)[4].dtype == kBfloat16) {
+      ln_backward_typed<bf16, bf16, float>(in, out, rows, d);
     } else {
-      ln_backward<double>((*in)[0].data<double>(), x.data<double>(), (*in)[4].data<double>(),
-                          (*in)[7].data<double>(), (*in)[8].data<double>(),
-                          out_ptr<double>(out, 0), out_ptr<double>(out, 1),
-                          out_ptr<double>(out, 2), rows, d);
+      ln_backward_typed<bf16, float, float>(in, out, rows, d);
     }
     return MX_SUCCESS;
   });
@@ -481,8 +576,9 @@ bool inference(MXTensor& flag, const Attrs& attrs) {
 const int64_t kDropBlock = 1 << 16;
 
 template <typename T>
-void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, uint32_t threshold, T scale,
-                     uint32_t s1, uint32_t s2) {
+void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, uint32_t threshold,
+                     typename Num<T>::C scale, uint32_t s1, uint32_t s2) {
+  typedef typename Num<T>::C C;
   const int64_t blocks = (n + kDropBlock - 1) / kDropBlock;
 #pragma omp parallel for schedule(static) if (n >= kParallelMin && blocks > 1)
   for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -502,7 +598,8 @@ void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, uint32_t thresh
       const int32_t keep = static_cast<int32_t>(h ^ 0x80000000u) >=
                            static_cast<int32_t>(threshold ^ 0x80000000u);
       mb[i] = static_cast<uint8_t>(keep);
-      yb[i] = xb[i] * (keep ? scale : T(0));   // x * 0 for a dropped element: NaN stays NaN
+      // x * 0 for a dropped element: NaN stays NaN
+      yb[i] = Num<T>::store(Num<T>::load(xb[i]) * (keep ? scale : C(0)));
     }
   }
 }
@@ -531,8 +628,9 @@ MXReturnValue dropout_infer_type(const Attrs& attrs, std::vector<int>* in,
                                  std::vector<int>* out) {
   return guarded("mxmp_dropout", [&] {
     const int t = (*in)[0] != -1 ? (*in)[0] : (*out)[0];
-    if (t != -1 && !is_float(t)) {
-      MX_ERROR_MSG << "mxmp_dropout: data must be float32 or float64, got " << dtype_name(t);
+    if (t != -1 && !is_data(t)) {
+      MX_ERROR_MSG << "mxmp_dropout: data must be float32, float64 or bfloat16, got "
+                   << dtype_name(t);
       return MX_FAIL;
     }
     if ((*in)[1] != -1 && (*in)[1] != mxnet::ext::kFloat32) {
@@ -568,8 +666,6 @@ MXReturnValue dropout_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
   });
 }
 
-size_t float_bytes(const MXTensor& t) { return t.dtype == mxnet::ext::kFloat32 ? 4 : 8; }
-
 MXReturnValue dropout_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
                                   std::vector<MXTensor>* out, const OpResource& res) {
   return guarded("mxmp_dropout", [&] {
@@ -577,7 +673,7 @@ MXReturnValue dropout_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
     const int64_t n = x.size();
     uint8_t* mask = (*out)[1].data<uint8_t>();
     if (inference((*in)[1], attrs)) {   // the mask is not written: backward reads the flag
-      std::memcpy((*out)[0].data_ptr, x.data_ptr, n * float_bytes(x));
+      std::memcpy((*out)[0].data_ptr, x.data_ptr, n * dtype_bytes(x.dtype));
       return MX_SUCCESS;
     }
     double p;
@@ -589,23 +685,30 @@ MXReturnValue dropout_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
     if (x.dtype == mxnet::ext::kFloat32) {
       dropout_forward<float>(x.data<float>(), (*out)[0].data<float>(), mask, n, threshold,
                              static_cast<float>(1.0 / (1.0 - p)), s1, s2);
-    } else {
+    } else if (x.dtype == mxnet::ext::kFloat64) {
       dropout_forward<double>(x.data<double>(), (*out)[0].data<double>(), mask, n, threshold,
                               1.0 / (1.0 - p), s1, s2);
+    } else {
+      dropout_forward<bf16>(x.data<bf16>(), (*out)[0].data<bf16>(), mask, n, threshold,
+                            static_cast<float>(1.0 / (1.0 - p)), s1, s2);
     }
     return MX_SUCCESS;
   });
 }
 
 template <typename T>
-void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, T scale) {
+void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n,
+                      typename Num<T>::C scale) {
+  typedef typename Num<T>::C C;
   const int64_t blocks = (n + kDropBlock - 1) / kDropBlock;
 #pragma omp parallel for schedule(static) if (n >= kParallelMin && blocks > 1)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t start = blk * kDropBlock;
     const int64_t end = start + kDropBlock < n ? start + kDropBlock : n;
 #pragma omp simd
-    for (int64_t i = start; i < end; ++i) dx[i] = dy[i] * (static_cast<T>(mask[i]) * scale);
+    for (int64_t i = start; i < end; ++i) {
+      dx[i] = Num<T>::store(Num<T>::load(dy[i]) * (static_cast<C>(mask[i]) * scale));
+    }
   }
 }
 
@@ -620,16 +723,19 @@ MXReturnValue dropout_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in
     double p;
     if (!attr_double(attrs, "p", 0.5, &p, "mxmp_dropout")) return MX_FAIL;
     if (inference((*in)[3], attrs)) {   // the identity; the mask was not written
-      std::memcpy((*out)[0].data_ptr, dy.data_ptr, n * float_bytes(dy));
+      std::memcpy((*out)[0].data_ptr, dy.data_ptr, n * dtype_bytes(dy.dtype));
       return MX_SUCCESS;
     }
     const uint8_t* mask = (*in)[5].data<uint8_t>();
     if (dy.dtype == mxnet::ext::kFloat32) {
       dropout_backward<float>(dy.data<float>(), mask, (*out)[0].data<float>(), n,
                               static_cast<float>(1.0 / (1.0 - p)));
-    } else {
+    } else if (dy.dtype == mxnet::ext::kFloat64) {
       dropout_backward<double>(dy.data<double>(), mask, (*out)[0].data<double>(), n,
                                1.0 / (1.0 - p));
+    } else {
+      dropout_backward<bf16>(dy.data<bf16>(), mask, (*out)[0].data<bf16>(), n,
+                             static_cast<float>(1.0 / (1.0 - p)));
     }
     return MX_SUCCESS;
   });
@@ -663,37 +769,59 @@ inline float exp_nonpositive(float x) {
 
 inline double exp_nonpositive(double x) { return std::exp(x); }
 
+// The row's probabilities (len > 0) in the compute type C into e: max, exp, the sum in
+// double, the product by its inverse rounded to C once.
 template <typename T>
-void softmax_row(const T* x, T* y, int64_t m, int64_t len) {
-  if (len <= 0) {
-    for (int64_t j = 0; j < m; ++j) y[j] = 0;
-    return;
-  }
-  T mx = x[0];
+void softmax_probs(const T* x, typename Num<T>::C* e, int64_t len) {
+  typedef typename Num<T>::C C;
+  C mx = Num<T>::load(x[0]);
 #pragma omp simd reduction(max : mx)
-  for (int64_t j = 1; j < len; ++j) mx = x[j] > mx ? x[j] : mx;
+  for (int64_t j = 1; j < len; ++j) {
+    const C v = Num<T>::load(x[j]);
+    mx = v > mx ? v : mx;
+  }
   // two loops: one loop of float exp and a double sum does not vectorise (gcc 12)
 #pragma omp simd
-  for (int64_t j = 0; j < len; ++j) y[j] = exp_nonpositive(x[j] - mx);
+  for (int64_t j = 0; j < len; ++j) e[j] = exp_nonpositive(Num<T>::load(x[j]) - mx);
   double sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < len; ++j) sum += static_cast<double>(y[j]);
+  for (int64_t j = 0; j < len; ++j) sum += static_cast<double>(e[j]);
   const double inv = 1.0 / sum;
 #pragma omp simd
-  for (int64_t j = 0; j < len; ++j) y[j] = static_cast<T>(static_cast<double>(y[j]) * inv);
-  for (int64_t j = len; j < m; ++j) y[j] = 0;
+  for (int64_t j = 0; j < len; ++j) e[j] = static_cast<C>(static_cast<double>(e[j]) * inv);
 }
 
+// e: a row of the compute type (y itself where T is that type; for bfloat16 a float32 scratch
+// row, so that y is rounded once).
 template <typename T>
-void softmax_grad_row(const T* dy, const T* y, T* dx, int64_t m, int64_t len) {
+void softmax_row(const T* x, T* y, int64_t m, int64_t len, typename Num<T>::C* e) {
+  if (len > 0) {
+    softmax_probs<T>(x, e, len);
+    if (static_cast<void*>(e) != static_cast<void*>(y)) {
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) y[j] = Num<T>::store(e[j]);
+    }
+  }
+  for (int64_t j = len < 0 ? 0 : len; j < m; ++j) y[j] = Num<T>::store(0.0);
+}
+
+// y: the row's probabilities, of type T (the output) or, for bfloat16, float32 (recomputed from
+// data: with y rounded to bfloat16, dy - sum(dy * y) cancels to bfloat16's error where one
+// probability is near 1, 30x MXNet's float32 softmax's gradient in the contract's large-logit
+// case).
+template <typename T, typename Y>
+void softmax_grad_row(const T* dy, const Y* y, T* dx, int64_t m, int64_t len) {
+  typedef typename Num<T>::C C;
   if (len < 0) len = 0;
   double dot = 0;
 #pragma omp simd reduction(+ : dot)
-  for (int64_t j = 0; j < len; ++j) dot += static_cast<double>(dy[j]) * y[j];
-  const T dt = static_cast<T>(dot);
+  for (int64_t j = 0; j < len; ++j) dot += wide(dy[j]) * wide(y[j]);
+  const C dt = static_cast<C>(dot);
 #pragma omp simd
-  for (int64_t j = 0; j < len; ++j) dx[j] = y[j] * (dy[j] - dt);
-  for (int64_t j = len; j < m; ++j) dx[j] = 0;
+  for (int64_t j = 0; j < len; ++j) {
+    dx[j] = Num<T>::store(Num<Y>::load(y[j]) * (Num<T>::load(dy[j]) - dt));
+  }
+  for (int64_t j = len; j < m; ++j) dx[j] = Num<T>::store(0.0);
 }
 
 bool use_length(const Attrs& attrs) {
@@ -728,8 +856,9 @@ MXReturnValue softmax_infer_type(const Attrs& attrs, std::vector<int>* in,
                                  std::vector<int>* out) {
   return guarded("mxmp_softmax", [&] {
     const int t = (*in)[0] != -1 ? (*in)[0] : (*out)[0];
-    if (t != -1 && !is_float(t)) {
-      MX_ERROR_MSG << "mxmp_softmax: data must be float32 or float64, got " << dtype_name(t);
+    if (t != -1 && !is_data(t)) {
+      MX_ERROR_MSG << "mxmp_softmax: data must be float32, float64 or bfloat16, got "
+                   << dtype_name(t);
       return MX_FAIL;
     }
     if (in->size() > 1) {
@@ -781,10 +910,19 @@ void softmax_all(MXTensor& x, MXTensor* length, T* y) {
   const int64_t m = last_dim(x);
   const int64_t rows = m == 0 ? 0 : x.size() / m;
   const T* xd = x.data<T>();
+  typedef typename Num<T>::C C;
 #pragma omp parallel for schedule(static) if (rows * m >= kParallelMin && rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t len = length != nullptr ? length_at(*length, r, m) : m;
-    softmax_row<T>(xd + r * m, y + r * m, m, len);
+    C* e;
+    if constexpr (std::is_same<T, C>::value) {
+      e = y + r * m;
+    } else {
+      thread_local std::vector<C> scratch;   // each thread's own row
+      if (scratch.size() < static_cast<size_t>(m)) scratch.resize(m);
+      e = scratch.data();
+    }
+    softmax_row<T>(xd + r * m, y + r * m, m, len, e);
   }
 }
 
@@ -794,8 +932,10 @@ MXReturnValue softmax_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
     MXTensor* length = in->size() > 1 ? &(*in)[1] : nullptr;
     if ((*in)[0].dtype == mxnet::ext::kFloat32) {
       softmax_all<float>((*in)[0], length, (*out)[0].data<float>());
-    } else {
+    } else if ((*in)[0].dtype == mxnet::ext::kFloat64) {
       softmax_all<double>((*in)[0], length, (*out)[0].data<double>());
+    } else {
+      softmax_all<bf16>((*in)[0], length, (*out)[0].data<bf16>());
     }
     return MX_SUCCESS;
   });
@@ -809,12 +949,22 @@ void softmax_grad_all(std::vector<MXTensor>* in, T* dx, bool with_length) {
   MXTensor* length = with_length ? &(*in)[2] : nullptr;
   const int64_t m = last_dim(dy);
   const int64_t rows = m == 0 ? 0 : dy.size() / m;
+  typedef typename Num<T>::C C;
   const T* dyd = dy.data<T>();
   const T* yd = y.data<T>();
+  const T* xd = (*in)[1].data<T>();
 #pragma omp parallel for schedule(static) if (rows * m >= kParallelMin && rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t len = length != nullptr ? length_at(*length, r, m) : m;
-    softmax_grad_row<T>(dyd + r * m, yd + r * m, dx + r * m, m, len);
+    if constexpr (std::is_same<T, C>::value) {
+      softmax_grad_row<T, T>(dyd + r * m, yd + r * m, dx + r * m, m, len);
+    } else {
+      (void)yd;
+      thread_local std::vector<C> scratch;   // each thread's own row
+      if (scratch.size() < static_cast<size_t>(m)) scratch.resize(m);
+      if (len > 0) softmax_probs<T>(xd + r * m, scratch.data(), len);
+      softmax_grad_row<T, C>(dyd + r * m, scratch.data(), dx + r * m, m, len);
+    }
   }
 }
 
@@ -824,16 +974,15 @@ MXReturnValue softmax_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in
     const bool with_length = use_length(attrs);
     if (with_length && out->size() > 1 && (*out)[1].data_ptr != nullptr) {
       MXTensor& dl = (*out)[1];
-      const int bytes = dl.dtype == mxnet::ext::kFloat64 || dl.dtype == mxnet::ext::kInt64 ? 8 :
-                        dl.dtype == mxnet::ext::kUint8 || dl.dtype == mxnet::ext::kInt8 ? 1 :
-                        dl.dtype == mxnet::ext::kFloat16 ? 2 : 4;
-      std::memset(dl.data_ptr, 0, dl.size() * bytes);
+      std::memset(dl.data_ptr, 0, dl.size() * dtype_bytes(dl.dtype));
     }
     if ((*out)[0].data_ptr == nullptr) return MX_SUCCESS;
     if ((*in)[0].dtype == mxnet::ext::kFloat32) {
       softmax_grad_all<float>(in, (*out)[0].data<float>(), with_length);
-    } else {
+    } else if ((*in)[0].dtype == mxnet::ext::kFloat64) {
       softmax_grad_all<double>(in, (*out)[0].data<double>(), with_length);
+    } else {
+      softmax_grad_all<bf16>(in, (*out)[0].data<bf16>(), with_length);
     }
     return MX_SUCCESS;
   });
