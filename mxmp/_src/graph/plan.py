@@ -11,7 +11,7 @@ import collections
 from typing import List, NamedTuple, Optional
 
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, dtype_name, from_mshadow_enum
-from ..policy.policy import FLOAT32, LOSS_OUTPUT, LOW_PRECISION, resolve_policy
+from ..policy.policy import FLOAT32, FOLLOW, LOSS_OUTPUT, LOW_PRECISION, resolve_policy
 from .kernel_rule import FLOAT32_INPUTS as _KERNEL_FLOAT32_INPUTS, FLOAT32_OUTPUTS as \
     _KERNEL_FLOAT32_OUTPUTS, original_op, planned, substitute
 from .strip import converted_dtype, strip
@@ -211,7 +211,7 @@ def _op_decision(graph, nid, in_dtypes):
         compute = 'float32'
         wants = ['float32' if d in _LOW and p not in policy.index_inputs(op) else None
                  for p, d in enumerate(in_dtypes)]
-    elif nid in graph.library:   # a library op of the kernel rule: its data's dtype
+    elif nid in graph.library and op_class == FOLLOW:   # a library op: its data's dtype
         compute = in_dtypes[0] if _is_float(in_dtypes[0]) else None
         wants = [None] * len(in_dtypes)
     else:
