@@ -153,6 +153,17 @@ def grid():
                 key = '%s|%s|%d' % (name, dname, k)
                 out[key] = {'partial': [_partial(conv, **kw), _partial(net, **kw)],
                             'full': [_full(conv, **kw), _full(net, **kw)]}
+    # types with the lengths' dtype unknown: MXNet's softmax leaves it unknown
+    net = mx.sym.softmax(mx.sym.var('x'), mx.sym.var('l'), use_length=True, axis=-1)
+    conv = mxmp.convert_symbol(net, 'bfloat16', data_names=['x', 'l'])
+    out['sm_types'] = []
+    for sym in (conv, net):
+        try:
+            args, outs, _ = sym.infer_type_partial(x='float32')
+            out['sm_types'].append([[None if t is None else np.dtype(t).name for t in part]
+                                    for part in (args, outs)])
+        except mx.base.MXNetError as err:
+            out['sm_types'].append({'error': ' '.join(str(err).split())[:300]})
     return out
 
 

@@ -73,7 +73,9 @@ WHOLE = ('1d', '2d', '3d', '4d')
 def test_partly_known_shapes_never_crash_and_match_float32(results):
     grid = results['grid']
     ops = {'ln': 'mxmp_layer_norm', 'do': 'mxmp_dropout', 'sm': 'mxmp_softmax'}
-    cases = [k for k in grid if not k.endswith('_ops')]
+    cases = [k for k in grid if not k.endswith('_ops') and k != 'sm_types']
+    # the lengths' dtype unknown: partial types as MXNet's softmax gives them
+    assert grid['sm_types'][0] == grid['sm_types'][1] == [['float32', None], ['float32']]
     # 3 ops x 2 sources x 6 data shapes, with and without the side input (not for Dropout)
     assert len(cases) == 2 * (6 * 2 + 6 + 6 * 2), len(cases)
     for graph in ('ln_var', 'ln_op', 'do_var', 'do_op', 'sm_var', 'sm_op'):

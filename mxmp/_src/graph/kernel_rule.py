@@ -62,7 +62,7 @@ OPT_IN = ()
 _N_INPUTS = {'LayerNorm': 3, 'Dropout': 1, 'softmax': 2}
 #: MARK value of the nodes that tie a library op's other inputs to its data's shape
 #: (:data:`EXTRA_INPUTS`): ``_contrib_arange_like`` (LayerNorm) and ``BlockGrad`` of ``pick``
-#: (softmax with lengths).
+#: of a ``Cast`` of the lengths (softmax with lengths).
 TIE = 'kernel_tie'
 #: MXNet 1.9.1's attribute of a library op node naming how many of its last inputs are "extra":
 #: MXNet's wrapper of library ops leaves them out of the library's shape and type inference
@@ -223,8 +223,11 @@ def apply_kernels(js, kernels, skip_ops=frozenset()):
                     inputs[pos] = add('_identity_with_attr_like_rhs', '%s_%s_copy' % (
                         name, nodes[node['inputs'][pos][0]]['name']), [inputs[pos], axis], {},
                         INPUT_COPY)
-            else:   # softmax with lengths: their shape from pick's index (no copy: integers)
-                picked = add('pick', name + '_mxmp_length_shape', [data, inputs[1]],
+            else:   # softmax with lengths: their shape from pick's index (no copy: integers;
+                # the Cast gives pick the index dtype it needs, whatever the lengths' is)
+                index = add('Cast', name + '_mxmp_length_index', [inputs[1]],
+                            {'dtype': 'int32'}, TIE)
+                picked = add('pick', name + '_mxmp_length_shape', [data, index],
                              {'axis': '-1', 'mode': 'clip'}, TIE)
                 inputs.append(add('BlockGrad', name + '_mxmp_length_tie', [picked], {}, TIE))
             attrs = dict(node.get('attrs', {}), **{MARK: KERNEL_PREFIX + op,
