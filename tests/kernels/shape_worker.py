@@ -4,7 +4,8 @@ library ops have inputs of unknown shape, in its own process (the old graphs cra
 1.9.1's wrapper of library ops), printing one JSON line.
 
     python tests/kernels/shape_worker.py    # {'partial': infer_shape_partial, converted vs
-                                            #  float32; 'module': mxmp.Module against MXNet's}
+                                            #  float32; 'module': mxmp.Module against MXNet's;
+                                            #  'grid': every op over partly known shapes}
 """
 import json
 import os
@@ -26,7 +27,7 @@ def _partial(sym, **shapes):
     try:
         args, outs, _ = sym.infer_shape_partial(**shapes)
     except mx.base.MXNetError as err:
-        return {'error': ' '.join(str(err).split())[-400:]}
+        return {'error': ' '.join(str(err).split())[:400]}
     return {'args': sorted((n, list(s)) for n, s in zip(sym.list_arguments(), args)),
             'outs': [list(s) for s in outs]}
 
@@ -97,8 +98,113 @@ def module():
     return out
 
 
+def _graphs():
+    """name -> (float32 graph, converted graph, its side input or None): each library op's
+    MXNet op reading a variable, and reading an op's output (``pre``), before a FullyConnected."""
+    sym = mx.sym
+    out = {}
+    for src in ('var', 'op'):
+        x = sym.var('x')
+        if src == 'op':
+            x = sym.FullyConnected(x, num_hidden=5, flatten=False, no_bias=True, name='pre')
+        for op, make, side in (
+                ('ln', lambda d: sym.LayerNorm(d, sym.var('gamma'), sym.var('beta')),
+                 'gamma'),
+                ('do', lambda d: sym.Dropout(d, p=0.3), None),
+                ('sm', lambda d: sym.softmax(d, sym.var('l'), use_length=True, axis=-1), 'l')):
+            net = sym.FullyConnected(make(x), num_hidden=3, name='fc')
+            conv = mxmp.convert_symbol(net, 'bfloat16', data_names=['x', 'l'],
+                                       data_dtypes={'l': 'int32'})
+            out['%s_%s' % (op, src)] = (net, conv, side)
+    return out
+
+
+def _full(sym, **shapes):
+    try:
+        args, outs, _ = sym.infer_shape(**shapes)
+    except mx.base.MXNetError as err:
+        return {'error': ' '.join(str(err).split())[:300]}
+    if args is None:   # not every shape known
+        return {'incomplete': True}
+    return {'args': sorted((n, list(s)) for n, s in zip(sym.list_arguments(), args)),
+            'outs': [list(s) for s in outs]}
+
+
+def grid():
+    """infer_shape_partial and infer_shape of every library op's graph (_graphs) over data of 1
+    to 4 axes, of unknown shape and with an unknown dimension (0, MXNet's legacy unknown), its
+    side input (gamma, lengths) known or not: [converted, float32] per case. A crash of MXNet's
+    wrapper of library ops ends this process."""
+    out = {}
+    datas = {'none': None, '1d': (5,), '2d': (4, 5), '3d': (2, 4, 5), '4d': (2, 3, 4, 5),
+             '0dim': (0, 5)}
+    for name, (net, conv, side) in _graphs().items():
+        out[name + '_ops'] = _ops(conv)
+        for dname, shape in datas.items():
+            sides = [None]
+            if side == 'gamma':
+                sides.append((5,))
+            elif side == 'l':
+                sides.append((shape[:-1] or (1,)) if shape else (4,))
+            for k, sshape in enumerate(sides):
+                kw = {} if shape is None else {'x': shape}
+                if sshape is not None:
+                    kw[side] = sshape
+                key = '%s|%s|%d' % (name, dname, k)
+                out[key] = {'partial': [_partial(conv, **kw), _partial(net, **kw)],
+                            'full': [_full(conv, **kw), _full(net, **kw)]}
+    # types with the lengths' dtype unknown: MXNet's softmax leaves it unknown
+    net = mx.sym.softmax(mx.sym.var('x'), mx.sym.var('l'), use_length=True, axis=-1)
+    conv = mxmp.convert_symbol(net, 'bfloat16', data_names=['x', 'l'])
+    out['sm_types'] = []
+    for sym in (conv, net):
+        try:
+            args, outs, _ = sym.infer_type_partial(x='float32')
+            out['sm_types'].append([[None if t is None else np.dtype(t).name for t in part]
+                                    for part in (args, outs)])
+        except mx.base.MXNetError as err:
+            out['sm_types'].append({'error': ' '.join(str(err).split())[:300]})
+    return out
+
+
+def bind():
+    """mxmp.Module (bfloat16) and MXNet's Module (float32) bound with only the data's shape (the
+    side inputs' shapes inferred: gamma and beta without shape, lengths as data), forward and
+    backward in training: output shapes and gradient shapes, [mxmp, mxnet] per graph."""
+    out = {}
+    rng = np.random.RandomState(0)
+    for name, (net, _, side) in _graphs().items():
+        for shape in ((5,), (4, 5), (2, 4, 5)):
+            if side == 'l' and len(shape) == 1:   # Module: lengths (1,) are no batch of 5
+                continue
+            names = ['x', 'l'] if side == 'l' else ['x']
+            shapes = [('x', shape)] + ([('l', shape[:-1] or (1,))] if side == 'l' else [])
+            data = [mx.nd.array(rng.normal(size=shape))] + (
+                [mx.nd.array(rng.randint(0, 6, size=shape[:-1] or (1,)), dtype='int32')]
+                if side == 'l' else [])
+            res = []
+            for mod in (mxmp.Module(net, data_names=names, label_names=None,
+                                    target_dtype='bfloat16'),
+                        mx.mod.Module(net, data_names=names, label_names=None)):
+                try:
+                    mod.bind(data_shapes=[mx.io.DataDesc(n, s, dtype='int32' if n == 'l'
+                                                         else 'float32') for n, s in shapes],
+                             for_training=True)
+                    mod.init_params(mx.init.Uniform(0.5))
+                    mod.forward(mx.io.DataBatch(data), is_train=True)
+                    mod.backward([mx.nd.ones(mod.get_outputs()[0].shape)])
+                    res.append({'out': list(mod.get_outputs()[0].shape), 'grads': sorted(
+                        (n, list(mod._exec_group.grad_arrays[i][0].shape))
+                        for i, n in enumerate(mod._exec_group.param_names))})
+                except mx.base.MXNetError as err:
+                    res.append({'error': ' '.join(str(err).split())[-300:]})
+            out['%s|%d' % (name, len(shape))] = res
+    return out
+
+
 if __name__ == '__main__':
     if load_library() is None:
         print(json.dumps({'library': None}))
         sys.exit(0)
-    print(json.dumps({'partial': partial(), 'module': module()}))
+    print(json.dumps({'partial': partial(), 'module': module(), 'grid': grid(),
+                      'bind': bind()}))

@@ -81,9 +81,14 @@ def test_rule_substitutes_layer_norm_and_explain_names_it():
     nodes = json.loads(conv.tojson(remove_amp_cast=False))['nodes']
     ln = [n for n in nodes if n['op'] == 'mxmp_layer_norm']
     assert len(ln) == 1 and ln[0]['name'] == 'ln' and ln[0]['attrs']['eps'] == '1e-12'
-    copies = [n for n in nodes if n['op'] == '_copy']
+    # gamma and beta: MXNet's identity shaped like data's last axis (MXNet's wrapper of library
+    # ops infers data's shape alone), also the copy whose backward honours grad_req='add'
+    copies = [n for n in nodes if n['op'] == '_identity_with_attr_like_rhs']
     assert sorted(nodes[n['inputs'][0][0]]['name'] for n in copies) == ['ln_beta', 'ln_gamma']
     assert all(n['attrs'][MARK] == INPUT_COPY for n in copies)
+    assert all(nodes[n['inputs'][1][0]]['op'] == '_contrib_arange_like' for n in copies)
+    assert ln[0]['attrs']['__ext_extra_inputs__'] == '2'
+    assert [nodes[s]['name'] for s, _, _ in ln[0]['inputs'][1:]] == [c['name'] for c in copies]
     assert 'LayerNorm' not in _ops(conv)
     rows = {r.name: r for r in mxmp.explain(_graph(), 'bfloat16')}
     # the library op takes the bfloat16 output of the FullyConnected before it as it comes

@@ -17,6 +17,16 @@ from .symbol_json import dump, load, unique_name
 __all__ = ['fold_constants']
 
 _RANDOM = ('_random_', '_sample_', 'Dropout', '_shuffle')
+#: Ops that read the values of some of their inputs only (MXNet's FIgnoreInputs): the kernel
+#: rule's copies of gamma and beta take only their shape from data (``rhs``). Such a node is
+#: constant when those inputs are; its value is computed as a ``_copy`` of them.
+_VALUE_INPUTS = {'_identity_with_attr_like_rhs': (0,)}
+
+
+def _value_inputs(node):
+    """The inputs whose values ``node`` reads (:data:`_VALUE_INPUTS`)."""
+    keep = _VALUE_INPUTS.get(node['op'])
+    return node['inputs'] if keep is None else [node['inputs'][k] for k in keep]
 
 
 def _subgraph(nodes, head):
@@ -26,10 +36,11 @@ def _subgraph(nodes, head):
         nid = stack.pop()
         if nid not in keep:
             keep.add(nid)
-            stack.extend(i for i, _, _ in nodes[nid]['inputs'])
+            stack.extend(i for i, _, _ in _value_inputs(nodes[nid]))
     order = sorted(keep)
     new_id = {nid: k for k, nid in enumerate(order)}
-    sub = [dict(nodes[nid], inputs=[[new_id[i], o, v] for i, o, v in nodes[nid]['inputs']])
+    sub = [dict(nodes[nid], op='_copy' if nodes[nid]['op'] in _VALUE_INPUTS else nodes[nid]['op'],
+                inputs=[[new_id[i], o, v] for i, o, v in _value_inputs(nodes[nid])])
            for nid in order]
     return {'nodes': sub, 'heads': [[new_id[head[0]], head[1], 0]], 'attrs': {}}
 
@@ -69,7 +80,7 @@ def fold_constants(sym, data_names, arrays, ctx, release=None):
             const.append(node['name'] not in data_names)
         else:
             const.append(bool(node['inputs']) and not node['op'].startswith(_RANDOM) and
-                         all(const[i] for i, _, _ in node['inputs']))
+                         all(const[i] for i, _, _ in _value_inputs(node)))
     frontier = {(i, o) for nid, n in enumerate(nodes) if not const[nid]
                 for i, o, _ in n['inputs'] if const[i] and nodes[i]['op'] != 'null'}
     frontier |= {(i, o) for i, o, _ in js['heads'] if const[i] and nodes[i]['op'] != 'null'}

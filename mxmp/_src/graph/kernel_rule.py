@@ -26,8 +26,12 @@ Substitutions, from the BERT-base training profile (docs/benchmark.md, "Transfor
   "The attention matmuls"); on the other tiers its portable path is correct (``mxmp
   check-kernels``) but unmeasured, so MXNet's float32 op stays.
 
+Every input but data is an MXNet "extra input" of the library op, shaped by MXNet's own ops
+(:data:`EXTRA_INPUTS`): MXNet 1.9.1's wrapper of library ops then never meets an input of
+unknown shape beside one with axes, which wrote past its buffer.
+
 MXNet passes a library op no write/add request, so the library op always writes its
-gradients: each graph variable it reads goes through a ``_copy`` the rule adds (marked), whose
+gradients: each graph variable it reads goes through a copy the rule adds (marked), whose
 MXNet backward honours ``grad_req='add'``; and with ``MXNET_EXEC_ENABLE_ADDTO=1`` (gradients of
 intermediate tensors accumulated in place) the rule stays off.
 
@@ -51,9 +55,9 @@ import os
 
 from .symbol_json import MARK, unique_name
 
-__all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'LOW_SUFFIX', 'FLOAT32_OUTPUTS', 'FLOAT32_INPUTS',
-           'substitute', 'apply_kernels', 'planned', 'restore', 'rule_of', 'original_op',
-           'kernel_dtype', 'with_kernel_dtype', 'inference_only', 'mxnet_ops',
+__all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'TIE', 'EXTRA_INPUTS', 'LOW_SUFFIX', 'FLOAT32_OUTPUTS',
+           'FLOAT32_INPUTS', 'substitute', 'apply_kernels', 'planned', 'restore', 'rule_of',
+           'original_op', 'kernel_dtype', 'with_kernel_dtype', 'inference_only', 'mxnet_ops',
            'install_symbol_loaders']
 
 logger = logging.getLogger('mxmp.kernels')
@@ -88,19 +92,26 @@ _N_INPUTS = {'LayerNorm': 3, 'Dropout': 1, 'softmax': 2,
              '_contrib_interleaved_matmul_selfatt_valatt': 2,
              '_contrib_interleaved_matmul_encdec_qk': 2,
              '_contrib_interleaved_matmul_encdec_valatt': 2}
-#: Inputs that get no copy: integer lengths, whose gradient is zero.
-_NO_COPY = {'softmax': (1,)}
-#: Attribute key of a graph variable whose ``__shape__`` hint the rule wrote (value: ``'1'``);
-#: :func:`mxnet_ops` and ``remove_casts`` take both away.
-SHAPE_HINT = '__mxmp_shape_hint__'   # a graph attribute key
-#: Inputs of a library op whose number of axes the op defines, as a ``__shape__`` hint of
-#: unknown dimensions: LayerNorm's gamma and beta are 1-D. MXNet 1.9.1's wrapper of library
-#: ops sizes its buffer of input shapes as the sum of the inputs' numbers of axes, an unknown
-#: shape counting -1, before it calls the library: a shapeless gamma and beta (a Symbol
-#: variable without ``shape``) made it write past that buffer (3-D and 4-D data), through a
-#: null pointer (2-D data: a segmentation fault) or fail with ``std::bad_alloc`` (1-D).
-#: ``(-1,)`` is unknown with and without NumPy shape semantics.
-_HINTS = {'LayerNorm': {1: '(-1,)', 2: '(-1,)'}}
+#: MARK value of the nodes that tie a library op's other inputs to its data's shape
+#: (:data:`EXTRA_INPUTS`): ``_contrib_arange_like`` (LayerNorm) and ``BlockGrad`` of ``pick``
+#: of a ``Cast`` of the lengths (softmax with lengths).
+TIE = 'kernel_tie'
+#: MXNet 1.9.1's attribute of a library op node naming how many of its last inputs are "extra":
+#: MXNet's wrapper of library ops leaves them out of the library's shape and type inference
+#: (lib_api.h's ``MX_STR_EXTRA_INPUTS``). The wrapper sizes its buffer of input shapes as the
+#: sum of the inputs' numbers of axes, an unknown shape counting -1, and then writes every known
+#: axis into it: any input of unknown shape beside one of known axes wrote past the buffer or
+#: through a null pointer (a segmentation fault: ``mxmp_dropout`` without data's shape, whose
+#: flag is (1,); softmax with 1-D data and lengths of unknown shape, or the reverse). So the
+#: rule passes every input but data as an extra input: the wrapper sees data's shape alone, so
+#: with data's shape unknown it fails cleanly (the buffer's size wraps to a huge one: "cannot
+#: create std::vector larger than max_size()") and with it known it passes it whole. MXNet's
+#: own ops give the extra inputs their shapes, as MXNet's LayerNorm and softmax would: gamma
+#: and beta go through ``_identity_with_attr_like_rhs`` with ``_contrib_arange_like(data,
+#: axis=-1)`` (both (D,)); the lengths are the index of a ``pick(data, length, axis=-1)``
+#: (data's shape without its last axis), whose output (behind ``BlockGrad``: no gradient work)
+#: the library op takes as one more extra input and ignores.
+EXTRA_INPUTS = '__ext_extra_inputs__'
 _TRUE = ('1', 'true', 'True')
 
 
@@ -239,31 +250,46 @@ def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False, skip_names
         return js
     names = {n['name'] for n in nodes}
     out, new_id, flag = [], {}, None
+
+    def add(op, name, node_inputs, attrs, mark):
+        out.append({'op': op, 'name': unique_name(name, names), 'inputs': node_inputs,
+                    'attrs': dict(attrs, **{MARK: mark})})
+        return [len(out) - 1, 0, 0]
+
     for nid, node in enumerate(nodes):
         inputs = [[new_id[s], i, v] for s, i, v in node['inputs']]
-        if nid in chosen and node['op'] == 'Dropout':
-            if flag is None:
-                one, dropout = _flag_nodes(names)
-                out.append(one)
-                out.append(dict(dropout, inputs=[[len(out) - 1, 0, 0]]))
-                flag = [len(out) - 1, 0, 0]
-            inputs.append(flag)
         if nid in chosen:
-            for pos, hint in _HINTS.get(node['op'], {}).items():
-                src = node['inputs'][pos][0]
-                if nodes[src]['op'] == 'null' and '__shape__' not in out[new_id[src]].get(
-                        'attrs', {}):
-                    var = out[new_id[src]]
-                    out[new_id[src]] = dict(var, attrs=dict(var.get('attrs', {}), **{
-                        '__shape__': hint, SHAPE_HINT: '1'}))
-            for pos, (src, _, _) in enumerate(node['inputs']):
-                if nodes[src]['op'] == 'null' and pos not in _NO_COPY.get(node['op'], ()):
-                    name = unique_name('%s_%s_copy' % (node['name'], nodes[src]['name']), names)
-                    out.append({'op': '_copy', 'attrs': {MARK: INPUT_COPY},
-                                'inputs': [inputs[pos]], 'name': name})
-                    inputs[pos] = [len(out) - 1, 0, 0]
-            attrs = dict(node.get('attrs', {}), **{MARK: KERNEL_PREFIX + node['op']})
-            node = dict(node, op=SUBSTITUTES[node['op']], attrs=attrs)
+            op, name = node['op'], node['name']
+            if nodes[node['inputs'][0][0]]['op'] == 'null':   # data: a copy of a variable
+                inputs[0] = add('_copy', '%s_%s_copy' % (name, nodes[node['inputs'][0][0]][
+                    'name']), [inputs[0]], {}, INPUT_COPY)
+            data = inputs[0]
+            if op == 'Dropout':
+                if flag is None:
+                    one, dropout = _flag_nodes(names)
+                    out.append(one)
+                    out.append(dict(dropout, inputs=[[len(out) - 1, 0, 0]]))
+                    flag = [len(out) - 1, 0, 0]
+                inputs.append(flag)
+            elif op == 'LayerNorm':
+                # gamma and beta: (D,) with D data's last axis, through MXNet's own ops; the
+                # identity is also the copy whose backward honours grad_req='add'
+                axis = add('_contrib_arange_like', name + '_mxmp_last_axis', [data],
+                           {'axis': '-1'}, TIE)
+                for pos in (1, 2):
+                    inputs[pos] = add('_identity_with_attr_like_rhs', '%s_%s_copy' % (
+                        name, nodes[node['inputs'][pos][0]]['name']), [inputs[pos], axis], {},
+                        INPUT_COPY)
+            else:   # softmax with lengths: their shape from pick's index (no copy: integers;
+                # the Cast gives pick the index dtype it needs, whatever the lengths' is)
+                index = add('Cast', name + '_mxmp_length_index', [inputs[1]],
+                            {'dtype': 'int32'}, TIE)
+                picked = add('pick', name + '_mxmp_length_shape', [data, index],
+                             {'axis': '-1', 'mode': 'clip'}, TIE)
+                inputs.append(add('BlockGrad', name + '_mxmp_length_tie', [picked], {}, TIE))
+            attrs = dict(node.get('attrs', {}), **{MARK: KERNEL_PREFIX + op,
+                                                    EXTRA_INPUTS: str(len(inputs) - 1)})
+            node = dict(node, op=SUBSTITUTES[op], attrs=attrs)
         out.append(dict(node, inputs=inputs))
         new_id[nid] = len(out) - 1
     return dict(js, nodes=out, heads=[[new_id[s], i, v] for s, i, v in js['heads']])
@@ -290,29 +316,19 @@ def with_kernel_dtype(node, dtype):
 
 
 def restore(node):
-    """The original form of a node the rule wrote: ``'input'`` for an added ``_copy`` (it stands
-    for its input), ``'drop'`` for the flag's nodes, a new node dict with the original op (and
-    inputs), a variable without the ``__shape__`` hint the rule wrote (:data:`SHAPE_HINT`), or
-    None for other nodes."""
+    """The original form of a node the rule wrote: ``'input'`` for an added copy (it stands for
+    its first input), ``'drop'`` for the flag's and the shape ties' nodes, a new node dict with
+    the original op (and inputs), or None for other nodes."""
     if node['op'] == 'null':
-        return without_hint(node) if SHAPE_HINT in node.get('attrs', {}) else None
+        return None
     mark = node.get('attrs', {}).get(MARK, '')
-    if mark in (INPUT_COPY, FLAG):
+    if mark in (INPUT_COPY, FLAG, TIE):
         return 'input' if mark == INPUT_COPY else 'drop'
     if not mark.startswith(KERNEL_PREFIX):
         return None
-    attrs = {k: v for k, v in node['attrs'].items() if k != MARK}
+    attrs = {k: v for k, v in node['attrs'].items() if k not in (MARK, EXTRA_INPUTS)}
     op = original_op(node)
     new = dict(node, op=op, attrs=attrs, inputs=node['inputs'][:_N_INPUTS.get(op, 99)])
-    if not attrs:
-        new.pop('attrs')
-    return new
-
-
-def without_hint(node):
-    """``node`` (a graph variable) without the ``__shape__`` hint the rule wrote: a new dict."""
-    attrs = {k: v for k, v in node['attrs'].items() if k not in (SHAPE_HINT, '__shape__')}
-    new = dict(node, attrs=attrs)
     if not attrs:
         new.pop('attrs')
     return new
@@ -340,6 +356,9 @@ def rule_of(node):
     if mark == INPUT_COPY:
         return ("kernel rule: input copy of an mxmp library op (MXNet's copy accumulates "
                 "grad_req='add')")
+    if mark == TIE:
+        return ("kernel rule: shape of an mxmp library op's other inputs, from its data (MXNet's "
+                "wrapper of library ops infers data's shape alone)")
     if mark == FLAG:
         return ('kernel rule: training-mode flag of mxmp_dropout (1 in inference, 0 or 2 in '
                 'training)')
@@ -397,9 +416,9 @@ def inference_only(js):
     MXNet runs as the identity in inference at no cost (the library op copies), and the flag
     removed; a bfloat16 one in the default mode (no bfloat16 Dropout in MXNet) is removed (its
     consumers read its input). A new dict, or ``js`` where there is nothing to undo."""
-    if not any(restore(n) == 'drop' for n in js['nodes']):
+    if not any(n.get('attrs', {}).get(MARK) == FLAG for n in js['nodes']):
         return js
-    return _undo(js, lambda node, back: back == 'drop' or
+    return _undo(js, lambda node, back: node.get('attrs', {}).get(MARK) == FLAG or
                  isinstance(back, dict) and back['op'] == 'Dropout',
                  bypass=lambda node: original_op(node) == 'Dropout' and
                  kernel_dtype(node) is not None and

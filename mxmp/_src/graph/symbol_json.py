@@ -103,11 +103,14 @@ def cast_origin(node):
     """Who wrote a cast node of the graph JSON: ``'mxmp'`` (marked by :data:`MARK` or
     :data:`ROUND_MARK`), ``'contrib.amp'`` (its pass names an ``amp_cast``
     ``<tensor>_amp_cast_<dtype>`` and an ``amp_multicast`` ``<node>_<k>_amp_multicast``),
-    ``'model'`` (every other cast, ``Cast`` included), or None for a node that is not a cast.
+    ``'model'`` (every other cast, ``Cast`` included), or None for a node that is not a cast
+    (the kernel rule's nodes included: its ``Cast`` of softmax lengths only gives pick an index).
     The rule is documented in docs/pass.md."""
     op, attrs = node['op'], node.get('attrs', {})
     if ROUND_MARK in attrs:
         return 'mxmp'
+    if str(attrs.get(MARK, '')).startswith('kernel_'):
+        return None   # the kernel rule's nodes (its Cast of softmax lengths, an index dtype)
     if op in ('Cast', 'cast'):
         return 'model'
     if op == '_copy' and attrs.get(MARK) == 'accumulate':

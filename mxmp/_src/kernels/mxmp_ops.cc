@@ -74,6 +74,12 @@
 // 1/sqrt(d) is float32 and scales the float32 sum once, as MXNet's GEMM alpha. Backward: the
 // transposed products; the parts of an interleaved input an op does not read get zeros.
 //
+// In mxmp's graphs (the kernel rule) every input but data is one of MXNet's "extra inputs"
+// (attribute __ext_extra_inputs__): MXNet's wrapper then passes data alone to the shape and type
+// functions below, and MXNet's own ops shape the rest; softmax then takes one more input, which
+// it ignores (the rule's shape tie: docs/pass.md, "Kernel rule"). Called without the attribute,
+// every input is the library's to infer.
+//
 // Every entry point catches exceptions (nothing is thrown across the C interface) and reports
 // errors with dtype names; attributes are parsed independently of the C locale.
 #include <cmath>
@@ -176,6 +182,16 @@ bool attr_double(const Attrs& attrs, const char* key, double dflt, double* value
     return false;
   }
   return true;
+}
+
+// The number of inputs the library's parse reports: ``natural`` (data and the op's other
+// inputs), or 1 where the node carries MXNet's extra-inputs attribute (the kernel rule's
+// graphs): MXNet's wrapper then counts every input but data as extra and leaves it out of the
+// library's shape and type inference, whose buffer it sizes by the sum of the inputs' numbers
+// of axes (an unknown shape counting -1; docs/pass.md, "Kernel rule"). Compute functions get
+// every input either way.
+int parsed_inputs(const Attrs& attrs, int natural) {
+  return attrs.count(MX_STR_EXTRA_INPUTS) ? 1 : natural;
 }
 
 const char* dtype_name(int dtype) {
@@ -406,7 +422,7 @@ MXReturnValue ln_parse(const Attrs& attrs, int* num_in, int* num_out) {
       MX_ERROR_MSG << "mxmp_layer_norm: eps must be >= 0, got " << attrs.at("eps");
       return MX_FAIL;
     }
-    *num_in = 3;
+    *num_in = parsed_inputs(attrs, 3);
     *num_out = 3;
     return MX_SUCCESS;
   });
@@ -473,7 +489,7 @@ MXReturnValue ln_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
                    << "rows";
       return MX_FAIL;
     }
-    for (size_t i = 1; i < 3; ++i) {
+    for (size_t i = 1; i < in->size(); ++i) {   // (extra inputs: MXNet's ops shape them)
       // a Gluon Parameter whose size is still deferred arrives as (-1,) (MXNet's unknown
       // dimension) or (0,) (the legacy unknown), a symbol variable without a shape as ():
       // it takes data's last axis
@@ -618,7 +634,7 @@ MXReturnValue dropout_parse(const Attrs& attrs, int* num_in, int* num_out) {
                    << it->second << "'";
       return MX_FAIL;
     }
-    *num_in = 2;
+    *num_in = parsed_inputs(attrs, 2);
     *num_out = 2;
     return MX_SUCCESS;
   });
@@ -633,12 +649,14 @@ MXReturnValue dropout_infer_type(const Attrs& attrs, std::vector<int>* in,
                    << dtype_name(t);
       return MX_FAIL;
     }
-    if ((*in)[1] != -1 && (*in)[1] != mxnet::ext::kFloat32) {
-      MX_ERROR_MSG << "mxmp_dropout: the flag must be float32, got " << dtype_name((*in)[1]);
-      return MX_FAIL;
+    if (in->size() > 1) {   // the flag, unless an extra input
+      if ((*in)[1] != -1 && (*in)[1] != mxnet::ext::kFloat32) {
+        MX_ERROR_MSG << "mxmp_dropout: the flag must be float32, got " << dtype_name((*in)[1]);
+        return MX_FAIL;
+      }
+      (*in)[1] = mxnet::ext::kFloat32;
     }
     (*in)[0] = t;
-    (*in)[1] = mxnet::ext::kFloat32;
     (*out)[0] = t;
     (*out)[1] = mxnet::ext::kUint8;
     return MX_SUCCESS;
@@ -647,7 +665,7 @@ MXReturnValue dropout_infer_type(const Attrs& attrs, std::vector<int>* in,
 
 MXReturnValue dropout_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
   return guarded("mxmp_dropout", [&] {
-    (*in)[1] = std::vector<unsigned>{1};
+    if (in->size() > 1) (*in)[1] = std::vector<unsigned>{1};   // the flag, unless extra
     if (!known((*in)[0])) {
       if (has_unknown_dim((*in)[0])) {
         MX_ERROR_MSG << "mxmp_dropout: data's shape " << shape_str((*in)[0]) << " has an "
@@ -846,7 +864,7 @@ int64_t length_at(MXTensor& length, int64_t r, int64_t m) {
 
 MXReturnValue softmax_parse(const Attrs& attrs, int* num_in, int* num_out) {
   return guarded("mxmp_softmax", [&] {
-    *num_in = use_length(attrs) ? 2 : 1;
+    *num_in = parsed_inputs(attrs, use_length(attrs) ? 2 : 1);
     *num_out = 1;
     return MX_SUCCESS;
   });
@@ -943,9 +961,9 @@ MXReturnValue softmax_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
 
 template <typename T>
 void softmax_grad_all(std::vector<MXTensor>* in, T* dx, bool with_length) {
-  // in: d out, data, [length], out
+  // in: d out, data, [length, [the rule's shape tie]], out
   MXTensor& dy = (*in)[0];
-  MXTensor& y = (*in)[with_length ? 3 : 2];
+  MXTensor& y = in->back();
   MXTensor* length = with_length ? &(*in)[2] : nullptr;
   const int64_t m = last_dim(dy);
   const int64_t rows = m == 0 ? 0 : dy.size() / m;
@@ -972,9 +990,9 @@ MXReturnValue softmax_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in
                                    std::vector<MXTensor>* out, const OpResource& res) {
   return guarded("mxmp_softmax backward", [&] {
     const bool with_length = use_length(attrs);
-    if (with_length && out->size() > 1 && (*out)[1].data_ptr != nullptr) {
-      MXTensor& dl = (*out)[1];
-      std::memset(dl.data_ptr, 0, dl.size() * dtype_bytes(dl.dtype));
+    for (size_t i = 1; i < out->size(); ++i) {   // length and the rule's shape tie: zero
+      MXTensor& g = (*out)[i];
+      if (g.data_ptr != nullptr) std::memset(g.data_ptr, 0, g.size() * dtype_bytes(g.dtype));
     }
     if ((*out)[0].data_ptr == nullptr) return MX_SUCCESS;
     if ((*in)[0].dtype == mxnet::ext::kFloat32) {
