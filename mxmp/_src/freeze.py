@@ -17,7 +17,7 @@ from mxnet import autograd, gluon
 from .dtypes import dtype_name, mx_dtype
 from .graph.convert import convert_symbol
 from .graph.fold import fold_batchnorm, folded_values
-from .graph.kernel_rule import inference_only
+from .graph.kernel_undo import inference_only
 from .graph.stem import pad_stem, wants_padding
 from .graph.strip import remove_casts
 from .graph.symbol_json import cast_param_names, dump, load

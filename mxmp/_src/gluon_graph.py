@@ -17,7 +17,7 @@ from mxnet.gluon.block import _flatten
 from .device import lp_kernels_available, to_default_layout
 from .dtypes import dtype_name, from_mshadow_enum, mx_dtype
 from .graph.convert import convert_symbol
-from .graph.kernel_rule import inference_only
+from .graph.kernel_undo import inference_only
 from .graph.strip import count_casts
 from .graph.stem import check_option as check_pad_stem, pad_stem as pad_stem_of, \
     padded_convolutions, wants_padding

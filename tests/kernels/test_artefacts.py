@@ -179,7 +179,7 @@ def test_every_artefact_loads_in_plain_mxnet(tmp_path, capsys):
 
 
 def test_graph_conversion_keeps_its_library_ops_and_mxnet_ops_undoes_them():
-    from mxmp._src.graph.kernel_rule import mxnet_ops
+    from mxmp._src.graph.kernel_undo import mxnet_ops
     from mxmp._src.graph.symbol_json import load
     x = mx.sym.var('data')
     h = mx.sym.LayerNorm(mx.sym.FullyConnected(x, num_hidden=8, flatten=False, name='fc'),

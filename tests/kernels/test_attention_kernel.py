@@ -22,7 +22,8 @@ import pytest
 import mxnet as mx
 import mxmp
 from mxmp._src.conformance.attention import BFLOAT16_TOL, FLOAT32_TOL
-from mxmp._src.graph.kernel_rule import ATTENTION, apply_kernels, attention_pays, mxnet_ops
+from mxmp._src.graph.kernel_rule import ATTENTION, apply_kernels, attention_pays
+from mxmp._src.graph.kernel_undo import mxnet_ops
 from mxmp._src.graph.symbol_json import load
 from mxmp._src.kernels.build import load_library
 

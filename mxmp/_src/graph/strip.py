@@ -3,7 +3,8 @@ arrays that go with a converted or stripped graph."""
 import numpy as np
 
 from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum, mx_dtype
-from .kernel_rule import mxnet_ops, restore
+from .kernel_rule import restore
+from .kernel_undo import mxnet_ops
 from .symbol_json import (CAST_OPS, FLOAT_DTYPES, MARK, NAME_MARK, ROUND_MARK, STEM_MARK,
     STEM_SHAPE, cast_origin, dump, is_cast_param, load, original_dtype)
 
@@ -96,7 +97,7 @@ def remove_casts(sym):
 
 def without_library_ops(sym):
     """``sym`` (a converted Symbol) with MXNet's own ops in place of those of mxmp's library
-    (:func:`mxmp._src.graph.kernel_rule.mxnet_ops`; casts and stored dtypes stay): the graph
+    (:func:`mxmp._src.graph.kernel_undo.mxnet_ops`; casts and stored dtypes stay): the graph
     mxmp writes to files, which plain MXNet loads. ``sym`` itself where it holds none."""
     js = load(sym)
     out = mxnet_ops(js)
