@@ -263,7 +263,12 @@ def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False, skip_names
                 inputs[0] = add('_copy', '%s_%s_copy' % (name, nodes[node['inputs'][0][0]][
                     'name']), [inputs[0]], {}, INPUT_COPY)
             data = inputs[0]
-            if op == 'Dropout':
+            if op in ATTENTION:   # every input is data: each variable through a copy
+                for pos in range(1, len(inputs)):
+                    if nodes[node['inputs'][pos][0]]['op'] == 'null':
+                        inputs[pos] = add('_copy', '%s_%s_copy' % (name, nodes[node['inputs'][
+                            pos][0]]['name']), [inputs[pos]], {}, INPUT_COPY)
+            elif op == 'Dropout':
                 if flag is None:
                     one, dropout = _flag_nodes(names)
                     out.append(one)
@@ -286,8 +291,9 @@ def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False, skip_names
                 picked = add('pick', name + '_mxmp_length_shape', [data, index],
                              {'axis': '-1', 'mode': 'clip'}, TIE)
                 inputs.append(add('BlockGrad', name + '_mxmp_length_tie', [picked], {}, TIE))
-            attrs = dict(node.get('attrs', {}), **{MARK: KERNEL_PREFIX + op,
-                                                    EXTRA_INPUTS: str(len(inputs) - 1)})
+            attrs = dict(node.get('attrs', {}), **{MARK: KERNEL_PREFIX + op})
+            if op not in ATTENTION:   # the attention matmuls' inputs are all data
+                attrs[EXTRA_INPUTS] = str(len(inputs) - 1)
             node = dict(node, op=SUBSTITUTES[op], attrs=attrs)
         out.append(dict(node, inputs=inputs))
         new_id[nid] = len(out) - 1
