@@ -29,7 +29,7 @@ from ._src.policy.policy import Policy  # noqa: E402
 from ._src.scaling import (DynamicLossScaler, LossScaleGroup, LossScaler,  # noqa: E402
                            NoOpLossScaler, StaticLossScaler, make_loss_scaler)
 from ._src.training.trainer import Trainer  # noqa: E402
-from ._src.graph.kernel_undo import install_symbol_loaders as _install_symbol_loaders  # noqa: E402,E501
+from ._src.graph.symbol_json import install_symbol_loaders as _install_symbol_loaders  # noqa: E402,E501
 
 # A graph holding ops of mxmp's library (written with library_ops=True) loads after `import
 # mxmp`: the library is built or loaded when such a graph is loaded, not now.

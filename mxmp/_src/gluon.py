@@ -2,7 +2,7 @@
 switch of :func:`mxmp.amp.init`.
 
 **The one module of mxmp that hooks MXNet's classes** (``import mxmp`` only wraps MXNet's graph
-loaders: :func:`mxmp._src.graph.kernel_undo.install_symbol_loaders`). :func:`install_hooks` (the
+loaders: :func:`mxmp._src.graph.symbol_json.install_symbol_loaders`). :func:`install_hooks` (the
 first :func:`convert`, ``amp.init`` or mxmp.Trainer) wraps ``HybridBlock._build_cache`` (the
 graph of a converted block, or of the hybridized parent of one, :mod:`mxmp._src.block_scope`,
 goes through the pass, :func:`mxmp._src.gluon_graph.rewrite`), ``_call_cached_op`` (default

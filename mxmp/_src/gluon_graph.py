@@ -17,7 +17,6 @@ from mxnet.gluon.block import _flatten
 from .device import lp_kernels_available, to_default_layout
 from .dtypes import dtype_name, from_mshadow_enum, mx_dtype
 from .graph.convert import convert_symbol
-from .graph.kernel_undo import inference_only
 from .graph.strip import count_casts
 from .graph.stem import check_option as check_pad_stem, pad_stem as pad_stem_of, \
     padded_convolutions, wants_padding
@@ -128,6 +127,7 @@ def _precast_graph(float32_symbol, policy, data_dtypes, data_names, symbol, fold
         float32_symbol, folds = fold_batchnorm(float32_symbol)
     graph = convert_symbol(float32_symbol, policy=policy, data_dtypes=data_dtypes,
                            cast_params=True, data_names=data_names)
+    from .graph.kernel_undo import inference_only   # not loaded by `import mxmp`
     graph = dump(inference_only(load(graph)))   # it only ever runs inference
     if padded_convolutions(symbol):
         graph = pad_stem_of(graph, {n: a.shape for n, a in zip(data_names, args)})

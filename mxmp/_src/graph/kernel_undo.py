@@ -1,17 +1,22 @@
 """Undoing the kernel rule (:mod:`.kernel_rule`): MXNet's own ops back in place of the library's
 in every file mxmp writes (:func:`mxnet_ops`) and in inference-only graphs where MXNet's op
-costs nothing (:func:`inference_only`), and the graph loaders that load the library first for
-a graph that holds its ops (:func:`install_symbol_loaders`, run by ``import mxmp``).
+costs nothing (:func:`inference_only`). Loaded by the first conversion or export, not by
+``import mxmp``.
 """
-from .kernel_rule import ATTENTION, FLAG, kernel_dtype, original_op, restore
 from .symbol_json import MARK, unique_name
 
-__all__ = ['inference_only', 'mxnet_ops', 'install_symbol_loaders']
+__all__ = ['inference_only', 'mxnet_ops']
+
+
+def _rule():   # the kernel rule, loaded by the first conversion (not by `import mxmp`)
+    from . import kernel_rule
+    return kernel_rule
 
 
 def _undo(js, undo, bypass=lambda node: False):
     """``js`` with the rule's nodes for which ``undo(node, restored)`` is true put back
-    (copies read their input again, flags dropped once no library op reads them; a library
+    (copies read their input again, flags and shape ties dropped with whatever reads them once
+    no library op does; a library
     node marked low precision comes back in float32 between two casts), and the library nodes
     for which ``bypass(node)`` is true replaced by their data input."""
     nodes = js['nodes']
@@ -27,22 +32,26 @@ def _undo(js, undo, bypass=lambda node: False):
                     'attrs': {MARK: 'cast', 'dtype': dtype}, 'inputs': [src]})
         return [len(out) - 1, 0, 0]
 
+    dropped = set()
     for nid, node in enumerate(nodes):
-        back = restore(node)
+        back = _rule().restore(node)
         if back is not None and not undo(node, back):
             back = None
-        if back == 'drop':
+        reads = (back['inputs'] if isinstance(back, dict) else
+                 node['inputs'][:1] if back == 'input' else node['inputs'])
+        if back == 'drop' or any(s in dropped for s, _, _ in reads):
+            dropped.add(nid)   # a flag or shape tie, or what only reads one (the pass's cast)
             continue
         if back == 'input' or (isinstance(back, dict) and bypass(node)):
             src, idx, _ = node['inputs'][0]
             resolve[nid] = resolve[src] if src in resolve and idx == 0 else [new_id[src], idx]
             continue
-        low = kernel_dtype(node) if isinstance(back, dict) else None
+        low = _rule().kernel_dtype(node) if isinstance(back, dict) else None
         if isinstance(back, dict):
             node = back
         inputs = [entry(s, i, v) for s, i, v in node['inputs']]
         if low is not None:   # MXNet's op in float32 between two casts (low data inputs:
-            for k in range(len(inputs)) if node['op'] in ATTENTION else (0,):   # all, or 0)
+            for k in range(len(inputs)) if node['op'] in _rule().ATTENTION else (0,):   # all or 0)
                 inputs[k] = cast(inputs[k], 'float32', node['name'])
         out.append(dict(node, inputs=inputs))
         new_id[nid] = len(out) - 1
@@ -58,12 +67,14 @@ def inference_only(js):
     MXNet runs as the identity in inference at no cost (the library op copies), and the flag
     removed; a bfloat16 one in the default mode (no bfloat16 Dropout in MXNet) is removed (its
     consumers read its input). A new dict, or ``js`` where there is nothing to undo."""
-    if not any(n.get('attrs', {}).get(MARK) == FLAG for n in js['nodes']):
+    rule = _rule()
+    flag = rule.FLAG
+    if not any(n.get('attrs', {}).get(MARK) == flag for n in js['nodes']):
         return js
-    return _undo(js, lambda node, back: node.get('attrs', {}).get(MARK) == FLAG or
+    return _undo(js, lambda node, back: node.get('attrs', {}).get(MARK) == flag or
                  isinstance(back, dict) and back['op'] == 'Dropout',
-                 bypass=lambda node: original_op(node) == 'Dropout' and
-                 kernel_dtype(node) is not None and
+                 bypass=lambda node: rule.original_op(node) == 'Dropout' and
+                 rule.kernel_dtype(node) is not None and
                  node['attrs'].get('mode', 'training') != 'always')
 
 
@@ -73,38 +84,6 @@ def mxnet_ops(js):
     the input copies and the training flag gone; casts and stored dtypes stay. What every file
     mxmp writes holds unless the user asks for the library ops: plain MXNet loads it. A new
     dict, or ``js`` where the rule wrote nothing."""
-    if not any(restore(n) is not None for n in js['nodes']):
+    if not any(_rule().restore(n) is not None for n in js['nodes']):
         return js
     return _undo(js, lambda node, back: True)
-
-
-_LOADERS = {}   # name -> MXNet's own graph loader (install_symbol_loaders)
-
-
-def _symbol_loader(name, original):
-    def load(source, *args, **kwargs):
-        if name == 'load' or 'mxmp_' in str(source):   # a file, or a graph naming mxmp ops
-            from ..kernels.loading import before_loading   # lazily: import budget
-            before_loading(source, name == 'load')
-        return original(source, *args, **kwargs)
-    load.__doc__, load.__name__ = original.__doc__, original.__name__
-    return load
-
-
-def install_symbol_loaders():
-    """Wrap MXNet's graph loaders ``mx.sym.load`` and ``mx.sym.load_json`` (which
-    ``gluon.SymbolBlock.imports`` and ``mx.model.load_checkpoint`` call) so that a graph holding
-    library ops loads the library first (:mod:`mxmp._src.kernels.loading`); run by ``import
-    mxmp``, idempotent, kept by :func:`mxmp.remove_hooks`: graphs of MXNet's ops load as
-    before. Besides :mod:`mxmp._src.gluon`'s hooks, the one place mxmp wraps MXNet's code.
-
-    Why lazily, at load time: ``import mxmp`` stays fast and never compiles; graphs without
-    library ops (every file mxmp writes unless the user asks for them) never build or load the
-    library; a graph with them gets it, built once per machine, before MXNet meets its ops.
-    """
-    import mxnet as mx
-    if _LOADERS:
-        return
-    for name in ('load', 'load_json'):
-        _LOADERS[name] = getattr(mx.symbol, name)
-        setattr(mx.symbol, name, _symbol_loader(name, _LOADERS[name]))

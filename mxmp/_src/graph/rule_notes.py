@@ -3,7 +3,7 @@ rule) next to the user's op lists: the user's choice first where the user named 
 and, where the user's class made a rule leave a node, that rule and why.
 """
 from ..policy.policy import FLOAT32, FOLLOW, LOW_PRECISION
-from .kernel_rule import (ATTENTION, INPUT_COPY, SUBSTITUTES, original_op, rule_of,
+from .kernel_rule import (ATTENTION, INPUT_COPY, SUBSTITUTES, TIE, original_op, rule_of,
                           substitution_rule)
 from .symbol_json import MARK
 
@@ -14,15 +14,16 @@ def rewritten_class(policy, node, kernel_nodes):
     """``(op_class, rule)`` of a node (graph JSON) the kernel or reduction rule wrote, or that
     the kernel rule would write (``kernel_nodes``: ``{node name: library op}``, explain's);
     None for other nodes. The library ops follow their data's dtype in bfloat16 graphs, the
-    attention matmuls are low precision (:func:`library_class`), their input copies follow;
+    attention matmuls are low precision (:func:`library_class`), their input copies and shape
+    ties follow;
     the other nodes of the rules compute in float32."""
     from . import reduce_rule   # loaded by the first conversion, not by `import mxmp`
     if original_op(node) is not None:
         return library_class(policy, node, original_op(node))
     if node['op'] != 'null' and node['name'] in kernel_nodes:
         return library_class(policy, node, node['op'])
-    if node['op'] != 'null' and node.get('attrs', {}).get(MARK) == INPUT_COPY and \
-            policy.target_dtype == 'bfloat16':
+    if node['op'] != 'null' and node.get('attrs', {}).get(MARK) in (INPUT_COPY, TIE) and \
+            policy.target_dtype == 'bfloat16':   # copies and shape ties: no cast of data
         return FOLLOW, rule_of(node)
     if rule_of(node) is not None:
         return FLOAT32, with_user_choice(policy, node, original_op(node), rule_of(node))

@@ -4,7 +4,6 @@ import numpy as np
 
 from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum, mx_dtype
 from .kernel_rule import restore
-from .kernel_undo import mxnet_ops
 from .symbol_json import (CAST_OPS, FLOAT_DTYPES, MARK, NAME_MARK, ROUND_MARK, STEM_MARK,
     STEM_SHAPE, cast_origin, dump, is_cast_param, load, original_dtype)
 
@@ -100,6 +99,7 @@ def without_library_ops(sym):
     (:func:`mxmp._src.graph.kernel_undo.mxnet_ops`; casts and stored dtypes stay): the graph
     mxmp writes to files, which plain MXNet loads. ``sym`` itself where it holds none."""
     js = load(sym)
+    from .kernel_undo import mxnet_ops   # not loaded by `import mxmp`
     out = mxnet_ops(js)
     return sym if out is js else dump(out)
 
@@ -111,6 +111,7 @@ def write_mxnet_ops(path):
     from ..files import write_atomic
     with open(path) as f:
         js = json.load(f)
+    from .kernel_undo import mxnet_ops   # not loaded by `import mxmp`
     out = mxnet_ops(js)
     if out is not js:
         out = dict(out, arg_nodes=[i for i, n in enumerate(out['nodes']) if n['op'] == 'null'])

@@ -1,5 +1,6 @@
 """A Symbol's graph JSON (``tojson(remove_amp_cast=False)``): load, dump, MXNet's dtype
-inference on it by node position, and the attributes mxmp writes on its nodes.
+inference on it by node position, the attributes mxmp writes on its nodes, and MXNet's graph
+loaders wrapped so that a graph holding mxmp's library ops loads the library first.
 
 The ``__mxmp*`` strings below are attribute keys of graph nodes, not side channels.
 """
@@ -14,7 +15,7 @@ from ..dtypes import LOW_PRECISION_DTYPES, MSHADOW_ENUM, dtype_name
 __all__ = ['MARK', 'NAME_MARK', 'ROUND_MARK', 'PINNED', 'CAST_OPS', 'FLOAT_DTYPES', 'load', 'dump',
            'is_cast_param', 'cast_param_names', 'storage_mark', 'original_dtype',
            'cast_origin', 'pin_variable_dtypes', 'infer_dtypes', 'node_output_dtypes',
-           'mutable_inputs', 'unique_name']
+           'mutable_inputs', 'unique_name', 'install_symbol_loaders']
 
 #: Attribute key that marks the nodes and variables mxmp wrote.
 MARK = '__mxmp__'   # a graph attribute key, not a side channel
@@ -208,3 +209,35 @@ def _mutable_inputs(op, attrs, n_in):
     node = {'op': op, 'name': 'node', 'attrs': json.loads(attrs)}
     aux = set(dump(_one_node_graph(node, [None] * n_in)).list_auxiliary_states())
     return tuple(i for i in range(n_in) if 'i%d' % i in aux)
+
+
+_LOADERS = {}   # name -> MXNet's own graph loader (install_symbol_loaders)
+
+
+def _symbol_loader(name, original):
+    def load(source, *args, **kwargs):
+        if name == 'load' or 'mxmp_' in str(source):   # a file, or a graph naming mxmp ops
+            from ..kernels.loading import before_loading   # lazily: import budget
+            before_loading(source, name == 'load')
+        return original(source, *args, **kwargs)
+    load.__doc__, load.__name__ = original.__doc__, original.__name__
+    return load
+
+
+def install_symbol_loaders():
+    """Wrap MXNet's graph loaders ``mx.sym.load`` and ``mx.sym.load_json`` (which
+    ``gluon.SymbolBlock.imports`` and ``mx.model.load_checkpoint`` call) so that a graph holding
+    library ops loads the library first (:mod:`mxmp._src.kernels.loading`); run by ``import
+    mxmp``, idempotent, kept by :func:`mxmp.remove_hooks`: graphs of MXNet's ops load as
+    before. Besides :mod:`mxmp._src.gluon`'s hooks, the one place mxmp wraps MXNet's code.
+
+    Why lazily, at load time: ``import mxmp`` stays fast and never compiles; graphs without
+    library ops (every file mxmp writes unless the user asks for them) never build or load the
+    library; a graph with them gets it, built once per machine, before MXNet meets its ops.
+    """
+    import mxnet as mx
+    if _LOADERS:
+        return
+    for name in ('load', 'load_json'):
+        _LOADERS[name] = getattr(mx.symbol, name)
+        setattr(mx.symbol, name, _symbol_loader(name, _LOADERS[name]))

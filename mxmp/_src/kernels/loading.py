@@ -2,7 +2,7 @@
 :func:`before_loading` runs before MXNet parses a graph, from the wrappers of MXNet's two graph
 loaders, ``mx.sym.load`` and ``mx.sym.load_json`` (which ``gluon.SymbolBlock.imports``,
 ``mx.model.load_checkpoint`` and ``mx.mod.Module.load`` call), that ``import mxmp`` installs
-(:func:`mxmp._src.graph.kernel_undo.install_symbol_loaders`).
+(:func:`mxmp._src.graph.symbol_json.install_symbol_loaders`).
 
 Why lazily: ``import mxmp`` stays fast and never compiles; a graph without library ops (every
 file mxmp writes, unless the user asks for them) never builds or loads the library; a graph

@@ -443,14 +443,15 @@ MXReturnValue ln_infer_type(const Attrs& attrs, std::vector<int>* in, std::vecto
     }
     int& data = (*in)[0];
     if (data == -1 && (*out)[0] != -1) data = (*out)[0];
+    // gamma and beta: (*in)[1], (*in)[2], unless extra inputs (then MXNet's ops type them
+    // and the library sees data alone)
     if (data == kBfloat16) {
-      for (size_t i = 1; i < 3; ++i) {
+      for (size_t i = 1; i < in->size(); ++i) {
         int& v = (*in)[i];
         if (v == -1) v = mxnet::ext::kFloat32;
         if (v != mxnet::ext::kFloat32 && v != kBfloat16) {
           MX_ERROR_MSG << "mxmp_layer_norm: gamma and beta of bfloat16 data must be float32 "
-                       << "or bfloat16, got " << dtype_name((*in)[1]) << " and "
-                       << dtype_name((*in)[2]);
+                       << "or bfloat16, got " << dtype_name(v);
           return MX_FAIL;
         }
       }
@@ -465,8 +466,7 @@ MXReturnValue ln_infer_type(const Attrs& attrs, std::vector<int>* in, std::vecto
       if ((t != -1 && v != t) || v == kBfloat16) {
         MX_ERROR_MSG << "mxmp_layer_norm: data, gamma and beta must have one dtype (or "
                      << "bfloat16 data with float32 or bfloat16 gamma and beta), got "
-                     << dtype_name((*in)[0]) << ", " << dtype_name((*in)[1]) << " and "
-                     << dtype_name((*in)[2]);
+                     << dtype_name(t == -1 ? v : t) << " and " << dtype_name(v);
         return MX_FAIL;
       }
       t = v;
