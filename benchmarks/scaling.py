@@ -226,7 +226,8 @@ def project(reports, counts):
         n_b: ms}, 'vs_reference': {n: reference ms / mode ms}, 'ops': [{'op', 'ms_a',
         'ms_b', 's', 'ms': {n: ms}}, ...]}}}``. The ops of a mode are those timed at both
         counts (and :data:`OUTSIDE`), largest projected time at the largest count first; an
-        op timed at one count only is left out and named in ``'unmatched'``. ``ms`` at a
+        op timed at one count only, or at 0 ms at one, is left out and named in
+        ``'unmatched'``. ``ms`` at a
         count that was measured is the Amdahl fit, equal to the measurement at ``n_a`` and
         ``n_b``.
 
@@ -246,10 +247,11 @@ def project(reports, counts):
     out = {'measured': [n_a, n_b], 'counts': list(counts), 'reference': modes[0], 'modes': {}}
     for mode in modes:
         ops_a, ops_b = _mode_ops(ra, mode), _mode_ops(rb, mode)
-        rows = []
+        rows, left_out = [], set(ops_a) ^ set(ops_b)
         for op in sorted(set(ops_a) & set(ops_b)):
             ta, tb = ops_a[op], ops_b[op]
             if not (ta > 0 and tb > 0):
+                left_out.add(op)
                 continue
             s = serial_fraction(ta, tb, n_a, n_b)
             rows.append({'op': op, 'ms_a': ta, 'ms_b': tb, 's': s,
@@ -258,7 +260,7 @@ def project(reports, counts):
         rows.sort(key=lambda r: (-r['ms'].get(last, r['ms_b']), r['op']))
         out['modes'][mode] = {
             'label': ra['modes'][mode].get('label', mode), 'ops': rows,
-            'unmatched': sorted(set(ops_a) ^ set(ops_b)),
+            'unmatched': sorted(left_out),
             'measured_ms': {n_a: sum(r['ms_a'] for r in rows), n_b: sum(r['ms_b'] for r in rows)},
             'ms': {n: sum(r['ms'][n] for r in rows) for n in counts}}
     ref = out['modes'][modes[0]]
@@ -302,7 +304,7 @@ def projection_markdown(proj, top=10):
                 ''.join(' %.2f |' % r['ms'][n] for n in counts) +
                 ''.join(' %.0f%% |' % (100 * r['ms'][n] / m['ms'][n]) for n in counts))
         if m['unmatched']:
-            lines += ['', 'Profiled at one count only (left out): %s'
+            lines += ['', 'Profiled at one count only or at 0 ms (left out): %s'
                       % ', '.join(m['unmatched'])]
     return '\n'.join(lines) + '\n'
 

@@ -157,7 +157,9 @@ def test_projection_sums_each_operators_amdahl_time():
     r2 = _profile(2, {'FullyConnected': {'float32': 40.0, 'mxmp': 20.0},
                       'Dropout': {'float32': 10.0, 'mxmp': 10.0},
                       'amp_cast': {'mxmp': 4.5}, 'only_at_2': {'mxmp': 1.0}},
-                  {'float32': 52.0, 'mxmp': 37.5})
+                  {'float32': 52.0, 'mxmp': 38.0})
+    r1['rows'].insert(0, {'op': 'zero_at_1', 'ms': {'mxmp': 0.0}})
+    r2['rows'].insert(0, {'op': 'zero_at_1', 'ms': {'mxmp': 0.5}})   # (in the 38.0 ms wall)
     proj = project({2: r2, 1: r1}, [8, 64])
     assert proj['measured'] == [1, 2] and proj['reference'] == 'float32'
     f32, mx = proj['modes']['float32'], proj['modes']['mxmp']
@@ -170,7 +172,8 @@ def test_projection_sums_each_operators_amdahl_time():
     cast = next(r for r in mx['ops'] if r['op'] == 'amp_cast')
     assert cast['s'] == pytest.approx(0.5)
     assert cast['ms'][8] == pytest.approx(6.0 * (0.5 + 0.5 / 8))
-    assert mx['unmatched'] == ['only_at_2']          # timed at one count: left out, named
+    # timed at one count, or at 0 ms at one: left out, named
+    assert mx['unmatched'] == ['only_at_2', 'zero_at_1']
     assert mx['ms'][64] == pytest.approx(40 / 64 + 10 + 2 + 6.0 * (0.5 + 0.5 / 64))
     assert mx['vs_reference'][64] == pytest.approx(f32['ms'][64] / mx['ms'][64])
     assert f32['vs_reference'] == {8: 1.0, 64: 1.0}
