@@ -30,8 +30,11 @@ import os
 import sys
 
 __all__ = ['benchmark_rows', 'profile_rows', 'markdown', 'write', 'serial_fraction',
-           'amdahl_time', 'project', 'projection_markdown', 'load_profiles', 'main']
+           'amdahl_time', 'project', 'projection_markdown', 'projection_text', 'load_profiles',
+           'main', 'PROJECT_TO']
 
+#: Thread counts ``scripts/benchmark.py --profile --threads ...`` projects to.
+PROJECT_TO = (8, 16, 32, 64)
 #: The pseudo-operator of :func:`project`: wall time per iteration minus the operators' sum.
 OUTSIDE = '(outside operators)'
 
@@ -345,6 +348,30 @@ def load_profiles(paths):
     return reports
 
 
+def projection_text(reports, proj, top=10):
+    """The Markdown page of a projection: its title, the profiles' command and load averages,
+    the method and assumptions, then :func:`projection_markdown`.
+
+    Args:
+        reports (dict): thread count -> profile report (what :func:`project` read).
+        proj (dict): :func:`project`'s result.
+        top (int): operators listed per mode.
+    """
+    loads = ', '.join('%d threads: load %.1f-%.1f' % (
+        n, r['machine']['loadavg_start'][0], r['machine'].get('loadavg_end', [float('nan')])[0])
+        for n, r in sorted(reports.items()))
+    return '\n'.join([
+        '# Projected with Amdahl\'s law from %d and %d threads' % tuple(proj['measured']), '',
+        '- profiles of `%s` (%s)' % (reports[proj['measured'][0]]['config'].get('command', '?'),
+                                     loads),
+        '- per operator s = serial fraction from its times at %d and %d threads, clipped to '
+        '[0, 1]; %s = wall time with the profiler on minus the operators\' sum'
+        % (proj['measured'][0], proj['measured'][1], OUTSIDE),
+        '- assumes: the same serial fraction at every count, memory bandwidth growing with the '
+        'cores, no NUMA, no other load; a loaded profile gives a meaningless fit',
+        '', projection_markdown(proj, top)])
+
+
 def main(argv=None):
     """``python -m benchmarks.scaling PROFILE... --project 8 16 32 64``: print the projection
     (and write it as JSON with ``--output``); exit code 2 on bad input."""
@@ -369,19 +396,7 @@ def main(argv=None):
     except ValueError as err:
         print('error: %s' % err, file=sys.stderr)
         return 2
-    loads = ', '.join('%d threads: load %.1f-%.1f' % (
-        n, r['machine']['loadavg_start'][0], r['machine'].get('loadavg_end', [float('nan')])[0])
-        for n, r in sorted(reports.items()))
-    text = '\n'.join([
-        '# Projected with Amdahl\'s law from %d and %d threads' % tuple(proj['measured']), '',
-        '- profiles of `%s` (%s)' % (reports[proj['measured'][0]]['config'].get('command', '?'),
-                                     loads),
-        '- per operator s = serial fraction from its times at %d and %d threads, clipped to '
-        '[0, 1]; %s = wall time with the profiler on minus the operators\' sum'
-        % (proj['measured'][0], proj['measured'][1], OUTSIDE),
-        '- assumes: the same serial fraction at every count, memory bandwidth growing with the '
-        'cores, no NUMA, no other load', '', projection_markdown(proj, args.top)])
-    print(text)
+    print(projection_text(reports, proj, args.top))
     if args.output:
         with open(args.output, 'w') as f:
             json.dump(proj, f, indent=1)

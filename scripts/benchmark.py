@@ -106,8 +106,10 @@ def parse_args(argv=None):
                         ' (the loss check at the first count only), then print and write '
                         'scaling.md: the ratio against float32 per count, the time of one batch '
                         '(batch 1: the latency of a call) and the speed-up from the first count '
-                        '(with --profile: of each operator; python -m benchmarks.scaling '
-                        'OUTPUT_DIR --project 8 16 32 64 projects it to more cores)')
+                        '(with --profile: of each operator, and projection.md: each mode '
+                        'projected to %s threads, Amdahl\'s law per operator; python -m '
+                        'benchmarks.scaling OUTPUT_DIR --project N... for other counts)'
+                        % ' '.join(map(str, scaling.PROJECT_TO)))
     p.add_argument('--timeout', type=float, default=3600, help='seconds per subprocess')
     p.add_argument('--output-dir', default='runs/benchmark', help='where the outputs go')
     p.add_argument('--quick', action='store_true',
@@ -229,6 +231,17 @@ def main(argv=None):
                          unit=unit_of(args.model))
     print(text)
     LOG.info('wrote %s', os.path.join(out_dir, 'scaling.md'))
+    if args.profile:   # the same as python -m benchmarks.scaling OUTPUT_DIR --project 8 16 32 64
+        try:
+            proj = scaling.project(reports, list(scaling.PROJECT_TO))
+        except ValueError as err:
+            LOG.warning('no projection: %s', err)
+            return status
+        text = scaling.projection_text(reports, proj)
+        with open(os.path.join(out_dir, 'projection.md'), 'w') as f:
+            f.write(text)
+        print(text)
+        LOG.info('wrote %s', os.path.join(out_dir, 'projection.md'))
     return status
 
 

@@ -81,6 +81,16 @@ def test_profile_gives_each_operator_its_speed_up(tmp_path):
     assert scaling['rows'][-1]['op'] == 'total'
     assert '| mode | op | ms/iter at 1 | ms/iter at 2 | speed-up 1->2 |' in proc.stdout
     assert '| float32 | Convolution |' in proc.stdout
+    # and the projection to more cores, as python -m benchmarks.scaling prints it
+    projection = (tmp_path / 'projection.md').read_text()
+    assert projection in proc.stdout
+    assert "# Projected with Amdahl's law from 1 and 2 threads" in projection
+    assert '| mode | ms at 1 (measured) | ms at 2 (measured) | ms at 8 | ms at 16 | ms at 32 ' \
+        '| ms at 64 |' in projection
+    from benchmarks.scaling import load_profiles, project
+    proj = project(load_profiles([str(tmp_path)]), [8, 16, 32, 64])
+    conv_proj = next(r for r in proj['modes']['float32']['ops'] if r['op'] == 'Convolution')
+    assert conv_proj['ms_a'] == conv['ms']['1'] and conv_proj['ms_b'] == conv['ms']['2']
 
 
 def test_profile_rows_arithmetic():
