@@ -11,8 +11,11 @@ __all__ = ['rewritten_class', 'with_user_choice', 'rules_left']
 def rewritten_class(policy, node, kernel_nodes):
     """``(FLOAT32, rule)`` of a node (graph JSON) the kernel or reduction rule wrote, or that
     the kernel rule would write (``kernel_nodes``: ``{node name: library op}``, explain's);
-    None for other nodes. The rules' nodes compute in float32."""
-    from . import reduce_rule   # loaded by the first conversion, not by `import mxmp`
+    ``(LOW_PRECISION, rule)`` of the residual rule's identity; None for other nodes. The
+    kernel and reduction rules' nodes compute in float32."""
+    from . import reduce_rule, residual_rule   # loaded by the first conversion
+    if residual_rule.rule_of(node) is not None:   # an identity in the target dtype
+        return LOW_PRECISION, residual_rule.rule_of(node)
     if rule_of(node) is not None:
         return FLOAT32, with_user_choice(policy, node, original_op(node), rule_of(node))
     if node['op'] != 'null' and node['name'] in kernel_nodes:
