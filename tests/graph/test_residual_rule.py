@@ -233,3 +233,22 @@ def test_export_loads_in_plain_mxnet(tmp_path):
         assert np.abs(got - want).max() <= REL * np.abs(want).max(), name
     with open(str(tmp_path / 'casts-symbol.json')) as f:
         assert '_copy' in {n['op'] for n in json.load(f)['nodes']}
+
+
+@pytest.mark.parametrize('kernels', ['mxnet', 'auto'])
+def test_add_of_a_float32_dropout_keeps_float32(kernels):
+    """BERT's residual add: the branch is a Dropout, which computes in float32 (MXNet's, or
+    the kernel rule's library kernel): the add reads the float32 LayerNorm output, as by
+    default, instead of casting the bfloat16 one back up."""
+    x = mx.sym.var('data')
+    y = mx.sym.LayerNorm(x, name='ln1')
+    z = mx.sym.Dropout(mx.sym.FullyConnected(y, num_hidden=16, flatten=False, name='fc2'),
+                       p=0.1, name='drop')
+    sym = mx.sym.LayerNorm(mx.sym.elemwise_add(y, z, name='add2'), name='ln2')
+    off = mxmp.convert_symbol(sym, policy=_policy('float32', kernels))
+    on = mxmp.convert_symbol(sym, policy=_policy('target', kernels))
+    assert _casts(on) == _casts(off)
+    assert _reads(on, 'add2') == _reads(off, 'add2') == {'ln1': 'float32', 'drop': 'float32'}
+    assert _reads(on, 'fc2')['ln1_residual'] == 'bfloat16'
+    rows = {r.name: r.dtype for r in mxmp.explain(sym, policy=_policy('target', kernels))}
+    assert rows['add2'] == 'float32'

@@ -18,14 +18,18 @@ float32 class, or the kernel rule's library LayerNorm) and whose data is float32
 identity (``_copy``, marked :data:`RESIDUAL_MARK`) planned as a low-precision op: the pass casts
 the LayerNorm's output to the target dtype for it (one ``amp_cast``) and it passes that on
 (MXNet runs it in place: no copy, no memory). Every consumer reads it except graph outputs
-(they stay float32, unrounded) and consumers that compute in float32 (the float32 and
-loss-output classes, the kernel and reduction rules' nodes), which keep reading the float32
-output. (An identity rather than the cast itself: the plan types the graph as float32 first.) Off by default (``residual_dtype='float32'``): the KJV study did not qualify it as the
+(they stay float32, unrounded), consumers that compute in float32 (the float32 and loss-output
+classes, the kernel and reduction rules' nodes) and consumers with another input written by
+such a node (BERT's residual add of the kernel rule's float32 Dropout: a widest-type add would
+cast the tensor back up), which keep reading the float32 output. (An identity rather than the
+cast itself: the plan types the graph as float32 first.)
+
+Off by default (``residual_dtype='float32'``): the KJV study did not qualify it as the
 default (docs/accuracy.md). :func:`mxmp.explain` names the rule on the identity
 (:func:`rule_of`); :func:`mxmp.remove_casts` and export drop it with mxmp's casts.
 """
 from ..policy.policy import FLOAT32, LOSS_OUTPUT
-from .kernel_rule import original_op, rule_of as kernel_rule_of
+from .kernel_rule import original_op, planned, rule_of as kernel_rule_of
 from .symbol_json import MARK, infer_dtypes, unique_name
 
 __all__ = ['RESIDUAL_MARK', 'substitute', 'rule_of']
@@ -41,12 +45,24 @@ def _is_float32_layernorm(policy, node):
         'LayerNorm', node.get('attrs', {}), node['name'])[0] == FLOAT32
 
 
-def _reads_float32(policy, node):
-    """Whether consumer ``node`` computes in float32 (it keeps the float32 output)."""
-    if node.get('attrs', {}).get(MARK) is not None or kernel_rule_of(node) is not None:
-        return True   # a node another rule wrote: float32
+def _computes_float32(policy, node, kernel_nodes):
+    if node['op'] == 'null':
+        return False
+    if node.get('attrs', {}).get(MARK) is not None or kernel_rule_of(node) is not None or \
+            node['name'] in kernel_nodes:
+        return True   # a node another rule wrote (or would write: explain's graph): float32
     return policy.classify(node['op'], node.get('attrs', {}), node['name'])[0] in (
         FLOAT32, LOSS_OUTPUT)
+
+
+def _reads_float32(policy, nodes, node, src, kernel_nodes):
+    """Whether consumer ``node`` keeps reading LayerNorm ``src``'s float32 output: it
+    computes in float32, or another of its inputs is written by a node that computes in
+    float32 (a widest-type add of a float32 Dropout's output would cast the target-dtype
+    tensor back up: one more cast, one more rounding)."""
+    return _computes_float32(policy, node, kernel_nodes) or any(
+        s != src and _computes_float32(policy, nodes[s], kernel_nodes)
+        for s, _, _ in node['inputs'])
 
 
 def substitute(js, policy, input_dtypes):
@@ -56,12 +72,13 @@ def substitute(js, policy, input_dtypes):
     if policy.residual_dtype != 'target':
         return js
     nodes = js['nodes']
+    kernel_nodes = planned(js, policy)   # explain's graph: the kernel rule's nodes to come
     chosen = {}   # LayerNorm nid -> consumer (nid, input position) list reading the cast
     for nid, node in enumerate(nodes):
         for pos, (src, out, _) in enumerate(node.get('inputs', ())):
             if out == 0 and nodes[src]['op'] != 'null' and \
                     _is_float32_layernorm(policy, nodes[src]) and \
-                    not _reads_float32(policy, node):
+                    not _reads_float32(policy, nodes, node, src, kernel_nodes):
                 chosen.setdefault(src, []).append((nid, pos))
     if chosen:
         dtypes = infer_dtypes(js, input_dtypes)
