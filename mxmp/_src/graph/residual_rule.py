@@ -24,8 +24,9 @@ such a node (BERT's residual add of the kernel rule's float32 Dropout: a widest-
 cast the tensor back up), which keep reading the float32 output. (An identity rather than the
 cast itself: the plan types the graph as float32 first.)
 
-Off by default (``residual_dtype='float32'``): the KJV study did not qualify it as the
-default (docs/accuracy.md). :func:`mxmp.explain` names the rule on the identity
+Off by default (``residual_dtype='float32'``): the transformer study's GPT is pre-LayerNorm,
+where the rule changes no value, and in BERT every residual add also reads a float32 Dropout,
+so no add runs in bfloat16 yet: nothing qualifies it as the default (docs/accuracy.md). :func:`mxmp.explain` names the rule on the identity
 (:func:`rule_of`); :func:`mxmp.remove_casts` and export drop it with mxmp's casts.
 """
 from ..policy.policy import FLOAT32, LOSS_OUTPUT
