@@ -95,7 +95,9 @@ class Policy:
             right after the LayerNorm, and every consumer that does not compute in float32
             reads that (residual adds included); graph outputs stay float32 (the pass's
             residual rule, :mod:`mxmp._src.graph.residual_rule`). Not the default: the
-            transformer study's measurement is in docs/accuracy.md.
+            transformer study (docs/accuracy.md) is pre-LayerNorm and cannot tell. mxmp's
+            library LayerNorm (``kernels='auto'``, bfloat16) already returns its data's dtype:
+            the rule concerns LayerNorms that compute and return float32.
 
     Raises:
         ValueError: unknown target dtype; an op name MXNet 1.9.1 does not register; a malformed
