@@ -102,6 +102,9 @@ Modules, one job each:
 * :mod:`benchmarks.peak` -- the GEMM peak of this machine (float32 and the target dtype) and
   the percent of it a row reaches.
 * :mod:`benchmarks.profile` -- per-operator time from MXNet's profiler, side by side.
+* :mod:`benchmarks.scaling` -- ``--threads 1 2``: the counts lined up; ``python -m
+  benchmarks.scaling OUTPUT_DIR --project 8 16 32 64``: a profile projected to more cores
+  (Amdahl's law per operator).
 * :mod:`benchmarks.memory` -- peak RSS split into a fixed part and a part per image.
 * :mod:`benchmarks.train_rss` -- peak RSS of a few training steps, one lever at a time.
 * :mod:`benchmarks.rss_stages` -- resident memory after each stage of one run (any model,

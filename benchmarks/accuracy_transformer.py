@@ -69,6 +69,9 @@ def build_parser():
                    help="benchmarks.gpt's --kernels for every run (mxmp's operator library; "
                         "with 'auto' or 'all' float32 runs the library's kernels too): a study "
                         "of the library, written to its own --out")
+    p.add_argument('--residual-dtype', choices=('float32', 'target'), default='float32',
+                   help="benchmarks.gpt's --residual-dtype for the bfloat16/float16 runs "
+                        "(Policy(residual_dtype=...)); float32 runs ignore it")
     p.add_argument('--dtypes', type=parse_dtypes,
                    default=('float32', 'bfloat16'),
                    help='comma-separated dtypes of the --seeds runs (float16 has its own '
@@ -105,6 +108,8 @@ def run_config(args, dtype, seed):
     config.update(dtype=dtype, seed=seed)
     if args.kernels != 'default':     # recorded only when set: older records stay valid
         config['kernels'] = args.kernels
+    if args.residual_dtype != 'float32' and dtype != 'float32':   # recorded only when set
+        config['residual_dtype'] = args.residual_dtype
     if args.mask_seed_offset is not None:
         config['mask_seed'] = seed + args.mask_seed_offset
     return config

@@ -246,6 +246,10 @@ def build_parser():
                         "and, in float32, apply the rule to the float32 graph ('auto' and "
                         "'all': the library's LayerNorm and Dropout), which measures the "
                         "library's kernels without the precision")
+    p.add_argument('--residual-dtype', choices=('float32', 'target'), default='float32',
+                   help="bfloat16/float16: Policy(residual_dtype=...), the dtype of a LayerNorm's "
+                        "output for its consumers (this GPT is pre-LayerNorm: its LayerNorms "
+                        "feed matrix products only)")
     p.add_argument('--mask-seed', type=int, default=None,
                    help="reseed MXNet's generator with this after the weights are drawn: the "
                         "Dropout masks change, the weights and the windows stay --seed's (the "
@@ -320,8 +324,10 @@ def train(args, log=print):
     if args.dtype != 'float32':
         import mxmp
         emulate = not mxmp.lp_kernels_available(args.dtype)
-        policy = (None if args.kernels == 'default' else
-                  mxmp.Policy(args.dtype, kernels=args.kernels))
+        fields = {} if args.kernels == 'default' else {'kernels': args.kernels}
+        if args.residual_dtype != 'float32':
+            fields['residual_dtype'] = args.residual_dtype
+        policy = mxmp.Policy(args.dtype, **fields) if fields else None
         net = mxmp.convert(net, args.dtype, policy=policy)
     elif args.kernels in ('auto', 'all'):
         net = float32_library_kernels(net, args.kernels)

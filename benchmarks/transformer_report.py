@@ -15,10 +15,13 @@ STYLES = {'float32': '-', 'bfloat16': '--', 'float16': ':'}
 
 def dtype_label(records):
     """'float32', 'bfloat16 (real kernels)', 'bfloat16 (emulated)', 'float16 (emulated)'; runs
-    made with ``--kernels`` say so: "bfloat16 (real kernels, mxmp's kernels='all')"."""
+    made with ``--kernels`` (``--residual-dtype``) say so: "bfloat16 (real kernels, mxmp's
+    kernels='all')"."""
     dtype = records[0]['config']['dtype']
     kernels = records[0]['config'].get('kernels')
     library = ", mxmp's kernels=%r" % kernels if kernels else ''
+    if records[0]['config'].get('residual_dtype'):
+        library += ', residual_dtype=%r' % records[0]['config']['residual_dtype']
     if dtype == 'float32':
         return dtype + (' (%s)' % library[2:] if library else '')
     emulated = {bool(r['emulate']) for r in records}

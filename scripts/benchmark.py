@@ -13,6 +13,7 @@ Examples::
     python scripts/benchmark.py --profile --batch-size 16 --iters 5
     python scripts/benchmark.py --model bert_base --batch-size 8 --seq-len 128 --threads 1
     python scripts/benchmark.py --model bert_base --batch-size 8 --seq-len 128 --threads 1 2
+    python scripts/benchmark.py --phases infer --batch-size 1 --threads 1 2   # latency
 """
 import argparse
 import json
@@ -103,8 +104,12 @@ def parse_args(argv=None):
                         'OMP_NUM_THREADS, else the number of cores); several counts (e.g. '
                         '--threads 1 2) run everything once per count, in OUTPUT_DIR/threads<N>/'
                         ' (the loss check at the first count only), then print and write '
-                        'scaling.md: the ratio against float32 per count and the speed-up from '
-                        'the first count (with --profile: of each operator)')
+                        'scaling.md: the ratio against float32 per count, the time of one batch '
+                        '(batch 1: the latency of a call) and the speed-up from the first count '
+                        '(with --profile: of each operator, and projection.md: each mode '
+                        'projected to %s threads, Amdahl\'s law per operator; python -m '
+                        'benchmarks.scaling OUTPUT_DIR --project N... for other counts)'
+                        % ' '.join(map(str, scaling.PROJECT_TO)))
     p.add_argument('--timeout', type=float, default=3600, help='seconds per subprocess')
     p.add_argument('--output-dir', default='runs/benchmark', help='where the outputs go')
     p.add_argument('--quick', action='store_true',
@@ -226,6 +231,17 @@ def main(argv=None):
                          unit=unit_of(args.model))
     print(text)
     LOG.info('wrote %s', os.path.join(out_dir, 'scaling.md'))
+    if args.profile:   # the same as python -m benchmarks.scaling OUTPUT_DIR --project 8 16 32 64
+        try:
+            proj = scaling.project(reports, list(scaling.PROJECT_TO))
+        except ValueError as err:
+            LOG.warning('no projection: %s', err)
+            return status
+        text = scaling.projection_text(reports, proj)
+        with open(os.path.join(out_dir, 'projection.md'), 'w') as f:
+            f.write(text)
+        print(text)
+        LOG.info('wrote %s', os.path.join(out_dir, 'projection.md'))
     return status
 
 

@@ -207,3 +207,20 @@ def test_ngram_baseline_perplexity_matches_a_hand_computed_case():
     assert gpt.ngram_perplexity(train, val, 2, 2) == pytest.approx(expected)
     # an unseen context falls back to the uniform 1 / V
     assert gpt.ngram_perplexity(train, [2, 2], 2, 3) == pytest.approx(3.0)
+
+
+def test_residual_dtype_is_passed_to_low_precision_runs_only():
+    """--residual-dtype target reaches benchmarks.gpt (Policy(residual_dtype=...)) for the
+    bfloat16 runs; float32 runs keep the configuration of the studies they pair with."""
+    from benchmarks import accuracy_transformer as study
+    from benchmarks import gpt
+    from benchmarks.transformer_report import dtype_label
+    args = study.build_parser().parse_args(['--kernels', 'all', '--residual-dtype', 'target'])
+    bf16, fp32 = study.run_config(args, 'bfloat16', 0), study.run_config(args, 'float32', 0)
+    assert bf16['residual_dtype'] == 'target' and 'residual_dtype' not in fp32
+    plain = study.run_config(study.build_parser().parse_args(['--kernels', 'all']), 'float32', 0)
+    assert fp32 == plain
+    argv = study.train_argv(bf16, 'out')
+    assert argv[argv.index('--residual-dtype') + 1] == 'target'
+    assert gpt.build_parser().parse_args(argv).residual_dtype == 'target'
+    assert "residual_dtype='target'" in dtype_label([{'config': bf16, 'emulate': False}])

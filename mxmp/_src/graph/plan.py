@@ -312,8 +312,7 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
             'the graph was already converted to %s; converting it to %s needs the float32 '
             'graph: mxmp.convert_symbol(mxmp.remove_casts(sym), %r)'
             % (previous, policy.target_dtype, policy.target_dtype))
-    # Strip mxmp's casts (also casts to float32 only) and contrib.amp's: the decisions are
-    # made again on the float32 graph; the model's own casts stay.
+    # Strip mxmp's and contrib.amp's casts: decided again on the float32 graph; model's stay.
     if previous is not None or any(node.get('attrs', {}).get(MARK) is not None or
                                    cast_origin(node) == 'contrib.amp' for node in js['nodes']):
         js = strip(js)
@@ -333,9 +332,10 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
             'float32: delete their __dtype__ attribute and cast their arrays to float32'
             % (', '.join(wrong[:5]), pinned[wrong[0]], policy.target_dtype))
     input_dtypes.update(pinned)
-    from .reduce_rule import substitute as substitute_reductions
-    js = substitute_reductions(js, policy, {n: 'float32' if d in _LOW else d
-                                            for n, d in input_dtypes.items()})
+    from . import reduce_rule, residual_rule   # loaded by the first use, not by `import mxmp`
+    as_float32 = {n: 'float32' if d in _LOW else d for n, d in input_dtypes.items()}
+    js = residual_rule.substitute(reduce_rule.substitute(js, policy, as_float32), policy,
+                                  as_float32)
     return js, policy, input_dtypes, names, plan(js, policy, input_dtypes, names, set(pinned),
                                                  kernel_nodes)
 

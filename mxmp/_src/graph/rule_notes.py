@@ -15,9 +15,11 @@ def rewritten_class(policy, node, kernel_nodes):
     the kernel rule would write (``kernel_nodes``: ``{node name: library op}``, explain's);
     None for other nodes. The library ops follow their data's dtype in bfloat16 graphs, the
     attention matmuls are low precision (:func:`library_class`), their input copies and shape
-    ties follow;
-    the other nodes of the rules compute in float32."""
-    from . import reduce_rule   # loaded by the first conversion, not by `import mxmp`
+    ties follow; the residual rule's identity is low precision; the other nodes of the rules
+    compute in float32."""
+    from . import reduce_rule, residual_rule   # loaded by the first conversion
+    if residual_rule.rule_of(node) is not None:   # an identity in the target dtype
+        return LOW_PRECISION, residual_rule.rule_of(node)
     if original_op(node) is not None:
         return library_class(policy, node, original_op(node))
     if node['op'] != 'null' and node['name'] in kernel_nodes:

@@ -114,8 +114,8 @@ def cast_origin(node):
         return None   # the kernel rule's nodes (its Cast of softmax lengths, an index dtype)
     if op in ('Cast', 'cast'):
         return 'model'
-    if op == '_copy' and attrs.get(MARK) == 'accumulate':
-        return 'mxmp'   # mxmp._src.graph.accumulate's identity: removed with mxmp's casts
+    if op == '_copy' and attrs.get(MARK) in ('accumulate', 'residual'):
+        return 'mxmp'   # accumulate's and residual_rule's identities: removed with the casts
     if op not in CAST_OPS:
         return None
     if attrs.get(MARK) is not None:

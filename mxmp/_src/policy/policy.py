@@ -88,11 +88,21 @@ class Policy:
             the last axis, or over all axes but the first, run as a FullyConnected product
             with ones (MXNet 1.9.1's CPU reduction is 25-40x slower; the pass's reduction
             rule, :mod:`mxmp._src.graph.reduce_rule`); ``'mxnet'``: MXNet's reduction.
+        residual_dtype (str): dtype of the tensor between a float32 LayerNorm and its consumers
+            (in a post-LayerNorm transformer such as BERT, the residual stream).
+            ``'float32'`` (default): the LayerNorm's output stays float32 and each
+            low-precision consumer casts it. ``'target'``: it is cast to the target dtype once,
+            right after the LayerNorm, and every consumer that does not compute in float32
+            reads that (residual adds included); graph outputs stay float32 (the pass's
+            residual rule, :mod:`mxmp._src.graph.residual_rule`). Not the default: the
+            transformer study (docs/accuracy.md) is pre-LayerNorm and cannot tell. mxmp's
+            library LayerNorm (``kernels='auto'``, bfloat16) already returns its data's dtype:
+            the rule concerns LayerNorms that compute and return float32.
 
     Raises:
         ValueError: unknown target dtype; an op name MXNet 1.9.1 does not register; a malformed
             ``conditional_fp32`` entry; a bad ``emulate``, ``param_dtype``, ``output_dtype``,
-            ``loss_scaler``, ``kernels`` or ``reductions``.
+            ``loss_scaler``, ``kernels``, ``reductions`` or ``residual_dtype``.
         AmpListConflict: an op in two of ``lp_ops``, ``fp32_ops``, ``follow_ops``.
     """
     target_dtype: str = 'bfloat16'
@@ -109,6 +119,7 @@ class Policy:
     loss_scaler: Any = 'auto'
     kernels: str = 'auto'
     reductions: str = 'auto'
+    residual_dtype: str = 'float32'
 
     def __post_init__(self):
         set_ = functools.partial(object.__setattr__, self)
@@ -151,6 +162,10 @@ class Policy:
         if self.reductions not in ('auto', 'mxnet'):
             raise ValueError("reductions=%r: use 'auto' (sum/mean as a product with ones) or "
                              "'mxnet'" % (self.reductions,))
+        if self.residual_dtype not in ('float32', 'target'):
+            raise ValueError("residual_dtype=%r: use 'float32' (LayerNorm outputs stay float32) "
+                             "or 'target' (cast to the target dtype after the LayerNorm)"
+                             % (self.residual_dtype,))
         if self.conditional_fp32 is not None:
             set_('conditional_fp32', conditional_rules(self.conditional_fp32))
         for a, b in (('lp_ops', 'fp32_ops'), ('lp_ops', 'follow_ops'),

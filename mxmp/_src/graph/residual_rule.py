@@ -1,0 +1,110 @@
+"""The pass's residual rule: with ``Policy(residual_dtype='target')``, a LayerNorm's output is
+cast to the target dtype once, right after the LayerNorm, and its consumers read that tensor.
+
+Why: in a post-LayerNorm transformer (BERT) the LayerNorm's output is the residual stream: it
+feeds the next block's matrix products and its residual add. By default the LayerNorm computes
+in float32 (its float32-list entry, or the kernel rule's float32 library kernel) and its output
+stays float32: the products cast it down and the add runs in float32 (widest type) with a cast
+of the low-precision branch up, so the stream is held in float32. With the rule the stream
+between a LayerNorm and its consumers is held in the target dtype (half the bytes), the add
+runs in it, and the next LayerNorm casts its input up. Values read by the matrix products are
+the same as by default (the same one rounding); the residual add differs by rounding its
+operands and result to the target dtype. In a pre-LayerNorm transformer (GPT) a LayerNorm's
+output feeds matrix products only, so the rule moves the cast without changing a value
+(docs/accuracy.md, "The residual stream in bfloat16").
+
+Which nodes: output 0 of every LayerNorm that computes in float32 (``LayerNorm`` in the
+float32 class, or the kernel rule's library LayerNorm) and whose data is float32 gets one
+identity (``_copy``, marked :data:`RESIDUAL_MARK`) planned as a low-precision op: the pass casts
+the LayerNorm's output to the target dtype for it (one ``amp_cast``) and it passes that on
+(MXNet runs it in place: no copy, no memory). Every consumer reads it except graph outputs
+(they stay float32, unrounded), consumers that compute in float32 (the float32 and loss-output
+classes, the kernel and reduction rules' nodes) and consumers with another input written by
+such a node (BERT's residual add of the kernel rule's float32 Dropout: a widest-type add would
+cast the tensor back up), which keep reading the float32 output. (An identity rather than the
+cast itself: the plan types the graph as float32 first.)
+
+Off by default (``residual_dtype='float32'``): the transformer study's GPT is pre-LayerNorm,
+where the rule changes no value, and in BERT every residual add also reads a float32 Dropout,
+so no add runs in bfloat16 yet: nothing qualifies it as the default (docs/accuracy.md). :func:`mxmp.explain` names the rule on the identity
+(:func:`rule_of`); :func:`mxmp.remove_casts` and export drop it with mxmp's casts.
+"""
+from ..policy.policy import FLOAT32, LOSS_OUTPUT
+from .kernel_rule import original_op, planned, rule_of as kernel_rule_of
+from .symbol_json import MARK, infer_dtypes, unique_name
+
+__all__ = ['RESIDUAL_MARK', 'substitute', 'rule_of']
+
+#: MARK value of the rule's identities (:func:`mxmp.remove_casts` drops them).
+RESIDUAL_MARK = 'residual'
+
+
+def _is_float32_layernorm(policy, node):
+    if original_op(node) == 'LayerNorm':   # the kernel rule's library LayerNorm: float32
+        return True
+    return node['op'] == 'LayerNorm' and policy.classify(
+        'LayerNorm', node.get('attrs', {}), node['name'])[0] == FLOAT32
+
+
+def _computes_float32(policy, node, kernel_nodes):
+    if node['op'] == 'null':
+        return False
+    if node.get('attrs', {}).get(MARK) is not None or kernel_rule_of(node) is not None or \
+            node['name'] in kernel_nodes:
+        return True   # a node another rule wrote (or would write: explain's graph): float32
+    return policy.classify(node['op'], node.get('attrs', {}), node['name'])[0] in (
+        FLOAT32, LOSS_OUTPUT)
+
+
+def _reads_float32(policy, nodes, node, src, kernel_nodes):
+    """Whether consumer ``node`` keeps reading LayerNorm ``src``'s float32 output: it
+    computes in float32, or another of its inputs is written by a node that computes in
+    float32 (a widest-type add of a float32 Dropout's output would cast the target-dtype
+    tensor back up: one more cast, one more rounding)."""
+    return _computes_float32(policy, node, kernel_nodes) or any(
+        s != src and _computes_float32(policy, nodes[s], kernel_nodes)
+        for s, _, _ in node['inputs'])
+
+
+def substitute(js, policy, input_dtypes):
+    """``js`` (graph JSON) with the rule applied (module docstring): a new dict, or ``js``
+    itself where the policy leaves it off or nothing applies. ``input_dtypes``: ``{input
+    name: dtype}`` as :func:`infer_dtypes` takes them (low precision read as float32)."""
+    if policy.residual_dtype != 'target':
+        return js
+    nodes = js['nodes']
+    kernel_nodes = planned(js, policy)   # explain's graph: the kernel rule's nodes to come
+    chosen = {}   # LayerNorm nid -> consumer (nid, input position) list reading the cast
+    for nid, node in enumerate(nodes):
+        for pos, (src, out, _) in enumerate(node.get('inputs', ())):
+            if out == 0 and nodes[src]['op'] != 'null' and \
+                    _is_float32_layernorm(policy, nodes[src]) and \
+                    not _reads_float32(policy, nodes, node, src, kernel_nodes):
+                chosen.setdefault(src, []).append((nid, pos))
+    if chosen:
+        dtypes = infer_dtypes(js, input_dtypes)
+        chosen = {nid: uses for nid, uses in chosen.items() if dtypes.get((nid, 0)) == 'float32'}
+    if not chosen:
+        return js
+    names = {n['name'] for n in nodes}
+    rewired = {use for uses in chosen.values() for use in uses}
+    out, new_id, cast_of = [], {}, {}
+    for nid, node in enumerate(nodes):
+        inputs = [[cast_of[s] if (nid, pos) in rewired else new_id[s], i, v]
+                  for pos, (s, i, v) in enumerate(node['inputs'])]
+        out.append(dict(node, inputs=inputs))
+        new_id[nid] = len(out) - 1
+        if nid in chosen:
+            out.append({'op': '_copy', 'name': unique_name(node['name'] + '_residual', names),
+                        'inputs': [[new_id[nid], 0, 0]], 'attrs': {MARK: RESIDUAL_MARK}})
+            cast_of[nid] = len(out) - 1
+    # a rewired input reads the identity's output 0, as it read the LayerNorm's output 0
+    return dict(js, nodes=out, heads=[[new_id[s], i, v] for s, i, v in js['heads']])
+
+
+def rule_of(node):
+    """The explain rule (str) of an identity the rule wrote, or None."""
+    if node['op'] == '_copy' and node.get('attrs', {}).get(MARK) == RESIDUAL_MARK:
+        return ("residual rule: the LayerNorm's output in the target dtype, cast once; its "
+                "consumers read it (Policy(residual_dtype='target'))")
+    return None
