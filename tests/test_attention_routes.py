@@ -92,12 +92,10 @@ def test_mxnet_has_no_bfloat16_batched_product_on_cpu():
 CONV_TOL = 0.012
 
 
-@pytest.mark.parametrize('seed', [0, 1])
-def test_conv_route_matches_the_interleaved_block_within_bfloat16_rounding(seed):
+def _route_within_bfloat16_rounding(route, seed):
+    """``route`` (a function of the interleaved bfloat16 input) against MXNet's interleaved
+    block in float32 on the same bfloat16 inputs: output and input gradient within CONV_TOL."""
     import mxnet as mx
-    import mxmp
-    if not mxmp.lp_kernels_available('bfloat16'):
-        pytest.skip('no bfloat16 Convolution kernel on this CPU (emulated tier)')
     from mxnet.contrib.amp.amp import bfloat16
     from benchmarks import attention_routes as routes
     heads = 3
@@ -105,12 +103,21 @@ def test_conv_route_matches_the_interleaved_block_within_bfloat16_rounding(seed)
     x = mx.nd.amp_cast(mx.nd.array(rng.normal(size=(16, 2, 3 * heads * 16))), dtype=bfloat16)
     g = mx.nd.amp_cast(mx.nd.array(rng.normal(size=(16, 2, heads * 16))), dtype=bfloat16)
     x32, g32 = (mx.nd.amp_cast(a, dtype='float32') for a in (x, g))
-    out, grad, _ = routes.time_block(lambda a: routes.conv_attention(a, heads), x, g, 1)
+    out, grad, _ = routes.time_block(lambda a: route(a, heads), x, g, 1)
     ref_out, ref_grad, _ = routes.time_block(
         lambda a: routes.interleaved_attention(a, heads, False), x32, g32, 1)
     assert out.shape == ref_out.shape == (16, 2, heads * 16)
     assert np.abs(out - ref_out).max() <= CONV_TOL * np.abs(ref_out).max()
     assert np.abs(grad - ref_grad).max() <= CONV_TOL * np.abs(ref_grad).max()
+
+
+@pytest.mark.parametrize('seed', [0, 1])
+def test_conv_route_matches_the_interleaved_block_within_bfloat16_rounding(seed):
+    import mxmp
+    if not mxmp.lp_kernels_available('bfloat16'):
+        pytest.skip('no bfloat16 Convolution kernel on this CPU (emulated tier)')
+    from benchmarks import attention_routes as routes
+    _route_within_bfloat16_rounding(routes.conv_attention, seed)
 
 
 # The library route (mxmp_selfatt_qk/valatt in bfloat16, the softmax in float32) on the same
@@ -119,20 +126,8 @@ def test_conv_route_matches_the_interleaved_block_within_bfloat16_rounding(seed)
 # bfloat16). Its kernels run on every tier (the portable path under the AVX2 cap).
 @pytest.mark.parametrize('seed', [0, 1])
 def test_library_route_matches_the_interleaved_block_within_bfloat16_rounding(seed):
-    import mxnet as mx
-    from mxnet.contrib.amp.amp import bfloat16
     from benchmarks import attention_routes as routes
     from mxmp._src.kernels.build import load_library
     if load_library() is None:
         pytest.skip("mxmp's operator library does not build here")
-    heads = 3
-    rng = np.random.RandomState(seed)
-    x = mx.nd.amp_cast(mx.nd.array(rng.normal(size=(16, 2, 3 * heads * 16))), dtype=bfloat16)
-    g = mx.nd.amp_cast(mx.nd.array(rng.normal(size=(16, 2, heads * 16))), dtype=bfloat16)
-    x32, g32 = (mx.nd.amp_cast(a, dtype='float32') for a in (x, g))
-    out, grad, _ = routes.time_block(lambda a: routes.library_attention(a, heads), x, g, 1)
-    ref_out, ref_grad, _ = routes.time_block(
-        lambda a: routes.interleaved_attention(a, heads, False), x32, g32, 1)
-    assert out.shape == ref_out.shape == (16, 2, heads * 16)
-    assert np.abs(out - ref_out).max() <= CONV_TOL * np.abs(ref_out).max()
-    assert np.abs(grad - ref_grad).max() <= CONV_TOL * np.abs(ref_grad).max()
+    _route_within_bfloat16_rounding(routes.library_attention, seed)
