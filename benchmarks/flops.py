@@ -32,8 +32,10 @@ TRAIN_FACTOR = 3
 #: Layers with a weight (FLOP from the output and the weight's shape).
 WEIGHT_OPS = ('Convolution', 'FullyConnected')
 #: Products of two computed tensors (FLOP from the output and the inputs' shapes).
+#: mxmp's library ops for the attention products (mxmp_selfatt_*) count as MXNet's.
 MATMUL_OPS = ('batch_dot', '_contrib_interleaved_matmul_selfatt_qk',
-              '_contrib_interleaved_matmul_selfatt_valatt')
+              '_contrib_interleaved_matmul_selfatt_valatt', 'mxmp_selfatt_qk',
+              'mxmp_selfatt_valatt')
 COUNTED_OPS = WEIGHT_OPS + MATMUL_OPS
 
 
@@ -43,7 +45,7 @@ def _matmul_depth(node, inputs):
     if op == 'batch_dot':
         return inputs[0][-2] if attrs.get('transpose_a', 'False') in ('True', 'true', '1') \
             else inputs[0][-1]
-    if op == '_contrib_interleaved_matmul_selfatt_qk':
+    if op in ('_contrib_interleaved_matmul_selfatt_qk', 'mxmp_selfatt_qk'):
         heads = int(attrs['heads'])
         return inputs[0][2] // (3 * heads)
     return inputs[1][2]  # valatt: (batch * heads, length, length) attention weights

@@ -670,8 +670,14 @@ def test_bert_mxmp_runs_its_fully_connected_layers_in_bfloat16(bert_run):
         else:
             assert fc == {'bfloat16': 10}
             assert r['percent_of_peak'] > 0 and r['peak_dtype'] == 'bfloat16'
-        # the attention products stay float32 (mxmp's bfloat16 policy)
-        assert r['layer_dtypes']['_contrib_interleaved_matmul_selfatt_qk'] == {'float32': 2}
+        # the attention products: mxmp's bfloat16 library op where its GEMM runs (the
+        # avx512_bf16 tier), else MXNet's op in float32
+        from mxmp._src.graph.kernel_rule import attention_pays
+        if not r['emulated'] and attention_pays():
+            assert r['layer_dtypes']['mxmp_selfatt_qk'] == {'bfloat16': 2}
+            assert '_contrib_interleaved_matmul_selfatt_qk' not in r['layer_dtypes']
+        else:
+            assert r['layer_dtypes']['_contrib_interleaved_matmul_selfatt_qk'] == {'float32': 2}
         assert rows_by(report)[(phase, 'float32')]['layer_dtypes']['FullyConnected'] == \
             {'float32': 10}
     assert '- train mxmp bfloat16' in stdout and 'FullyConnected: 10 ' in stdout
