@@ -220,16 +220,7 @@ def main(argv=None):
         mxmp = import_mxmp()
         train_net = mxmp.convert(net, target_dtype=args.dtype, cast_params=args.cast_params,
                                  emulate=emulate)
-    # static_alloc: MXNet 1.9.1's CachedOp then keeps the output of every forward node until the
-    # backward pass, so each tensor an emulated graph rounds to bfloat16 (nine elementwise nodes)
-    # costs nine float32 copies (the quickstart's emulated run: peak RSS 1,772 MiB against
-    # float32's 541); without it MXNet's memory plan frees them (902 MiB). Emulation measures
-    # accuracy, not speed: docs/benchmark.md, "On a CPU without bfloat16 kernels".
-    static = not emulate
-    if not static:
-        LOG.info('emulated bfloat16: hybridized without static_alloc (which would keep every '
-                 "rounding node's output until the backward pass)")
-    train_net.hybridize(static_alloc=static, static_shape=static)
+    train_net.hybridize(static_alloc=True, static_shape=True)
 
     opt_params = optimizer_params(args, steps_per_epoch)
     if args.dtype == 'float32' and workers == 1:

@@ -116,8 +116,7 @@ print('\n%s, %d epoch(s) x %d training images, batch %d, %d test images, seed %d
          100 * (bf16['final_val_top1'] - fp32['final_val_top1'])))
 if bf16['emulate']:
     print('bfloat16 ran EMULATED (no bfloat16 kernels on this CPU): this table measures its '
-          'accuracy, not its speed; it ran without static_alloc, which would keep every '
-          'rounding node\'s output (docs/benchmark.md, "On a CPU without bfloat16 kernels").')
+          'accuracy, not its speed.')
 print('Why a wide ResNet: 16-bit pays where layers are compute-bound; layers of 16-64 channels '
       '(cifar_resnet20_v1: 1.13x) spend their time in memory-bound work (BatchNorm, ReLU, casts, '
       'the update) that 16-bit does not speed up.')

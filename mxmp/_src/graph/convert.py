@@ -63,33 +63,18 @@ class _Builder:
         """Round float32 values to bfloat16 (to nearest even) with elementwise ops: Veltkamp's
         splitting, ``t - (t - u)`` with ``t = u * (2**16 + 1)``, ``u = x * 2**-16`` (Dekker,
         1971). Equal to ``amp_cast`` for normal values, infinities and NaN; its gradient is the
-        identity (forward values are rounded, gradients are not), as ``amp_cast``'s. Why:
-        docs/pass.md.
-
-        The rounding is ``d + x``, ``d = round(b) - b`` computed behind ``BlockGrad`` from
-        ``b``, x bounded: MXNet's backward then skips the splitting (its gradient is zero) and
-        keeps none of its tensors, and ``x`` is kept only where its readers need it. (The
-        splitting on ``x`` itself kept ``x`` alive for the gradient of its ``clip``, a second
-        float32 copy of every rounded tensor until the backward pass: docs/benchmark.md, "On a
-        CPU without bfloat16 kernels".) ``d`` is exact (Sterbenz: ``round(b)`` lies within half
-        a bfloat16 step of ``b``), so ``x + d`` is ``round(x)`` exactly; for x beyond
-        3.4e38 or infinite, ``d`` and the sum are the infinity of x's sign, and NaN stays NaN.
-        """
-        held = self._emulate_node('BlockGrad', base + '_bf16_value', [entry])
+        identity (forward values are rounded, gradients are not). Why: docs/pass.md."""
         # +-inf would give inf - inf = NaN below: clip to 3.4e38, which still rounds to inf
         # (bfloat16's largest finite value is 3.3895e38) and keeps t finite.
-        bounded = self._emulate_node('clip', base + '_bf16_bound', [held],
+        bounded = self._emulate_node('clip', base + '_bf16_bound', [entry],
                                      {'a_min': '-3.4e+38', 'a_max': '3.4e+38'})
         u = self._emulate_node('_mul_scalar', base + '_bf16_scale_down', [bounded],
                                {'scalar': '1.52587890625e-05'})
         t = self._emulate_node('_mul_scalar', base + '_bf16_split', [u], {'scalar': '65537.0'})
         low = self._emulate_node('elemwise_sub', base + '_bf16_low', [t, u])
         high = self._emulate_node('elemwise_sub', base + '_bf16_high', [t, low])
-        rounded = self._emulate_node('_mul_scalar', base + '_bf16_rounded', [high],
-                                     {'scalar': '65536.0'})
-        step = self._emulate_node('elemwise_sub', base + '_bf16_step', [rounded, bounded])
-        # d first: the chain's first input leads back to x (strip, stem, explain follow it)
-        return self._emulate_node('elemwise_add', base + '_amp_round_bfloat16', [step, entry])
+        return self._emulate_node('_mul_scalar', base + '_amp_round_bfloat16', [high],
+                                  {'scalar': '65536.0'})
 
     def _location(self, nid, out):
         """Where tensor (nid, out) is read from, making its pending emulation nodes."""
