@@ -46,10 +46,8 @@ import stat
 import subprocess
 import tempfile
 
-try:
-    from .lib_api_patch import LIB_API_PATCH, patch_lib_api
-except ImportError:   # this file loaded alone, as tests/kernels/test_build_cache.py loads it
-    from mxmp._src.kernels.lib_api_patch import LIB_API_PATCH, patch_lib_api
+# absolute: tests/kernels/test_build_cache.py loads this file on its own
+from mxmp._src.kernels.lib_api_patch import LIB_API_PATCH, patch_lib_api
 
 logger = logging.getLogger('mxmp.kernels')
 
