@@ -188,3 +188,29 @@ def test_an_overflowing_step_is_skipped_and_the_rest_match(monkeypatch, multi_pr
     assert trainer._optimizer.num_update == 5   # the skipped step counted no update
     for a, b in zip(ours, ref):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('cast_params', [False, True], ids=['float32_params', 'cast_params'])
+def test_module_through_the_library_equals_the_module_on_mxnets_kernels(cast_params,
+                                                                        monkeypatch):
+    from helpers import MODULE_BATCH, batch_of, bf16, mlp, np_params, problem, ready
+    from mxmp._src.training.module import Module
+    x, y = problem(4 * MODULE_BATCH, seed=2)
+    results, passes = [], []
+    original = nd.mxmp_multi_sgd_update  # pylint: disable=no-member
+    monkeypatch.setattr(nd, 'mxmp_multi_sgd_update',
+                        lambda *a, **k: passes.append(k['targets']) or original(*a, **k))
+    for library in (True, False):
+        monkeypatch.setattr(updater_module, 'library_update',
+                            lambda lib=library: lib and library_update())
+        mod = ready(Module(mlp(), cast_params=cast_params, **bf16()), lr=.05)
+        for k in range(4):
+            part = slice(k * MODULE_BATCH, (k + 1) * MODULE_BATCH)
+            mod.forward_backward(batch_of(x[part], y[part]))
+            assert mod.update()
+        results.append(np_params(mod))
+    # one pass per update, with the library only; with cast_params it writes bfloat16 weights
+    assert len(passes) == 4 and all(('1' in t) == cast_params for t in passes)
+    assert sorted(results[0]) == sorted(results[1])
+    for name, value in results[0].items():
+        np.testing.assert_array_equal(value.view(np.uint32), results[1][name].view(np.uint32))
