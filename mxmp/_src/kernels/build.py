@@ -75,8 +75,8 @@ _LOCK = '.lock'
 _TMP_PREFIX = 'tmp-build-'
 
 __all__ = ['FLAGS', 'OPS', 'NO_BACKWARD_OPS', 'LIB_API_PATCH', 'patch_lib_api', 'cache_dir',
-           'private_cache_dir', 'compiler_command', 'library_file', 'ensure_built', 'locate', 'load_library',
-           'library_loaded', 'library_ops_in']
+           'private_cache_dir', 'compiler_command', 'library_file', 'ensure_built', 'locate',
+           'load_library', 'library_loaded', 'library_ops_in']
 
 
 def _mxnet_dir():
