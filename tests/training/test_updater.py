@@ -1,13 +1,15 @@
-"""mxmp's updater: SGD on a CPU updates one weight per kernel call, with the same numbers as
-MXNet's aggregated update (update counts and learning rates included), and leaves every other
-optimizer to MXNet's Updater."""
+"""mxmp's updater: SGD on a CPU updates all weights of a call in one pass of the library's
+``mxmp_multi_sgd_update`` (without the library: one MXNet kernel call per weight), with the same
+numbers as MXNet's aggregated update (update counts and learning rates included), and leaves
+every other optimizer to MXNet's Updater."""
 import numpy as np
 import mxnet as mx
 import pytest
 from mxnet import autograd, gluon
 
 import mxmp
-from mxmp._src.training.updater import Updater, runs_single_array
+from mxmp._src.training import updater as updater_module
+from mxmp._src.training.updater import Updater, library_update, runs_single_array
 
 SHAPES = [(8, 3, 3, 3), (8,), (16, 8, 1, 1), (10, 64), (10,)]
 
@@ -45,6 +47,17 @@ def _count_calls(monkeypatch, module, name):
     return calls
 
 
+@pytest.fixture(params=['library', 'mxnet_kernel'])
+def sgd_path(request, monkeypatch):
+    """Both ways the Updater runs SGD: the library's one pass, MXNet's kernel per weight."""
+    if request.param == 'library':
+        if not library_update():
+            pytest.skip("mxmp's operator library does not build here")
+    else:
+        monkeypatch.setattr(updater_module, 'library_update', lambda: False)
+    return request.param
+
+
 SGD_CASES = {
     'momentum': lambda: mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=1 / 16.),
     'momentum_wd_clip': lambda: mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3,
@@ -69,7 +82,7 @@ def _with_mults(opt):
 
 
 @pytest.mark.parametrize('case', sorted(SGD_CASES))
-def test_sgd_single_array_update_is_bit_identical_to_the_aggregated_update(case):
+def test_sgd_single_array_update_is_bit_identical_to_the_aggregated_update(case, sgd_path):
     ours, opt_ours = _run(Updater, SGD_CASES[case])
     ref, opt_ref = _run(mx.optimizer.Updater, SGD_CASES[case])
     _assert_identical(ours, ref)
@@ -77,7 +90,7 @@ def test_sgd_single_array_update_is_bit_identical_to_the_aggregated_update(case)
 
 
 @pytest.mark.parametrize('stale', [(0,), (0, 1), (4,)])
-def test_a_stale_parameter_under_a_scheduler_gets_mxnets_learning_rate(stale):
+def test_a_stale_parameter_under_a_scheduler_gets_mxnets_learning_rate(stale, sgd_path):
     """MXNet counts a whole chunk before reading its learning rates: a parameter that missed
     updates, first in its chunk, must see the chunk's step, not its own."""
     case = SGD_CASES['scheduler_and_mults']
@@ -95,6 +108,7 @@ def _assert_identical(ours, ref):
 
 
 def test_sgd_on_cpu_calls_the_kernel_once_per_weight(monkeypatch):
+    monkeypatch.setattr(updater_module, 'library_update', lambda: False)   # no library
     import mxnet.optimizer.optimizer as optmod
     theirs = _count_calls(monkeypatch, optmod, 'multi_sgd_mom_update')
     ours = []
@@ -109,6 +123,21 @@ def test_sgd_on_cpu_calls_the_kernel_once_per_weight(monkeypatch):
     _run(mx.optimizer.Updater, SGD_CASES['momentum'], steps=1)
     # MXNet's Updater: 5 weights in calls of MXNET_OPTIMIZER_AGGREGATION_SIZE (default 4)
     assert len(theirs) == -(-len(SHAPES) // mx.optimizer.SGD().aggregate_num)
+
+
+def test_sgd_on_cpu_with_the_library_is_one_pass_over_every_weight(monkeypatch):
+    if not library_update():
+        pytest.skip("mxmp's operator library does not build here")
+    calls = []
+    for name in ('multi_sgd_mom_update', 'mxmp_multi_sgd_update'):
+        original = getattr(mx.nd, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls.append((_name, kwargs['num_weights']))
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(mx.nd, name, counted)
+    _run(Updater, SGD_CASES['momentum'], steps=2)
+    assert calls == [('mxmp_multi_sgd_update', len(SHAPES))] * 2
 
 
 @pytest.mark.parametrize('factory', [

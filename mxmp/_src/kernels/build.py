@@ -63,16 +63,20 @@ FLAGS = ('-O3', '-march=native', '-fopenmp', '-fno-trapping-math', '-std=c++17',
          '-fPIC', '-Wl,-Bsymbolic')
 #: The ops the library registers (``mx.library.load`` adds them to mx.nd and mx.sym).
 OPS = ('mxmp_layer_norm', 'mxmp_dropout', 'mxmp_softmax', 'mxmp_selfatt_qk',
-       'mxmp_selfatt_valatt', 'mxmp_encdec_qk', 'mxmp_encdec_valatt')
+       'mxmp_selfatt_valatt', 'mxmp_encdec_qk', 'mxmp_encdec_valatt',
+       'mxmp_multi_sgd_update')
+#: The library's ops without a backward (MXNet registers a ``_backward_`` op for each other
+#: one): the optimizer update, which runs outside graphs (mxmp._src.training.updater).
+NO_BACKWARD_OPS = ('mxmp_multi_sgd_update',)
 #: File names inside a key's directory.
 LIBRARY = 'libmxmp_ops.so'
 FAILED = 'failed.txt'
 _LOCK = '.lock'
 _TMP_PREFIX = 'tmp-build-'
 
-__all__ = ['FLAGS', 'OPS', 'LIB_API_PATCH', 'patch_lib_api', 'cache_dir', 'private_cache_dir',
-           'compiler_command', 'library_file', 'ensure_built', 'locate', 'load_library',
-           'library_loaded', 'library_ops_in']
+__all__ = ['FLAGS', 'OPS', 'NO_BACKWARD_OPS', 'LIB_API_PATCH', 'patch_lib_api', 'cache_dir',
+           'private_cache_dir', 'compiler_command', 'library_file', 'ensure_built', 'locate',
+           'load_library', 'library_loaded', 'library_ops_in']
 
 
 def _mxnet_dir():

@@ -74,6 +74,25 @@
 // 1/sqrt(d) is float32 and scales the float32 sum once, as MXNet's GEMM alpha. Backward: the
 // transposed products; the parts of an interleaved input an op does not read get zeros.
 //
+// mxmp_multi_sgd_update: one SGD (with or without momentum) step over many float32 weights in
+// one call, the numbers of MXNet's multi_sgd_update / multi_sgd_mom_update bit for bit, and
+// for weights kept in bfloat16 with a float32 master (mxmp.Trainer's master weights) the
+// bfloat16 copy written in the same pass (as MXNet's amp_cast: nearest even, NaN quiet).
+//   attrs   num_weights n, lrs and wds (tuples of n floats), momentum, rescale_grad,
+//           clip_gradient (< 0: no clipping), with_momentum (0/1), targets (a string of n
+//           '0'/'1': which weights also write a bfloat16 copy)
+//   inputs  per weight: weight (float32), grad (float32 or bfloat16: loaded exactly), and with
+//           momentum its state mom (float32)
+//   outputs the n weights, then with momentum the n moms, then one bfloat16 array per '1' of
+//           targets (called with out= those very arrays: the update is in place)
+//   mom = momentum * mom - lr * wd * w - lr * rescale_grad * grad   (no momentum: mom = 0)
+//   (clipping: ... - lr * clip(rescale_grad * grad, clip_gradient)); w = w + mom; evaluated
+//   left to right in float32 without fused multiply-adds, as MXNet's kernel. The scalars are
+//   read from their attribute strings by the parsers MXNet uses for them (dmlc::stof for the
+//   single floats, an istream for the tuples), so each is the float32 MXNet's op would use.
+//   Threads: the elements of all weights are cut into fixed blocks spread over one parallel
+//   loop (every element is independent: the result does not depend on the thread count).
+//
 // In mxmp's graphs (the kernel rule) every input but data is one of MXNet's "extra inputs"
 // (attribute __ext_extra_inputs__): MXNet's wrapper then passes data alone to the shape and type
 // functions below, and MXNet's own ops shape the rest; softmax then takes one more input, which
@@ -93,6 +112,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dmlc/strtonum.h"
 #include "mxnet/lib_api.h"
 
 #if defined(__x86_64__)
@@ -1623,6 +1643,299 @@ MXReturnValue att_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
   });
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// The multi-tensor SGD update (mxmp_multi_sgd_update)
+struct SgdAttrs {
+  int n = 0;
+  bool with_momentum = false;
+  std::vector<float> lrs, wds;
+  std::vector<bool> targets;
+  int num_targets = 0;
+  float momentum = 0.f, rescale_grad = 1.f, clip_gradient = -1.f;
+};
+
+// A float attribute as MXNet's dmlc::Parameter reads a float field (dmlc::stof, whose rounding
+// is its own: the value MXNet's op would use for the same string).
+bool sgd_float(const Attrs& attrs, const char* key, float dflt, float* value) {
+  auto it = attrs.find(key);
+  if (it == attrs.end()) {
+    *value = dflt;
+    return true;
+  }
+  size_t pos = 0;
+  try {
+    *value = dmlc::stof(it->second, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  if (pos == 0 || pos != it->second.size()) {
+    MX_ERROR_MSG << "mxmp_multi_sgd_update: attribute " << key << "='" << it->second
+                 << "' is not a number";
+    return false;
+  }
+  return true;
+}
+
+// A tuple of floats as MXNet's Tuple<float> reads it: "(a, b, ...)" or "[...]", each number
+// by an istream in the "C" locale.
+bool sgd_floats(const Attrs& attrs, const char* key, int n, std::vector<float>* values) {
+  auto it = attrs.find(key);
+  if (it == attrs.end()) {
+    MX_ERROR_MSG << "mxmp_multi_sgd_update: attribute " << key << " is missing";
+    return false;
+  }
+  std::string text = it->second;
+  for (char& c : text) {
+    if (c == '(' || c == ')' || c == '[' || c == ']' || c == ',') c = ' ';
+  }
+  std::istringstream in(text);
+  in.imbue(std::locale::classic());
+  values->clear();
+  float v;
+  while (in >> v) values->push_back(v);
+  if (!in.eof() || static_cast<int>(values->size()) != n) {
+    MX_ERROR_MSG << "mxmp_multi_sgd_update: attribute " << key << "='" << it->second
+                 << "' is not a tuple of num_weights=" << n << " numbers";
+    return false;
+  }
+  return true;
+}
+
+bool sgd_attrs(const Attrs& attrs, SgdAttrs* a) {
+  auto nw = attrs.find("num_weights");
+  if (nw == attrs.end() || nw->second.empty() ||
+      nw->second.find_first_not_of("0123456789") != std::string::npos ||
+      nw->second.size() > 6 || std::atoi(nw->second.c_str()) < 1) {
+    MX_ERROR_MSG << "mxmp_multi_sgd_update: num_weights must be a positive integer, got '"
+                 << (nw == attrs.end() ? std::string("(missing)") : nw->second) << "'";
+    return false;
+  }
+  a->n = std::atoi(nw->second.c_str());
+  auto wm = attrs.find("with_momentum");
+  a->with_momentum = wm != attrs.end() && (wm->second == "1" || wm->second == "True");
+  auto tg = attrs.find("targets");
+  const std::string flags = tg == attrs.end() ? std::string(a->n, '0') : tg->second;
+  if (static_cast<int>(flags.size()) != a->n ||
+      flags.find_first_not_of("01") != std::string::npos) {
+    MX_ERROR_MSG << "mxmp_multi_sgd_update: targets must be num_weights=" << a->n
+                 << " characters '0' or '1', got '" << flags << "'";
+    return false;
+  }
+  a->targets.assign(a->n, false);
+  a->num_targets = 0;
+  for (int i = 0; i < a->n; ++i) {
+    a->targets[i] = flags[i] == '1';
+    a->num_targets += a->targets[i];
+  }
+  return sgd_floats(attrs, "lrs", a->n, &a->lrs) && sgd_floats(attrs, "wds", a->n, &a->wds) &&
+         sgd_float(attrs, "momentum", 0.f, &a->momentum) &&
+         sgd_float(attrs, "rescale_grad", 1.f, &a->rescale_grad) &&
+         sgd_float(attrs, "clip_gradient", -1.f, &a->clip_gradient);
+}
+
+MXReturnValue sgd_parse(const Attrs& attrs, int* num_in, int* num_out) {
+  return guarded("mxmp_multi_sgd_update", [&] {
+    SgdAttrs a;
+    if (!sgd_attrs(attrs, &a)) return MX_FAIL;
+    const int stride = a.with_momentum ? 3 : 2;
+    *num_in = stride * a.n;
+    *num_out = (a.with_momentum ? 2 : 1) * a.n + a.num_targets;
+    return MX_SUCCESS;
+  });
+}
+
+MXReturnValue sgd_infer_type(const Attrs& attrs, std::vector<int>* in, std::vector<int>* out) {
+  return guarded("mxmp_multi_sgd_update", [&] {
+    SgdAttrs a;
+    if (!sgd_attrs(attrs, &a)) return MX_FAIL;
+    const int stride = a.with_momentum ? 3 : 2;
+    for (int i = 0; i < a.n; ++i) {
+      for (int j = 0; j < stride; ++j) {
+        int& v = (*in)[stride * i + j];
+        if (v == -1) v = mxnet::ext::kFloat32;
+        const bool ok = v == mxnet::ext::kFloat32 || (j == 1 && v == kBfloat16);
+        if (!ok) {
+          MX_ERROR_MSG << "mxmp_multi_sgd_update: weight " << i << "'s "
+                       << (j == 0 ? "weight" : j == 1 ? "grad" : "mom")
+                       << " must be float32" << (j == 1 ? " or bfloat16" : "") << ", got "
+                       << dtype_name(v);
+          return MX_FAIL;
+        }
+      }
+    }
+    const int states = (a.with_momentum ? 2 : 1) * a.n;
+    for (int k = 0; k < states; ++k) (*out)[k] = mxnet::ext::kFloat32;
+    for (int k = 0; k < a.num_targets; ++k) (*out)[states + k] = kBfloat16;
+    return MX_SUCCESS;
+  });
+}
+
+MXReturnValue sgd_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
+  return guarded("mxmp_multi_sgd_update", [&] {
+    SgdAttrs a;
+    if (!sgd_attrs(attrs, &a)) return MX_FAIL;
+    const int stride = a.with_momentum ? 3 : 2;
+    int t = 0;
+    for (int i = 0; i < a.n; ++i) {
+      const auto& ws = (*in)[stride * i];
+      if (!known(ws)) {
+        MX_ERROR_MSG << "mxmp_multi_sgd_update: weight " << i << "'s shape is unknown";
+        return MX_FAIL;
+      }
+      for (int j = 1; j < stride; ++j) {
+        if ((*in)[stride * i + j] != ws) {
+          MX_ERROR_MSG << "mxmp_multi_sgd_update: weight " << i << " has shape "
+                       << shape_str(ws) << " but its " << (j == 1 ? "grad" : "mom") << " "
+                       << shape_str((*in)[stride * i + j]);
+          return MX_FAIL;
+        }
+      }
+      (*out)[i] = ws;
+      if (a.with_momentum) (*out)[a.n + i] = ws;
+      if (a.targets[i]) (*out)[(a.with_momentum ? 2 : 1) * a.n + t++] = ws;
+    }
+    return MX_SUCCESS;
+  });
+}
+
+// The arrays of one weight of a call.
+struct SgdSlot {
+  float* w;
+  const void* g;
+  bool g_bf16;
+  float* mom;       // nullptr: no momentum
+  bf16* target;     // nullptr: no bfloat16 copy
+  float lr_wd, lr_rescale, lr;
+  int64_t size;
+};
+
+// Elements per block of the parallel loop (a thread's unit of work).
+const int64_t kSgdBlock = 1 << 14;
+
+// MXNet's mshadow_op::clip: NaN passes through.
+inline float sgd_clip(float x, float bound) {
+  return x > bound ? bound : (x < -bound ? -bound : x);
+}
+
+// One block of one weight. No contraction into fused multiply-adds: MXNet's kernel rounds
+// every product and difference (its wheel is built without FMA; checked bit for bit by
+// tests/training/test_fused_update.py).
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+template <typename G, bool kMom, bool kClip, bool kTarget>
+__attribute__((optimize("fp-contract=off")))
+void sgd_block(const SgdSlot& s, int64_t begin, int64_t end, float momentum, float rescale,
+               float clip) {
+  float* __restrict w = s.w;
+  const G* __restrict g = static_cast<const G*>(s.g);
+  float* __restrict mom = s.mom;
+  bf16* __restrict target = s.target;
+  const float lr_wd = s.lr_wd, lr_rescale = s.lr_rescale, lr = s.lr;
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    const float wi = w[i];
+    const float m0 = kMom ? mom[i] : 0.f;
+    const float gi = Num<G>::load(g[i]);
+    float m;
+    if (kClip) {
+      m = momentum * m0 - lr_wd * wi - lr * sgd_clip(rescale * gi, clip);
+    } else {
+      m = momentum * m0 - lr_wd * wi - lr_rescale * gi;
+    }
+    if (kMom) mom[i] = m;
+    const float wn = wi + m;
+    w[i] = wn;
+    if (kTarget) target[i] = Num<bf16>::store(wn);
+  }
+}
+#pragma GCC pop_options
+
+template <typename G, bool kMom, bool kClip>
+void sgd_block_t(const SgdSlot& s, int64_t begin, int64_t end, float momentum, float rescale,
+                 float clip) {
+  if (s.target) {
+    sgd_block<G, kMom, kClip, true>(s, begin, end, momentum, rescale, clip);
+  } else {
+    sgd_block<G, kMom, kClip, false>(s, begin, end, momentum, rescale, clip);
+  }
+}
+
+template <bool kMom, bool kClip>
+void sgd_block_g(const SgdSlot& s, int64_t begin, int64_t end, float momentum, float rescale,
+                 float clip) {
+  if (s.g_bf16) {
+    sgd_block_t<bf16, kMom, kClip>(s, begin, end, momentum, rescale, clip);
+  } else {
+    sgd_block_t<float, kMom, kClip>(s, begin, end, momentum, rescale, clip);
+  }
+}
+
+MXReturnValue sgd_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
+                              std::vector<MXTensor>* out, const OpResource& res) {
+  return guarded("mxmp_multi_sgd_update", [&] {
+    SgdAttrs a;
+    if (!sgd_attrs(attrs, &a)) return MX_FAIL;
+    const int stride = a.with_momentum ? 3 : 2;
+    std::vector<SgdSlot> slots(a.n);
+    std::vector<int64_t> first_block(a.n + 1, 0);
+    int t = 0;
+    int64_t total = 0;
+    for (int i = 0; i < a.n; ++i) {
+      MXTensor& w = (*in)[stride * i];
+      MXTensor& g = (*in)[stride * i + 1];
+      MXTensor& wout = (*out)[i];
+      if (wout.data_ptr != w.data_ptr ||
+          (a.with_momentum && (*out)[a.n + i].data_ptr != (*in)[stride * i + 2].data_ptr)) {
+        MX_ERROR_MSG << "mxmp_multi_sgd_update updates in place: call it with out= the "
+                     << "weights, then the moms, then the bfloat16 copies";
+        return MX_FAIL;
+      }
+      SgdSlot& s = slots[i];
+      s.w = w.data<float>();
+      s.g = g.data_ptr;
+      s.g_bf16 = g.dtype == kBfloat16;
+      s.mom = a.with_momentum ? (*in)[stride * i + 2].data<float>() : nullptr;
+      s.target = a.targets[i] ?
+          static_cast<bf16*>((*out)[(a.with_momentum ? 2 : 1) * a.n + t++].data_ptr) : nullptr;
+      // MXNet's left-to-right products: lr * wd * w is (lr * wd) * w
+      s.lr = a.lrs[i];
+      s.lr_wd = a.lrs[i] * a.wds[i];
+      s.lr_rescale = a.lrs[i] * a.rescale_grad;
+      const int64_t size = w.size();
+      s.size = size;
+      total += size;
+      first_block[i + 1] = first_block[i] + (size + kSgdBlock - 1) / kSgdBlock;
+    }
+    const int64_t blocks = first_block[a.n];
+    const bool clip = a.clip_gradient >= 0.f;
+    const float momentum = a.with_momentum ? a.momentum : 0.f;
+    const float rescale = a.rescale_grad, bound = a.clip_gradient;
+    const bool with_mom = a.with_momentum;
+#pragma omp parallel for schedule(static) if (total >= kParallelMin && blocks > 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      // the weight holding block b (blocks are numbered weight after weight)
+      int lo = 0, hi = a.n;
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (first_block[mid] <= b) lo = mid; else hi = mid;
+      }
+      const SgdSlot& s = slots[lo];
+      const int64_t size = s.size;
+      const int64_t begin = (b - first_block[lo]) * kSgdBlock;
+      const int64_t end = begin + kSgdBlock < size ? begin + kSgdBlock : size;
+      if (with_mom) {
+        if (clip) sgd_block_g<true, true>(s, begin, end, momentum, rescale, bound);
+        else sgd_block_g<true, false>(s, begin, end, momentum, rescale, bound);
+      } else {
+        if (clip) sgd_block_g<false, true>(s, begin, end, momentum, rescale, bound);
+        else sgd_block_g<false, false>(s, begin, end, momentum, rescale, bound);
+      }
+    }
+    return MX_SUCCESS;
+  });
+}
+
 }  // namespace
 
 REGISTER_OP(mxmp_softmax)
@@ -1658,6 +1971,12 @@ MXMP_REGISTER_ATT(mxmp_selfatt_qk, kSelfQK)
 MXMP_REGISTER_ATT(mxmp_selfatt_valatt, kSelfValAtt)
 MXMP_REGISTER_ATT(mxmp_encdec_qk, kEncQK)
 MXMP_REGISTER_ATT(mxmp_encdec_valatt, kEncValAtt)
+
+REGISTER_OP(mxmp_multi_sgd_update)
+    .setParseAttrs(sgd_parse)
+    .setInferType(sgd_infer_type)
+    .setInferShape(sgd_infer_shape)
+    .setForward(sgd_forward_cpu, "cpu");
 
 MXReturnValue initialize(int version) {
   if (version < 10900) {

@@ -265,6 +265,8 @@ class Step:
             optimizer.rescale_grad = rescale_grad
         with autograd.pause():
             for updater, update in calls:
+                if _fused_update(updater, update):
+                    continue
                 parts = update_groups(updater, update)
                 buffer = _GradientCopies(update, parts)
                 for part in parts:
@@ -321,6 +323,19 @@ class _GradientCopies:
         # momentum then reached rows that were not in the batch)
         return [g if k is None else next(views) if k == 'dense' else
                 cast_keeping_storage(g, 'float32') for g, k in pairs]
+
+
+def _fused_update(updater, update):
+    """Run ``update`` (a :class:`DeviceUpdate` with some master weights) in one pass of
+    ``updater.update_with_targets`` (mxmp's Updater: the masters, their optimizer state and
+    their bfloat16 weights together, the bfloat16 gradients read as they are, no float32
+    copies); False where the updater has no such pass or declines it (the grouped update with
+    float32 gradient copies then runs)."""
+    if all(t is None for t in update.targets):
+        return False   # nothing to rewrite: the updater's own call is already one pass
+    fused = getattr(updater, 'update_with_targets', None)
+    return fused is not None and fused(update.indices, update.grads, update.weights,
+                                       update.targets)
 
 
 def _update_group(updater, update, part, buffer):
