@@ -15,10 +15,11 @@ Substitutions, from the BERT-base training profile (docs/benchmark.md, "Transfor
   does not tell a library op whether it runs in training: the rule adds one flag per graph,
   MXNet's own Dropout (p=0.5) of a constant 1, which is 1 exactly in inference and 0 or 2 in
   training, and every ``mxmp_dropout`` reads it.
-- ``LeakyReLU(act_type='gelu')`` becomes ``mxmp_gelu`` (the same erf form, float32 arithmetic
-  inside, branch-free and vectorised: MXNet 1.9.1's bfloat16 backward was 6.1 ms a call on BERT's
-  (1024, 3072), docs/benchmark.md). Inference-only graphs put MXNet's op back, which oneDNN
-  folds into the FullyConnected before it (:func:`.kernel_undo.inference_only`).
+- ``LeakyReLU(act_type='gelu')`` becomes ``mxmp_gelu`` under ``Policy(kernels='all')`` only
+  (:data:`OPT_IN`): the same erf form, float32 arithmetic inside, vectorised; MXNet 1.9.1's
+  bfloat16 GELU took 24 + 73 ms of a BERT-base step, but alone, hot in cache, the two ran at the
+  same speed (docs/benchmark.md, "GELU"). Inference-only graphs put MXNet's op back, which
+  oneDNN folds into the FullyConnected (:func:`.kernel_undo.inference_only`).
 - The interleaved attention matmuls ``_contrib_interleaved_matmul_selfatt_qk/valatt`` and
   ``_encdec_qk/valatt`` become ``mxmp_selfatt_qk/valatt`` and ``mxmp_encdec_qk/valatt``
   (:data:`ATTENTION`): the same products in bfloat16 (inputs and outputs; float32 inputs are
@@ -85,11 +86,11 @@ ATTENTION = {'_contrib_interleaved_matmul_selfatt_qk': 'mxmp_selfatt_qk',
              '_contrib_interleaved_matmul_encdec_valatt': 'mxmp_encdec_valatt'}
 SUBSTITUTES = dict({'LayerNorm': 'mxmp_layer_norm', 'Dropout': 'mxmp_dropout',
                     'softmax': 'mxmp_softmax', 'LeakyReLU': 'mxmp_gelu'}, **ATTENTION)
-#: Ops substituted only under ``Policy(kernels='all')`` (none now). Dropout was, until the
-#: transformer study's +1.2% perplexity with it was traced to its other masks: float32 with the
-#: library Dropout lands where float32 with MXNet's Dropout reseeded does, and bfloat16 with it
-#: matches float32 with it (docs/accuracy.md, "mxmp's Dropout kernel").
-OPT_IN = ()
+#: Ops substituted only under ``Policy(kernels='all')``: GELU, until a BERT step measures it
+#: faster than MXNet's bfloat16 GELU (``python -m benchmarks.kernels_ab --modes
+#: float32,mxmp,mxmp_all_kernels``). Dropout was opt-in until the transformer study's +1.2%
+#: perplexity with it was traced to its other masks (docs/accuracy.md, "mxmp's Dropout kernel").
+OPT_IN = ('LeakyReLU',)
 #: Inputs of the MXNet op (the library op may take more: Dropout's flag).
 _N_INPUTS = {'LayerNorm': 3, 'Dropout': 1, 'softmax': 2, 'LeakyReLU': 1,
              '_contrib_interleaved_matmul_selfatt_qk': 1,
