@@ -202,3 +202,12 @@ def test_converted_ffn_trains_within_bfloat16_error_of_float32(seed):
     (ref, ref_g), (got, got_g) = results
     assert np.abs(got - ref).max() <= 2e-2 * np.abs(ref).max()
     assert np.abs(got_g - ref_g).max() <= 4e-2 * np.abs(ref_g).max()
+
+
+def test_conformance_runs_the_library_case_for_gelu_only():
+    # `mxmp check-kernels` checks mxmp_gelu (kernels='all' included) against MXNet's GELU and
+    # its numerical contract; LeakyReLU's other variants have no library op
+    from mxmp._src.conformance.run import cases_of
+    cases = cases_of('LeakyReLU')
+    assert ('gelu', 'library') in cases and ('leaky', 'library') not in cases
+    assert ('gelu', 'lp-input') in cases and ('leaky', 'lp-input') in cases
