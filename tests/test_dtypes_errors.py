@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from mxnet.contrib.amp.amp import bfloat16
 
+import mxmp
 from mxmp._src import dtypes
 from mxmp._src.errors import mxnet_error_line
 
@@ -44,6 +45,24 @@ def test_normalize_dtype_names_the_accepted_dtypes():
         dtypes.normalize_dtype('float32')
     with pytest.raises(ValueError, match='unknown target dtype'):
         dtypes.normalize_dtype(object())
+
+
+def test_convert_to_float32_raises_with_the_fix_and_leaves_the_block_alone():
+    # not a silent no-op: float32 is no mixed-precision target; the message says the network
+    # needs no conversion and where mxmp's kernels come with (bfloat16) or are measured
+    from mxnet.gluon import nn
+    net = nn.HybridSequential()
+    net.add(nn.Dense(8), nn.LayerNorm(), nn.Dropout(0.1))
+    net.initialize(mx.init.Xavier())
+    x = mx.nd.ones((2, 4))
+    before = net(x).asnumpy()
+    for spelling in ('float32', np.float32, 'FLOAT32'):
+        with pytest.raises(ValueError, match="'float32' is not a mixed-precision target.*"
+                           "needs no conversion.*mxmp.convert\\(net, 'bfloat16'\\)"):
+            mxmp.convert(net, spelling)
+    np.testing.assert_array_equal(net(x).asnumpy(), before)
+    with pytest.raises(RuntimeError, match='no mixed-precision graph'):
+        mxmp.converted_graph(net)   # no hook was left on it
 
 
 def test_mxnet_error_line_is_the_reason_not_the_cpp_traceback():

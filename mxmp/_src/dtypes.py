@@ -43,7 +43,9 @@ def normalize_dtype(dtype, allow_float32=False):
     spelling of it (name in any case, numpy type, MXNet's bfloat16).
 
     Raises:
-        ValueError: any other dtype; the message names the accepted ones.
+        ValueError: any other dtype; the message names the accepted ones (for ``'float32'``
+            without ``allow_float32``: that a float32 network needs no conversion, and where
+            mxmp's float32 kernels are measured).
     """
     accepted = LOW_PRECISION_DTYPES + (('float32',) if allow_float32 else ())
     if isinstance(dtype, str):
@@ -53,6 +55,14 @@ def normalize_dtype(dtype, allow_float32=False):
             name = dtype_name(dtype)
         except TypeError:
             name = None
+    if name == 'float32' and name not in accepted:
+        raise ValueError(
+            "target dtype 'float32' is not a mixed-precision target: mxmp converts to %s. A "
+            'float32 network needs no conversion: run it as it is. mxmp\'s library kernels '
+            '(LayerNorm, softmax with lengths, Dropout, GELU) come with a bfloat16 conversion, '
+            "mxmp.convert(net, 'bfloat16'); float32 with them alone is the benchmark's "
+            'baseline (scripts/benchmark.py --modes float32_mxmp_kernels), not an API'
+            % ' or '.join(repr(a) for a in accepted))
     if name not in accepted:
         raise ValueError(
             'unknown target dtype %r: mxmp converts to %s (float16 for NVIDIA GPUs, bfloat16 '

@@ -16,6 +16,8 @@ mean and a small spread, rows of 65,536, 2**18 rows (dgamma/dbeta sums), NaN and
 softmax with lengths: random, lengths 0, 1, the row and beyond it, all ``-inf`` rows, NaN and
 inf, large logits, rows of 65,536. Dropout: NaN, inf and finite values, p = 0.1 and 0.5 (the
 definition ``out = x * s``, ``s = 1/(1-p)`` where kept, 0 where dropped; gradient ``dy * s``).
+GELU (``LeakyReLU``, :mod:`.gelu`): random, large ``|x|``, the negative tail, denormals and
+signed zeros, NaN and inf.
 
 bfloat16 (``run_contract(op, dtype='bfloat16')``, the cases of :data:`BF16_CASES`): the library
 op takes bfloat16 data (LayerNorm's gamma and beta float32, as the pass gives them) and a
@@ -28,6 +30,8 @@ The conformance suite's ``library`` case runs these (:mod:`.library`), so ``mxmp
 checks them on a user's machine; tests/kernels/test_contract.py checks them in the suite.
 """
 import numpy as np
+
+from .gelu import GELU_BF16_CASES, GELU_CASES, gelu_ref
 
 #: The bar: the library's error against float64 is at most this many times MXNet's.
 FACTOR = 4.0
@@ -150,6 +154,7 @@ CASES = {
         ('NaN and inf, p=0.1', _dropout_case((64, 1000), 0.1)),
         ('NaN and inf, p=0.5', _dropout_case((64, 1000), 0.5)),
     ],
+    'LeakyReLU': GELU_CASES,   # act_type='gelu' (:mod:`.gelu`)
 }
 #: Cases also run in bfloat16 (names of :data:`CASES`).
 BF16_CASES = {
@@ -158,9 +163,11 @@ BF16_CASES = {
     'softmax': ('random', 'lengths 0, 1, row, beyond', 'all -inf rows', 'NaN and inf',
                 'large logits', '1-D data'),
     'Dropout': ('NaN and inf, p=0.1', 'NaN and inf, p=0.5'),
+    'LeakyReLU': GELU_BF16_CASES,
 }
 OUTPUTS = {'LayerNorm': ('out', 'd data', 'd gamma', 'd beta'),
-           'softmax': ('out', 'd data'), 'Dropout': ('out', 'd data')}
+           'softmax': ('out', 'd data'), 'Dropout': ('out', 'd data'),
+           'LeakyReLU': ('out', 'd data')}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,12 +297,27 @@ def _run_dropout(v, dtype='float32'):
     return ref, res
 
 
-_RUN = {'LayerNorm': _run_layer_norm, 'softmax': _run_softmax, 'Dropout': _run_dropout}
+def _run_gelu(v, dtype='float32'):
+    import mxnet as mx
+    x32, dy32 = _rounded(v['x'], dtype), _rounded(v['dy'], dtype)
+    ref = gelu_ref(x32, dy32)
+    res = {}
+    for name, fn in (('lib', mx.nd.mxmp_gelu),
+                     ('mxnet', lambda a: mx.nd.LeakyReLU(a, act_type='gelu'))):
+        lib = name == 'lib'
+        a = _nd(x32, dtype if lib else 'float32')
+        res[name] = _record(fn, [a], [a], dy32, dtype if lib else 'float32',
+                            (0, 1) if dtype != 'float32' and not lib else ())
+    return ref, res
+
+
+_RUN = {'LayerNorm': _run_layer_norm, 'softmax': _run_softmax, 'Dropout': _run_dropout,
+        'LeakyReLU': _run_gelu}
 
 
 def run_contract(op, seeds=(0,), cases=None, dtype='float32'):
     """Run the contract cases of one library op (its MXNet name: ``'LayerNorm'``,
-    ``'softmax'``, ``'Dropout'``) in this process (mxmp's operator library must be loaded).
+    ``'softmax'``, ``'Dropout'``, ``'LeakyReLU'`` for GELU) in this process (mxmp's operator library must be loaded).
 
     Args:
         op (str): the MXNet op the library replaces.

@@ -32,10 +32,10 @@ def cases_of(op, params_only=False):
     """The ``(variant, case)`` pairs to run for ``op``: ``lp-input`` and ``cast`` for every
     variant (unless ``params_only``), ``lp-params`` for the variants with parameters,
     ``library`` for the ops mxmp's operator library replaces (the pass's kernel rule)."""
-    from ..graph.kernel_rule import SUBSTITUTES
-    return [(v, c) for v, _, _ in CASES[op] for c in _CASE_NAMES
+    from ..graph.kernel_rule import replaces
+    return [(v, c) for v, _, attrs in CASES[op] for c in _CASE_NAMES
             if (c == 'lp-params' and has_params(op, v)) or
-            (c == 'library' and op in SUBSTITUTES) or
+            (c == 'library' and replaces(op, attrs)) or
             (c not in ('lp-params', 'library') and not params_only and op not in RANDOM_OPS)]
 
 

@@ -15,6 +15,11 @@ Substitutions, from the BERT-base training profile (docs/benchmark.md, "Transfor
   does not tell a library op whether it runs in training: the rule adds one flag per graph,
   MXNet's own Dropout (p=0.5) of a constant 1, which is 1 exactly in inference and 0 or 2 in
   training, and every ``mxmp_dropout`` reads it.
+- ``LeakyReLU(act_type='gelu')`` becomes ``mxmp_gelu`` under ``Policy(kernels='all')`` only
+  (:data:`OPT_IN`): the same erf form, float32 arithmetic inside, vectorised; MXNet 1.9.1's
+  bfloat16 GELU took 24 + 73 ms of a BERT-base step, but alone, hot in cache, the two ran at the
+  same speed (docs/benchmark.md, "GELU"). Inference-only graphs put MXNet's op back, which
+  oneDNN folds into the FullyConnected (:func:`.kernel_undo.inference_only`).
 - The interleaved attention matmuls ``_contrib_interleaved_matmul_selfatt_qk/valatt`` and
   ``_encdec_qk/valatt`` become ``mxmp_selfatt_qk/valatt`` and ``mxmp_encdec_qk/valatt``
   (:data:`ATTENTION`): the same products in bfloat16 (inputs and outputs; float32 inputs are
@@ -57,6 +62,7 @@ from .symbol_json import MARK, unique_name
 
 __all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'TIE', 'EXTRA_INPUTS', 'LOW_SUFFIX', 'FLOAT32_OUTPUTS',
            'FLOAT32_INPUTS', 'substitute', 'apply_kernels', 'planned', 'restore', 'rule_of',
+           'replaces',
            'original_op', 'kernel_dtype', 'with_kernel_dtype']
 
 logger = logging.getLogger('mxmp.kernels')
@@ -79,14 +85,14 @@ ATTENTION = {'_contrib_interleaved_matmul_selfatt_qk': 'mxmp_selfatt_qk',
              '_contrib_interleaved_matmul_encdec_qk': 'mxmp_encdec_qk',
              '_contrib_interleaved_matmul_encdec_valatt': 'mxmp_encdec_valatt'}
 SUBSTITUTES = dict({'LayerNorm': 'mxmp_layer_norm', 'Dropout': 'mxmp_dropout',
-                    'softmax': 'mxmp_softmax'}, **ATTENTION)
-#: Ops substituted only under ``Policy(kernels='all')`` (none now). Dropout was, until the
-#: transformer study's +1.2% perplexity with it was traced to its other masks: float32 with the
-#: library Dropout lands where float32 with MXNet's Dropout reseeded does, and bfloat16 with it
-#: matches float32 with it (docs/accuracy.md, "mxmp's Dropout kernel").
-OPT_IN = ()
+                    'softmax': 'mxmp_softmax', 'LeakyReLU': 'mxmp_gelu'}, **ATTENTION)
+#: Ops substituted only under ``Policy(kernels='all')``: GELU, until a BERT step measures it
+#: faster than MXNet's bfloat16 GELU (``python -m benchmarks.kernels_ab --modes
+#: float32,mxmp,mxmp_all_kernels``). Dropout was opt-in until the transformer study's +1.2%
+#: perplexity with it was traced to its other masks (docs/accuracy.md, "mxmp's Dropout kernel").
+OPT_IN = ('LeakyReLU',)
 #: Inputs of the MXNet op (the library op may take more: Dropout's flag).
-_N_INPUTS = {'LayerNorm': 3, 'Dropout': 1, 'softmax': 2,
+_N_INPUTS = {'LayerNorm': 3, 'Dropout': 1, 'softmax': 2, 'LeakyReLU': 1,
              '_contrib_interleaved_matmul_selfatt_qk': 1,
              '_contrib_interleaved_matmul_selfatt_valatt': 2,
              '_contrib_interleaved_matmul_encdec_qk': 2,
@@ -121,6 +127,8 @@ def _eligible(node, used_outputs):
         return False
     if op in ATTENTION:
         return 'heads' in attrs
+    if op == 'LeakyReLU':
+        return attrs.get('act_type') == 'gelu' and not used_outputs - {0}
     if op == 'softmax':
         return (attrs.get('use_length', 'False') in _TRUE and attrs.get('axis', '-1') == '-1'
                 and attrs.get('temperature', 'None') in ('None', '1', '1.0')
@@ -134,6 +142,14 @@ def _eligible(node, used_outputs):
         return False
     return (0 < p < 1 and attrs.get('axes', '()') in ('()', '[]', '(,)') and
             not used_outputs - {0})
+
+
+def replaces(op, attrs):
+    """Whether the rule replaces a node of ``op`` with ``attrs`` (dict; values as Python or as
+    strings), its first output alone read: the conformance suite's ``library`` case."""
+    node = {'op': op, 'attrs': {k: str(v) for k, v in attrs.items()},
+            'inputs': [None] * _N_INPUTS.get(op, 0)}
+    return op in SUBSTITUTES and _eligible(node, {0})
 
 
 def _flag_nodes(names):
@@ -284,15 +300,15 @@ def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False, skip_names
                     inputs[pos] = add('_identity_with_attr_like_rhs', '%s_%s_copy' % (
                         name, nodes[node['inputs'][pos][0]]['name']), [inputs[pos], axis], {},
                         INPUT_COPY)
-            else:   # softmax with lengths: their shape from pick's index (no copy: integers;
-                # the Cast gives pick the index dtype it needs, whatever the lengths' is)
+            elif op == 'softmax':   # lengths: their shape from pick's index (no copy:
+                # integers; the Cast gives pick the index dtype it needs, whatever theirs is)
                 index = add('Cast', name + '_mxmp_length_index', [inputs[1]],
                             {'dtype': 'int32'}, TIE)
                 picked = add('pick', name + '_mxmp_length_shape', [data, index],
                              {'axis': '-1', 'mode': 'clip'}, TIE)
                 inputs.append(add('BlockGrad', name + '_mxmp_length_tie', [picked], {}, TIE))
             attrs = dict(node.get('attrs', {}), **{MARK: KERNEL_PREFIX + op})
-            if op not in ATTENTION:   # the attention matmuls' inputs are all data
+            if len(inputs) > 1 and op not in ATTENTION:   # attention: every input is data
                 attrs[EXTRA_INPUTS] = str(len(inputs) - 1)
             node = dict(node, op=SUBSTITUTES[op], attrs=attrs)
         out.append(dict(node, inputs=inputs))

@@ -5,7 +5,11 @@ costs nothing (:func:`inference_only`). Loaded by the first conversion or export
 """
 from .symbol_json import MARK, unique_name
 
-__all__ = ['inference_only', 'mxnet_ops']
+__all__ = ['LOW_KERNEL', 'inference_only', 'mxnet_ops']
+
+#: MXNet ops the rule replaces whose MXNet 1.9.1 kernel takes bfloat16 (GELU's ``LeakyReLU``:
+#: oneDNN's, ``mxmp check-kernels`` ok): undone, they read the library op's dtype, no cast.
+LOW_KERNEL = ('LeakyReLU',)
 
 
 def _rule():   # the kernel rule, loaded by the first conversion (not by `import mxmp`)
@@ -47,6 +51,8 @@ def _undo(js, undo, bypass=lambda node: False):
             resolve[nid] = resolve[src] if src in resolve and idx == 0 else [new_id[src], idx]
             continue
         low = _rule().kernel_dtype(node) if isinstance(back, dict) else None
+        if isinstance(back, dict) and back['op'] in LOW_KERNEL:   # no casts: MXNet runs it
+            low = None
         if isinstance(back, dict):
             node = back
         inputs = [entry(s, i, v) for s, i, v in node['inputs']]
@@ -66,13 +72,17 @@ def inference_only(js):
     twin, :func:`mxmp.freeze`): the rule's ``mxmp_dropout`` nodes back to MXNet's Dropout, which
     MXNet runs as the identity in inference at no cost (the library op copies), and the flag
     removed; a bfloat16 one in the default mode (no bfloat16 Dropout in MXNet) is removed (its
-    consumers read its input). A new dict, or ``js`` where there is nothing to undo."""
+    consumers read its input). ``mxmp_gelu`` back to MXNet's GELU in its dtype (oneDNN's fusion
+    folds it into the FullyConnected before it: docs/benchmark.md, "Where mxmp's inference time
+    goes"). A new dict, or ``js`` where there is nothing to undo."""
     rule = _rule()
     flag = rule.FLAG
-    if not any(n.get('attrs', {}).get(MARK) == flag for n in js['nodes']):
+    undone = ('Dropout', 'LeakyReLU')
+    if not any(n.get('attrs', {}).get(MARK) == flag or rule.original_op(n) in undone
+               for n in js['nodes']):
         return js
     return _undo(js, lambda node, back: node.get('attrs', {}).get(MARK) == flag or
-                 isinstance(back, dict) and back['op'] == 'Dropout',
+                 isinstance(back, dict) and back['op'] in undone,
                  bypass=lambda node: rule.original_op(node) == 'Dropout' and
                  rule.kernel_dtype(node) is not None and
                  node['attrs'].get('mode', 'training') != 'always')

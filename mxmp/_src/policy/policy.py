@@ -82,7 +82,8 @@ class Policy:
             slow (LayerNorm, Dropout, softmax with lengths) run mxmp's own kernel, built on
             first use where a C++ compiler is found, MXNet's elsewhere (the pass's kernel rule,
             docs/pass.md; the library Dropout draws other masks than MXNet's, with the same
-            accuracy: docs/accuracy.md); ``'all'``: every library kernel, today the same set;
+            accuracy: docs/accuracy.md); ``'all'``: every library kernel, GELU's too
+            (``LeakyReLU(act_type='gelu')``: not yet measured faster in a training step);
             ``'mxnet'``: MXNet's kernels only.
         reductions (str): ``'auto'`` (default): for bfloat16, float32 ``sum``/``mean`` over
             the last axis, or over all axes but the first, run as a FullyConnected product
