@@ -807,10 +807,9 @@ def emulation_violations(real, emulated, policy, given=None):
             bad.append('%s rounds through %s, not the target dtype %s'
                        % (node['name'], rounds_to(node), lp))
         # an elementwise rounding chain starts once per tensor (amp_casts: cast_violations)
-        # at the rounding node that reads no other one (its last node reads the tensor too)
         src = node['inputs'][0] if node['inputs'] else None
-        if ROUND_MARK in node.get('attrs', {}) and not any(
-                ROUND_MARK in enodes[e[0]].get('attrs', {}) for e in node['inputs']):
+        if ROUND_MARK in node.get('attrs', {}) and ROUND_MARK not in enodes[src[0]].get(
+                'attrs', {}):
             key = (src[0], src[1], rounds_to(node))
             if key in first:
                 bad.append('%s and %s both round %s:%d' % (first[key], node['name'],

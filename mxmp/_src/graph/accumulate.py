@@ -7,8 +7,7 @@ left at zero (``amp_cast``/``amp_multicast``: nothing is written) instead of acc
 every CPU ISA (measured with ``autograd`` and ``attach_grad(grad_req='add')``, two backward
 passes: docs/from_contrib_amp.md "Gradient accumulation"). ``amp_cast`` to float16 and the
 elementwise ops honour it. A converted graph reads each float32 parameter through such a
-node (its cast to the target dtype; bfloat16 emulation's rounding reads it through a
-``BlockGrad`` and an ``elemwise_sub``, which accumulate, so no guard goes there), so
+node (its cast to the target dtype, or the first node of bfloat16 emulation's rounding), so
 without this guard a BERT fine-tuning loop that accumulates gradients over batches
 (GluonNLP's ``finetune_classifier.py --accumulate``) updates its dense layers with zero or
 last-batch gradients. :func:`guard_accumulated_grads` puts an ``identity`` (``_copy``, whose

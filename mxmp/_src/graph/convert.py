@@ -63,37 +63,18 @@ class _Builder:
         """Round float32 values to bfloat16 (to nearest even) with elementwise ops: Veltkamp's
         splitting, ``t - (t - u)`` with ``t = u * (2**16 + 1)``, ``u = x * 2**-16`` (Dekker,
         1971). Equal to ``amp_cast`` for normal values, infinities and NaN; its gradient is the
-        identity (forward values are rounded, gradients are not). Why: docs/pass.md.
-
-        The result is ``x - e``, ``e = b - round(b)`` computed from ``b``, x bounded, behind a
-        ``BlockGrad`` of x: MXNet's gradient of x is ``_backward_sub``'s identity, which reads
-        no tensor, and the splitting's backward nodes have no path to any gradient, so the
-        executor keeps none of their tensors (the splitting on ``x`` itself kept ``x`` for its
-        ``clip``'s gradient: a second float32 copy of every rounded tensor until the backward
-        pass; docs/benchmark.md, "On a CPU without bfloat16 kernels"). ``e`` is exact
-        (Sterbenz: ``round(b)`` lies within half a bfloat16 step of ``b``), so ``x - e`` is
-        ``round(x)``, the same bits as the splitting's result; for x beyond 3.4e38 or
-        infinite, ``e`` is the infinity of the other sign and the result x's infinity; NaN
-        stays NaN. The subtraction, not ``x + (round(b) - b)``: ``elemwise_add`` runs
-        oneDNN's sum when an input is a oneDNN array, and for a weight oneDNN reordered into
-        the blocked layout of a grouped convolution (after a float32 forward) beside a plain
-        ``e`` it fails ("could not create a primitive descriptor for a sum primitive");
-        ``elemwise_sub`` has no oneDNN path. x is its first input, where ``strip`` and
-        ``stem`` follow a rounding back to its tensor."""
-        held = self._emulate_node('BlockGrad', base + '_bf16_value', [entry])
+        identity (forward values are rounded, gradients are not). Why: docs/pass.md."""
         # +-inf would give inf - inf = NaN below: clip to 3.4e38, which still rounds to inf
         # (bfloat16's largest finite value is 3.3895e38) and keeps t finite.
-        bounded = self._emulate_node('clip', base + '_bf16_bound', [held],
+        bounded = self._emulate_node('clip', base + '_bf16_bound', [entry],
                                      {'a_min': '-3.4e+38', 'a_max': '3.4e+38'})
         u = self._emulate_node('_mul_scalar', base + '_bf16_scale_down', [bounded],
                                {'scalar': '1.52587890625e-05'})
         t = self._emulate_node('_mul_scalar', base + '_bf16_split', [u], {'scalar': '65537.0'})
         low = self._emulate_node('elemwise_sub', base + '_bf16_low', [t, u])
         high = self._emulate_node('elemwise_sub', base + '_bf16_high', [t, low])
-        rounded = self._emulate_node('_mul_scalar', base + '_bf16_rounded', [high],
-                                     {'scalar': '65536.0'})
-        error = self._emulate_node('elemwise_sub', base + '_bf16_error', [bounded, rounded])
-        return self._emulate_node('elemwise_sub', base + '_amp_round_bfloat16', [entry, error])
+        return self._emulate_node('_mul_scalar', base + '_amp_round_bfloat16', [high],
+                                  {'scalar': '65536.0'})
 
     def _location(self, nid, out):
         """Where tensor (nid, out) is read from, making its pending emulation nodes."""
