@@ -220,7 +220,16 @@ def main(argv=None):
         mxmp = import_mxmp()
         train_net = mxmp.convert(net, target_dtype=args.dtype, cast_params=args.cast_params,
                                  emulate=emulate)
-    train_net.hybridize(static_alloc=True, static_shape=True)
+    # static_alloc: MXNet 1.9.1's CachedOp then keeps the output of every forward node until the
+    # backward pass, and an emulated graph rounds each bfloat16 tensor with six elementwise
+    # nodes: one training step of the quickstart's wide ResNet took 1,517 MiB peak RSS with it,
+    # 1,248 without (float32: 495). Emulation measures accuracy, not speed: docs/benchmark.md,
+    # "On a CPU without bfloat16 kernels".
+    static = not emulate
+    if not static:
+        LOG.info('emulated %s: hybridized without static_alloc (which would keep every '
+                 "rounding node's output until the backward pass)", args.dtype)
+    train_net.hybridize(static_alloc=static, static_shape=static)
 
     opt_params = optimizer_params(args, steps_per_epoch)
     if args.dtype == 'float32' and workers == 1:
