@@ -63,7 +63,7 @@ FLAGS = ('-O3', '-march=native', '-fopenmp', '-fno-trapping-math', '-std=c++17',
          '-fPIC', '-Wl,-Bsymbolic')
 #: The ops the library registers (``mx.library.load`` adds them to mx.nd and mx.sym).
 OPS = ('mxmp_layer_norm', 'mxmp_dropout', 'mxmp_softmax', 'mxmp_selfatt_qk',
-       'mxmp_selfatt_valatt', 'mxmp_encdec_qk', 'mxmp_encdec_valatt')
+       'mxmp_selfatt_valatt', 'mxmp_encdec_qk', 'mxmp_encdec_valatt', 'mxmp_batch_dot')
 #: File names inside a key's directory.
 LIBRARY = 'libmxmp_ops.so'
 FAILED = 'failed.txt'
