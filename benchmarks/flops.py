@@ -32,17 +32,18 @@ TRAIN_FACTOR = 3
 #: Layers with a weight (FLOP from the output and the weight's shape).
 WEIGHT_OPS = ('Convolution', 'FullyConnected')
 #: Products of two computed tensors (FLOP from the output and the inputs' shapes).
-#: mxmp's library ops for the attention products (mxmp_selfatt_*) count as MXNet's.
+#: mxmp's library ops for the attention products (mxmp_selfatt_*, mxmp_batch_dot) count as
+#: MXNet's.
 MATMUL_OPS = ('batch_dot', '_contrib_interleaved_matmul_selfatt_qk',
               '_contrib_interleaved_matmul_selfatt_valatt', 'mxmp_selfatt_qk',
-              'mxmp_selfatt_valatt')
+              'mxmp_selfatt_valatt', 'mxmp_batch_dot')
 COUNTED_OPS = WEIGHT_OPS + MATMUL_OPS
 
 
 def _matmul_depth(node, inputs):
     """K of a MATMUL_OPS node: multiply-accumulates per output element."""
     op, attrs = node['op'], node.get('attrs', {})
-    if op == 'batch_dot':
+    if op in ('batch_dot', 'mxmp_batch_dot'):
         return inputs[0][-2] if attrs.get('transpose_a', 'False') in ('True', 'true', '1') \
             else inputs[0][-1]
     if op in ('_contrib_interleaved_matmul_selfatt_qk', 'mxmp_selfatt_qk'):

@@ -34,7 +34,8 @@ GEMM_LAYER_OPS = ('Convolution', '_backward_Convolution', 'FullyConnected',
                   '_backward_interleaved_matmul_selfatt_valatt',
                   '_sg_mkldnn_selfatt_qk', '_sg_mkldnn_selfatt_valatt',
                   'mxmp_selfatt_qk', '_backward_mxmp_selfatt_qk',
-                  'mxmp_selfatt_valatt', '_backward_mxmp_selfatt_valatt')
+                  'mxmp_selfatt_valatt', '_backward_mxmp_selfatt_valatt',
+                  'mxmp_batch_dot', '_backward_mxmp_batch_dot')
 
 
 def gemm_layer_split(per_iter, flop_per_image, batch_size, train_factor):

@@ -10,7 +10,8 @@ its ``--amp`` path calls ``amp.init()``, ``amp.init_trainer``, sets
 ``trainer._amp_loss_scaler._scale_seq_len``, ``amp.scale_loss`` each batch, and pickles and
 restores ``_loss_scale``, ``_next_loss_scale``, ``_unskipped`` with its training state.
 After training, one JSON line: the dtypes of the FullyConnected outputs of every graph mxmp
-converted (``mxmp.converted_graph``), the scaler fields the first ``scale_loss`` of the process
+converted (``mxmp.converted_graph``), the attention matmuls in those graphs (op -> count), the
+scaler fields the first ``scale_loss`` of the process
 saw (after a resume: what Sockeye restored) and those at the end.
 """
 import functools
@@ -74,7 +75,7 @@ def main():
     mx.gluon.HybridBlock.__call__ = call
     from sockeye import train
     train.main() if not argv else (sys.argv.__setitem__(slice(1, None), argv), train.main())
-    graphs = {}
+    graphs, attention = {}, {}
     for block in seen:
         try:
             sym = mxmp.converted_graph(block)
@@ -82,8 +83,13 @@ def main():
             continue
         for k, v in fc_dtypes(sym, block._cached_graph[0]).items():
             graphs[k] = graphs.get(k, 0) + v
+        for node in json.loads(sym.tojson(remove_amp_cast=False))['nodes']:
+            if 'interleaved_matmul' in node['op'] or node['op'] in (
+                    'mxmp_encdec_qk', 'mxmp_encdec_valatt', 'mxmp_selfatt_qk',
+                    'mxmp_selfatt_valatt', 'batch_dot', 'mxmp_batch_dot'):
+                attention[node['op']] = attention.get(node['op'], 0) + 1
     s = trainers[0]._amp_loss_scaler if trainers else None
-    print(json.dumps({'fc_dtypes': graphs, 'first_step': first[0] if first else None,
+    print(json.dumps({'fc_dtypes': graphs, 'attention_ops': attention, 'first_step': first[0] if first else None,
                       'fields': None if s is None else [
         s._loss_scale, s._next_loss_scale, s._unskipped, s._scale_seq_len]}))
 

@@ -95,6 +95,14 @@ def test_bfloat16_trains_through_checkpoints_and_resumes(data, float32):
         assert set(info['fc_dtypes']) == {'bfloat16'}
     else:                                    # emulated: float32 kernels, bfloat16 rounding
         assert set(info['fc_dtypes']) == {'float32'}
+    # Sockeye's attention (self and source: the encoder-decoder interleaved matmuls) runs on
+    # mxmp's bfloat16 library ops where their GEMM runs, MXNet's float32 ops elsewhere
+    from mxmp._src.graph.kernel_rule import attention_pays
+    if attention_pays():
+        assert set(info['attention_ops']) == {'mxmp_encdec_qk', 'mxmp_encdec_valatt'}, info
+    else:
+        assert set(info['attention_ops']) == {'_contrib_interleaved_matmul_encdec_qk',
+                                              '_contrib_interleaved_matmul_encdec_valatt'}, info
 
 
 def test_float16_resume_continues_the_loss_scale_schedule(data, float32):

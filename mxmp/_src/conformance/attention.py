@@ -1,5 +1,6 @@
 """The conformance suite's ``library`` case of the attention matmuls mxmp's operator library
-replaces (``_contrib_interleaved_matmul_selfatt_qk/valatt``, ``_encdec_qk/valatt``; the kernel
+replaces (``_contrib_interleaved_matmul_selfatt_qk/valatt``, ``_encdec_qk/valatt``, and
+``batch_dot`` under ``Policy(kernels='all')``; the kernel
 rule's :data:`~mxmp._src.graph.kernel_rule.ATTENTION`): the library op against a float64
 reference of the op's definition (:func:`reference`), in float32 and in bfloat16, on
 bfloat16-representable inputs, so that the reference multiplies the values the kernel does.
@@ -40,12 +41,21 @@ def _interleave(parts, shape):
 def reference(op, xs, og, heads):
     """The output and input gradients (list of float64 arrays) of the interleaved op ``op``
     (MXNet's name, or its short name ``selfatt_qk``...) on inputs ``xs`` with output gradient
-    ``og``, from the definition: qk is q_i . k_j / sqrt(d) per (batch, head), d the head
+    ``og``, from the definition (``batch_dot``: ``heads`` is its ``(transpose_a,
+    transpose_b)``): qk is q_i . k_j / sqrt(d) per (batch, head), d the head
     dimension (the scale is float32 1/sqrt(d) in MXNet); valatt is sum_j att[i, j] v_j; the
     parts of an interleaved input an op does not read get a zero gradient."""
     op = op.replace('_contrib_interleaved_matmul_', '')
     xs = [np.asarray(x, np.float64) for x in xs]
     og = np.asarray(og, np.float64)
+    if op == 'batch_dot':   # heads: (transpose_a, transpose_b)
+        ta, tb = heads
+        a = np.swapaxes(xs[0], -1, -2) if ta else xs[0]
+        b = np.swapaxes(xs[1], -1, -2) if tb else xs[1]
+        da = og @ np.swapaxes(b, -1, -2)
+        db = np.swapaxes(a, -1, -2) @ og
+        return [a @ b, np.swapaxes(da, -1, -2) if ta else da,
+                np.swapaxes(db, -1, -2) if tb else db]
     if op in ('selfatt_qk', 'encdec_qk'):
         if op == 'selfatt_qk':
             q, k = _heads_first(xs[0], 3, heads)[:2]
@@ -92,7 +102,7 @@ def attention_row(row, inputs, attrs, seeds):
     op = row['op']
     names = ['in%d' % i for i in range(len(inputs))]
     sym = _op_fn(op)(*[mx.sym.var(n) for n in names], name='op', **attrs)
-    graph = apply_kernels(load(sym), 'auto', attention=True)
+    graph = apply_kernels(load(sym), 'all', attention=True)   # batch_dot: opt-in
     if not any(n['op'].startswith('mxmp_') for n in graph['nodes']):
         row.update(mode='real', detail="mxmp's operator library is not available here (no "
                                        "compiler?): MXNet's kernel runs")
@@ -106,7 +116,9 @@ def attention_row(row, inputs, attrs, seeds):
                   zip(names, inputs)}
         out_shape = sym.infer_shape(**{n: v.shape for n, v in values.items()})[1][0]
         head = round_bf16(rng.normal(size=out_shape))
-        ref = reference(op, [values[n] for n in names], head, int(attrs['heads']))
+        ref = reference(op, [values[n] for n in names], head, int(attrs['heads'])
+                        if 'heads' in attrs else (attrs.get('transpose_a', False),
+                                                  attrs.get('transpose_b', False)))
         for key, graph_sym, dtype in (('float32', lib, 'float32'), ('bfloat16', lib, bfloat16),
                                       ('mxnet', sym, 'float32')):
             got, seen = _run(graph_sym, values, names, head, dtype)

@@ -89,6 +89,14 @@ CASES = {
         ('heads=4', [((24, 4, 64), 'n'), ((33, 4, 128), 'n')], dict(heads=4))],
     '_contrib_interleaved_matmul_encdec_valatt': [
         ('heads=4', [((33, 4, 128), 'n'), ((16, 24, 33), 'p')], dict(heads=4))],
+    # batch_dot (Policy(kernels='all')): every transpose combination, odd sizes
+    'batch_dot': [('', [((6, 33, 20), 'n'), ((6, 20, 37), 'n')], {}),
+                  ('transpose_b', [((6, 33, 20), 'n'), ((6, 37, 20), 'n')],
+                   dict(transpose_b=True)),
+                  ('transpose_a 4-D', [((2, 3, 21, 17), 'n'), ((2, 3, 21, 40), 'n')],
+                   dict(transpose_a=True)),
+                  ('transpose_a transpose_b', [((6, 20, 33), 'n'), ((6, 37, 20), 'n')],
+                   dict(transpose_a=True, transpose_b=True))],
     'InstanceNorm': [('', [_X, ((32,), 'g'), ((32,), 'w')], {})],
     'GroupNorm': [('', [_X, ((4,), 'g'), ((4,), 'w')], dict(num_groups=4))],
     'BatchNorm': [('', [_X, ((32,), 'g'), ((32,), 'w'), ((32,), 'a'), ((32,), 'a')],

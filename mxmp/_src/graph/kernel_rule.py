@@ -21,8 +21,9 @@ Substitutions, from the BERT-base training profile (docs/benchmark.md, "Transfor
   same speed (docs/benchmark.md, "GELU"). Inference-only graphs put MXNet's op back, which
   oneDNN folds into the FullyConnected (:func:`.kernel_undo.inference_only`).
 - The interleaved attention matmuls ``_contrib_interleaved_matmul_selfatt_qk/valatt`` and
-  ``_encdec_qk/valatt`` become ``mxmp_selfatt_qk/valatt`` and ``mxmp_encdec_qk/valatt``
-  (:data:`ATTENTION`): the same products in bfloat16 (inputs and outputs; float32 inputs are
+  ``_encdec_qk/valatt`` become ``mxmp_selfatt_qk/valatt`` and ``mxmp_encdec_qk/valatt``, and
+  ``batch_dot`` (dense; GluonNLP's ``DotProductAttentionCell`` computes its scores and context
+  with it) becomes ``mxmp_batch_dot`` (:data:`ATTENTION`): the same products in bfloat16 (inputs and outputs; float32 inputs are
   rounded to nearest even) with float32 accumulation, where MXNet 1.9.1 has float32 kernels
   only. They are low-precision ops of the plan (every other library op is float32). Only in
   bfloat16 graphs (never in :func:`apply_kernels`' float32 graphs unless asked) and
@@ -79,24 +80,32 @@ FLOAT32_OUTPUTS = FLOAT32_INPUTS = {'mxmp_layer_norm': (1, 2), 'LayerNorm': (1, 
 INPUT_COPY = 'kernel_input'
 #: MARK value of the training-mode flag's nodes (a constant 1 and MXNet's Dropout of it).
 FLAG = 'kernel_flag'
-#: MXNet op -> library op.
+#: MXNet op -> library op: the low-precision library products (bfloat16 products, float32
+#: accumulation; MXNet 1.9.1 has float32 CPU kernels only): the interleaved attention matmuls
+#: and ``batch_dot`` (GluonNLP's ``DotProductAttentionCell``: its scores and context).
 ATTENTION = {'_contrib_interleaved_matmul_selfatt_qk': 'mxmp_selfatt_qk',
              '_contrib_interleaved_matmul_selfatt_valatt': 'mxmp_selfatt_valatt',
              '_contrib_interleaved_matmul_encdec_qk': 'mxmp_encdec_qk',
-             '_contrib_interleaved_matmul_encdec_valatt': 'mxmp_encdec_valatt'}
+             '_contrib_interleaved_matmul_encdec_valatt': 'mxmp_encdec_valatt',
+             'batch_dot': 'mxmp_batch_dot'}
 SUBSTITUTES = dict({'LayerNorm': 'mxmp_layer_norm', 'Dropout': 'mxmp_dropout',
                     'softmax': 'mxmp_softmax', 'LeakyReLU': 'mxmp_gelu'}, **ATTENTION)
-#: Ops substituted only under ``Policy(kernels='all')``: GELU, until a BERT step measures it
+#: Ops substituted only under ``Policy(kernels='all')``. GELU, until a BERT step measures it
 #: faster than MXNet's bfloat16 GELU (``python -m benchmarks.kernels_ab --modes
-#: float32,mxmp,mxmp_all_kernels``). Dropout was opt-in until the transformer study's +1.2%
-#: perplexity with it was traced to its other masks (docs/accuracy.md, "mxmp's Dropout kernel").
-OPT_IN = ('LeakyReLU',)
+#: float32,mxmp,mxmp_all_kernels``). ``batch_dot``: its products are 2.5x faster in the library,
+#: but GluonNLP's attention cell feeds it from and into ``transpose``, which the plan keeps in
+#: float32 (its bfloat16 kernel corrupts the heap), so in bfloat16 each attention gains six
+#: casts, which took what the products saved in the machine-translation loop
+#: (docs/benchmark.md, "GluonNLP's batch_dot in the library"). Dropout was opt-in until the
+#: transformer study's +1.2% perplexity with it was traced to its other masks
+#: (docs/accuracy.md, "mxmp's Dropout kernel").
+OPT_IN = ('LeakyReLU', 'batch_dot')
 #: Inputs of the MXNet op (the library op may take more: Dropout's flag).
 _N_INPUTS = {'LayerNorm': 3, 'Dropout': 1, 'softmax': 2, 'LeakyReLU': 1,
              '_contrib_interleaved_matmul_selfatt_qk': 1,
              '_contrib_interleaved_matmul_selfatt_valatt': 2,
              '_contrib_interleaved_matmul_encdec_qk': 2,
-             '_contrib_interleaved_matmul_encdec_valatt': 2}
+             '_contrib_interleaved_matmul_encdec_valatt': 2, 'batch_dot': 2}
 #: MARK value of the nodes that tie a library op's other inputs to its data's shape
 #: (:data:`EXTRA_INPUTS`): ``_contrib_arange_like`` (LayerNorm) and ``BlockGrad`` of ``pick``
 #: of a ``Cast`` of the lengths (softmax with lengths).
@@ -125,6 +134,8 @@ def _eligible(node, used_outputs):
     op, attrs = node['op'], node.get('attrs', {})
     if op not in SUBSTITUTES or len(node['inputs']) != _N_INPUTS[op]:
         return False
+    if op == 'batch_dot':   # dense arrays (no forward_stype: sparse storage stays MXNet's)
+        return attrs.get('forward_stype', 'None') in ('None', 'default')
     if op in ATTENTION:
         return 'heads' in attrs
     if op == 'LeakyReLU':

@@ -64,7 +64,7 @@ FLAGS = ('-O3', '-march=native', '-fopenmp', '-fno-trapping-math', '-std=c++17',
 #: The ops the library registers (``mx.library.load`` adds them to mx.nd and mx.sym).
 OPS = ('mxmp_layer_norm', 'mxmp_dropout', 'mxmp_softmax', 'mxmp_selfatt_qk',
        'mxmp_selfatt_valatt', 'mxmp_encdec_qk', 'mxmp_encdec_valatt',
-       'mxmp_gelu', 'mxmp_multi_sgd_update')
+       'mxmp_gelu', 'mxmp_batch_dot', 'mxmp_multi_sgd_update')
 #: The library's ops without a backward (MXNet registers a ``_backward_`` op for each other
 #: one): the optimizer update, which runs outside graphs (mxmp._src.training.updater).
 NO_BACKWARD_OPS = ('mxmp_multi_sgd_update',)

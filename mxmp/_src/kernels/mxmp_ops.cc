@@ -93,6 +93,14 @@
 //   Threads: the elements of all weights are cut into fixed blocks spread over one parallel
 //   loop (every element is independent: the result does not depend on the thread count).
 //
+// mxmp_batch_dot: MXNet's batch_dot (same inputs, shapes and transpose_a/transpose_b
+//   attributes) with bfloat16 products and float32 accumulation, on the attention matmuls'
+//   GEMM. Inputs and output float32 or bfloat16 (one dtype; float32 inputs are rounded to
+//   bfloat16, nearest even). a (..., M, K) (transpose_a: (..., K, M)), b (..., K, N)
+//   (transpose_b: (..., N, K)), both of the same number of axes (at least 3) and the same
+//   leading (batch) axes -> out (..., M, N) = op(a) op(b) per batch element. Backward: the
+//   transposed products (da = dout op(b)^T, db = op(a)^T dout, as stored).
+//
 // In mxmp's graphs (the kernel rule) every input but data is one of MXNet's "extra inputs"
 // (attribute __ext_extra_inputs__): MXNet's wrapper then passes data alone to the shape and type
 // functions below, and MXNet's own ops shape the rest; softmax then takes one more input, which
@@ -2100,6 +2108,200 @@ MXReturnValue gelu_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
   });
 }
 
+// ---------------------------------------------------------------------------------------------
+// mxmp_batch_dot: MXNet's batch_dot on the attention matmuls' GEMM (bfloat16 products, float32
+// accumulation)
+const char* const kBatchDot = "mxmp_batch_dot";
+
+bool attr_bool(const Attrs& attrs, const char* key, bool* value) {
+  auto it = attrs.find(key);
+  if (it == attrs.end()) {
+    *value = false;
+    return true;
+  }
+  const std::string& v = it->second;
+  if (v == "True" || v == "true" || v == "1") {
+    *value = true;
+    return true;
+  }
+  if (v == "False" || v == "false" || v == "0") {
+    *value = false;
+    return true;
+  }
+  MX_ERROR_MSG << kBatchDot << ": " << key << " must be True or False, got " << v;
+  return false;
+}
+
+bool bd_flags(const Attrs& attrs, bool* ta, bool* tb) {
+  return attr_bool(attrs, "transpose_a", ta) && attr_bool(attrs, "transpose_b", tb);
+}
+
+MXReturnValue bd_parse(const Attrs& attrs, int* num_in, int* num_out) {
+  return guarded(kBatchDot, [&] {
+    bool ta, tb;
+    if (!bd_flags(attrs, &ta, &tb)) return MX_FAIL;
+    *num_in = 2;
+    *num_out = 1;
+    return MX_SUCCESS;
+  });
+}
+
+MXReturnValue bd_infer_type(const Attrs& attrs, std::vector<int>* in, std::vector<int>* out) {
+  return guarded(kBatchDot, [&] {
+    int t = (*out)[0];
+    for (int v : *in) {
+      if (v == -1) continue;
+      if (!att_dtype_ok(v)) {
+        MX_ERROR_MSG << kBatchDot << ": inputs must be float32 or bfloat16, got "
+                     << dtype_name(v);
+        return MX_FAIL;
+      }
+      if (t != -1 && v != t) {
+        MX_ERROR_MSG << kBatchDot << ": inputs must have one dtype, got " << dtype_name(t)
+                     << " and " << dtype_name(v);
+        return MX_FAIL;
+      }
+      t = v;
+    }
+    if (t == -1) return MX_SUCCESS;
+    for (int& v : *in) v = t;
+    (*out)[0] = t;
+    return MX_SUCCESS;
+  });
+}
+
+MXReturnValue bd_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
+  return guarded(kBatchDot, [&] {
+    bool ta, tb;
+    if (!bd_flags(attrs, &ta, &tb)) return MX_FAIL;
+    const auto& a = (*in)[0];
+    const auto& b = (*in)[1];
+    if (!known(a)) return unknown_data(kBatchDot, "batch_dot", a);
+    if (!known(b)) return unknown_data(kBatchDot, "batch_dot", b);
+    const size_t n = a.size();
+    bool ok = n >= 3 && b.size() == n;
+    for (size_t i = 0; ok && i + 2 < n; ++i) ok = a[i] == b[i];
+    const unsigned k_a = ta ? a[n - 2] : a[n - 1];
+    const unsigned k_b = ok ? (tb ? b[n - 1] : b[n - 2]) : 0;
+    if (!ok || k_a != k_b) {
+      MX_ERROR_MSG << kBatchDot << ": inputs must have the same batch axes (at least 3 axes) and "
+                   << "matching inner dimensions (transpose_a=" << ta << ", transpose_b="
+                   << tb << "), got " << shape_str(a) << " and " << shape_str(b);
+      return MX_FAIL;
+    }
+    std::vector<unsigned> o(a.begin(), a.end() - 2);
+    o.push_back(ta ? a[n - 1] : a[n - 2]);
+    o.push_back(tb ? b[n - 2] : b[n - 1]);
+    (*out)[0] = o;
+    return MX_SUCCESS;
+  });
+}
+
+// The geometry of a call: batch, M, N, K from a's and b's shapes and the flags.
+struct BdGeom {
+  int64_t batch, m, n, k;
+  bool ta, tb;
+};
+
+BdGeom bd_geom(const MXTensor& a, const MXTensor& b, bool ta, bool tb) {
+  BdGeom g;
+  const size_t nd = a.shape.size();
+  g.batch = 1;
+  for (size_t i = 0; i + 2 < nd; ++i) g.batch *= a.shape[i];
+  g.m = ta ? a.shape[nd - 1] : a.shape[nd - 2];
+  g.k = ta ? a.shape[nd - 2] : a.shape[nd - 1];
+  g.n = tb ? b.shape[nd - 2] : b.shape[nd - 1];
+  g.ta = ta;
+  g.tb = tb;
+  return g;
+}
+
+// op(a) (M x K) of batch element i, a view of a as stored; op(a)^T (K x M) with `transposed`.
+template <typename T>
+View<T> bd_a(const T* a, const BdGeom& s, int64_t i, bool transposed) {
+  const T* p = a + i * s.m * s.k;
+  const bool t = s.ta != transposed;   // the stored matrix read across its rows
+  return s.ta ? View<T>{p, t ? 1 : s.m, t ? s.m : 1} : View<T>{p, t ? 1 : s.k, t ? s.k : 1};
+}
+
+// op(b) (K x N) of batch element i; op(b)^T (N x K) with `transposed`.
+template <typename T>
+View<T> bd_b(const T* b, const BdGeom& s, int64_t i, bool transposed) {
+  const T* p = b + i * s.k * s.n;
+  const bool t = s.tb != transposed;
+  return s.tb ? View<T>{p, t ? 1 : s.k, t ? s.k : 1} : View<T>{p, t ? 1 : s.n, t ? s.n : 1};
+}
+
+template <typename T>
+void bd_forward(const T* a, const T* b, T* out, const BdGeom& s) {
+  for_groups(s.batch, s.batch * s.m * s.n * s.k, [&](int64_t i) {
+    gemm(bd_a(a, s, i, false), bd_b(b, s, i, false), s.m, s.n, s.k, 1.0f,
+         out + i * s.m * s.n, s.n);
+  });
+}
+
+// da (as stored: (M, K), or (K, M) with transpose_a) and db ((K, N), or (N, K) with
+// transpose_b) from dout (M, N); either may be null (not requested).
+template <typename T>
+void bd_backward(const T* dout, const T* a, const T* b, T* da, T* db, const BdGeom& s) {
+  const int64_t m = s.m, n = s.n, k = s.k;
+  for_groups(s.batch, s.batch * m * n * k, [&](int64_t i) {
+    const View<T> dc{dout + i * m * n, n, 1};      // (M, N)
+    const View<T> dct{dout + i * m * n, 1, n};     // (N, M)
+    if (da != nullptr) {
+      if (!s.ta) {   // (M, K) = dout op(b)^T
+        gemm(dc, bd_b(b, s, i, true), m, k, n, 1.0f, da + i * m * k, k);
+      } else {       // (K, M) = op(b) dout^T
+        gemm(bd_b(b, s, i, false), dct, k, m, n, 1.0f, da + i * m * k, m);
+      }
+    }
+    if (db != nullptr) {
+      if (!s.tb) {   // (K, N) = op(a)^T dout
+        gemm(bd_a(a, s, i, true), dc, k, n, m, 1.0f, db + i * k * n, n);
+      } else {       // (N, K) = dout^T op(a)
+        gemm(dct, bd_a(a, s, i, false), n, k, m, 1.0f, db + i * k * n, k);
+      }
+    }
+  });
+}
+
+MXReturnValue bd_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
+                             std::vector<MXTensor>* out, const OpResource& res) {
+  return guarded(kBatchDot, [&] {
+    bool ta, tb;
+    if (!bd_flags(attrs, &ta, &tb)) return MX_FAIL;
+    const BdGeom s = bd_geom((*in)[0], (*in)[1], ta, tb);
+    if ((*in)[0].dtype == mxnet::ext::kFloat32) {
+      bd_forward<float>((*in)[0].data<float>(), (*in)[1].data<float>(),
+                        (*out)[0].data<float>(), s);
+    } else {
+      bd_forward<bf16_bits>((*in)[0].data<bf16_bits>(), (*in)[1].data<bf16_bits>(),
+                            (*out)[0].data<bf16_bits>(), s);
+    }
+    return MX_SUCCESS;
+  });
+}
+
+MXReturnValue bd_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
+                              std::vector<MXTensor>* out, const OpResource& res) {
+  // in: d out, a, b, out;  out: d a, d b
+  return guarded(kBatchDot, [&] {
+    bool ta, tb;
+    if (!bd_flags(attrs, &ta, &tb)) return MX_FAIL;
+    const BdGeom s = bd_geom((*in)[1], (*in)[2], ta, tb);
+    if ((*in)[0].dtype == mxnet::ext::kFloat32) {
+      bd_backward<float>((*in)[0].data<float>(), (*in)[1].data<float>(),
+                         (*in)[2].data<float>(), out_ptr<float>(out, 0), out_ptr<float>(out, 1),
+                         s);
+    } else {
+      bd_backward<bf16_bits>((*in)[0].data<bf16_bits>(), (*in)[1].data<bf16_bits>(),
+                             (*in)[2].data<bf16_bits>(), out_ptr<bf16_bits>(out, 0),
+                             out_ptr<bf16_bits>(out, 1), s);
+    }
+    return MX_SUCCESS;
+  });
+}
+
 }  // namespace
 
 REGISTER_OP(mxmp_softmax)
@@ -2148,6 +2350,13 @@ REGISTER_OP(mxmp_gelu)
     .setInferShape(gelu_infer_shape)
     .setForward(gelu_forward_cpu, "cpu")
     .setBackward(gelu_backward_cpu, "cpu");
+
+REGISTER_OP(mxmp_batch_dot)
+    .setParseAttrs(bd_parse)
+    .setInferType(bd_infer_type)
+    .setInferShape(bd_infer_shape)
+    .setForward(bd_forward_cpu, "cpu")
+    .setBackward(bd_backward_cpu, "cpu");
 
 MXReturnValue initialize(int version) {
   if (version < 10900) {

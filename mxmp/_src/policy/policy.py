@@ -83,7 +83,10 @@ class Policy:
             first use where a C++ compiler is found, MXNet's elsewhere (the pass's kernel rule,
             docs/pass.md; the library Dropout draws other masks than MXNet's, with the same
             accuracy: docs/accuracy.md); ``'all'``: every library kernel, GELU's too
-            (``LeakyReLU(act_type='gelu')``: not yet measured faster in a training step);
+            (``LeakyReLU(act_type='gelu')``: not yet measured faster in a training step) and
+            ``batch_dot`` as ``mxmp_batch_dot`` (bfloat16 products on the ``avx512_bf16`` tier:
+            opt-in, as GluonNLP's attention cell surrounds it with float32 ``transpose`` and its
+            casts);
             ``'mxnet'``: MXNet's kernels only.
         reductions (str): ``'auto'`` (default): for bfloat16, float32 ``sum``/``mean`` over
             the last axis, or over all axes but the first, run as a FullyConnected product
