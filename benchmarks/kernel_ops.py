@@ -11,11 +11,12 @@ library op, its input copies of gamma and beta and, for Dropout, the training fl
 through an identity, as from the layer before in a network) run as a hybridized
 ``SymbolBlock`` (``static_alloc=True, static_shape=True``), forward and backward under
 ``autograd.record()``, ``--calls`` times after 5 warm-up calls. ``bfloat16`` (only where
-``mxmp.lp_kernels_available('bfloat16')``: the library's bfloat16 ops are what a converted
-graph runs there): data and the output bfloat16 (LayerNorm's gamma and beta float32, mxmp's
-master parameters); MXNet's op, which has no bfloat16 kernel, runs in float32 between two
-``amp_cast`` nodes, as in a converted graph without the library (``Policy(kernels='mxnet')``);
-the library op takes and returns bfloat16. The table gives the median
+``mxmp.lp_kernels_available('bfloat16')``, where converted graphs run the library's bfloat16
+ops): bfloat16 data, both graphs mxmp's conversion (``mxmp.convert_symbol``, float32 output as
+in every converted graph; LayerNorm's gamma and beta float32, the master parameters): MXNet's
+op, which has no bfloat16 kernel, in float32 between casts (``Policy(kernels='mxnet')``), and
+the library op in bfloat16 (the default); data comes through a Reshape to its own shape
+(MXNet's identity copies bfloat16 at a third of float32's speed). The table gives the median
 (and the minimum) ms per call and the speed-up from the first thread count to each other. The
 machine's load average is printed with it: on a shared machine the figures are indicative only
 (docs/benchmark.md, "mxmp's operator library, op by op").

@@ -879,7 +879,13 @@ inline double exp_nonpositive(double x) { return std::exp(x); }
 // as the max of the vector loop's part and the last kVec elements (overlapping: the same
 // max); the exp over [0, up), up = len rounded up to kVec (at most m), the elements from len
 // on then set to 0 before the sum (which adding zeros leaves unchanged).
-const int64_t kVec = 16;
+// AVX2 builds: 1, the plain loops over [0, len) as before (gcc's remainders there are short;
+// whole vectors of 8 or 16 measured 3% and 5% slower in an AVX2 build of the loops alone).
+#if defined(__AVX512F__)
+const int64_t kVec = 16;   // float32 elements per AVX-512 vector
+#else
+const int64_t kVec = 1;
+#endif
 
 template <typename C>
 void softmax_probs(const C* x, C* e, int64_t m, int64_t len) {
@@ -900,7 +906,7 @@ void softmax_probs(const C* x, C* e, int64_t m, int64_t len) {
 #pragma omp simd
   for (int64_t j = 0; j < up; ++j) {
     const C v = x[j] - mx;   // > 0 only from len on (garbage, then zeroed): kept in range
-    e[j] = exp_nonpositive(v > 0 ? C(0) : v);
+    e[j] = exp_nonpositive(kVec > 1 && v > 0 ? C(0) : v);
   }
   for (int64_t j = len; j < m; ++j) e[j] = 0;
   double sum = 0;
