@@ -1,14 +1,19 @@
 // The loops of mxmp's operator library alone (no MXNet call), best of 60 calls each, at the
-// thread count of OMP_NUM_THREADS, at BERT-base batch 8, sequence 128 shapes, float32, forward
-// and backward: LayerNorm 1024x768, softmax with lengths 96x128x128 (length 100), Dropout p=0.1
-// 1024x3072. Build and run (docs/benchmark.md, "mxmp's operator library, op by op"):
+// thread count of OMP_NUM_THREADS, at BERT-base batch 8, sequence 128 shapes, forward and
+// backward separately, float32 and bfloat16 (bfloat16 data; LayerNorm's gamma and beta float32,
+// as mxmp's default master parameters): LayerNorm 1024x768, softmax with lengths 96x128x128
+// (lengths 64 to 128), Dropout p=0.1 1024x3072. Build and run (docs/benchmark.md, "mxmp's
+// operator library, op by op"):
 //
 //   M=$(python -c "import mxnet, os; print(os.path.dirname(mxnet.__file__))")
-//   g++ -O3 -march=native -fopenmp -fno-trapping-math -std=c++17 -I$M/include \
-//       benchmarks/kernel_loops.cc $M/src/lib_api.cc -o /tmp/kernel_loops
+//   D=$(mktemp -d); python -c "import sys; from mxmp._src.kernels.lib_api_patch import \
+//       patch_lib_api; patch_lib_api(sys.argv[1], sys.argv[2])" $M $D
+//   g++ -O3 -march=native -fopenmp -fno-trapping-math -std=c++17 -I$D/include -I$M/include \
+//       benchmarks/kernel_loops.cc $D/src/lib_api.cc -o /tmp/kernel_loops
 //   OMP_NUM_THREADS=1 /tmp/kernel_loops; OMP_NUM_THREADS=2 /tmp/kernel_loops
 //
-// -march=znver3 (or haswell) in place of native builds the AVX2 code on an AVX-512 machine.
+// -march=znver3 (or -mavx2 -mfma) in place of native builds the AVX2 code on an AVX-512
+// machine.
 #include <omp.h>
 
 #include <algorithm>
@@ -30,36 +35,51 @@ double best_ms(F f, int reps = 60) {
   return best;
 }
 
-int main() {
-  std::mt19937 gen(0);
+template <typename T>
+std::vector<T> make(int64_t n, std::mt19937* gen, float lo = 0) {
   std::normal_distribution<float> normal;
+  std::vector<T> v(n);
+  for (auto& e : v) e = Num<T>::store(lo != 0 ? lo : normal(*gen));
+  return v;
+}
+
+template <typename T>
+void run(const char* name, mxnet::ext::MXDType dtype) {
+  std::mt19937 gen(0);
   const int64_t rows = 1024, d = 768, n = 1024 * 3072, srows = 96 * 128, m = 128;
-  std::vector<float> x(n), y(n), dy(n), dx(n), gamma(d, 1.0f), beta(d), mean(rows), rstd(rows),
-      dgamma(d), dbeta(d);
+  auto x = make<T>(n, &gen), dy = make<T>(n, &gen), y = make<T>(n, &gen), dx = make<T>(n, &gen);
+  std::vector<float> gamma(d, 1.0f), beta(d), mean(rows), rstd(rows), dgamma(d), dbeta(d);
   std::vector<uint8_t> mask(n);
-  for (auto& v : x) v = normal(gen);
-  for (auto& v : dy) v = normal(gen);
-  const double ln = best_ms([&] {
-    ln_forward<float>(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(),
-                      rows, d, 1e-5);
-    ln_backward<float>(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(),
-                       dgamma.data(), dbeta.data(), rows, d);
+  std::vector<int32_t> len(srows);
+  for (auto& v : len) v = 64 + gen() % 65;
+  const double lnf = best_ms([&] {
+    ln_forward<T, float, float>(x.data(), gamma.data(), beta.data(), y.data(), mean.data(),
+                                rstd.data(), rows, d, 1e-5);
   });
-  const double sm = best_ms([&] {   // softmax_all / softmax_grad_all's loops, length 100
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < srows; ++r) {
-      softmax_row<float>(x.data() + r * m, y.data() + r * m, m, 100);
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < srows; ++r) {
-      softmax_grad_row<float>(dy.data() + r * m, y.data() + r * m, dx.data() + r * m, m, 100);
-    }
+  const double lnb = best_ms([&] {
+    ln_backward<T, float, float>(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(),
+                                 dx.data(), dgamma.data(), dbeta.data(), rows, d);
   });
-  const double dr = best_ms([&] {
-    dropout_forward<float>(x.data(), y.data(), mask.data(), n, 429496730u, 1.0f / 0.9f, 1, 2);
-    dropout_backward<float>(dy.data(), mask.data(), dx.data(), n, 1.0f / 0.9f);
+  const mxnet::ext::MXContext cpu = mxnet::ext::MXContext::CPU();
+  MXTensor sx(x.data(), {96, 128, 128}, dtype, 0, cpu), sy(y.data(), {96, 128, 128}, dtype, 0, cpu);
+  MXTensor sdy(dy.data(), {96, 128, 128}, dtype, 0, cpu);
+  MXTensor sl(len.data(), {96, 128}, mxnet::ext::kInt32, 0, cpu);
+  const double smf = best_ms([&] { softmax_all<T>(sx, &sl, y.data()); });
+  std::vector<MXTensor> sin{sdy, sx, sl, sy};
+  const double smb = best_ms([&] { softmax_grad_all<T>(&sin, dx.data(), true); });
+  const double drf = best_ms([&] {
+    dropout_forward<T>(x.data(), y.data(), mask.data(), n, 429496730u, 1.0f / 0.9f, 1, 2);
   });
-  std::printf("threads %d: layer_norm %.3f ms, softmax %.3f ms, dropout %.3f ms (%.2f ns per "
-              "element)\n", omp_get_max_threads(), ln, sm, dr, dr * 1e6 / n);
+  const double drb = best_ms([&] {
+    dropout_backward<T>(dy.data(), mask.data(), dx.data(), n, 1.0f / 0.9f);
+  });
+  std::printf("%-8s threads %d  layer_norm %.3f + %.3f ms  softmax %.3f + %.3f ms  "
+              "dropout %.3f + %.3f ms (forward + backward)\n", name, omp_get_max_threads(),
+              lnf, lnb, smf, smb, drf, drb);
+}
+
+int main() {
+  run<float>("float32", mxnet::ext::kFloat32);
+  run<bf16>("bfloat16", mxnet::ext::kBfloat16);
   return 0;
 }

@@ -1,20 +1,28 @@
 """Each op of mxmp's operator library alone against MXNet's op, at several thread counts.
 
     python -m benchmarks.kernel_ops [--threads 1 2] [--calls 30] [--ops layer_norm,softmax,dropout]
+                                    [--dtype float32 bfloat16]
 
-For each thread count, a fresh process (``OMP_NUM_THREADS`` set before MXNet loads) builds
-each op at BERT-base batch 8, sequence 128 shapes, float32: LayerNorm over (1024, 768),
+For each thread count and dtype, a fresh process (``OMP_NUM_THREADS`` set before MXNet loads)
+builds each op at BERT-base batch 8, sequence 128 shapes: LayerNorm over (1024, 768),
 softmax with lengths over (96, 128, 128) (lengths in [64, 128]), Dropout p=0.1 over
 (1024, 3072). MXNet's op and the kernel rule's graph of it (``kernel_rule.apply_kernels``: the
 library op, its input copies of gamma and beta and, for Dropout, the training flag; data comes
 through an identity, as from the layer before in a network) run as a hybridized
 ``SymbolBlock`` (``static_alloc=True, static_shape=True``), forward and backward under
-``autograd.record()``, ``--calls`` times after 5 warm-up calls; the table gives the median
+``autograd.record()``, ``--calls`` times after 5 warm-up calls. ``bfloat16`` (only where
+``mxmp.lp_kernels_available('bfloat16')``, where converted graphs run the library's bfloat16
+ops): bfloat16 data, both graphs mxmp's conversion (``mxmp.convert_symbol``, float32 output as
+in every converted graph; LayerNorm's gamma and beta float32, the master parameters): MXNet's
+op, which has no bfloat16 kernel, in float32 between casts (``Policy(kernels='mxnet')``), and
+the library op in bfloat16 (the default); data comes through a Reshape to its own shape
+(MXNet's identity copies bfloat16 at a third of float32's speed). The table gives the median
 (and the minimum) ms per call and the speed-up from the first thread count to each other. The
 machine's load average is printed with it: on a shared machine the figures are indicative only
 (docs/benchmark.md, "mxmp's operator library, op by op").
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -29,12 +37,21 @@ SHAPES = {'layer_norm': 'LayerNorm (1024x768)',
           'dropout': 'Dropout p=0.1 (1024x3072)'}
 
 
-def _graphs(mx, op):
-    """(MXNet's symbol, input names, input arrays) of one op."""
+def _graphs(mx, op, dtype='float32'):
+    """(MXNet's symbol, the library graph's symbol, input names, input arrays, whether each
+    input gets a gradient) of one op in ``dtype`` ('float32' or 'bfloat16': data and output)."""
+    from mxmp._src.graph.kernel_rule import apply_kernels
+    from mxmp._src.graph.symbol_json import dump, load
+    from mxnet.contrib.amp.amp import bfloat16
     rng = np.random.RandomState(0)
+    low = dtype == 'bfloat16'
     # data reaches the op through an identity, as from the previous layer in a network (the
-    # kernel rule copies a graph variable, not an op's output); both graphs run it
-    data = mx.sym.identity(mx.sym.var('data'), name='prev')
+    # kernel rule copies a graph variable, not an op's output); both graphs run it. bfloat16:
+    # a Reshape to its own shape (MXNet's identity copies bfloat16 at a third of float32's
+    # speed, 3.4 ms at 1024x3072: it would hide the op)
+    shape = {'layer_norm': (1024, 768), 'softmax': (96, 128, 128)}.get(op, (1024, 3072))
+    data = (mx.sym.reshape(mx.sym.var('data'), shape=shape, name='prev') if low else
+            mx.sym.identity(mx.sym.var('data'), name='prev'))
     if op == 'layer_norm':
         names = ['data', 'gamma', 'beta']
         sym = mx.sym.LayerNorm(data, mx.sym.var('gamma'), mx.sym.var('beta'), name='op')
@@ -51,16 +68,29 @@ def _graphs(mx, op):
         sym = mx.sym.Dropout(data, p=0.1, name='op')
         arrays = [rng.normal(size=(1024, 3072))]
         dtypes = ['float32']
-    return sym, names, [mx.nd.array(a, dtype=t) for a, t in zip(arrays, dtypes)]
+    if low:
+        # mxmp's conversion of the graph for bfloat16 data, with MXNet's op
+        # (Policy(kernels='mxnet'): float32 between casts) and with the library's
+        import mxmp
+        convert = functools.partial(mxmp.convert_symbol, data_dtypes={'data': bfloat16},
+                                    data_names=names)
+        lib = convert(sym, policy=mxmp.Policy('bfloat16'))
+        sym = convert(sym, policy=mxmp.Policy('bfloat16', kernels='mxnet'))
+    else:
+        lib = dump(apply_kernels(load(sym), 'auto'))
+    nds = [mx.nd.array(a, dtype=t) for a, t in zip(arrays, dtypes)]
+    if low:
+        nds[0] = mx.nd.amp_cast(nds[0], dtype=bfloat16)
+    return sym, lib, names, nds, [t == 'float32' for t in dtypes]
 
 
-def _time(mx, sym, names, arrays, calls):
+def _time(mx, sym, names, arrays, calls, grad=None):
     from mxnet import autograd, gluon
     block = gluon.SymbolBlock(sym, [mx.sym.var(n) for n in names])
     block.hybridize(static_alloc=True, static_shape=True)
-    grads = [a for a in arrays if a.dtype == np.float32]
-    for a in grads:
-        a.attach_grad()
+    for a, g in zip(arrays, grad or [a.dtype == np.float32 for a in arrays]):
+        if g:
+            a.attach_grad()
     times = []
     for i in range(calls + 5):
         start = time.perf_counter()
@@ -73,20 +103,22 @@ def _time(mx, sym, names, arrays, calls):
     return [statistics.median(times), min(times)]
 
 
-def worker(ops, calls):
-    """One thread count (the process's ``OMP_NUM_THREADS``): {op: {kernels: [median, min] ms}}."""
+def worker(ops, calls, dtype='float32'):
+    """One thread count (the process's ``OMP_NUM_THREADS``) and dtype: {op: {kernels:
+    [median, min] ms}}."""
     import mxnet as mx
-    from mxmp._src.graph.kernel_rule import apply_kernels
-    from mxmp._src.graph.symbol_json import dump, load
+    import mxmp
     from mxmp._src.kernels.build import load_library
     if load_library() is None:
         raise SystemExit("mxmp's operator library does not build here")
+    if dtype == 'bfloat16' and not mxmp.lp_kernels_available('bfloat16'):
+        raise SystemExit('--dtype bfloat16: this CPU has no bfloat16 kernels (mxmp check-kernels)'
+                         "; the library's bfloat16 ops run in converted graphs only where it has")
     res = {}
     for op in ops:
-        sym, names, arrays = _graphs(mx, op)
-        lib = dump(apply_kernels(load(sym), 'auto'))
-        res[op] = {'MXNet': _time(mx, sym, names, arrays, calls),
-                   'mxmp': _time(mx, lib, names, arrays, calls)}
+        sym, lib, names, arrays, grad = _graphs(mx, op, dtype)
+        res[op] = {'MXNet': _time(mx, sym, names, arrays, calls, grad),
+                   'mxmp': _time(mx, lib, names, arrays, calls, grad)}
     return res
 
 
@@ -95,6 +127,9 @@ def main(argv=None):
     p.add_argument('--threads', type=int, nargs='+', default=[1, 2])
     p.add_argument('--calls', type=int, default=30)
     p.add_argument('--ops', default='layer_norm,softmax,dropout')
+    p.add_argument('--dtype', nargs='+', default=['float32'], choices=['float32', 'bfloat16'],
+                   help="data dtype(s) (bfloat16: the library's bfloat16 ops against MXNet's "
+                   'float32 op between casts; only where the CPU has bfloat16 kernels)')
     p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     ops = [o for o in args.ops.split(',') if o]
@@ -102,35 +137,43 @@ def main(argv=None):
     if bad:
         p.error('unknown op(s) %s: choose from %s' % (', '.join(bad), ', '.join(SHAPES)))
     if args.worker:
-        print(json.dumps(worker(ops, args.calls)))
+        print(json.dumps(worker(ops, args.calls, args.dtype[0])))
         return
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     results = {}
-    for n in args.threads:
-        env = dict(os.environ, OMP_NUM_THREADS=str(n),
-                   PYTHONPATH=root + os.pathsep + os.environ.get('PYTHONPATH', ''))
-        proc = subprocess.run([sys.executable, '-m', 'benchmarks.kernel_ops', '--worker',
-                               '--calls', str(args.calls), '--ops', ','.join(ops)],
-                              capture_output=True, text=True, env=env, cwd=root)
-        if proc.returncode != 0:
-            raise SystemExit(proc.stderr[-2000:])
-        results[n] = json.loads(proc.stdout.strip().splitlines()[-1])
+    for dtype in args.dtype:
+        for n in args.threads:
+            env = dict(os.environ, OMP_NUM_THREADS=str(n),
+                       PYTHONPATH=root + os.pathsep + os.environ.get('PYTHONPATH', ''))
+            proc = subprocess.run([sys.executable, '-m', 'benchmarks.kernel_ops', '--worker',
+                                   '--calls', str(args.calls), '--ops', ','.join(ops),
+                                   '--dtype', dtype],
+                                  capture_output=True, text=True, env=env, cwd=root)
+            if proc.returncode != 0:
+                raise SystemExit(proc.stderr[-2000:])
+            results.setdefault(dtype, {})[n] = json.loads(proc.stdout.strip().splitlines()[-1])
     first = args.threads[0]
-    print('load average %s; DNNL_MAX_CPU_ISA=%s; median (min) of %d calls, forward + backward, '
-          'float32' % (' '.join('%.2f' % v for v in os.getloadavg()),
-                       os.environ.get('DNNL_MAX_CPU_ISA', '(unset)'), args.calls))
-    head = ['op', 'kernels'] + ['%d thread%s ms' % (n, '' if n == 1 else 's')
-                                for n in args.threads]
+    print('load average %s; DNNL_MAX_CPU_ISA=%s; median (min) of %d calls, forward + backward'
+          % (' '.join('%.2f' % v for v in os.getloadavg()),
+             os.environ.get('DNNL_MAX_CPU_ISA', '(unset)'), args.calls))
+    head = ['op', 'dtype', 'kernels'] + ['%d thread%s ms' % (n, '' if n == 1 else 's')
+                                         for n in args.threads]
     head += ['%d -> %d threads' % (first, n) for n in args.threads[1:]]
     print('| ' + ' | '.join(head) + ' |')
-    print('|' + '---|' * 2 + '---:|' * (len(head) - 2))
+    print('|' + '---|' * 3 + '---:|' * (len(head) - 3))
     for op in ops:
-        for kernels in ('MXNet', 'mxmp'):
-            ms = [results[n][op][kernels][0] for n in args.threads]
-            low = [results[n][op][kernels][1] for n in args.threads]
-            cells = [SHAPES[op], kernels] + ['%.2f (%.2f)' % (t, b) for t, b in zip(ms, low)]
-            cells += ['%.2fx (%.2fx)' % (ms[0] / t, low[0] / b) for t, b in zip(ms[1:], low[1:])]
-            print('| ' + ' | '.join(cells) + ' |')
+        for dtype in args.dtype:
+            for kernels in ('MXNet', 'mxmp'):
+                ms = [results[dtype][n][op][kernels][0] for n in args.threads]
+                low = [results[dtype][n][op][kernels][1] for n in args.threads]
+                label = kernels
+                if dtype == 'bfloat16':
+                    label += ' (float32 between casts)' if kernels == 'MXNet' else ' (bfloat16)'
+                cells = [SHAPES[op], dtype, label]
+                cells += ['%.2f (%.2f)' % (t, b) for t, b in zip(ms, low)]
+                cells += ['%.2fx (%.2fx)' % (ms[0] / t, low[0] / b)
+                          for t, b in zip(ms[1:], low[1:])]
+                print('| ' + ' | '.join(cells) + ' |')
     print(json.dumps({'threads': args.threads, 'results': results}))
 
 

@@ -59,15 +59,22 @@ def _run(fn, arrays, grads, head, seed=3):
 
 
 @needs_library
+@pytest.mark.parametrize('shape', [(48, 64), (300, 333)])
 @pytest.mark.parametrize('op', ['layer_norm', 'layer_norm_bf16_params', 'softmax', 'dropout'])
-def test_ops_take_and_return_bfloat16_as_the_float32_op_rounded_once(op):
+def test_ops_take_and_return_bfloat16_as_the_float32_op_rounded_once(op, shape):
+    # (300, 333): the parallel loops (100k elements), rows that are not whole vectors, Dropout's
+    # two blocks of hash counters and partial slices of the bfloat16 forward
+    rows, d = shape
     rng = np.random.RandomState(0)
-    x = rng.normal(size=(48, 64)).astype(np.float32) * 3 + 1
+    x = rng.normal(size=shape).astype(np.float32) * 3 + 1
     x[5, 7], x[6, 0] = np.inf, np.nan
+    x[9, :] = -np.inf   # a row of -inf
+    x[10, :] = 3e38     # a row of large values
     head = rng.normal(size=x.shape).astype(np.float32)
+    head[11, d // 2:] = np.nan   # NaN gradients beyond a row's length (softmax) are not read
     xb, hb = _bf(x), _bf(head)
     x32, h32 = mx.nd.array(_f32(xb)), mx.nd.array(_f32(hb))   # the same values in float32
-    g, b = rng.uniform(0.5, 2, 64).astype(np.float32), rng.normal(size=64).astype(np.float32)
+    g, b = rng.uniform(0.5, 2, d).astype(np.float32), rng.normal(size=d).astype(np.float32)
     if op.startswith('layer_norm'):
         params = [_bf(g), _bf(b)] if op.endswith('bf16_params') else [mx.nd.array(g),
                                                                        mx.nd.array(b)]
@@ -81,7 +88,10 @@ def test_ops_take_and_return_bfloat16_as_the_float32_op_rounded_once(op):
         np.testing.assert_array_equal(out[1].asnumpy(), ref[1].asnumpy())   # mean
     else:
         if op == 'softmax':
-            length = mx.nd.array(rng.randint(0, 70, size=48), dtype='int32')
+            lengths = rng.randint(0, d + 6, size=rows)
+            lengths[:4] = 0, 1, 17, d   # none, one, a vector and one, the whole row
+            lengths[11] = d // 2
+            length = mx.nd.array(lengths, dtype='int32')
             fn = lambda x: mx.nd.mxmp_softmax(x, length, use_length=True)   # noqa: E731
         else:
             flag = mx.nd.zeros((1,))

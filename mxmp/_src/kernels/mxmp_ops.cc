@@ -177,6 +177,19 @@ struct Num<bf16> {
 template <typename T>
 inline double wide(T v) { return static_cast<double>(Num<T>::load(v)); }
 
+// A row of n values of type T widened to its compute type (exact), and back (rounded once).
+template <typename T>
+void widen_row(const T* x, typename Num<T>::C* e, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) e[j] = Num<T>::load(x[j]);
+}
+
+template <typename T>
+void narrow_row(const typename Num<T>::C* e, T* y, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) y[j] = Num<T>::store(e[j]);
+}
+
 // Parallel loops run where a call has at least this many elements (below it one thread is
 // faster than waking the team).
 const int64_t kParallelMin = 1 << 15;
@@ -336,29 +349,48 @@ T* out_ptr(std::vector<MXTensor>* out, size_t i) {
 // ---------------------------------------------------------------------------------------------
 // LayerNorm kernels
 // T: data and out; P: gamma and beta; S: mean and rstd.
+// One row of d values (float32 or float64; bfloat16 rows are widened first: ln_forward).
+template <typename T, typename P, typename S>
+void ln_forward_row(const T* xr, const P* gamma, const P* beta, T* yr, S* mean, S* rstd,
+                    int64_t d, double eps) {
+  double s1 = 0;
+#pragma omp simd reduction(+ : s1)
+  for (int64_t j = 0; j < d; ++j) s1 += wide(xr[j]);
+  const double mu = s1 / d;
+  double s2 = 0;
+#pragma omp simd reduction(+ : s2)
+  for (int64_t j = 0; j < d; ++j) {
+    const double v = wide(xr[j]) - mu;
+    s2 += v * v;
+  }
+  const double rs = 1.0 / std::sqrt(s2 / d + eps);
+  *mean = static_cast<S>(mu);
+  *rstd = static_cast<S>(rs);
+#pragma omp simd
+  for (int64_t j = 0; j < d; ++j) {
+    yr[j] = Num<T>::store((wide(xr[j]) - mu) * rs * wide(gamma[j]) + wide(beta[j]));
+  }
+}
+
 template <typename T, typename P, typename S>
 void ln_forward(const T* x, const P* gamma, const P* beta, T* y, S* mean, S* rstd,
                 int64_t rows, int64_t d, double eps) {
+  typedef typename Num<T>::C C;
 #pragma omp parallel for schedule(static) if (rows * d >= kParallelMin && rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * d;
-    T* yr = y + r * d;
-    double s1 = 0;
-#pragma omp simd reduction(+ : s1)
-    for (int64_t j = 0; j < d; ++j) s1 += wide(xr[j]);
-    const double mu = s1 / d;
-    double s2 = 0;
-#pragma omp simd reduction(+ : s2)
-    for (int64_t j = 0; j < d; ++j) {
-      const double v = wide(xr[j]) - mu;
-      s2 += v * v;
-    }
-    const double rs = 1.0 / std::sqrt(s2 / d + eps);
-    mean[r] = static_cast<S>(mu);
-    rstd[r] = static_cast<S>(rs);
-#pragma omp simd
-    for (int64_t j = 0; j < d; ++j) {
-      yr[j] = Num<T>::store((wide(xr[j]) - mu) * rs * wide(gamma[j]) + wide(beta[j]));
+    if constexpr (std::is_same<T, C>::value) {
+      ln_forward_row<T, P, S>(x + r * d, gamma, beta, y + r * d, mean + r, rstd + r, d, eps);
+    } else {
+      // bfloat16: the row widened to float32 (exact), the float32 loops on it, the output
+      // rounded once (as the double result through float32 before: the same values). Loops
+      // of bfloat16 loads widened to double took 1.5x the float32 kernel's time.
+      thread_local std::vector<C> scratch;   // each thread's own rows
+      if (scratch.size() < static_cast<size_t>(2 * d)) scratch.resize(2 * d);
+      C* xf = scratch.data();
+      C* yf = xf + d;
+      widen_row(x + r * d, xf, d);
+      ln_forward_row<C, P, S>(xf, gamma, beta, yf, mean + r, rstd + r, d, eps);
+      narrow_row(yf, y + r * d, d);
     }
   }
 }
@@ -373,9 +405,49 @@ int64_t ln_blocks(int64_t rows, int64_t d) {
   return n < 1 ? 1 : n;
 }
 
+// One row's dx (where dx is not null) and its dgamma/dbeta terms added to acc_g, acc_b (where
+// params); float32 or float64 (bfloat16 rows are widened first: ln_backward).
+template <typename T, typename P, typename S>
+void ln_backward_row(const T* dyr, const T* xr, const P* gamma, S mean, S rstd, T* dxr,
+                     double* acc_g, double* acc_b, int64_t d) {
+  const bool params = acc_g != nullptr;
+  const double mf = static_cast<double>(mean), rs = static_cast<double>(rstd);
+  // xhat' = (x - mean_f) * rs; the row's exact mean is mean_f + mean_row(x - mean_f)
+  double sg = 0, sgx = 0, sx = 0;
+#pragma omp simd reduction(+ : sg, sgx, sx)
+  for (int64_t j = 0; j < d; ++j) {
+    const double v = wide(xr[j]) - mf;
+    const double g = wide(gamma[j]) * wide(dyr[j]);
+    sg += g;
+    sgx += g * v;
+    sx += v;
+  }
+  const double c = sx / d;   // exact mean - mean_f
+  const double a = sg / d;
+  const double b = (sgx - c * sg) * rs / d;   // mean_row(g * xhat)
+  const double shift = mf + c;
+  if (dxr != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) {
+      const double xh = (wide(xr[j]) - shift) * rs;
+      const double g = wide(gamma[j]) * wide(dyr[j]);
+      dxr[j] = Num<T>::store(rs * (g - a - xh * b));
+    }
+  }
+  if (params) {
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) {
+      const double xh = (wide(xr[j]) - shift) * rs;
+      acc_g[j] += wide(dyr[j]) * xh;
+      acc_b[j] += wide(dyr[j]);
+    }
+  }
+}
+
 template <typename T, typename P, typename S>
 void ln_backward(const T* dy, const T* x, const P* gamma, const S* mean, const S* rstd,
                  T* dx, P* dgamma, P* dbeta, int64_t rows, int64_t d) {
+  typedef typename Num<T>::C C;
   const bool params = dgamma != nullptr || dbeta != nullptr;
   const int64_t blocks = ln_blocks(rows, d);
   const int64_t per = (rows + blocks - 1) / blocks;
@@ -392,40 +464,30 @@ void ln_backward(const T* dy, const T* x, const P* gamma, const S* mean, const S
       for (int64_t j = 0; j < 2 * d; ++j) acc_g[j] = 0;
     }
     const int64_t end = (blk + 1) * per < rows ? (blk + 1) * per : rows;
+    C* xf = nullptr;
+    C* dyf = nullptr;
+    C* dxf = nullptr;
+    if constexpr (!std::is_same<T, C>::value) {
+      thread_local std::vector<C> rows_f;   // each thread's own rows
+      if (rows_f.size() < static_cast<size_t>(3 * d)) rows_f.resize(3 * d);
+      xf = rows_f.data();
+      dyf = xf + d;
+      dxf = dyf + d;
+    }
     for (int64_t r = blk * per; r < end; ++r) {
       const T* xr = x + r * d;
       const T* dyr = dy + r * d;
-      const double mf = static_cast<double>(mean[r]), rs = static_cast<double>(rstd[r]);
-      // xhat' = (x - mean_f) * rs; the row's exact mean is mean_f + mean_row(x - mean_f)
-      double sg = 0, sgx = 0, sx = 0;
-#pragma omp simd reduction(+ : sg, sgx, sx)
-      for (int64_t j = 0; j < d; ++j) {
-        const double v = wide(xr[j]) - mf;
-        const double g = wide(gamma[j]) * wide(dyr[j]);
-        sg += g;
-        sgx += g * v;
-        sx += v;
-      }
-      const double c = sx / d;   // exact mean - mean_f
-      const double a = sg / d;
-      const double b = (sgx - c * sg) * rs / d;   // mean_row(g * xhat)
-      const double shift = mf + c;
-      if (dx != nullptr) {
-        T* dxr = dx + r * d;
-#pragma omp simd
-        for (int64_t j = 0; j < d; ++j) {
-          const double xh = (wide(xr[j]) - shift) * rs;
-          const double g = wide(gamma[j]) * wide(dyr[j]);
-          dxr[j] = Num<T>::store(rs * (g - a - xh * b));
-        }
-      }
-      if (params) {
-#pragma omp simd
-        for (int64_t j = 0; j < d; ++j) {
-          const double xh = (wide(xr[j]) - shift) * rs;
-          acc_g[j] += wide(dyr[j]) * xh;
-          acc_b[j] += wide(dyr[j]);
-        }
+      T* dxr = dx != nullptr ? dx + r * d : nullptr;
+      if constexpr (std::is_same<T, C>::value) {
+        ln_backward_row<T, P, S>(dyr, xr, gamma, mean[r], rstd[r], dxr, acc_g, acc_b, d);
+      } else {
+        // bfloat16: the rows widened to float32 (exact), the float32 loops on them, dx
+        // rounded once (as ln_forward)
+        widen_row(xr, xf, d);
+        widen_row(dyr, dyf, d);
+        ln_backward_row<C, P, S>(dyf, xf, gamma, mean[r], rstd[r],
+                                 dxr != nullptr ? dxf : nullptr, acc_g, acc_b, d);
+        if (dxr != nullptr) narrow_row(dxf, dxr, d);
       }
     }
   }
@@ -618,6 +680,24 @@ bool inference(MXTensor& flag, const Attrs& attrs) {
 // Elements per block of the dropout loops: a block's hash counter is 32 bits wide (the block
 // index enters the second seed) and a block is one thread's unit of work.
 const int64_t kDropBlock = 1 << 16;
+// Elements per slice of a block in the bfloat16 forward (float32 copies of a slice in L1).
+const int64_t kDropSlice = 2048;
+
+// Dropout of n float32 or float64 elements whose hash counters start at base. No branch in
+// the loop (AVX2 has no masked select of a load: a conditional x[i] kept this loop scalar
+// there); the sign flip makes the unsigned compare a signed one, which AVX2 has.
+template <typename C>
+void dropout_slice(const C* x, C* y, uint8_t* mask, int64_t n, uint32_t threshold, C scale,
+                   uint32_t base, uint32_t s2) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t h = mix32(mix32(base + static_cast<uint32_t>(i)) ^ s2);
+    const int32_t keep = static_cast<int32_t>(h ^ 0x80000000u) >=
+                         static_cast<int32_t>(threshold ^ 0x80000000u);
+    mask[i] = static_cast<uint8_t>(keep);
+    y[i] = x[i] * (keep ? scale : C(0));   // x * 0 for a dropped element: NaN stays NaN
+  }
+}
 
 template <typename T>
 void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, uint32_t threshold,
@@ -633,17 +713,21 @@ void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, uint32_t thresh
     const T* xb = x + start;
     T* yb = y + start;
     uint8_t* mb = mask + start;
-    // no branch in the loop (AVX2 has no masked select of a load: a conditional x[i] kept
-    // this loop scalar there); the sign flip makes the unsigned compare a signed one, which
-    // AVX2 has
-#pragma omp simd
-    for (int64_t i = 0; i < len; ++i) {
-      const uint32_t h = mix32(mix32(base + static_cast<uint32_t>(i)) ^ s2b);
-      const int32_t keep = static_cast<int32_t>(h ^ 0x80000000u) >=
-                           static_cast<int32_t>(threshold ^ 0x80000000u);
-      mb[i] = static_cast<uint8_t>(keep);
-      // x * 0 for a dropped element: NaN stays NaN
-      yb[i] = Num<T>::store(Num<T>::load(xb[i]) * (keep ? scale : C(0)));
+    if constexpr (std::is_same<T, C>::value) {
+      dropout_slice(xb, yb, mb, len, threshold, scale, base, s2b);
+    } else {
+      // bfloat16: each slice widened to float32 (exact), the float32 loop on it, rounded
+      // back once. (One loop of hashes, bytes and bfloat16 data vectorised 64 wide through
+      // conversions between four element widths and took 2x the float32 loop's time for half
+      // its bytes.)
+      C xf[kDropSlice], yf[kDropSlice];
+      for (int64_t s0 = 0; s0 < len; s0 += kDropSlice) {
+        const int64_t sl = s0 + kDropSlice < len ? kDropSlice : len - s0;
+        widen_row(xb + s0, xf, sl);
+        dropout_slice(xf, yf, mb + s0, sl, threshold, scale, base + static_cast<uint32_t>(s0),
+                      s2b);
+        narrow_row(yf, yb + s0, sl);
+      }
     }
   }
 }
@@ -815,40 +899,60 @@ inline float exp_nonpositive(float x) {
 
 inline double exp_nonpositive(double x) { return std::exp(x); }
 
-// The row's probabilities (len > 0) in the compute type C into e: max, exp, the sum in
-// double, the product by its inverse rounded to C once.
-template <typename T>
-void softmax_probs(const T* x, typename Num<T>::C* e, int64_t len) {
-  typedef typename Num<T>::C C;
-  C mx = Num<T>::load(x[0]);
+// The row's probabilities (0 < len <= m) in the compute type C into e[0, len), which x may
+// alias, e[len, m) 0: max, exp, the sum in double, the product by its inverse rounded to C
+// once. The loops run over whole vectors (kVec elements, up to m) without scalar remainders
+// (BERT's lengths, 64 to 128 of 128, left up to 15 elements to scalar code in each of the
+// four loops; the max's remainder was a chain of dependent compares): the max over [0, len)
+// as the max of the vector loop's part and the last kVec elements (overlapping: the same
+// max); the exp over [0, up), up = len rounded up to kVec (at most m), the elements from len
+// on then set to 0 before the sum (which adding zeros leaves unchanged).
+// AVX2 builds: 1, the plain loops over [0, len) as before (gcc's remainders there are short;
+// whole vectors of 8 or 16 measured 3% and 5% slower in an AVX2 build of the loops alone).
+#if defined(__AVX512F__)
+const int64_t kVec = 16;   // float32 elements per AVX-512 vector
+#else
+const int64_t kVec = 1;
+#endif
+
+template <typename C>
+void softmax_probs(const C* x, C* e, int64_t m, int64_t len) {
+  const int64_t whole = len - len % kVec;
+  C mx = x[0];
+  if (whole > 0) {
 #pragma omp simd reduction(max : mx)
-  for (int64_t j = 1; j < len; ++j) {
-    const C v = Num<T>::load(x[j]);
-    mx = v > mx ? v : mx;
+    for (int64_t j = 0; j < whole; ++j) mx = x[j] > mx ? x[j] : mx;
+    const C* tail = x + (len - kVec);
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < kVec; ++j) mx = tail[j] > mx ? tail[j] : mx;
+  } else {
+    for (int64_t j = 1; j < len; ++j) mx = x[j] > mx ? x[j] : mx;
   }
+  int64_t up = whole == len ? len : whole + kVec;
+  if (up > m) up = m;
   // two loops: one loop of float exp and a double sum does not vectorise (gcc 12)
 #pragma omp simd
-  for (int64_t j = 0; j < len; ++j) e[j] = exp_nonpositive(Num<T>::load(x[j]) - mx);
+  for (int64_t j = 0; j < up; ++j) {
+    const C v = x[j] - mx;   // > 0 only from len on (garbage, then zeroed): kept in range
+    e[j] = exp_nonpositive(kVec > 1 && v > 0 ? C(0) : v);
+  }
+  for (int64_t j = len; j < m; ++j) e[j] = 0;
   double sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < len; ++j) sum += static_cast<double>(e[j]);
+  for (int64_t j = 0; j < up; ++j) sum += static_cast<double>(e[j]);
   const double inv = 1.0 / sum;
 #pragma omp simd
-  for (int64_t j = 0; j < len; ++j) e[j] = static_cast<C>(static_cast<double>(e[j]) * inv);
+  for (int64_t j = 0; j < up; ++j) e[j] = static_cast<C>(static_cast<double>(e[j]) * inv);
 }
 
-// e: a row of the compute type (y itself where T is that type; for bfloat16 a float32 scratch
-// row, so that y is rounded once).
-template <typename T>
-void softmax_row(const T* x, T* y, int64_t m, int64_t len, typename Num<T>::C* e) {
+// One row of float32 or float64 data (bfloat16 rows are widened first: softmax_all).
+template <typename C>
+void softmax_row(const C* x, C* y, int64_t m, int64_t len) {
   if (len > 0) {
-    softmax_probs<T>(x, e, len);
-    if (static_cast<void*>(e) != static_cast<void*>(y)) {
-#pragma omp simd
-      for (int64_t j = 0; j < len; ++j) y[j] = Num<T>::store(e[j]);
-    }
+    softmax_probs<C>(x, y, m, len);
+  } else {
+    for (int64_t j = 0; j < m; ++j) y[j] = 0;
   }
-  for (int64_t j = len < 0 ? 0 : len; j < m; ++j) y[j] = Num<T>::store(0.0);
 }
 
 // y: the row's probabilities, of type T (the output) or, for bfloat16, float32 (recomputed from
@@ -960,15 +1064,20 @@ void softmax_all(MXTensor& x, MXTensor* length, T* y) {
 #pragma omp parallel for schedule(static) if (rows * m >= kParallelMin && rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t len = length != nullptr ? length_at(*length, r, m) : m;
-    C* e;
     if constexpr (std::is_same<T, C>::value) {
-      e = y + r * m;
+      softmax_row<T>(xd + r * m, y + r * m, m, len);
     } else {
+      // bfloat16: the row widened to float32 (exact) in the thread's scratch row, then the
+      // float32 kernel on it (the same values), rounded once into y. (Loops over bfloat16
+      // loads vectorised 32 wide with scalar remainders of up to 31 elements: the max's was a
+      // chain of dependent compares, slower than the vectors.)
       thread_local std::vector<C> scratch;   // each thread's own row
       if (scratch.size() < static_cast<size_t>(m)) scratch.resize(m);
-      e = scratch.data();
+      C* e = scratch.data();
+      widen_row(xd + r * m, e, len);
+      softmax_row<C>(e, e, m, len);
+      narrow_row(e, y + r * m, m);
     }
-    softmax_row<T>(xd + r * m, y + r * m, m, len, e);
   }
 }
 
@@ -1006,10 +1115,20 @@ void softmax_grad_all(std::vector<MXTensor>* in, T* dx, bool with_length) {
       softmax_grad_row<T, T>(dyd + r * m, yd + r * m, dx + r * m, m, len);
     } else {
       (void)yd;
-      thread_local std::vector<C> scratch;   // each thread's own row
-      if (scratch.size() < static_cast<size_t>(m)) scratch.resize(m);
-      if (len > 0) softmax_probs<T>(xd + r * m, scratch.data(), len);
-      softmax_grad_row<T, C>(dyd + r * m, scratch.data(), dx + r * m, m, len);
+      // bfloat16: data and dy widened to float32 rows (exact), the float32 kernels on them,
+      // dx rounded once (as softmax_all)
+      thread_local std::vector<C> scratch;   // each thread's own rows
+      if (scratch.size() < static_cast<size_t>(3 * m)) scratch.resize(3 * m);
+      C* e = scratch.data();
+      C* g = e + m;
+      C* gx = g + m;
+      if (len > 0) {
+        widen_row(xd + r * m, e, len);
+        softmax_probs<C>(e, e, m, len);
+      }
+      widen_row(dyd + r * m, g, len);
+      softmax_grad_row<C, C>(g, e, gx, m, len);
+      narrow_row(gx, dx + r * m, m);
     }
   }
 }
