@@ -217,8 +217,11 @@ print(json.dumps(train.main(split + ['--resume'])))
 """
 
 
-@pytest.mark.parametrize('dtype', ['float32', 'bfloat16', 'float16'])
-def test_resume_continues_from_the_checkpoint_epoch_like_an_uninterrupted_run(tmp_path, dtype):
+@pytest.mark.parametrize('dtype, extra', [('float32', []), ('bfloat16', []),
+                                          ('bfloat16', ['--cast-params']), ('float16', [])],
+                         ids=['float32', 'bfloat16', 'bfloat16-cast-params', 'float16'])
+def test_resume_continues_from_the_checkpoint_epoch_like_an_uninterrupted_run(tmp_path, dtype,
+                                                                             extra):
     # Bitwise, so in a process on MXNet's NaiveEngine. With the default threaded engine the
     # float32 run (plain gluon.Trainer) is not reproducible: eight identical uninterrupted
     # 2-step runs in one process ended with 5-8 different sets of weights (up to 1.8e-7 apart,
@@ -230,9 +233,10 @@ def test_resume_continues_from_the_checkpoint_epoch_like_an_uninterrupted_run(tm
     # updating, so the mixed-precision runs were reproducible either way.) On the NaiveEngine
     # an uninterrupted and a resumed run end bit-identical in all three dtypes: anything the
     # checkpoint failed to restore (momentum, update count and learning rate, loss scale,
-    # master weights, data order, seeds, BatchNorm statistics) would show.
+    # float32 master weights of --cast-params, data order, seeds, BatchNorm statistics) would
+    # show.
     whole, split = tmp_path / 'whole', tmp_path / 'split'
-    args = ['--dtype', dtype, '--synthetic-batches', '2', '--epochs', '2']
+    args = ['--dtype', dtype, '--synthetic-batches', '2', '--epochs', '2'] + extra
     env = dict(os.environ, MXNET_ENGINE_TYPE='NaiveEngine',
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''))
     proc = subprocess.run([sys.executable, '-c', RESUME_DRIVER, SCRIPT,
