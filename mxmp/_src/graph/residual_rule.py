@@ -30,7 +30,8 @@ so no add runs in bfloat16 yet: nothing qualifies it as the default (docs/accura
 (:func:`rule_of`); :func:`mxmp.remove_casts` and export drop it with mxmp's casts.
 """
 from ..policy.policy import FLOAT32, LOSS_OUTPUT
-from .kernel_rule import original_op, planned, rule_of as kernel_rule_of
+from .kernel_rule import original_op, planned
+from .rule_notes import rewritten_class
 from .symbol_json import MARK, infer_dtypes, unique_name
 
 __all__ = ['RESIDUAL_MARK', 'substitute', 'rule_of']
@@ -49,19 +50,30 @@ def _is_float32_layernorm(policy, node):
 def _computes_float32(policy, node, kernel_nodes):
     if node['op'] == 'null':
         return False
-    if node.get('attrs', {}).get(MARK) is not None or kernel_rule_of(node) is not None or \
-            node['name'] in kernel_nodes:
-        return True   # a node another rule wrote (or would write: explain's graph): float32
+    rewritten = rewritten_class(policy, node, kernel_nodes)
+    if rewritten is not None:   # a node another rule wrote (or would write: explain's graph)
+        return rewritten[0] in (FLOAT32, LOSS_OUTPUT)   # library ops follow their data
+    if node.get('attrs', {}).get(MARK) is not None:
+        return True   # another mxmp node (an accumulation copy, a cast): float32
     return policy.classify(node['op'], node.get('attrs', {}), node['name'])[0] in (
         FLOAT32, LOSS_OUTPUT)
 
 
+def _slow_in_target(node):
+    """MXNet 1.9.1's binary broadcast ops (broadcast_add, ...) run a scalar loop in bfloat16:
+    broadcast_add of two (128, 8, 768) tensors took 49 ms against 0.23 ms for elemwise_add
+    (oneDNN's sum) on one Zen 4 core (docs/accuracy.md, "The residual stream in bfloat16")."""
+    return node['op'].startswith('broadcast_') and len(node['inputs']) > 1
+
+
 def _reads_float32(policy, nodes, node, src, kernel_nodes):
     """Whether consumer ``node`` keeps reading LayerNorm ``src``'s float32 output: it
-    computes in float32, or another of its inputs is written by a node that computes in
-    float32 (a widest-type add of a float32 Dropout's output would cast the target-dtype
-    tensor back up: one more cast, one more rounding)."""
-    return _computes_float32(policy, node, kernel_nodes) or any(
+    computes in float32, it is a binary broadcast op (:func:`_slow_in_target`), or another of
+    its inputs is written by a node that computes in float32 (a widest-type add of a float32
+    op's output would cast the target-dtype tensor back up: one more cast, one more
+    rounding). A library op of the kernel rule (Dropout, LayerNorm, softmax) follows its
+    data's dtype: after a low-precision op it writes the target dtype."""
+    return _computes_float32(policy, node, kernel_nodes) or _slow_in_target(node) or any(
         s != src and _computes_float32(policy, nodes[s], kernel_nodes)
         for s, _, _ in node['inputs'])
 
