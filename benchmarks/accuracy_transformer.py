@@ -69,6 +69,9 @@ def build_parser():
                    help="benchmarks.gpt's --kernels for every run (mxmp's operator library; "
                         "with 'auto' or 'all' float32 runs the library's kernels too): a study "
                         "of the library, written to its own --out")
+    p.add_argument('--arch', choices=gpt.ARCHS, default='pre-ln',
+                   help="benchmarks.gpt's --arch for every run: 'post-ln' is the post-LayerNorm "
+                        "model (BERT's block), a study of its own --out")
     p.add_argument('--residual-dtype', choices=('float32', 'target'), default='float32',
                    help="benchmarks.gpt's --residual-dtype for the bfloat16/float16 runs "
                         "(Policy(residual_dtype=...)); float32 runs ignore it")
@@ -108,6 +111,8 @@ def run_config(args, dtype, seed):
     config.update(dtype=dtype, seed=seed)
     if args.kernels != 'default':     # recorded only when set: older records stay valid
         config['kernels'] = args.kernels
+    if args.arch != 'pre-ln':         # recorded only when set
+        config['arch'] = args.arch
     if args.residual_dtype != 'float32' and dtype != 'float32':   # recorded only when set
         config['residual_dtype'] = args.residual_dtype
     if args.mask_seed_offset is not None:

@@ -14,7 +14,12 @@ times the transformer body per token; see docs/accuracy.md).
 
 The model is a pre-LayerNorm decoder: token embedding + learned position embedding, ``layers``
 blocks of causal multi-head self-attention and a GELU MLP (4x), a final LayerNorm and a dense
-output layer. Attention uses MXNet's interleaved self-attention ops
+output layer. ``--arch post-ln`` makes it post-LayerNorm, as BERT and the original transformer:
+a LayerNorm of the embedding sum, then blocks ``x = LayerNorm(x + Dropout(f(x)))`` for the
+attention and the MLP, and the output layer reads the last block's LayerNorm (the same
+parameters, drawn in the same order: the final LayerNorm's become the embedding LayerNorm's).
+There the LayerNorm outputs are the residual stream, which ``--residual-dtype target`` holds in
+bfloat16. Attention uses MXNet's interleaved self-attention ops
 (``interleaved_matmul_selfatt_qk`` / ``_valatt``: data laid out (time, batch, channels), no
 transpose) with an additive causal mask and ``softmax``; Dropout after the embedding, on the
 attention weights and on each residual branch.
@@ -45,6 +50,10 @@ BIBLE_COMMAND = ('bible', 'gen1:1-rev22:21')
 VALIDATION_START = '\nHebrews 1\n'
 INSTALL_HINT = ('the King James Bible comes from Debian\'s bible-kjv package: install it with '
                 '`sudo apt-get install -y bible-kjv` (or `sudo bash scripts/install_dataset.sh`)')
+
+
+#: ``--arch`` choices: where the LayerNorms sit (:func:`build_gpt`).
+ARCHS = ('pre-ln', 'post-ln')
 
 
 class DataMissing(RuntimeError):
@@ -127,10 +136,15 @@ def baselines(log=print):
             % (n, ngram_perplexity(train_ids, val_ids, n, len(vocab))))
 
 
-def build_gpt(vocab_size, units, layers, heads, context, dropout):
+def build_gpt(vocab_size, units, layers, heads, context, dropout, arch='pre-ln'):
     """The GPT HybridBlock (the classes are made here so that importing this module does not
     import MXNet). Input: token ids (context, batch) float32 and the additive causal mask
-    (1, context, context); output: logits (context, batch, vocab_size)."""
+    (1, context, context); output: logits (context, batch, vocab_size). ``arch``: 'pre-ln'
+    (``x + f(LayerNorm(x))``, a final LayerNorm) or 'post-ln' (``LayerNorm(x + f(x))``, a
+    LayerNorm of the embedding sum); ValueError for anything else."""
+    if arch not in ARCHS:
+        raise ValueError('arch=%r: use one of %s' % (arch, ', '.join(ARCHS)))
+    post = arch == 'post-ln'
     from mxnet.gluon import nn, HybridBlock
     from mxnet import init
 
@@ -161,6 +175,9 @@ def build_gpt(vocab_size, units, layers, heads, context, dropout):
             self.drop2 = nn.Dropout(dropout)
 
         def hybrid_forward(self, F, x, mask):
+            if post:
+                x = self.ln1(x + self.drop1(self.attn(x, mask)))
+                return self.ln2(x + self.drop2(self.fc2(self.act(self.fc1(x)))))
             x = x + self.drop1(self.attn(self.ln1(x), mask))
             return x + self.drop2(self.fc2(self.act(self.fc1(self.ln2(x)))))
 
@@ -174,14 +191,15 @@ def build_gpt(vocab_size, units, layers, heads, context, dropout):
             self.blocks = nn.HybridSequential()
             for _ in range(layers):
                 self.blocks.add(Block())
-            self.ln_f = nn.LayerNorm(in_channels=units)
+            self.ln_f = nn.LayerNorm(in_channels=units)   # post-ln: of the embedding sum
             self.head = nn.Dense(vocab_size, flatten=False, in_units=units)
 
         def hybrid_forward(self, F, tokens, mask, pos_weight):
-            x = self.drop(F.broadcast_add(self.embed(tokens), pos_weight))
+            x = F.broadcast_add(self.embed(tokens), pos_weight)
+            x = self.drop(self.ln_f(x) if post else x)
             for block in self.blocks:
                 x = block(x, mask)
-            return self.head(self.ln_f(x))
+            return self.head(x if post else self.ln_f(x))
 
     return GPT()
 
@@ -248,8 +266,12 @@ def build_parser():
                         "library's kernels without the precision")
     p.add_argument('--residual-dtype', choices=('float32', 'target'), default='float32',
                    help="bfloat16/float16: Policy(residual_dtype=...), the dtype of a LayerNorm's "
-                        "output for its consumers (this GPT is pre-LayerNorm: its LayerNorms "
-                        "feed matrix products only)")
+                        "output for its consumers (with --arch pre-ln the LayerNorms feed matrix "
+                        "products only; with post-ln they are the residual stream)")
+    p.add_argument('--arch', choices=ARCHS, default='pre-ln',
+                   help="'pre-ln': x + f(LayerNorm(x)) (GPT-2's); 'post-ln': "
+                        "LayerNorm(x + f(x)) (BERT's), where the LayerNorm outputs are the "
+                        "residual stream")
     p.add_argument('--mask-seed', type=int, default=None,
                    help="reseed MXNet's generator with this after the weights are drawn: the "
                         "Dropout masks change, the weights and the windows stay --seed's (the "
@@ -316,7 +338,8 @@ def train(args, log=print):
     mx.random.seed(args.seed)
     rng = np.random.RandomState(args.seed)
     starts = rng.randint(0, len(train_ids) - args.context - 1, size=(args.steps, args.batch_size))
-    net = build_gpt(len(vocab), args.units, args.layers, args.heads, args.context, args.dropout)
+    net = build_gpt(len(vocab), args.units, args.layers, args.heads, args.context, args.dropout,
+                    args.arch)
     net.initialize(mx.init.Normal(0.02))
     if args.mask_seed is not None:
         mx.random.seed(args.mask_seed)

@@ -14,8 +14,10 @@ per-round ratio to float32 (> 1: faster; float32 is always run), ``x_mxnet_kerne
 against mxmp_mxnet_kernels), ``x_auto_kernels`` (mxmp_all_kernels against mxmp) and
 ``x_float32_mxmp_kernels`` (mxmp against ``float32_mxmp_kernels``: float32 on the library's
 kernels, :mod:`benchmarks.float32_kernels`, what bfloat16 itself buys) and ``x_fp32_attention``
-(mxmp against mxmp_fp32_attention: what the library's bfloat16 attention matmuls buy) where both
-ran. Run it with OMP_NUM_THREADS set (one thread for the one-core figures).
+(mxmp against mxmp_fp32_attention: what the library's bfloat16 attention matmuls buy) and
+``x_residual_target`` (``mxmp_residual_target``, the default with
+``Policy(residual_dtype='target')``, against mxmp) where both ran. Run it with OMP_NUM_THREADS
+set (one thread for the one-core figures).
 """
 import argparse
 import json
@@ -28,7 +30,8 @@ import numpy as np
 #: mode -> Policy(kernels=...) (None: float32, not converted; float32_mxmp_kernels: float32 on
 #: the library's kernels, benchmarks.float32_kernels)
 KERNELS = {'float32': None, 'float32_mxmp_kernels': None, 'mxmp_mxnet_kernels': 'mxnet',
-           'mxmp': 'auto', 'mxmp_all_kernels': 'all', 'mxmp_fp32_attention': 'auto'}
+           'mxmp': 'auto', 'mxmp_all_kernels': 'all', 'mxmp_fp32_attention': 'auto',
+           'mxmp_residual_target': 'auto'}
 #: mxmp_fp32_attention: the default kernels with MXNet's float32 attention matmuls (fp32_ops),
 #: as before the library had them
 ATTENTION_OPS = ('_contrib_interleaved_matmul_selfatt_qk',
@@ -74,8 +77,9 @@ def main(argv=None):
             net = float32_library_kernels(net, DATA_NAMES)
         elif mode != 'float32':
             fp32 = ATTENTION_OPS if mode == 'mxmp_fp32_attention' else ()
+            residual = 'target' if mode == 'mxmp_residual_target' else 'float32'
             net = mxmp.convert(net, 'bfloat16', policy=mxmp.Policy(
-                'bfloat16', kernels=KERNELS[mode], fp32_ops=fp32))
+                'bfloat16', kernels=KERNELS[mode], fp32_ops=fp32, residual_dtype=residual))
         net.hybridize(static_alloc=True, static_shape=True)
         trainer = (mxmp.Trainer if mode not in FLOAT32_MODES else gluon.Trainer)(
             net.collect_params(), 'sgd', {'learning_rate': 1e-4, 'momentum': 0.9})
@@ -105,7 +109,8 @@ def main(argv=None):
     for key, slow, fast in (('x_mxnet_kernels', 'mxmp_mxnet_kernels', 'mxmp'),
                             ('x_auto_kernels', 'mxmp', 'mxmp_all_kernels'),
                             ('x_float32_mxmp_kernels', 'float32_mxmp_kernels', 'mxmp'),
-                            ('x_fp32_attention', 'mxmp_fp32_attention', 'mxmp')):
+                            ('x_fp32_attention', 'mxmp_fp32_attention', 'mxmp'),
+                            ('x_residual_target', 'mxmp', 'mxmp_residual_target')):
         if slow in times and fast in times:
             result[key] = statistics.median(a / b for a, b in zip(times[slow], times[fast]))
     print(json.dumps(result))

@@ -202,7 +202,9 @@ class _Child:
         start = time.perf_counter()
         block = mxmp.convert(net, cast_params=cast_params, emulate=emulate,
                              fuse_inference=fuse_inference, fold_batchnorm=fold_batchnorm,
-                             policy=mxmp.Policy(self.spec['dtype'], kernels=kernels))
+                             policy=mxmp.Policy(self.spec['dtype'], kernels=kernels,
+                                                residual_dtype=self.spec.get('residual_dtype',
+                                                                             'float32')))
         res['conversion_s'] = time.perf_counter() - start
         if emulate:
             res['casts_real_graph'] = mxmp.count_casts(mxmp.convert_symbol(

@@ -87,6 +87,10 @@ def parse_args(argv=None):
                         '%s; for BERT: %s; for the transformers: %s'
                         % (' '.join(DEFAULT_MODES), ' '.join(BERT_DEFAULT_MODES),
                            ' '.join(TRANSFORMER_DEFAULT_MODES)))
+    p.add_argument('--residual-dtype', default='float32', choices=('float32', 'target'),
+                   help="mxmp modes: Policy(residual_dtype=...), the dtype of a LayerNorm's "
+                        'output for its consumers (the residual stream of a post-LayerNorm '
+                        'transformer such as BERT)')
     p.add_argument('--gemm-size', type=int, default=bench_peak.DEFAULT_SIZE,
                    help='M = N = K of the GEMM whose GFLOP/s is the peak (once per repeat, '
                         'float32 and the target dtype); 0 skips it (no %% of peak)')
@@ -253,7 +257,8 @@ def run_at(args, argv, threads, out_dir, modes_given):
     config = {k: getattr(args, k) for k in ('model', 'batch_size', 'input_size', 'seq_len',
                                             'classes', 'warmup', 'iters', 'repeats', 'dtype',
                                             'ctx', 'emulate', 'phases', 'modes', 'loss_steps',
-                                            'quick', 'gemm_size', 'profile_phase')}
+                                            'quick', 'gemm_size', 'profile_phase',
+                                            'residual_dtype')}
     config['unit'] = unit_of(args.model)
     config['command'] = ' '.join(['python', 'scripts/benchmark.py'] +
                                  (argv if argv is not None else sys.argv[1:]))

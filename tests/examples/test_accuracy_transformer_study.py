@@ -224,3 +224,35 @@ def test_residual_dtype_is_passed_to_low_precision_runs_only():
     assert argv[argv.index('--residual-dtype') + 1] == 'target'
     assert gpt.build_parser().parse_args(argv).residual_dtype == 'target'
     assert "residual_dtype='target'" in dtype_label([{'config': bf16, 'emulate': False}])
+
+
+def test_post_ln_arch_reaches_the_runs_and_builds_a_post_layernorm_gpt():
+    """--arch post-ln is recorded in every run's configuration and passed to benchmarks.gpt
+    (the default, pre-ln, is not recorded: older records stay valid); the post-ln GPT puts a
+    LayerNorm after every residual add, the pre-ln one feeds its LayerNorms to products only."""
+    import mxnet as mx
+    from benchmarks import accuracy_transformer as study
+    args = study.build_parser().parse_args(['--arch', 'post-ln'])
+    for dtype in ('float32', 'bfloat16'):
+        config = study.run_config(args, dtype, 0)
+        assert config['arch'] == 'post-ln'
+        argv = study.train_argv(config, 'out')
+        assert gpt.build_parser().parse_args(argv).arch == 'post-ln'
+    assert 'arch' not in study.run_config(study.build_parser().parse_args([]), 'float32', 0)
+
+    def consumers(arch):
+        net = gpt.build_gpt(11, 8, 2, 2, 4, 0.1, arch)
+        net.initialize()
+        nodes = json.loads(net(mx.sym.var('tokens'), mx.sym.var('mask')).tojson())['nodes']
+        of = {}
+        for node in nodes:
+            for src, _, _ in node['inputs']:
+                of.setdefault(nodes[src]['op'], set()).add(node['op'])
+        return of, sum(n['op'] == 'LayerNorm' for n in nodes)
+    post, n_post = consumers('post-ln')
+    pre, n_pre = consumers('pre-ln')
+    assert post['elemwise_add'] == {'LayerNorm'} and n_post == n_pre == 5
+    assert 'elemwise_add' in post['LayerNorm'] and 'FullyConnected' in post['LayerNorm']
+    assert pre['LayerNorm'] == {'FullyConnected'} and 'elemwise_add' in pre['elemwise_add']
+    with pytest.raises(ValueError, match="arch='mid-ln'"):
+        gpt.build_gpt(11, 8, 2, 2, 4, 0.1, 'mid-ln')

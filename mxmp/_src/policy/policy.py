@@ -97,11 +97,12 @@ class Policy:
             ``'float32'`` (default): the LayerNorm's output stays float32 and each
             low-precision consumer casts it. ``'target'``: it is cast to the target dtype once,
             right after the LayerNorm, and every consumer that does not compute in float32
-            reads that (residual adds included); graph outputs stay float32 (the pass's
-            residual rule, :mod:`mxmp._src.graph.residual_rule`). Not the default: the
-            transformer study (docs/accuracy.md) is pre-LayerNorm and cannot tell. mxmp's
-            library LayerNorm (``kernels='auto'``, bfloat16) already returns its data's dtype:
-            the rule concerns LayerNorms that compute and return float32.
+            reads that (residual adds included: with mxmp's library Dropout on the branch,
+            BERT's adds then run in bfloat16 and the next library LayerNorm takes bfloat16);
+            graph outputs stay float32 (the pass's residual rule,
+            :mod:`mxmp._src.graph.residual_rule`). Not the default yet: the post-LayerNorm
+            study of docs/accuracy.md ("The residual stream in bfloat16") has fewer seeds
+            than planned.
 
     Raises:
         ValueError: unknown target dtype; an op name MXNet 1.9.1 does not register; a malformed
