@@ -82,7 +82,8 @@ EMULATED_PATH_TESTS=(tests/graph/test_pass.py tests/gluon/test_convert.py tests/
                      tests/test_plain_mxnet.py tests/graph/test_stem.py
                      tests/graph/test_existing_casts.py tests/graph/test_moved_params.py
                      tests/conformance/test_conformance.py tests/kernels/test_artefacts.py
-                     tests/kernels/test_bfloat16_library_ops.py)
+                     tests/kernels/test_bfloat16_library_ops.py tests/graph/test_residual_rule.py
+                     tests/kernels/test_gelu_kernel.py)
 
 echo "== pytest"
 status=0

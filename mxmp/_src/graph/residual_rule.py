@@ -32,17 +32,14 @@ the graph as float32 first.)
 
 Off by default (``residual_dtype='float32'``): docs/accuracy.md gives the post-LayerNorm
 study, its casts, speed and memory on BERT. :func:`mxmp.explain` names the rule on the identity
-(:func:`rule_of`); :func:`mxmp.remove_casts` and export drop it with mxmp's casts.
+(:func:`.rule_notes.residual_rule_of`); :func:`mxmp.remove_casts` and export drop it with mxmp's casts.
 """
 from ..policy.policy import FLOAT32, LOSS_OUTPUT
 from .kernel_rule import original_op, planned
-from .rule_notes import rewritten_class
+from .rule_notes import RESIDUAL_MARK, rewritten_class
 from .symbol_json import MARK, infer_dtypes, unique_name
 
-__all__ = ['RESIDUAL_MARK', 'substitute', 'rule_of']
-
-#: MARK value of the rule's identities (:func:`mxmp.remove_casts` drops them).
-RESIDUAL_MARK = 'residual'
+__all__ = ['substitute']
 
 
 def _is_float32_layernorm(policy, node):
@@ -118,10 +115,3 @@ def substitute(js, policy, input_dtypes):
     # a rewired input reads the identity's output 0, as it read the LayerNorm's output 0
     return dict(js, nodes=out, heads=[[new_id[s], i, v] for s, i, v in js['heads']])
 
-
-def rule_of(node):
-    """The explain rule (str) of an identity the rule wrote, or None."""
-    if node['op'] == '_copy' and node.get('attrs', {}).get(MARK) == RESIDUAL_MARK:
-        return ("residual rule: the LayerNorm's output in the target dtype, cast once; its "
-                "consumers read it (Policy(residual_dtype='target'))")
-    return None

@@ -7,7 +7,20 @@ from .kernel_rule import (ATTENTION, INPUT_COPY, SUBSTITUTES, TIE, original_op, 
                           substitution_rule)
 from .symbol_json import MARK
 
-__all__ = ['rewritten_class', 'library_class', 'with_user_choice', 'rules_left']
+__all__ = ['RESIDUAL_MARK', 'residual_rule_of', 'rewritten_class', 'library_class',
+           'with_user_choice', 'rules_left']
+
+#: MARK value of the residual rule's identities (:mod:`.residual_rule`; :func:`mxmp.remove_casts`
+#: drops them).
+RESIDUAL_MARK = 'residual'
+
+
+def residual_rule_of(node):
+    """The explain rule (str) of an identity the residual rule wrote, or None."""
+    if node['op'] == '_copy' and node.get('attrs', {}).get(MARK) == RESIDUAL_MARK:
+        return ("residual rule: the LayerNorm's output in the target dtype, cast once; its "
+                "consumers read it (Policy(residual_dtype='target'))")
+    return None
 
 
 def rewritten_class(policy, node, kernel_nodes):
@@ -17,9 +30,9 @@ def rewritten_class(policy, node, kernel_nodes):
     attention matmuls are low precision (:func:`library_class`), their input copies and shape
     ties follow; the residual rule's identity is low precision; the other nodes of the rules
     compute in float32."""
-    from . import reduce_rule, residual_rule   # loaded by the first conversion
-    if residual_rule.rule_of(node) is not None:   # an identity in the target dtype
-        return LOW_PRECISION, residual_rule.rule_of(node)
+    from . import reduce_rule   # loaded by the first conversion
+    if residual_rule_of(node) is not None:   # an identity in the target dtype
+        return LOW_PRECISION, residual_rule_of(node)
     if original_op(node) is not None:
         return library_class(policy, node, original_op(node))
     if node['op'] != 'null' and node['name'] in kernel_nodes:

@@ -11,6 +11,7 @@ import mxnet as mx
 from mxnet import nd
 
 from ..dtypes import dtype_name
+from ..device import to_default_layout
 
 __all__ = ['Updater', 'runs_single_array', 'single_array_refusal', 'library_update']
 
@@ -188,6 +189,10 @@ def _library_sgd(opt, grads, weights, states, targets, lrs, wds):
         inputs += (weight, grad, state) if momentum else (weight, grad)
     outputs = list(weights) + (list(states) if momentum else []) + \
         [t for t in targets if t is not None]
+    # An inference forward leaves a Convolution's weight (and a cast_params bfloat16 copy) in
+    # oneDNN's blocked layout, which a library op cannot read (MXNet: "We can't generate TBlob
+    # for MKLDNN data"); MXNet's own update kernels reorder it themselves
+    to_default_layout(inputs + outputs)
     nd.mxmp_multi_sgd_update(  # pylint: disable=no-member
         *inputs, out=outputs, num_weights=len(weights), lrs=tuple(float(v) for v in lrs),
         wds=tuple(float(v) for v in wds),
