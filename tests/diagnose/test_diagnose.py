@@ -208,3 +208,19 @@ def test_target_dtype_defaults_to_bfloat16_or_the_policys_and_must_agree_with_it
     with pytest.raises(ValueError, match='contradicts'):
         diagnose(planted_net(), batch[0], batch[1], loss, target_dtype='bfloat16',
                  policy=Policy('float16'), verbose=False)
+
+
+def test_residual_rule_identity_is_not_a_layer(planted, batch):
+    """Policy(residual_dtype='target') adds an identity after the LayerNorm to explain's graph
+    (the residual rule's ``_copy``): diagnose failed on it with a KeyError. It is no layer of
+    the network: the report is the default policy's, layer for layer."""
+    from mxmp._src.policy.policy import Policy
+    mx.random.seed(1)
+    report = diagnose(planted_net(), batch[0], batch[1], gluon.loss.SoftmaxCrossEntropyLoss(),
+                      steps=3, verbose=False, policy=Policy('float16', residual_dtype='target'))
+    want = planted[2]
+    assert [(y.name, y.op) for y in report.layers] == [(y.name, y.op) for y in want.layers]
+    assert 'net_mid_fwd' in [y.name for y in report.layers]   # reads the rule's identity
+    assert set(report.excluded_names) == set(want.excluded_names) == {TINY, BIG}
+    for got, ref in zip(report.layers, want.layers):   # float32 iterations: the same numbers
+        assert got.activation.max_abs == pytest.approx(ref.activation.max_abs, rel=1e-5)

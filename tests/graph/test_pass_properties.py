@@ -50,8 +50,9 @@ from hypothesis import strategies as st
 from mxnet import nd
 
 import mxmp
-from mxmp._src.graph.kernel_rule import FLOAT32_INPUTS as KERNEL_FLOAT32_INPUTS, original_op
-from mxmp._src.graph.rule_notes import library_class
+from mxmp._src.graph.kernel_rule import FLOAT32_INPUTS as KERNEL_FLOAT32_INPUTS, INPUT_COPY, \
+    TIE, original_op
+from mxmp._src.graph.rule_notes import RESIDUAL_MARK, library_class, rewritten_class
 from mxmp._src.graph.symbol_json import MARK, ROUND_MARK
 from mxmp._src.policy.policy import FLOAT32, FOLLOW, LOSS_OUTPUT, LOW_PRECISION, WIDEST_TYPE
 
@@ -755,6 +756,10 @@ def type_violations(sym, policy, given=None):
             op_class, _ = library_class(policy, node, original_op(node))
             f32 = set(KERNEL_FLOAT32_INPUTS.get(op, ()))
             data = [0] if ins[0] in RANK else []
+        elif node.get('attrs', {}).get(MARK) in (TIE, INPUT_COPY, RESIDUAL_MARK):
+            # the kernel rule's shape ties and input copies (follow in bfloat16), the residual
+            # rule's identity (low precision): the class their rule gives them
+            op_class, _ = rewritten_class(policy, node, {})
         where = '%s %s (%s)' % (op, node['name'], op_class)
         for p in f32:
             if p < len(ins) and ins[p] in LOW:

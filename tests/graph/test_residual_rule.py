@@ -329,3 +329,48 @@ def test_dropout_block_values_against_float32():
         for r in got:
             assert np.abs(got[r] - want).max() <= REL * scale, (seed, r)
         assert not np.array_equal(got['target'], got['float32'])
+
+
+@pytest.mark.parametrize('policy', [
+    # amp.init's own policy (contrib.amp's follow_params) with the rule: ln2 reads bfloat16
+    mxmp.Policy('bfloat16', residual_dtype='target', follow_params=True),
+    'bfloat16',   # no rule: a LayerNorm right after a Dense reads bfloat16 too
+], ids=['residual-target', 'lnafterdense'])
+def test_amp_keeps_library_layernorm_parameters_float32(policy):
+    """Under mxmp.amp.init (follow_params) a library LayerNorm fed bfloat16 data stored its
+    gamma and beta in bfloat16 (its shape-tie input copies took the data's dtype): gluon.Trainer
+    then updated bfloat16 weights and GluonNLP's clip_grad_global_norm (multi_sum_sq) refused
+    the mixed gradients. gamma and beta stay float32 master parameters; the gradients match
+    the float32 network's."""
+    from mxmp import amp
+    mx.random.seed(0)
+    if policy == 'bfloat16':
+        net = nn.HybridSequential()
+        with net.name_scope():
+            net.add(nn.Dense(16, flatten=False, in_units=16), nn.LayerNorm(in_channels=16),
+                    nn.Dense(4, flatten=False, in_units=16))
+    else:
+        net = _PostLN(prefix='net_')
+    net.initialize(mx.init.Xavier())
+    x = _x(0)
+    with autograd.record():
+        ref = (net(x) ** 2).mean()
+    ref.backward()
+    ref_grads = {p.name: p.grad().asnumpy().copy() for p in net.collect_params().values()}
+    amp.init(policy)
+    try:
+        net.hybridize()
+        with autograd.record():
+            loss = (net(x) ** 2).mean()
+        loss.backward()
+    finally:
+        amp.disable()
+    params = list(net.collect_params().values())
+    assert [(p.name, p.data().dtype, p.grad().dtype) for p in params] == \
+        [(p.name, np.float32, np.float32) for p in params]
+    grads = [p.grad() for p in params]
+    total = float(mx.nd.multi_sum_sq(*grads, num_arrays=len(grads)).sum().asscalar())
+    assert np.isfinite(total) and total > 0
+    for p in params:
+        want = ref_grads[p.name]
+        assert np.abs(p.grad().asnumpy() - want).max() <= 0.1 * np.abs(want).max() + 1e-6, p.name

@@ -61,14 +61,17 @@ def _instrument(sym, layer_names):
 
 
 def _layer_nodes(sym, policy, data_names):
-    """(name, op, weight parameter names) of the nodes that compute in the target dtype."""
+    """(name, op, weight parameter names) of the network's nodes that compute in the target
+    dtype. Nodes the pass adds to explain's graph (the residual rule's identity, the
+    reduction rule's nodes) are not layers of the network and have no output to probe in it:
+    they are left out, as mxmp's casts are."""
     from ..graph.plan import explain
     rows = explain(sym, policy=policy, data_names=data_names)
     nodes = json.loads(sym.tojson())['nodes']
     by_name = {n['name']: n for n in nodes}
     out = []
     for row in rows:
-        if row.op == 'null' or row.dtype != policy.target_dtype:
+        if row.op == 'null' or row.dtype != policy.target_dtype or row.name not in by_name:
             continue
         node = by_name[row.name]
         keep32 = set(policy.float32_inputs(node['op'])) | set(policy.index_inputs(node['op']))

@@ -13,7 +13,7 @@ from typing import List, NamedTuple, Optional
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, dtype_name, from_mshadow_enum
 from ..policy.policy import FLOAT32, FOLLOW, LOSS_OUTPUT, LOW_PRECISION, resolve_policy
 from .kernel_rule import FLOAT32_INPUTS as _KERNEL_FLOAT32_INPUTS, FLOAT32_OUTPUTS as \
-    _KERNEL_FLOAT32_OUTPUTS, original_op, planned, substitute
+    _KERNEL_FLOAT32_OUTPUTS, INPUT_COPY as _INPUT_COPY, original_op, planned, substitute
 from .strip import converted_dtype, strip
 from .symbol_json import (CAST_OPS, MARK, cast_origin, infer_dtypes, load, mutable_inputs,
     node_output_dtypes)
@@ -240,7 +240,10 @@ def _op_decision(graph, nid, in_dtypes):
 def _widest(graph, node, in_dtypes, data_pos, rule):
     """``(compute dtype, rule)`` of a widest-type or follow op."""
     floats = [in_dtypes[p] for p in data_pos]
-    if graph.policy.follow_params:  # parameters take the dtype of the other inputs
+    # follow_params: parameters take the dtype of the other inputs; not through the kernel
+    # rule's input copies (a library LayerNorm's gamma and beta are float32 master
+    # parameters: taking the shape tie's bfloat16 would store them in bfloat16)
+    if graph.policy.follow_params and node.get('attrs', {}).get(MARK) != _INPUT_COPY:
         own = [in_dtypes[p] for p in data_pos
                if graph.nodes[node['inputs'][p][0]]['op'] != 'null'
                or graph.nodes[node['inputs'][p][0]]['name'] in graph.data_names]
