@@ -12,9 +12,6 @@ AVX512-BF16 path's bits. Bounds: the conformance suite's (mxmp/_src/conformance/
 2**-16 and 2**-8 + 2**-16).
 """
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -26,26 +23,15 @@ from mxmp._src.graph.kernel_rule import ATTENTION, apply_kernels, attention_pays
 from mxmp._src.graph.kernel_undo import mxnet_ops
 from mxmp._src.graph.symbol_json import load
 from mxmp._src.kernels.build import load_library
+from tier_run import run_on_tier
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 needs_library = pytest.mark.skipif(load_library() is None, reason="mxmp's operator library "
                                    'does not build here (no C++ compiler?)')
 
 
-def _worker(isa):
-    env = dict(os.environ, OMP_NUM_THREADS='2')
-    env.pop('DNNL_MAX_CPU_ISA', None)
-    if isa:
-        env['DNNL_MAX_CPU_ISA'] = isa
-    proc = subprocess.run([sys.executable, os.path.join(HERE, 'attention_worker.py')],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope='module')
 def runs():
-    return {'native': _worker(None), 'AVX2': _worker('AVX2')}
+    return {tier: run_on_tier('attention_worker.py', isa) for tier, isa in (('native', None), ('AVX2', 'AVX2'))}
 
 
 @needs_library
