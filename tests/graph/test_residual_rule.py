@@ -79,7 +79,7 @@ _PARAMS_CAST = [('data', 'bfloat16')] + [('%s_%s' % (fc, p), 'bfloat16')
 
 
 def test_policy_field_validated_and_compared():
-    assert mxmp.Policy().residual_dtype == 'float32'
+    assert mxmp.Policy().residual_dtype == 'target'
     with pytest.raises(ValueError, match="residual_dtype='bfloat16'.*'target'"):
         mxmp.Policy(residual_dtype='bfloat16')
     on, off = _policy('target'), _policy('float32')
