@@ -11,7 +11,8 @@ gradient pass and the same ``FGradient`` functions as the CachedOp's). A forward
 backward node, so the kept entries are what the forward pass leaves at the start of the
 backward pass. Their bytes (shapes and dtypes from MXNet's own inference on the graph) are
 summed by dtype and by the producing op (identity ops whose output shares its input's memory,
-such as Reshape, are counted once, under the op that made the data). Also printed: the
+such as Reshape, are counted once, under the op that made the data; a hidden output, such as
+MXNet's Dropout mask or LayerNorm's mean, is sized by :func:`hidden_output`). Also printed: the
 executor's memory plan total (``Total N MB allocated``: every internal entry of the forward and
 backward graph, after MXNet's sharing). ``--top N`` lists the N largest kept entries by
 producing op and consumer.
@@ -81,6 +82,20 @@ def entry_table(sym, shapes, types):
     return table, graph
 
 
+def hidden_output(entry, first, by_name):
+    """(op, shape, dtype, itemsize) of a hidden output ``entry`` (MXNet's internals list the
+    visible outputs only) from its node's output 0 ``first``: Dropout's mask has the data's
+    shape and dtype, LayerNorm's mean and standard deviation the data's shape with the
+    normalized axis 1 (float32); other ops' are counted as empty (shape ``()``, dtype '?')."""
+    op, shape, dt, itemsize = first
+    if op == 'Dropout':
+        return first
+    if op == 'LayerNorm':
+        axis = int(by_name[entry[0]].get('attrs', {}).get('axis', -1)) % len(shape)
+        return op, tuple(1 if k == axis else d for k, d in enumerate(shape)), 'float32', 4
+    return op, (), '?', 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--model', default='bert_base')
@@ -139,6 +154,8 @@ def main(argv=None):
         if name in by_name:
             continue   # a forward node
         for entry in ins:
+            if entry not in table and (entry[0], 0) in table:
+                table[entry] = hidden_output(entry, table[(entry[0], 0)], by_name)
             if entry in table and table[entry][0] != 'null':
                 kept[source(entry)].add(op)
     by_dtype, by_op, rows = defaultdict(float), defaultdict(float), []
