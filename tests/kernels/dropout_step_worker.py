@@ -9,8 +9,9 @@ The kernel rule's float32 graph (``kernel_rule.apply_kernels(..., 'all')``) gets
 forward drew (recomputed from the seeds by the contract's numpy hash,
 ``mxmp._src.conformance.dropout``). The same step is then run on a reference graph in which
 each Dropout is written out as ``x * mask / (1 - p)`` with those masks as inputs (no random
-numbers): the loss and every parameter gradient must agree, which checks that the forward applied the mask it returned and
-that the backward used the same one. An SGD update follows each step (as in training). The same
+numbers): the loss and every parameter gradient must agree, which checks that the forward
+applied the mask it returned and that the backward used the same one. An SGD update follows
+each step (as in training). The same
 steps through ``mxmp.convert_symbol(..., kernels='all')`` in bfloat16 show whether a seed gives
 the same masks in float32 and bfloat16 (the study's pairing). Runs in its own process (a kernel
 under test could crash the interpreter) and prints one JSON line.
