@@ -347,10 +347,12 @@ def train(args, log=print):
     if args.dtype != 'float32':
         import mxmp
         emulate = not mxmp.lp_kernels_available(args.dtype)
-        fields = {} if args.kernels == 'default' else {'kernels': args.kernels}
-        if args.residual_dtype != 'float32':
-            fields['residual_dtype'] = args.residual_dtype
-        policy = mxmp.Policy(args.dtype, **fields) if fields else None
+        # residual_dtype always explicit: the records' --residual-dtype (default float32)
+        # is what ran, whatever Policy's default
+        fields = {'residual_dtype': args.residual_dtype}
+        if args.kernels != 'default':
+            fields['kernels'] = args.kernels
+        policy = mxmp.Policy(args.dtype, **fields)
         net = mxmp.convert(net, args.dtype, policy=policy)
     elif args.kernels in ('auto', 'all'):
         net = float32_library_kernels(net, args.kernels)

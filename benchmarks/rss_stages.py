@@ -13,8 +13,8 @@ backward and update separately (each waited for). Inference: the first call, the
 
 ``--freeze`` (inference) runs :func:`mxmp.freeze` on the converted network before the calls.
 ``--kernels`` and ``--cast-moved-params`` set those fields of the mxmp modes' policy.
-``--allocated`` adds the peak of MXNet's own allocations (``mx.profiler`` memory profile) at
-the end. Set environment variables (``MXNET_MKLDNN_CACHE_NUM``...) on the command line to try
+``--allocated`` adds the peak of MXNet's own allocations (``mx.profiler`` memory profile) so
+far to each stage's line after the network is built, and at the end. Set environment variables (``MXNET_MKLDNN_CACHE_NUM``...) on the command line to try
 one lever per process. One process, one configuration; memory does not depend on the load of
 the machine, time does (not printed here).
 """
@@ -129,6 +129,12 @@ def main(argv=None):
     from mxnet import autograd, gluon
     import mxmp
     stages = []
+    profiling = []
+
+    def allocated_mib():
+        from benchmarks.profile import parse_aggregate
+        row = parse_aggregate(mx.profiler.dumps(reset=False))['Device Storage']['Memory: cpu/0']
+        return row['max_ms'] / 1024.0
 
     def mark(stage, net=None, trainer=None):
         mx.nd.waitall()
@@ -143,6 +149,8 @@ def main(argv=None):
         if trainer is not None:
             extra += '; optimizer state %.0f MiB, master weights %.0f MiB' % optimizer_mib(
                 trainer)
+        if profiling:   # the profiler's aggregate so far (not reset)
+            extra += "; MXNet's allocations peak so far %.0f MiB" % allocated_mib()
         stages.append((stage, rss, hwm))
         print('%-28s RSS %6.0f MiB, peak %6.0f MiB%s' % (stage, rss, hwm, extra), flush=True)
 
@@ -154,6 +162,7 @@ def main(argv=None):
                                profile_symbolic=False, profile_imperative=False,
                                profile_api=False, filename=trace)
         mx.profiler.set_state('run')
+        profiling.append(True)
     mx.random.seed(SEED)
     np.random.seed(SEED)
     spec = dict(model=args.model, batch_size=args.batch_size, seq_len=args.seq_len,
@@ -206,10 +215,8 @@ def main(argv=None):
             trainer.step(args.batch_size)
             mark('step %d update' % k, net, trainer)
     if args.allocated:
-        from benchmarks.profile import parse_aggregate
         mx.profiler.set_state('stop')
-        row = parse_aggregate(mx.profiler.dumps())['Device Storage']['Memory: cpu/0']
-        print("MXNet's allocations peak %.0f MiB" % (row['max_ms'] / 1024.0))
+        print("MXNet's allocations peak %.0f MiB" % allocated_mib())
     print('%s %s %s batch %d: peak RSS %.0f MiB' % (args.model, args.phase, args.mode,
                                                     args.batch_size, stages[-1][2]))
     return 0

@@ -204,7 +204,7 @@ class _Child:
                              fuse_inference=fuse_inference, fold_batchnorm=fold_batchnorm,
                              policy=mxmp.Policy(self.spec['dtype'], kernels=kernels,
                                                 residual_dtype=self.spec.get('residual_dtype',
-                                                                             'float32')))
+                                                                             'target')))
         res['conversion_s'] = time.perf_counter() - start
         if emulate:
             res['casts_real_graph'] = mxmp.count_casts(mxmp.convert_symbol(

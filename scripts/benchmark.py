@@ -87,7 +87,7 @@ def parse_args(argv=None):
                         '%s; for BERT: %s; for the transformers: %s'
                         % (' '.join(DEFAULT_MODES), ' '.join(BERT_DEFAULT_MODES),
                            ' '.join(TRANSFORMER_DEFAULT_MODES)))
-    p.add_argument('--residual-dtype', default='float32', choices=('float32', 'target'),
+    p.add_argument('--residual-dtype', default='target', choices=('float32', 'target'),
                    help="mxmp modes: Policy(residual_dtype=...), the dtype of a LayerNorm's "
                         'output for its consumers (the residual stream of a post-LayerNorm '
                         'transformer such as BERT)')

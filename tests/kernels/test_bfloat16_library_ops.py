@@ -99,7 +99,7 @@ def test_ops_take_and_return_bfloat16_as_the_float32_op_rounded_once(op, shape):
         out, grads = _run(fn, [xb], [xb], hb)
         ref, ref_grads = _run(fn, [x32], [x32], h32)
         if op == 'dropout':
-            assert out[1].dtype == np.uint8   # one byte per element, the same mask
+            assert out[1].dtype == np.int32 and out[1].shape == (2,)   # the same seeds
             np.testing.assert_array_equal(out[1].asnumpy(), ref[1].asnumpy())
             out, ref = out[0], ref[0]
         assert out.dtype == bfloat16 and grads[0].dtype == bfloat16
@@ -159,7 +159,7 @@ def test_a_converted_block_has_no_cast_around_the_library_ops():
     for name in ('ln_output0', 'drop_output0', 'sm_output'):
         assert dtypes[name] == bfloat16, (name, dtypes[name])
     assert dtypes['ln_output1'] == dtypes['ln_output2'] == np.float32   # mean, rstd
-    assert dtypes['drop_output1'] == np.uint8   # the mask
+    assert dtypes['drop_output1'] == np.int32   # the seeds
     # emulated, the library ops compute float32-held values: no bfloat16 mark for mxnet_ops
     marks = [n['attrs'][MARK] for n in json.loads(_convert(sym, emulate=True).tojson(
         remove_amp_cast=False))['nodes'] if n['op'].startswith('mxmp_')]

@@ -15,7 +15,8 @@ outlier feature at every position of a row (and at feature 0 in every row), rows
 mean and a small spread, rows of 65,536, 2**18 rows (dgamma/dbeta sums), NaN and inf rows.
 softmax with lengths: random, lengths 0, 1, the row and beyond it, all ``-inf`` rows, NaN and
 inf, large logits, rows of 65,536. Dropout: NaN, inf and finite values, p = 0.1 and 0.5 (the
-definition ``out = x * s``, ``s = 1/(1-p)`` where kept, 0 where dropped; gradient ``dy * s``).
+definition ``out = x * s``, ``s = 1/(1-p)`` where kept, 0 where dropped; gradient ``dy * s``;
+the library's kept elements those its hash keeps for the seeds it returns, :mod:`.dropout`).
 GELU (``LeakyReLU``, :mod:`.gelu`): random, large ``|x|``, the negative tail, denormals and
 signed zeros, NaN and inf.
 
@@ -31,6 +32,7 @@ checks them on a user's machine; tests/kernels/test_contract.py checks them in t
 """
 import numpy as np
 
+from .dropout import dropout_keep
 from .gelu import GELU_BF16_CASES, GELU_CASES, gelu_ref
 
 #: The bar: the library's error against float64 is at most this many times MXNet's.
@@ -264,8 +266,8 @@ def _run_softmax(v, dtype='float32'):
 
 def _run_dropout(v, dtype='float32'):
     """Dropout's masks are random: each op is checked against the definition applied to its
-    own mask (read from the library's mask output; for MXNet's, kept where out != 0 for finite
-    x), in float64."""
+    own mask (the library's recomputed from the seeds it returns, :mod:`.dropout`; for MXNet's,
+    kept where out != 0 for finite x), in float64."""
     import mxnet as mx
     x32, dy32, p = _rounded(v['x'], dtype), _rounded(v['dy'], dtype), v['p']
     s = 1.0 / (1.0 - p)
@@ -275,9 +277,9 @@ def _run_dropout(v, dtype='float32'):
     a.attach_grad()
     from mxnet import autograd
     with autograd.record():
-        out, mask = mx.nd.mxmp_dropout(a, flag, p=p, mode='always')
+        out, seeds = mx.nd.mxmp_dropout(a, flag, p=p, mode='always')
     out.backward(_nd(dy32, dtype))
-    keep = mask.asnumpy().astype(np.float64)
+    keep = dropout_keep(seeds.asnumpy(), x32.shape, p).astype(np.float64)
     with np.errstate(invalid='ignore'):
         ref = [x32.astype(np.float64) * keep * s, dy32.astype(np.float64) * keep * s]
     res['lib'] = [_np32(out), _np32(a.grad)]

@@ -3,6 +3,7 @@ in every file mxmp writes (:func:`mxnet_ops`) and in inference-only graphs where
 costs nothing (:func:`inference_only`). Loaded by the first conversion or export, not by
 ``import mxmp``.
 """
+from .rule_notes import residual_rule_of
 from .symbol_json import MARK, unique_name
 
 __all__ = ['LOW_KERNEL', 'inference_only', 'mxnet_ops']
@@ -38,6 +39,10 @@ def _undo(js, undo, bypass=lambda node: False):
 
     dropped = set()
     for nid, node in enumerate(nodes):
+        if residual_rule_of(node) is not None:   # the residual rule's identity: a plan-time
+            src, idx, _ = node['inputs'][0]      # device, its consumers read its input (the cast)
+            resolve[nid] = resolve[src] if src in resolve and idx == 0 else [new_id[src], idx]
+            continue
         back = _rule().restore(node)
         if back is not None and not undo(node, back):
             back = None
@@ -91,7 +96,8 @@ def inference_only(js):
 def mxnet_ops(js):
     """``js`` (graph JSON) with every node of the rule undone: MXNet's own ops in place of the
     library's (same attributes, float32; between casts where the library op ran in bfloat16),
-    the input copies and the training flag gone; casts and stored dtypes stay. What every file
+    the input copies, the training flag and the residual rule's identities gone (their
+    consumers read the cast before them); casts and stored dtypes stay. What every file
     mxmp writes holds unless the user asks for the library ops: plain MXNet loads it. A new
     dict, or ``js`` where the rule wrote nothing."""
     if not any(_rule().restore(n) is not None for n in js['nodes']):

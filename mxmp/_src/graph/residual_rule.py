@@ -30,7 +30,7 @@ computes in float32 (MXNet's float32 Dropout: a widest-type add would cast the t
 which keep reading the float32 output. (An identity rather than the cast itself: the plan types
 the graph as float32 first.)
 
-Off by default (``residual_dtype='float32'``): docs/accuracy.md gives the post-LayerNorm
+On by default (``residual_dtype='target'``; ``'float32'`` turns it off): docs/accuracy.md gives the post-LayerNorm
 study, its casts, speed and memory on BERT. :func:`mxmp.explain` names the rule on the identity
 (:func:`.rule_notes.residual_rule_of`); :func:`mxmp.remove_casts` and export drop it with mxmp's casts.
 """

@@ -28,8 +28,9 @@ def strip(js, unpin=False):
     """A new graph JSON without mxmp's and contrib.amp's casts, mxmp's rounding nodes, stem
     padding and parameter dtypes; model casts stay. ``unpin``: in a graph with contrib.amp
     casts, variables contrib.amp stored in low precision become float32 too."""
-    from .reduce_rule import restore_graph   # loaded by the first use, not by `import mxmp`
-    js = restore_graph(js)
+    from . import concat_rule   # loaded by the first use, not by `import mxmp`
+    from .reduce_rule import restore_graph
+    js = restore_graph(concat_rule.restore_graph(js))
     nodes = js['nodes']
     contrib = unpin and any(cast_origin(n) == 'contrib.amp' for n in nodes)
     resolve = {}  # (old nid, out idx) -> (old nid, out idx) of a kept node

@@ -35,14 +35,19 @@
 //   inputs  data (any shape, float32, float64 or bfloat16), flag (1,) float32: 1 in inference
 //           (the output of MXNet's own Dropout on a constant 1: 1 at inference, 0 or 2 in
 //           training; library ops are not told the training mode)
-//   outputs out (data's shape and dtype), mask (data's shape, uint8: 1 kept, 0 dropped; not
-//           written in inference, where backward is the identity)
+//   outputs out (data's shape and dtype), seeds (2,) int32: the bits of the call's two seed
+//           words s1, s2 (0, 0 in inference, where nothing is drawn and backward is the
+//           identity)
 //   attrs   p (drop probability, 0 < p < 1), mode ('training': identity where flag is 1;
 //           'always': dropout in inference too)
 //   Element i of a call is kept when h(i) >= p * 2**32, h two rounds of a 32-bit integer hash
 //   seeded by 64 bits drawn from MXNet's CPU generator (mx.random.seed sets it); out = x * s,
 //   s = 1 / (1 - p) where kept and 0 where dropped, as MXNet's x * mask: a NaN or inf that is
-//   dropped gives NaN, as in MXNet. Backward: dx = dy * s.
+//   dropped gives NaN, as in MXNet. h(i) = mix32(mix32(s1 + i mod 2**32) ^ s2 ^ (i >> 32)),
+//   i the element's index in the whole tensor (mix32 below). Backward: dx = dy * s, the keep
+//   decisions recomputed from the seeds output (MXNet 1.9.1 keeps every output of a library
+//   op for its backward and feeds each a zero head gradient: 8 bytes here, where a uint8
+//   mask of data's shape cost n bytes kept and a zero fill of n bytes per call).
 //
 // mxmp_softmax: softmax over the last axis, optionally with lengths (MXNet's use_length).
 //   inputs  data (..., M) float32, float64 or bfloat16; with use_length, length (data's shape
@@ -677,31 +682,35 @@ bool inference(MXTensor& flag, const Attrs& attrs) {
   return !always(attrs) && flag.data<float>()[0] == 1.0f;
 }
 
-// Elements per block of the dropout loops: a block's hash counter is 32 bits wide (the block
-// index enters the second seed) and a block is one thread's unit of work.
+// Elements per block of the dropout loops: a block's hash counter is 32 bits wide (the index's
+// bits from bit 32 up, the same across a block, enter the second seed) and a block is one
+// thread's unit of work.
 const int64_t kDropBlock = 1 << 16;
-// Elements per slice of a block in the bfloat16 forward (float32 copies of a slice in L1).
+// Elements per slice of a block in the bfloat16 loop (float32 copies of a slice in L1).
 const int64_t kDropSlice = 2048;
 
 // Dropout of n float32 or float64 elements whose hash counters start at base. No branch in
 // the loop (AVX2 has no masked select of a load: a conditional x[i] kept this loop scalar
 // there); the sign flip makes the unsigned compare a signed one, which AVX2 has.
 template <typename C>
-void dropout_slice(const C* x, C* y, uint8_t* mask, int64_t n, uint32_t threshold, C scale,
-                   uint32_t base, uint32_t s2) {
+void dropout_slice(const C* x, C* y, int64_t n, uint32_t threshold, C scale, uint32_t base,
+                   uint32_t s2) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t h = mix32(mix32(base + static_cast<uint32_t>(i)) ^ s2);
     const int32_t keep = static_cast<int32_t>(h ^ 0x80000000u) >=
                          static_cast<int32_t>(threshold ^ 0x80000000u);
-    mask[i] = static_cast<uint8_t>(keep);
     y[i] = x[i] * (keep ? scale : C(0));   // x * 0 for a dropped element: NaN stays NaN
   }
 }
 
+// y = x * s over n elements, s the scale where the hash of seeds (s1, s2) keeps an element and
+// 0 where it drops it: the forward (x data, y out) and, with the same seeds, the backward (x
+// dy, y dx: dy * s, as a stored mask's dy * (mask * scale) bit for bit, mask * scale being
+// scale or +0). Blocks of kDropBlock elements, each one thread's unit of work.
 template <typename T>
-void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, uint32_t threshold,
-                     typename Num<T>::C scale, uint32_t s1, uint32_t s2) {
+void dropout_apply(const T* x, T* y, int64_t n, uint32_t threshold, typename Num<T>::C scale,
+                   uint32_t s1, uint32_t s2) {
   typedef typename Num<T>::C C;
   const int64_t blocks = (n + kDropBlock - 1) / kDropBlock;
 #pragma omp parallel for schedule(static) if (n >= kParallelMin && blocks > 1)
@@ -712,9 +721,8 @@ void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, uint32_t thresh
     const uint32_t s2b = s2 ^ static_cast<uint32_t>(start >> 32);
     const T* xb = x + start;
     T* yb = y + start;
-    uint8_t* mb = mask + start;
     if constexpr (std::is_same<T, C>::value) {
-      dropout_slice(xb, yb, mb, len, threshold, scale, base, s2b);
+      dropout_slice(xb, yb, len, threshold, scale, base, s2b);
     } else {
       // bfloat16: each slice widened to float32 (exact), the float32 loop on it, rounded
       // back once. (One loop of hashes, bytes and bfloat16 data vectorised 64 wide through
@@ -724,11 +732,32 @@ void dropout_forward(const T* x, T* y, uint8_t* mask, int64_t n, uint32_t thresh
       for (int64_t s0 = 0; s0 < len; s0 += kDropSlice) {
         const int64_t sl = s0 + kDropSlice < len ? kDropSlice : len - s0;
         widen_row(xb + s0, xf, sl);
-        dropout_slice(xf, yf, mb + s0, sl, threshold, scale, base + static_cast<uint32_t>(s0),
-                      s2b);
+        dropout_slice(xf, yf, sl, threshold, scale, base + static_cast<uint32_t>(s0), s2b);
         narrow_row(yf, yb + s0, sl);
       }
     }
+  }
+}
+
+// The keep threshold p * 2**32 (saturated to 2**32 - 1), the same in forward and backward.
+uint32_t dropout_threshold(double p) {
+  return static_cast<uint32_t>(std::ldexp(p, 32) < 4294967295.0 ? std::ldexp(p, 32)
+                                                                 : 4294967295.0);
+}
+
+// dropout_apply on MXTensors of data's dtype.
+void dropout_apply_tensor(MXTensor& x, MXTensor* y, double p, uint32_t s1, uint32_t s2) {
+  const int64_t n = x.size();
+  const uint32_t threshold = dropout_threshold(p);
+  if (x.dtype == mxnet::ext::kFloat32) {
+    dropout_apply<float>(x.data<float>(), y->data<float>(), n, threshold,
+                         static_cast<float>(1.0 / (1.0 - p)), s1, s2);
+  } else if (x.dtype == mxnet::ext::kFloat64) {
+    dropout_apply<double>(x.data<double>(), y->data<double>(), n, threshold, 1.0 / (1.0 - p),
+                          s1, s2);
+  } else {
+    dropout_apply<bf16>(x.data<bf16>(), y->data<bf16>(), n, threshold,
+                        static_cast<float>(1.0 / (1.0 - p)), s1, s2);
   }
 }
 
@@ -770,7 +799,7 @@ MXReturnValue dropout_infer_type(const Attrs& attrs, std::vector<int>* in,
     }
     (*in)[0] = t;
     (*out)[0] = t;
-    (*out)[1] = mxnet::ext::kUint8;
+    (*out)[1] = mxnet::ext::kInt32;   // the seeds
     return MX_SUCCESS;
   });
 }
@@ -787,11 +816,12 @@ MXReturnValue dropout_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
       }
       // no axes: a 0-D tensor (NumPy shapes); an unknown data shape never gets here (MXNet's
       // wrapper fails first: docs/pass.md, "Kernel rule")
-      for (auto& o : *out) o.clear();
+      (*out)[0].clear();
+      (*out)[1] = std::vector<unsigned>{2};
       return MX_SUCCESS;
     }
     (*out)[0] = (*in)[0];
-    (*out)[1] = (*in)[0];
+    (*out)[1] = std::vector<unsigned>{2};   // the seeds
     return MX_SUCCESS;
   });
 }
@@ -801,50 +831,26 @@ MXReturnValue dropout_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
   return guarded("mxmp_dropout", [&] {
     MXTensor& x = (*in)[0];
     const int64_t n = x.size();
-    uint8_t* mask = (*out)[1].data<uint8_t>();
-    if (inference((*in)[1], attrs)) {   // the mask is not written: backward reads the flag
+    int32_t* seeds = (*out)[1].data<int32_t>();
+    if (inference((*in)[1], attrs)) {   // nothing drawn: backward reads the flag
       std::memcpy((*out)[0].data_ptr, x.data_ptr, n * dtype_bytes(x.dtype));
+      seeds[0] = seeds[1] = 0;
       return MX_SUCCESS;
     }
     double p;
     if (!attr_double(attrs, "p", 0.5, &p, "mxmp_dropout")) return MX_FAIL;
-    const uint32_t threshold = static_cast<uint32_t>(std::ldexp(p, 32) < 4294967295.0 ?
-                                                     std::ldexp(p, 32) : 4294967295.0);
     mxnet::ext::mx_cpu_rand_t* gen = res.get_cpu_rand_states();
     const uint32_t s1 = (*gen)(), s2 = (*gen)();
-    if (x.dtype == mxnet::ext::kFloat32) {
-      dropout_forward<float>(x.data<float>(), (*out)[0].data<float>(), mask, n, threshold,
-                             static_cast<float>(1.0 / (1.0 - p)), s1, s2);
-    } else if (x.dtype == mxnet::ext::kFloat64) {
-      dropout_forward<double>(x.data<double>(), (*out)[0].data<double>(), mask, n, threshold,
-                              1.0 / (1.0 - p), s1, s2);
-    } else {
-      dropout_forward<bf16>(x.data<bf16>(), (*out)[0].data<bf16>(), mask, n, threshold,
-                            static_cast<float>(1.0 / (1.0 - p)), s1, s2);
-    }
+    std::memcpy(&seeds[0], &s1, sizeof s1);
+    std::memcpy(&seeds[1], &s2, sizeof s2);
+    dropout_apply_tensor(x, &(*out)[0], p, s1, s2);
     return MX_SUCCESS;
   });
 }
 
-template <typename T>
-void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n,
-                      typename Num<T>::C scale) {
-  typedef typename Num<T>::C C;
-  const int64_t blocks = (n + kDropBlock - 1) / kDropBlock;
-#pragma omp parallel for schedule(static) if (n >= kParallelMin && blocks > 1)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t start = blk * kDropBlock;
-    const int64_t end = start + kDropBlock < n ? start + kDropBlock : n;
-#pragma omp simd
-    for (int64_t i = start; i < end; ++i) {
-      dx[i] = Num<T>::store(Num<T>::load(dy[i]) * (static_cast<C>(mask[i]) * scale));
-    }
-  }
-}
-
 MXReturnValue dropout_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
                                    std::vector<MXTensor>* out, const OpResource& res) {
-  // in: d out, d mask, data, flag, out, mask; out: d data, d flag
+  // in: d out, d seeds, data, flag, out, seeds; out: d data, d flag
   return guarded("mxmp_dropout backward", [&] {
     MXTensor& dy = (*in)[0];
     const int64_t n = dy.size();
@@ -852,21 +858,15 @@ MXReturnValue dropout_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in
     if ((*out)[0].data_ptr == nullptr) return MX_SUCCESS;
     double p;
     if (!attr_double(attrs, "p", 0.5, &p, "mxmp_dropout")) return MX_FAIL;
-    if (inference((*in)[3], attrs)) {   // the identity; the mask was not written
+    if (inference((*in)[3], attrs)) {   // the identity; no seeds were drawn
       std::memcpy((*out)[0].data_ptr, dy.data_ptr, n * dtype_bytes(dy.dtype));
       return MX_SUCCESS;
     }
-    const uint8_t* mask = (*in)[5].data<uint8_t>();
-    if (dy.dtype == mxnet::ext::kFloat32) {
-      dropout_backward<float>(dy.data<float>(), mask, (*out)[0].data<float>(), n,
-                              static_cast<float>(1.0 / (1.0 - p)));
-    } else if (dy.dtype == mxnet::ext::kFloat64) {
-      dropout_backward<double>(dy.data<double>(), mask, (*out)[0].data<double>(), n,
-                               1.0 / (1.0 - p));
-    } else {
-      dropout_backward<bf16>(dy.data<bf16>(), mask, (*out)[0].data<bf16>(), n,
-                             static_cast<float>(1.0 / (1.0 - p)));
-    }
+    const int32_t* seeds = (*in)[5].data<int32_t>();
+    uint32_t s1, s2;
+    std::memcpy(&s1, &seeds[0], sizeof s1);
+    std::memcpy(&s2, &seeds[1], sizeof s2);
+    dropout_apply_tensor(dy, &(*out)[0], p, s1, s2);   // the forward's keep decisions
     return MX_SUCCESS;
   });
 }
