@@ -23,7 +23,7 @@ from mxmp._src.graph.kernel_rule import attention_pays
 from mxmp._src.graph.kernel_undo import mxnet_ops
 from mxmp._src.graph.symbol_json import load
 from mxmp._src.kernels.build import load_library
-from tier_run import run_on_tier
+from tier_run import run_on_tiers
 
 needs_library = pytest.mark.skipif(load_library() is None, reason="mxmp's operator library "
                                    'does not build here (no C++ compiler?)')
@@ -31,7 +31,7 @@ needs_library = pytest.mark.skipif(load_library() is None, reason="mxmp's operat
 
 @pytest.fixture(scope='module')
 def runs():
-    return {tier: run_on_tier('batch_dot_worker.py', isa) for tier, isa in (('native', None), ('AVX2', 'AVX2'))}
+    return run_on_tiers('batch_dot_worker.py')
 
 
 @needs_library

@@ -20,3 +20,9 @@ def run_on_tier(script, isa):
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_on_tiers(script):
+    """``{'native': record, 'AVX2': record}``: ``script`` run on the CPU's own tier and under
+    ``DNNL_MAX_CPU_ISA=AVX2`` (:func:`run_on_tier`)."""
+    return {'native': run_on_tier(script, None), 'AVX2': run_on_tier(script, 'AVX2')}

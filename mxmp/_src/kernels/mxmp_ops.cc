@@ -2079,34 +2079,13 @@ const float kGeluP[7] = {3.014647961e-01f, 3.917648792e-01f, -4.439081252e-02f,
                          -4.981412203e-04f};
 const int64_t kGeluChunk = 1024;
 
-// e^y for y <= 0 (0 below -87); branch-free (selects of constants), vectorises
-inline float gelu_exp(float y) {
-  const float yc = y < -87.0f ? -87.0f : y;
-  const float t = yc * 1.44269504088896341f;
-  const int32_t n = static_cast<int32_t>(t - 0.5f);   // t <= 0: rounds to nearest
-  const float fn = static_cast<float>(n);
-  const float r = (yc - fn * 0.693145751953125f) - fn * 1.42860682030941723e-06f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const uint32_t bits = static_cast<uint32_t>(n + 127) << 23;   // 2^n, n in [-126, 0]
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale * (y < -87.0f ? 0.0f : 1.0f);
-}
-
 // Phi(x) (into cdf) and exp(-x^2 / 2) (into e_out), float32; a NaN x gives NaN in cdf
 inline void gelu_parts(float x, float* cdf, float* e_out) {
   const float ax = std::fabs(x) > 16.0f ? 16.0f : std::fabs(x);   // beyond: Phi is 0 or 1
   const float t = 1.0f / (1.0f + 0.55f * 0.70710678118654752f * ax);
   float p = kGeluP[6];
   for (int k = 5; k >= 0; --k) p = p * t + kGeluP[k];
-  const float e = gelu_exp(-0.5f * ax * ax);
+  const float e = exp_nonpositive(-0.5f * ax * ax);   // the softmax kernels' e^x
   const float c = 0.5f * t * p * e;   // erfc(z) / 2 = Phi(-|x|)
   *cdf = x >= 0.0f ? 1.0f - c : c;
   *e_out = ax < 16.0f ? e : 0.0f;
