@@ -5,7 +5,7 @@
 
 Copies of the model with the same weights, one per mode (float32; ``mxmp_mxnet_kernels``: mxmp
 bfloat16 with MXNet's kernels, ``Policy(kernels='mxnet')``; ``mxmp``: with the library, the
-default ``kernels='auto'``; ``mxmp_all_kernels``: ``kernels='all'``, the library's Dropout too;
+default ``kernels='auto'``; ``mxmp_all_kernels``: ``kernels='all'``, also the opt-in ``batch_dot``;
 ``mxmp_fp32_attention``: the default with MXNet's float32 attention matmuls, ``fp32_ops``)
 take one training step (SGD, batch of synthetic tokens, softmax cross-entropy) or one inference
 call each per round, in an order that rotates every round, so that a shared machine's load falls

@@ -3,12 +3,11 @@ MXNet's ``LeakyReLU(act_type='gelu')``, mxmp/_src/graph/kernel_rule.py).
 
 Pinned: the op against a float64 reference and against MXNet's float32 GELU, float32 and
 bfloat16, forward and backward, on adversarial inputs (large |x|, +-inf, NaN, denormals, signed
-zeros, the negative tail where MXNet's float32 1 + erf cancels); with ``Policy(kernels='all')``
-(GELU is opt-in: not yet measured faster than MXNet's bfloat16 GELU in a training step) a
-converted FFN block (Dense -> GELU -> Dense) runs ``mxmp_gelu`` in the Dense layers' dtype with
+zeros, the negative tail where MXNet's float32 1 + erf cancels); with the default policy (and
+``Policy(kernels='all')``) a converted FFN block (Dense -> GELU -> Dense) runs ``mxmp_gelu`` in the Dense layers' dtype with
 no cast around it (bfloat16 on real kernels; float32 held and rounded on the emulated tier), the
 same casts as with MXNet's GELU, and output and gradients within bfloat16's error of float32's;
-the default policy, ``Policy(kernels='mxnet')`` and a user's ``follow_ops`` keep MXNet's op; inference-only graphs (the oneDNN-fused twin,
+``Policy(kernels='mxnet')`` and a user's ``follow_ops`` keep MXNet's op; inference-only graphs (the oneDNN-fused twin,
 ``mxmp.freeze``) get MXNet's GELU back, in the library op's dtype, uncast, so that oneDNN folds
 it into the FullyConnected; ``act_type='leaky'`` is left alone.
 
@@ -119,8 +118,7 @@ def _ffn(act_type='gelu'):
 
 
 def _convert(sym, **kw):
-    return mxmp.convert_symbol(sym, policy=mxmp.Policy('bfloat16', **dict({'kernels': 'all'},
-                                                                           **kw)))
+    return mxmp.convert_symbol(sym, policy=mxmp.Policy('bfloat16', **kw))
 
 
 def _nodes(sym):
@@ -151,15 +149,21 @@ def test_a_converted_ffn_runs_the_library_gelu_with_no_cast_around_it():
     _, types, _ = internals.infer_type(data='float32')
     dtypes = dict(zip(internals.list_outputs(), types))
     assert dtypes['act_output'] == bfloat16
-    rows = {r.name: r for r in mxmp.explain(_ffn(), policy=mxmp.Policy('bfloat16',
-                                                                        kernels='all'))}
+    rows = {r.name: r for r in mxmp.explain(_ffn(), policy=mxmp.Policy('bfloat16'))}
     assert rows['act'].op == 'mxmp_gelu' and rows['act'].dtype == 'bfloat16'
     assert 'LeakyReLU as mxmp_gelu' in rows['act'].rule
 
 
 @needs_library
+def test_the_default_and_all_kernels_run_the_library_gelu():
+    for sym in (_convert(_ffn()), _convert(_ffn(), kernels='auto'), _convert(_ffn(), kernels='all')):
+        ops = [n['op'] for n in _nodes(sym)]
+        assert 'mxmp_gelu' in ops and 'LeakyReLU' not in ops
+
+
+@needs_library
 def test_mxnet_kernels_follow_ops_and_leaky_keep_mxnets_op():
-    for sym in (_convert(_ffn(), kernels='auto'), _convert(_ffn(), kernels='mxnet'),
+    for sym in (_convert(_ffn(), kernels='mxnet'),
                 _convert(_ffn(), follow_ops=['LeakyReLU']), _convert(_ffn('leaky'))):
         ops = [n['op'] for n in _nodes(sym)]
         assert 'LeakyReLU' in ops and 'mxmp_gelu' not in ops
@@ -190,7 +194,7 @@ def test_converted_ffn_trains_within_bfloat16_error_of_float32(seed):
               'ffn2_bias': rng.normal(size=16) * 0.1}
     results = []
     for sym in (_ffn(), mxmp.convert_symbol(_ffn(), policy=mxmp.Policy(
-            'bfloat16', emulate=not REAL, kernels='all'))):
+            'bfloat16', emulate=not REAL))):
         args = {k: mx.nd.array(v) for k, v in params.items()}
         args['data'] = x
         grads = {k: mx.nd.zeros(v.shape) for k, v in params.items()}

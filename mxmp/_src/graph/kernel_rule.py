@@ -15,11 +15,11 @@ Substitutions, from the BERT-base training profile (docs/benchmark.md, "Transfor
   does not tell a library op whether it runs in training: the rule adds one flag per graph,
   MXNet's own Dropout (p=0.5) of a constant 1, which is 1 exactly in inference and 0 or 2 in
   training, and every ``mxmp_dropout`` reads it.
-- ``LeakyReLU(act_type='gelu')`` becomes ``mxmp_gelu`` under ``Policy(kernels='all')`` only
-  (:data:`OPT_IN`): the same erf form, float32 arithmetic inside, vectorised; MXNet 1.9.1's
-  bfloat16 GELU took 24 + 73 ms of a BERT-base step, but alone, hot in cache, the two ran at the
-  same speed (docs/benchmark.md, "GELU"). Inference-only graphs put MXNet's op back, which
-  oneDNN folds into the FullyConnected (:func:`.kernel_undo.inference_only`).
+- ``LeakyReLU(act_type='gelu')`` becomes ``mxmp_gelu``: the same erf form, float32 arithmetic
+  inside, vectorised and parallel; in a BERT-base training step it ran 2% faster than MXNet
+  1.9.1's bfloat16 GELU (docs/benchmark.md, "GELU and add_n in the bfloat16 step").
+  Inference-only graphs put MXNet's op back, which oneDNN folds into the FullyConnected
+  (:func:`.kernel_undo.inference_only`).
 - The interleaved attention matmuls ``_contrib_interleaved_matmul_selfatt_qk/valatt`` and
   ``_encdec_qk/valatt`` become ``mxmp_selfatt_qk/valatt`` and ``mxmp_encdec_qk/valatt``, and
   ``batch_dot`` (dense; GluonNLP's ``DotProductAttentionCell`` computes its scores and context
@@ -90,16 +90,16 @@ ATTENTION = {'_contrib_interleaved_matmul_selfatt_qk': 'mxmp_selfatt_qk',
              'batch_dot': 'mxmp_batch_dot'}
 SUBSTITUTES = dict({'LayerNorm': 'mxmp_layer_norm', 'Dropout': 'mxmp_dropout',
                     'softmax': 'mxmp_softmax', 'LeakyReLU': 'mxmp_gelu'}, **ATTENTION)
-#: Ops substituted only under ``Policy(kernels='all')``. GELU, until a BERT step measures it
-#: faster than MXNet's bfloat16 GELU (``python -m benchmarks.kernels_ab --modes
-#: float32,mxmp,mxmp_all_kernels``). ``batch_dot``: its products are 2.5x faster in the library,
-#: but GluonNLP's attention cell feeds it from and into ``transpose``, which the plan keeps in
-#: float32 (its bfloat16 kernel corrupts the heap), so in bfloat16 each attention gains six
-#: casts, which took what the products saved in the machine-translation loop
+#: Ops substituted only under ``Policy(kernels='all')``. ``batch_dot``: its products are 2.5x
+#: faster in the library, but GluonNLP's attention cell feeds it from and into ``transpose``, which
+#: the plan keeps in float32 (its bfloat16 kernel corrupts the heap), so in bfloat16 each attention
+#: gains six casts, which took what the products saved in the machine-translation loop
 #: (docs/benchmark.md, "GluonNLP's batch_dot in the library"). Dropout was opt-in until the
 #: transformer study's +1.2% perplexity with it was traced to its other masks
-#: (docs/accuracy.md, "mxmp's Dropout kernel").
-OPT_IN = ('LeakyReLU', 'batch_dot')
+#: (docs/accuracy.md, "mxmp's Dropout kernel"); GELU until a BERT-base training step measured it
+#: faster than MXNet's bfloat16 GELU (``python -m benchmarks.kernels_ab --modes
+#: float32,mxmp,mxmp_all_kernels`` before the change).
+OPT_IN = ('batch_dot',)
 #: Inputs of the MXNet op (the library op may take more: Dropout's flag).
 _N_INPUTS = {'LayerNorm': 3, 'Dropout': 1, 'softmax': 2, 'LeakyReLU': 1,
              '_contrib_interleaved_matmul_selfatt_qk': 1,

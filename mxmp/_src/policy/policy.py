@@ -79,11 +79,10 @@ class Policy:
             :class:`mxmp.LossScaler` value; stored for the Trainers, which build the scaler
             (:func:`mxmp.make_loss_scaler`).
         kernels (str): ``'auto'`` (default): for bfloat16, ops whose MXNet 1.9.1 CPU kernel is
-            slow (LayerNorm, Dropout, softmax with lengths) run mxmp's own kernel, built on
+            slow (LayerNorm, Dropout, softmax with lengths, GELU) run mxmp's own kernel, built on
             first use where a C++ compiler is found, MXNet's elsewhere (the pass's kernel rule,
             docs/pass.md; the library Dropout draws other masks than MXNet's, with the same
-            accuracy: docs/accuracy.md); ``'all'``: every library kernel, GELU's too
-            (``LeakyReLU(act_type='gelu')``: not yet measured faster in a training step) and
+            accuracy: docs/accuracy.md); ``'all'``: every library kernel, also
             ``batch_dot`` as ``mxmp_batch_dot`` (bfloat16 products on the ``avx512_bf16`` tier:
             opt-in, as GluonNLP's attention cell surrounds it with float32 ``transpose`` and its
             casts);
