@@ -212,3 +212,32 @@ def test_export_holds_the_graph_without_the_pair(tmp_path, monkeypatch):
         assert with_pair['nodes'] == without['nodes'] and with_pair['heads'] == without['heads']
         assert {QK, VA} <= {n['op'] for n in with_pair['nodes']}
         assert not any(n['op'].startswith('mxmp_') for n in with_pair['nodes'])
+
+
+_CHECK = """
+import json
+from mxmp._src.conformance.check import check_kernels
+report = check_kernels('bfloat16', ops=['%s'], cases=['library'], jobs=1)
+print(json.dumps([dict(r) for r in (report.rows if hasattr(report, 'rows') else report)]))
+""" % VA
+
+
+@needs_library
+@pytest.mark.parametrize('isa', [None, 'AVX2'])
+def test_check_kernels_runs_the_pair_against_float64(isa):
+    """``mxmp check-kernels``' library case of selfatt_valatt has a variant that runs the pair
+    (the library's emit_v/v_only ops) against the float64 references of both ops."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, OMP_NUM_THREADS='2')
+    env.pop('DNNL_MAX_CPU_ISA', None)
+    if isa:
+        env['DNNL_MAX_CPU_ISA'] = isa
+    proc = subprocess.run([sys.executable, '-c', _CHECK], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r['variant']: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+    row = rows['pair heads=3 odd']
+    assert row['verdict'] == 'ok', row
+    assert row['detail'].startswith('the self-attention pair (selfatt_qk emit_v=1'), row
