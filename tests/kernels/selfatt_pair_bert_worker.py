@@ -27,7 +27,9 @@ BATCH, SEQ = 4, 16
 def _add_n_calls(fn):
     """Calls of add_n (ElementWiseSum) while ``fn()`` runs, from MXNet's profiler."""
     from benchmarks.profile import parse_aggregate
-    mx.profiler.set_config(profile_all=True, aggregate_stats=True)
+    import tempfile   # MXNet's profiler writes its trace file there, not into the cwd
+    mx.profiler.set_config(profile_all=True, aggregate_stats=True,
+                           filename=os.path.join(tempfile.mkdtemp(), 'profile.json'))
     mx.profiler.set_state('run')
     fn()
     mx.nd.waitall()
