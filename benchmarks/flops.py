@@ -88,7 +88,8 @@ def layer_flops(sym, data_shapes):
         if node['op'] not in COUNTED_OPS:
             continue
         name = node['name']
-        out = outs.get(name + '_output')
+        # the first output (mxmp_selfatt_qk with emit_v has a second: the values' copy)
+        out = outs.get(name + '_output', outs.get(name + '_output0'))
         if node['op'] in MATMUL_OPS:
             shapes = [shape_of(e) for e in node['inputs']]
             if not out or 0 in out or any(not s or 0 in s for s in shapes):

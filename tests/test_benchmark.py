@@ -718,6 +718,13 @@ def test_flop_count_of_attention_matmuls_and_sequence_inputs():
     assert layers['qk']['weight_shape'] is None
     per_sample = forward_flops_per_image(out, {'tokens': (length, units), 'other': (length, 5)})
     assert per_sample == sum(l['flop'] for l in layers.values()) // 2
+    # the kernel rule's library pair (mxmp_selfatt_qk with a second output, emit_v): the same
+    from mxmp._src.graph.kernel_rule import apply_kernels
+    from mxmp._src.graph.symbol_json import dump, load
+    lib = apply_kernels(load(out), 'auto', attention=True)
+    if any(n.get('attrs', {}).get('emit_v') == '1' for n in lib['nodes']):   # library loads
+        paired = layer_flops(dump(lib), {'tokens': (2, length, units), 'other': (2, length, 5)})
+        assert {l['name']: l['flop'] for l in paired} == {k: l['flop'] for k, l in layers.items()}
 
 
 def test_contrib_amp_reference_falls_back_to_the_workaround_row_only_where_needed():

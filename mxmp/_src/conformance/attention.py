@@ -80,33 +80,58 @@ def reference(op, xs, og, heads):
             np.einsum('gid,gjd->gij', ogh, v)]
 
 
-def _run(sym, values, names, head, dtype):
-    """Forward (training) and backward of ``sym`` bound on ``values`` cast to ``dtype``."""
+def _run(sym, values, names, heads, dtype):
+    """Forward (training) and backward of ``sym`` bound on ``values`` cast to ``dtype``, with
+    the head gradients ``heads`` (one per output): its outputs, then the inputs' gradients."""
     import mxnet as mx
     args = {n: mx.nd.amp_cast(mx.nd.array(values[n]), dtype=dtype) for n in names}
     exe = sym.bind(mx.cpu(), args=args, args_grad={n: a.zeros_like() for n, a in args.items()})
-    out = exe.forward(is_train=True)[0]
-    exe.backward([mx.nd.amp_cast(mx.nd.array(head), dtype=dtype)])
-    arrays = [out] + [exe.grad_dict[n] for n in names]
+    outs = exe.forward(is_train=True)
+    exe.backward([mx.nd.amp_cast(mx.nd.array(h), dtype=dtype) for h in heads])
+    arrays = list(outs) + [exe.grad_dict[n] for n in names]
     return [_to_np(a) for a in arrays], {str(np.dtype(a.dtype).names or a.dtype) for a in arrays}
+
+
+#: The variant (label prefix) of ``selfatt_valatt``'s cases that runs the self-attention pair:
+#: ``selfatt_qk`` and ``selfatt_valatt`` reading one qkv, which the kernel rule runs as
+#: ``mxmp_selfatt_qk(emit_v=1)`` and ``mxmp_selfatt_valatt(v_only=1)`` (kernel_rule.selfatt_pairs).
+PAIR_VARIANT = 'pair'
+
+
+def _pair_reference(xs, ogs, heads):
+    """Outputs (scores, context) and gradients (qkv: the sum of both ops', att) of the pair."""
+    qk = reference('selfatt_qk', xs[:1], ogs[0], heads)
+    va = reference('selfatt_valatt', xs, ogs[1], heads)
+    return [qk[0], va[0], qk[1] + va[1], va[2]]
 
 
 def attention_row(row, inputs, attrs, seeds):
     """The ``library`` case of an attention matmul (module docstring): the rule's graph of the
     op with the attention substitution on, float32 and bfloat16, against :func:`reference`;
-    MXNet's float32 op on the same values is measured beside it."""
+    MXNet's float32 op on the same values is measured beside it. A ``selfatt_valatt`` variant
+    whose name starts with :data:`PAIR_VARIANT` runs the self-attention pair (both ops on one
+    qkv: the library's ``emit_v``/``v_only`` ops), outputs and gradients against the two
+    references."""
     import mxnet as mx
     from mxnet.contrib.amp.amp import bfloat16
-    from ..graph.kernel_rule import apply_kernels
+    from ..graph.kernel_rule import EMIT_V, V_ONLY, apply_kernels
     from ..graph.symbol_json import dump, load
     op = row['op']
     names = ['in%d' % i for i in range(len(inputs))]
-    sym = _op_fn(op)(*[mx.sym.var(n) for n in names], name='op', **attrs)
+    pair = (op == '_contrib_interleaved_matmul_selfatt_valatt' and
+            str(row.get('variant', '')).startswith(PAIR_VARIANT))
+    args = [mx.sym.var(n) for n in names]
+    sym = _op_fn(op)(*args, name='op', **attrs)
+    if pair:   # qk first: the graph's order the rule pairs
+        sym = mx.sym.Group([_op_fn('_contrib_interleaved_matmul_selfatt_qk')(
+            args[0], name='qk', **attrs), sym])
     graph = apply_kernels(load(sym), 'all', attention=True)   # batch_dot: opt-in
     if not any(n['op'].startswith('mxmp_') for n in graph['nodes']):
         row.update(mode='real', detail="mxmp's operator library is not available here (no "
                                        "compiler?): MXNet's kernel runs")
         return row
+    paired = {k for n in graph['nodes'] for k in (EMIT_V, V_ONLY)
+              if n.get('attrs', {}).get(k) == '1'}
     lib = dump(graph)
     errs = {'float32': 0.0, 'bfloat16': 0.0, 'mxnet': 0.0}
     dtypes_ok = True
@@ -114,23 +139,30 @@ def attention_row(row, inputs, attrs, seeds):
         rng = np.random.RandomState(seed)
         values = {n: round_bf16(_values(rng, shape, kind)) for n, (shape, kind) in
                   zip(names, inputs)}
-        out_shape = sym.infer_shape(**{n: v.shape for n, v in values.items()})[1][0]
-        head = round_bf16(rng.normal(size=out_shape))
-        ref = reference(op, [values[n] for n in names], head, int(attrs['heads'])
-                        if 'heads' in attrs else (attrs.get('transpose_a', False),
-                                                  attrs.get('transpose_b', False)))
+        out_shapes = sym.infer_shape(**{n: v.shape for n, v in values.items()})[1]
+        heads = [round_bf16(rng.normal(size=s)) for s in out_shapes]
+        xs = [values[n] for n in names]
+        if pair:
+            ref = _pair_reference(xs, heads, int(attrs['heads']))
+        else:
+            ref = reference(op, xs, heads[0], int(attrs['heads']) if 'heads' in attrs else
+                            (attrs.get('transpose_a', False), attrs.get('transpose_b', False)))
         for key, graph_sym, dtype in (('float32', lib, 'float32'), ('bfloat16', lib, bfloat16),
                                       ('mxnet', sym, 'float32')):
-            got, seen = _run(graph_sym, values, names, head, dtype)
+            got, seen = _run(graph_sym, values, names, heads, dtype)
             dtypes_ok &= len(seen) == 1
             errs[key] = max([errs[key]] + [_rel_err(g, r) for g, r in zip(got, ref)])
     bad = [w for w, e, t in (('float32', errs['float32'], FLOAT32_TOL),
                              ('bfloat16', errs['bfloat16'], BFLOAT16_TOL)) if not e <= t]
     if not dtypes_ok:
         bad.append('outputs and gradients not all in the inputs\' dtype')
+    if pair and paired != {EMIT_V, V_ONLY}:
+        bad.append('the kernel rule did not make the pair (emit_v, v_only)')
     row.update(mode='real', fwd_err=errs['bfloat16'], bwd_err=errs['float32'],
                verdict='wrong' if bad else 'ok',
-               detail="mxmp's library kernel (bfloat16 products, float32 sums) against float64 "
+               detail=("the self-attention pair (selfatt_qk emit_v=1, selfatt_valatt v_only=1 "
+                       'on one qkv): ' if pair else '') +
+                      "mxmp's library kernel (bfloat16 products, float32 sums) against float64 "
                       'on bfloat16-representable inputs: bfloat16 in and out %.1e (tolerance '
                       '2**-8), float32 in and out %.1e (2**-16; MXNet\'s float32 op %.1e), '
                       'forward and backward' % (errs['bfloat16'], errs['float32'],

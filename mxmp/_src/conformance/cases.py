@@ -84,7 +84,9 @@ CASES = {
         ('heads=4', [((32, 4, 192), 'n')], dict(heads=4)),
         ('heads=3 odd', [((33, 2, 153), 'n')], dict(heads=3))],
     '_contrib_interleaved_matmul_selfatt_valatt': [
-        ('heads=4', [((32, 4, 192), 'n'), ((16, 32, 32), 'p')], dict(heads=4))],
+        ('heads=4', [((32, 4, 192), 'n'), ((16, 32, 32), 'p')], dict(heads=4)),
+        # library: with a selfatt_qk on the same qkv, the kernel rule's pair (emit_v, v_only)
+        ('pair heads=3 odd', [((33, 2, 153), 'n'), ((6, 33, 33), 'p')], dict(heads=3))],
     '_contrib_interleaved_matmul_encdec_qk': [
         ('heads=4', [((24, 4, 64), 'n'), ((33, 4, 128), 'n')], dict(heads=4))],
     '_contrib_interleaved_matmul_encdec_valatt': [

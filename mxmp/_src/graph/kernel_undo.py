@@ -23,12 +23,17 @@ def _undo(js, undo, bypass=lambda node: False):
     (copies read their input again, flags and shape ties dropped with whatever reads them once
     no library op does; a library
     node marked low precision comes back in float32 between two casts), and the library nodes
-    for which ``bypass(node)`` is true replaced by their data input."""
+    for which ``bypass(node)`` is true replaced by their data input. A self-attention pair
+    (the kernel rule's ``emit_v``/``v_only``) is undone whole or not at all: its valatt reads
+    the qk's input again (the values' output is gone)."""
     nodes = js['nodes']
     names = {n['name'] for n in nodes}
     out, new_id, resolve = [], {}, {}
+    values_of = {}   # undone pair's qk node id -> the entry it reads (its values' output's)
 
     def entry(src, idx, version):
+        if idx == 1 and src in values_of:
+            return entry(values_of[src][0], values_of[src][1], version)
         return (resolve[src] + [version] if src in resolve and idx == 0 else
                 [new_id[src], idx, version])
 
@@ -46,6 +51,14 @@ def _undo(js, undo, bypass=lambda node: False):
         back = _rule().restore(node)
         if back is not None and not undo(node, back):
             back = None
+        paired = [s for s, i, _ in node['inputs'] if i == 1 and
+                  _rule().pair_source(nodes[s]) is not None]
+        if paired and (paired[0] in values_of) != isinstance(back, dict):   # one half of a pair
+            raise ValueError('mxmp: the self-attention pair %s / %s must be undone together '
+                             '(an internal error of the kernel rule\'s undo)'
+                             % (nodes[paired[0]]['name'], node['name']))
+        if isinstance(back, dict) and _rule().pair_source(node) is not None:
+            values_of[nid] = node['inputs'][0]
         reads = (back['inputs'] if isinstance(back, dict) else
                  node['inputs'][:1] if back == 'input' else node['inputs'])
         if back == 'drop' or any(s in dropped for s, _, _ in reads):

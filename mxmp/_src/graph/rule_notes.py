@@ -53,7 +53,7 @@ def library_class(policy, node, op):
     follow (its data's dtype, bfloat16 or float32) for a bfloat16
     target; float32 where the user put ``op`` in ``fp32_ops`` or the node in
     ``excluded_names``, and for other targets."""
-    rule = substitution_rule(op, SUBSTITUTES[op])
+    rule = substitution_rule(op, SUBSTITUTES[op], node.get('attrs'))
     if op in ATTENTION:   # bfloat16 products: the kernel rule left the user's classes alone
         return LOW_PRECISION, with_user_choice(policy, node, op, rule)
     mine = policy.classify(op, node.get('attrs', {}), node['name'])

@@ -78,6 +78,14 @@
 //   encdec_valatt(kv, att (B heads, Lq, Lk))     -> (Lq, B, heads d)
 // 1/sqrt(d) is float32 and scales the float32 sum once, as MXNet's GEMM alpha. Backward: the
 // transposed products; the parts of an interleaved input an op does not read get zeros.
+// The self-attention pair (the kernel rule's, where qkv has these two readers alone):
+//   selfatt_qk(qkv, emit_v=1)              -> scores, and v (seq, batch, heads d): a copy of
+//                                             the values' parts of qkv
+//   selfatt_valatt(v, att, v_only=1)       -> the same context, reading v
+//   Backward: valatt writes dv (seq, batch, heads d) alone; qk receives it as its second
+//   output's gradient and writes the whole dqkv once (queries and keys from d scores, the
+//   values' parts a copy of dv): no zeros, and no sum of two dqkv for MXNet to do. The same
+//   products and roundings as the two ops reading qkv, so the same bits.
 //
 // mxmp_multi_sgd_update: one SGD (with or without momentum) step over many float32 weights in
 // one call, the numbers of MXNet's multi_sgd_update / multi_sgd_mom_update bit for bit, and
@@ -1483,6 +1491,8 @@ void zero_part(O* x, int64_t rows, int64_t groups, int64_t width, int64_t offset
 // The interleaved ops' geometry, from their inputs' shapes and the heads attribute.
 struct AttGeom {
   int64_t lq, lk, g, d;   // query length, key length, batch * heads, head dim
+  int64_t vw, voff;       // valatt: width per group of the values' tensor, offset of v in it
+  bool emit_v;            // selfatt_qk: its second output, the values (emit_v=1)
 };
 
 bool attr_heads(const Attrs& attrs, const char* op, int64_t* heads) {
@@ -1503,6 +1513,36 @@ bool attr_heads(const Attrs& attrs, const char* op, int64_t* heads) {
 // The ops: selfatt (one interleaved input of queries, keys and values, 3 parts per head) and
 // encdec (queries alone, keys and values interleaved: 2 parts per head).
 enum AttOp { kSelfQK, kSelfValAtt, kEncQK, kEncValAtt };
+
+// The selfatt pair's boolean attributes: emit_v (selfatt_qk) and v_only (selfatt_valatt),
+// "0"/"1" (or False/True); absent is false. On another op, or with another value, an error.
+bool attr_flag(const Attrs& attrs, const char* key, const char* op, bool allowed, bool* value) {
+  *value = false;
+  auto it = attrs.find(key);
+  if (it == attrs.end()) return true;
+  if (!allowed) {
+    MX_ERROR_MSG << op << ": the attribute " << key << " belongs to "
+                 << (std::strcmp(key, "emit_v") == 0 ? "mxmp_selfatt_qk" : "mxmp_selfatt_valatt")
+                 << " only";
+    return false;
+  }
+  const std::string& v = it->second;
+  if (v == "1" || v == "True" || v == "true") {
+    *value = true;
+  } else if (!(v == "0" || v == "False" || v == "false")) {
+    MX_ERROR_MSG << op << ": " << key << " must be 0 or 1, got '" << v << "'";
+    return false;
+  }
+  return true;
+}
+
+// heads, emit_v and v_only of an attention op's attributes.
+bool att_attrs(const Attrs& attrs, AttOp op, const char* name, int64_t* heads, bool* emit_v,
+               bool* v_only) {
+  return attr_heads(attrs, name, heads) &&
+         attr_flag(attrs, "emit_v", name, op == kSelfQK, emit_v) &&
+         attr_flag(attrs, "v_only", name, op == kSelfValAtt, v_only);
+}
 
 const char* att_name(AttOp op) {
   switch (op) {
@@ -1528,9 +1568,10 @@ template <AttOp OP>
 MXReturnValue att_parse(const Attrs& attrs, int* num_in, int* num_out) {
   return guarded(att_name(OP), [&] {
     int64_t heads;
-    if (!attr_heads(attrs, att_name(OP), &heads)) return MX_FAIL;
+    bool emit_v, v_only;
+    if (!att_attrs(attrs, OP, att_name(OP), &heads, &emit_v, &v_only)) return MX_FAIL;
     *num_in = OP == kSelfQK ? 1 : 2;
-    *num_out = 1;
+    *num_out = emit_v ? 2 : 1;
     return MX_SUCCESS;
   });
 }
@@ -1556,7 +1597,7 @@ MXReturnValue att_infer_type(const Attrs& attrs, std::vector<int>* in, std::vect
     }
     if (t == -1) return MX_SUCCESS;
     for (int& v : *in) v = t;
-    (*out)[0] = t;
+    for (int& v : *out) v = t;   // selfatt_qk with emit_v: the values too
     return MX_SUCCESS;
   });
 }
@@ -1566,19 +1607,23 @@ MXReturnValue att_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
   return guarded(att_name(OP), [&] {
     const char* name = att_name(OP);
     int64_t heads;
-    if (!attr_heads(attrs, name, &heads)) return MX_FAIL;
+    bool emit_v, v_only;
+    if (!att_attrs(attrs, OP, name, &heads, &emit_v, &v_only)) return MX_FAIL;
     const auto& x = (*in)[0];
     if (!known(x)) return unknown_data(name, att_mxnet(OP), x);
-    const int64_t parts = OP == kSelfQK || OP == kSelfValAtt ? 3 : OP == kEncQK ? 1 : 2;
+    const int64_t parts = v_only ? 1 : OP == kSelfQK || OP == kSelfValAtt ? 3 :
+                          OP == kEncQK ? 1 : 2;
     if (x.size() != 3 || x[2] % (parts * heads) != 0) {
       MX_ERROR_MSG << name << ": the first input must be (seq, batch, " << parts
-                   << " * heads * head_dim) with heads=" << heads << ", got " << shape_str(x);
+                   << " * heads * head_dim) with heads=" << heads
+                   << (v_only ? " (v_only: the values alone)" : "") << ", got " << shape_str(x);
       return MX_FAIL;
     }
     const unsigned d = static_cast<unsigned>(x[2] / (parts * heads));
     const unsigned g = static_cast<unsigned>(x[1] * heads);
     if (OP == kSelfQK) {
       (*out)[0] = {g, x[0], x[0]};
+      if (emit_v) (*out)[1] = {x[0], x[1], static_cast<unsigned>(heads) * d};
       return MX_SUCCESS;
     }
     const auto& y = (*in)[1];
@@ -1615,11 +1660,17 @@ MXReturnValue att_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
   });
 }
 
-AttGeom att_geom(AttOp op, const MXTensor& x, const MXTensor* y, int64_t heads) {
-  const int64_t parts = op == kSelfQK || op == kSelfValAtt ? 3 : op == kEncQK ? 1 : 2;
+// emit_v (selfatt_qk) and v_only (selfatt_valatt: x holds the values alone) as parsed.
+AttGeom att_geom(AttOp op, const MXTensor& x, const MXTensor* y, int64_t heads, bool emit_v,
+                 bool v_only) {
+  const int64_t parts = v_only ? 1 : op == kSelfQK || op == kSelfValAtt ? 3 :
+                        op == kEncQK ? 1 : 2;
   AttGeom g;
   g.g = x.shape[1] * heads;
   g.d = x.shape[2] / (parts * heads);
+  g.vw = parts * g.d;
+  g.voff = (parts - 1) * g.d;   // values are the last part (selfatt 2d, encdec d, v_only 0)
+  g.emit_v = emit_v;
   if (op == kSelfQK || op == kSelfValAtt) {
     g.lq = g.lk = x.shape[0];
   } else if (op == kEncQK) {
@@ -1656,8 +1707,8 @@ void att_forward(const T* x, const T* y, O* out, const AttGeom& s) {
     });
     return;
   }
-  const int64_t vw = OP == kSelfValAtt ? 3 * d : 2 * d;
-  const T* values = x + (OP == kSelfValAtt ? 2 * d : d);
+  const int64_t vw = s.vw;
+  const T* values = x + s.voff;
   for_groups(g, g * lq * lk * d, [&](int64_t i) {
     View<T> a{y + i * lq * lk, lk, 1};
     View<T> b{values + i * vw, g * vw, 1};
@@ -1665,8 +1716,35 @@ void att_forward(const T* x, const T* y, O* out, const AttGeom& s) {
   });
 }
 
+// selfatt_qk with emit_v, forward: the values of qkv (lq, g, 3d), part 2 of each group, into
+// v (lq, g, d), a copy. Backward: dv back into that part of dqkv (dv null: zeros there).
+template <typename T>
+void att_copy_values(const T* qkv, T* v, const AttGeom& s) {
+  const int64_t d = s.d, g = s.g;
+  for_groups(s.lq, s.lq * g * d / 16, [&](int64_t r) {
+    for (int64_t i = 0; i < g; ++i) {
+      std::memcpy(v + (r * g + i) * d, qkv + (r * g + i) * 3 * d + 2 * d, d * sizeof(T));
+    }
+  });
+}
+
+template <typename O>
+void att_put_values(const O* dv, O* dqkv, const AttGeom& s) {
+  const int64_t d = s.d, g = s.g;
+  for_groups(s.lq, s.lq * g * d / 16, [&](int64_t r) {
+    for (int64_t i = 0; i < g; ++i) {
+      O* o = dqkv + (r * g + i) * 3 * d + 2 * d;
+      if (dv == nullptr) {
+        std::memset(o, 0, d * sizeof(O));
+      } else {
+        std::memcpy(o, dv + (r * g + i) * d, d * sizeof(O));
+      }
+    }
+  });
+}
+
 // Backward of qk: dout (g, lq, lk) -> d queries (into dq) and d keys (into dk; for selfatt both
-// are dqkv, whose value part is zeroed).
+// are dqkv, whose value part is zeroed, or with emit_v gets dv: att_backward_typed).
 template <AttOp OP, typename T, typename O>
 void att_qk_backward(const T* dout, const T* x, const T* y, O* dq, O* dk, const AttGeom& s) {
   const int64_t d = s.d, g = s.g, lq = s.lq, lk = s.lk;
@@ -1685,7 +1763,7 @@ void att_qk_backward(const T* dout, const T* x, const T* y, O* dq, O* dk, const 
            alpha, dkeys + i * kw, g * kw);
     }
   });
-  if (OP == kSelfQK && dq != nullptr) zero_part(dq, lq, g, 3 * d, 2 * d, d);
+  if (OP == kSelfQK && dq != nullptr && !s.emit_v) zero_part(dq, lq, g, 3 * d, 2 * d, d);
   if (OP == kEncQK && dk != nullptr) zero_part(dk, lk, g, 2 * d, d, d);
 }
 
@@ -1695,8 +1773,7 @@ template <AttOp OP, typename T, typename O>
 void att_valatt_backward(const T* dout, const T* x, const T* att, O* dx, O* datt,
                          const AttGeom& s) {
   const int64_t d = s.d, g = s.g, lq = s.lq, lk = s.lk;
-  const int64_t vw = OP == kSelfValAtt ? 3 * d : 2 * d;
-  const int64_t voff = OP == kSelfValAtt ? 2 * d : d;
+  const int64_t vw = s.vw, voff = s.voff;
   for_groups(g, g * lq * lk * d, [&](int64_t i) {
     if (datt != nullptr) {   // dAtt = dout V^T
       gemm(View<T>{dout + i * d, g * d, 1}, View<T>{x + voff + i * vw, 1, g * vw}, lq, lk, d,
@@ -1707,7 +1784,7 @@ void att_valatt_backward(const T* dout, const T* x, const T* att, O* dx, O* datt
            1.0f, dx + voff + i * vw, g * vw);
     }
   });
-  if (dx != nullptr) {
+  if (dx != nullptr && voff > 0) {   // v_only: dx is dv, wholly written
     zero_part(dx, lk, g, vw, 0, voff);
   }
 }
@@ -1717,6 +1794,7 @@ void att_forward_typed(std::vector<MXTensor>* in, std::vector<MXTensor>* out, co
   const T* x = (*in)[0].data<T>();
   const T* y = in->size() > 1 ? (*in)[1].data<T>() : nullptr;
   att_forward<OP, T, T>(x, y, (*out)[0].data<T>(), s);
+  if (OP == kSelfQK && s.emit_v) att_copy_values<T>(x, (*out)[1].data<T>(), s);
 }
 
 template <AttOp OP>
@@ -1724,8 +1802,10 @@ MXReturnValue att_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
                               std::vector<MXTensor>* out, const OpResource& res) {
   return guarded(att_name(OP), [&] {
     int64_t heads;
-    if (!attr_heads(attrs, att_name(OP), &heads)) return MX_FAIL;
-    const AttGeom s = att_geom(OP, (*in)[0], in->size() > 1 ? &(*in)[1] : nullptr, heads);
+    bool emit_v, v_only;
+    if (!att_attrs(attrs, OP, att_name(OP), &heads, &emit_v, &v_only)) return MX_FAIL;
+    const AttGeom s = att_geom(OP, (*in)[0], in->size() > 1 ? &(*in)[1] : nullptr, heads,
+                               emit_v, v_only);
     if ((*in)[0].dtype == mxnet::ext::kFloat32) {
       att_forward_typed<OP, float>(in, out, s);
     } else {
@@ -1739,13 +1819,19 @@ template <AttOp OP, typename T>
 void att_backward_typed(std::vector<MXTensor>* in, std::vector<MXTensor>* out,
                         const AttGeom& s) {
   // qk:     in: d out, x, [y], out;     out: d x, [d y]
-  // valatt: in: d out, x, att, out;     out: d x, d att
+  // selfatt_qk with emit_v: in: d out, d v, qkv, out, v;   out: d qkv
+  // valatt: in: d out, x, att, out;     out: d x, d att     (v_only: x is v, d x is d v)
   const T* dy = (*in)[0].data<T>();
-  const T* x = (*in)[1].data<T>();
   if (OP == kSelfQK) {
+    const T* x = (*in)[s.emit_v ? 2 : 1].data<T>();
     T* dx = out_ptr<T>(out, 0);
     att_qk_backward<OP, T, T>(dy, x, nullptr, dx, dx, s);
-  } else if (OP == kEncQK) {
+    // the values' part of dqkv: dv (MXNet feeds zeros where nothing reads v)
+    if (s.emit_v && dx != nullptr) att_put_values<T>((*in)[1].data<T>(), dx, s);
+    return;
+  }
+  const T* x = (*in)[1].data<T>();
+  if (OP == kEncQK) {
     att_qk_backward<OP, T, T>(dy, x, (*in)[2].data<T>(), out_ptr<T>(out, 0),
                               out_ptr<T>(out, 1), s);
   } else {
@@ -1759,8 +1845,11 @@ MXReturnValue att_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
                                std::vector<MXTensor>* out, const OpResource& res) {
   return guarded(att_name(OP), [&] {
     int64_t heads;
-    if (!attr_heads(attrs, att_name(OP), &heads)) return MX_FAIL;
-    const AttGeom s = att_geom(OP, (*in)[1], OP == kSelfQK ? nullptr : &(*in)[2], heads);
+    bool emit_v, v_only;
+    if (!att_attrs(attrs, OP, att_name(OP), &heads, &emit_v, &v_only)) return MX_FAIL;
+    // the first input follows the outputs' gradients (two with emit_v)
+    const AttGeom s = att_geom(OP, (*in)[emit_v ? 2 : 1], OP == kSelfQK ? nullptr : &(*in)[2],
+                               heads, emit_v, v_only);
     if ((*in)[0].dtype == mxnet::ext::kFloat32) {
       att_backward_typed<OP, float>(in, out, s);
     } else {
