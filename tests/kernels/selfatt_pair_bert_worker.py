@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Worker of tests/kernels/test_selfatt_pair.py: trains the benchmark's bert_tiny converted to
 bfloat16 for 3 SGD steps (momentum, mxmp.Trainer), once with the kernel rule's self-attention
-pair and once without it (``kernel_rule.selfatt_pairs`` answering no pair: the rule's graph
+pair and once without it (``selfatt_pair.selfatt_pairs`` answering no pair: the rule's graph
 before the pair existed), from the same seeds, and prints one JSON line: the losses and
 parameters' bits after each run, the pair's nodes in the converted graph, and the ``add_n``
 calls of one more forward and backward (MXNet's profiler, aggregate statistics).
@@ -19,7 +19,7 @@ import mxnet as mx
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 import mxmp  # noqa: E402
-from mxmp._src.graph import kernel_rule  # noqa: E402
+from mxmp._src.graph import kernel_rule, selfatt_pair  # noqa: E402
 
 BATCH, SEQ = 4, 16
 
@@ -84,12 +84,12 @@ def _train(pair):
 
 def main():
     out = {'pair': _train(True)}
-    real = kernel_rule.selfatt_pairs
-    kernel_rule.selfatt_pairs = lambda js, chosen: {}   # the rule without the pair
+    real = selfatt_pair.selfatt_pairs
+    selfatt_pair.selfatt_pairs = lambda js, chosen: {}   # the rule without the pair
     try:
         out['no_pair'] = _train(False)
     finally:
-        kernel_rule.selfatt_pairs = real
+        selfatt_pair.selfatt_pairs = real
     out['attention_pays'] = kernel_rule.attention_pays()
     print(json.dumps(out))
 

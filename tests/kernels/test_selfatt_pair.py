@@ -15,8 +15,9 @@ import pytest
 
 import mxnet as mx
 import mxmp
-from mxmp._src.graph import kernel_rule
-from mxmp._src.graph.kernel_rule import apply_kernels, attention_pays, rule_of
+from mxmp._src.graph import selfatt_pair
+from mxmp._src.graph.kernel_rule import apply_kernels, attention_pays
+from mxmp._src.graph.rule_notes import kernel_rule_of as rule_of
 from mxmp._src.graph.kernel_undo import mxnet_ops
 from mxmp._src.graph.strip import strip
 from mxmp._src.graph.symbol_json import load
@@ -193,7 +194,7 @@ def test_export_holds_the_graph_without_the_pair(tmp_path, monkeypatch):
     files = []
     for pair in (True, False):
         if not pair:
-            monkeypatch.setattr(kernel_rule, 'selfatt_pairs', lambda js, chosen: {})
+            monkeypatch.setattr(selfatt_pair, 'selfatt_pairs', lambda js, chosen: {})
         mx.random.seed(0)
         net = _SelfAttention(prefix='att_')
         net.initialize(mx.init.Xavier())

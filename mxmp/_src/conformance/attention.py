@@ -114,7 +114,8 @@ def attention_row(row, inputs, attrs, seeds):
     references."""
     import mxnet as mx
     from mxnet.contrib.amp.amp import bfloat16
-    from ..graph.kernel_rule import EMIT_V, V_ONLY, apply_kernels
+    from ..graph.kernel_rule import apply_kernels
+    from ..graph.selfatt_pair import EMIT_V, V_ONLY
     from ..graph.symbol_json import dump, load
     op = row['op']
     names = ['in%d' % i for i in range(len(inputs))]

@@ -31,17 +31,9 @@ Substitutions, from the BERT-base training profile (docs/benchmark.md, "Transfor
   AVX512-BF16 GEMM runs and was measured faster than MXNet's float32 op (docs/benchmark.md,
   "The attention matmuls"); on the other tiers its portable path is correct (``mxmp
   check-kernels``) but unmeasured, so MXNet's float32 op stays.
-- The self-attention pair (:func:`selfatt_pairs`): where one tensor (the QKV projection's
-  output) is read by exactly one ``selfatt_qk`` and one ``selfatt_valatt`` of the same
-  ``heads``, and by nothing else (not a graph output either), and the qk node comes first,
-  ``mxmp_selfatt_qk`` gets ``emit_v=1``: a second output, a copy of the values' part,
-  (seq, batch, heads * d), which ``mxmp_selfatt_valatt`` reads with ``v_only=1`` in place of
-  the whole tensor. Its backward then writes dV, and the qk's backward writes the whole
-  gradient of the tensor once (queries and keys from the scores' gradient, values from dV):
-  MXNet no longer sums two gradients each two-thirds zeros (an ``add_n`` per attention
-  layer, whose bfloat16 kernel converts element by element). The same arithmetic (bit for
-  bit); the values' copy, 1/3 of the tensor, is kept for the backward (MXNet hands a library
-  op's backward every output). Any other reader layout keeps the two ops reading the tensor.
+- The self-attention pair (:mod:`.selfatt_pair`): a tensor read by exactly one ``selfatt_qk``
+  and one ``selfatt_valatt`` is read once, by the qk, which emits the values for the valatt,
+  so that MXNet does not sum the two ops' gradients of it.
 
 Every input but data is an MXNet "extra input" of the library op, shaped by MXNet's own ops
 (:data:`EXTRA_INPUTS`): MXNet 1.9.1's wrapper of library ops then never meets an input of
@@ -73,8 +65,7 @@ import os
 from .symbol_json import MARK, unique_name
 
 __all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'TIE', 'EXTRA_INPUTS', 'LOW_SUFFIX', 'FLOAT32_OUTPUTS',
-           'FLOAT32_INPUTS', 'EMIT_V', 'V_ONLY', 'substitute', 'apply_kernels', 'planned',
-           'selfatt_pairs', 'planned_pairs', 'pair_note', 'pair_source', 'restore', 'rule_of',
+           'FLOAT32_INPUTS', 'FLAG', 'substitute', 'apply_kernels', 'planned', 'restore',
            'replaces',
            'original_op', 'kernel_dtype', 'with_kernel_dtype']
 
@@ -85,9 +76,6 @@ KERNEL_PREFIX = 'kernel:'
 #: Separator of the dtype a library node runs in (``'kernel:LayerNorm@bfloat16'``), written by
 #: the pass where that is a low-precision dtype held as such (not under emulation).
 LOW_SUFFIX = '@'
-#: Attributes of the self-attention pair (:func:`selfatt_pairs`): ``mxmp_selfatt_qk`` emits the
-#: values as a second output, ``mxmp_selfatt_valatt`` reads them alone.
-EMIT_V, V_ONLY = 'emit_v', 'v_only'
 #: Outputs (mean, rstd) that stay float32 and inputs (gamma, beta) taken in float32 by a
 #: library op (and the MXNet op it replaces) whatever its data's dtype.
 FLOAT32_OUTPUTS = FLOAT32_INPUTS = {'mxmp_layer_norm': (1, 2), 'LayerNorm': (1, 2)}
@@ -226,60 +214,6 @@ def _chosen(js, kernels, skip_ops=frozenset(), attention=False, skip_names=froze
             and not (n['op'] in ATTENTION and n['name'] in skip_names)}
 
 
-def selfatt_pairs(js, chosen):
-    """``{valatt node id: qk node id}`` of the self-attention pairs (module docstring) among
-    the ``chosen`` node ids of ``js`` (graph JSON): a tensor read by exactly one chosen
-    ``_contrib_interleaved_matmul_selfatt_qk`` and one chosen ``..._selfatt_valatt`` (as its
-    first input), with the same ``heads``, by no other node or input and not a graph output,
-    the qk node first in the graph's order."""
-    qk, va = ('_contrib_interleaved_matmul_selfatt_qk',
-              '_contrib_interleaved_matmul_selfatt_valatt')
-    nodes = js['nodes']
-    readers = {}
-    for nid, node in enumerate(nodes):
-        for pos, (src, idx, _) in enumerate(node['inputs']):
-            readers.setdefault((src, idx), []).append((nid, pos))
-    for src, idx, _ in js['heads']:
-        readers.setdefault((src, idx), []).append((None, None))
-    pairs = {}
-    for got in readers.values():
-        if len(got) != 2 or any(pos != 0 or nid not in chosen for nid, pos in got):
-            continue
-        (a, _), (b, _) = sorted(got)
-        if nodes[a]['op'] == qk and nodes[b]['op'] == va and \
-                nodes[a]['attrs'].get('heads') == nodes[b]['attrs'].get('heads'):
-            pairs[b] = a
-    return pairs
-
-
-def planned_pairs(js, policy):
-    """``{node name: explain note}`` of the nodes of ``js`` the rule would make a
-    self-attention pair (:func:`selfatt_pairs`), decided as :func:`planned` (structure and
-    environment alone)."""
-    names = planned(js, policy)
-    if not names:
-        return {}
-    nodes = js['nodes']
-    chosen = {nid for nid, n in enumerate(nodes) if n['name'] in names}
-    notes = {}
-    for va, qk in selfatt_pairs(js, chosen).items():
-        notes[nodes[qk]['name']] = pair_note('emit_v', nodes[va]['name'])
-        notes[nodes[va]['name']] = pair_note('v_only', nodes[qk]['name'])
-    return notes
-
-
-def pair_note(flag, partner):
-    """The explain note (str) of a node of a self-attention pair: ``flag`` its attribute
-    (``'emit_v'`` or ``'v_only'``), ``partner`` the other node's name."""
-    if flag == 'emit_v':
-        return ('self-attention pair with %s: emit_v=1, a second output (the values, a copy) '
-                'that it reads, and the backward writes the whole QKV gradient once (no add_n)'
-                % partner)
-    return ('self-attention pair with %s: v_only=1, it reads the values %s emits, and its '
-            'backward writes their gradient alone (no add_n of the QKV gradient)'
-            % (partner, partner))
-
-
 def _addto():
     return os.environ.get('MXNET_EXEC_ENABLE_ADDTO', '0') not in ('', '0')
 
@@ -345,7 +279,8 @@ def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False, skip_names
         return js
     names = {n['name'] for n in nodes}
     out, new_id, flag = [], {}, None
-    pairs = selfatt_pairs(js, chosen)   # valatt -> qk
+    from . import selfatt_pair   # loaded by the first conversion, not by `import mxmp`
+    pairs = selfatt_pair.selfatt_pairs(js, chosen)   # valatt -> qk
     emits = set(pairs.values())
 
     def add(op, name, node_inputs, attrs, mark):
@@ -395,9 +330,9 @@ def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False, skip_names
             if len(inputs) > 1 and op not in ATTENTION:   # attention: every input is data
                 attrs[EXTRA_INPUTS] = str(len(inputs) - 1)
             if nid in emits:
-                attrs[EMIT_V] = '1'
+                attrs[selfatt_pair.EMIT_V] = '1'
             elif nid in pairs:
-                attrs[V_ONLY] = '1'
+                attrs[selfatt_pair.V_ONLY] = '1'
             node = dict(node, op=SUBSTITUTES[op], attrs=attrs)
         out.append(dict(node, inputs=inputs))
         new_id[nid] = len(out) - 1
@@ -429,7 +364,7 @@ def restore(node):
     its first input), ``'drop'`` for the flag's and the shape ties' nodes, a new node dict with
     the original op (and inputs), or None for other nodes. A self-attention pair's valatt
     comes back reading its qk's second output, which :func:`.kernel_undo.mxnet_ops` points at
-    the qk's input again (:func:`pair_source`)."""
+    the qk's input again (:func:`.selfatt_pair.pair_source`)."""
     if node['op'] == 'null':
         return None
     mark = node.get('attrs', {}).get(MARK, '')
@@ -438,7 +373,7 @@ def restore(node):
     if not mark.startswith(KERNEL_PREFIX):
         return None
     attrs = {k: v for k, v in node['attrs'].items()
-             if k not in (MARK, EXTRA_INPUTS, EMIT_V, V_ONLY)}
+             if k not in (MARK, EXTRA_INPUTS, 'emit_v', 'v_only')}   # + the pair's
     op = original_op(node)
     new = dict(node, op=op, attrs=attrs, inputs=node['inputs'][:_N_INPUTS.get(op, 99)])
     if not attrs:
@@ -446,51 +381,6 @@ def restore(node):
     return new
 
 
-def pair_source(node):
-    """The input entry ``[src, idx, version]`` a self-attention pair's ``mxmp_selfatt_qk``
-    (``emit_v``) reads, which its second output (the values) stands for when the pair is
-    undone; None for other nodes."""
-    if node['op'] != 'mxmp_selfatt_qk' or node.get('attrs', {}).get(EMIT_V) not in _TRUE:
-        return None
-    return node['inputs'][0]
-
-
 def original_op(node):
     """The MXNet op a library node of the rule replaced (str), or None for other nodes."""
     return _mark_parts(node)[0]
-
-
-def substitution_rule(op, library_op, attrs=None):
-    """The explain rule (str) of an ``op`` node the rule runs as ``library_op``; ``attrs``
-    (the library node's, optional) name a self-attention pair's part."""
-    if op in ATTENTION:
-        attrs = attrs or {}
-        pair = ('; a self-attention pair: emit_v=1, it also outputs the values its valatt '
-                'reads, and its backward writes the whole QKV gradient once (no add_n)'
-                if attrs.get(EMIT_V) in _TRUE else
-                '; a self-attention pair: v_only=1, it reads the values its qk emits, its '
-                'backward writes their gradient alone (no add_n of the QKV gradient)'
-                if attrs.get(V_ONLY) in _TRUE else '')
-        return ("kernel rule: %s as %s, mxmp's library kernel: bfloat16 in and out, float32 "
-                "accumulation (Policy(kernels='mxnet') keeps MXNet's float32 op)%s"
-                % (op, library_op, pair))
-    return ("kernel rule: %s as %s, mxmp's library kernel (Policy(kernels='mxnet') keeps "
-            "MXNet's)%s" % (op, library_op, '; it reads a training-mode flag the rule adds'
-                            if op == 'Dropout' else ''))
-
-
-def rule_of(node):
-    """The explain rule (str) of a node the kernel rule wrote, or None."""
-    mark = node.get('attrs', {}).get(MARK, '') if node['op'] != 'null' else ''
-    if mark == INPUT_COPY:
-        return ("kernel rule: input copy of an mxmp library op (MXNet's copy accumulates "
-                "grad_req='add')")
-    if mark == TIE:
-        return ("kernel rule: shape of an mxmp library op's other inputs, from its data (MXNet's "
-                "wrapper of library ops infers data's shape alone)")
-    if mark == FLAG:
-        return ('kernel rule: training-mode flag of mxmp_dropout (1 in inference, 0 or 2 in '
-                'training)')
-    if mark.startswith(KERNEL_PREFIX):
-        return substitution_rule(original_op(node), node['op'], node.get('attrs'))
-    return None

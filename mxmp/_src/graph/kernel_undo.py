@@ -26,6 +26,7 @@ def _undo(js, undo, bypass=lambda node: False):
     for which ``bypass(node)`` is true replaced by their data input. A self-attention pair
     (the kernel rule's ``emit_v``/``v_only``) is undone whole or not at all: its valatt reads
     the qk's input again (the values' output is gone)."""
+    from .selfatt_pair import pair_source   # with the kernel rule, not by `import mxmp`
     nodes = js['nodes']
     names = {n['name'] for n in nodes}
     out, new_id, resolve = [], {}, {}
@@ -52,12 +53,12 @@ def _undo(js, undo, bypass=lambda node: False):
         if back is not None and not undo(node, back):
             back = None
         paired = [s for s, i, _ in node['inputs'] if i == 1 and
-                  _rule().pair_source(nodes[s]) is not None]
+                  pair_source(nodes[s]) is not None]
         if paired and (paired[0] in values_of) != isinstance(back, dict):   # one half of a pair
             raise ValueError('mxmp: the self-attention pair %s / %s must be undone together '
                              '(an internal error of the kernel rule\'s undo)'
                              % (nodes[paired[0]]['name'], node['name']))
-        if isinstance(back, dict) and _rule().pair_source(node) is not None:
+        if isinstance(back, dict) and pair_source(node) is not None:
             values_of[nid] = node['inputs'][0]
         reads = (back['inputs'] if isinstance(back, dict) else
                  node['inputs'][:1] if back == 'input' else node['inputs'])

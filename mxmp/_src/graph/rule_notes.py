@@ -3,11 +3,12 @@ rule) next to the user's op lists: the user's choice first where the user named 
 and, where the user's class made a rule leave a node, that rule and why.
 """
 from ..policy.policy import FLOAT32, FOLLOW, LOW_PRECISION
-from .kernel_rule import (ATTENTION, INPUT_COPY, SUBSTITUTES, TIE, original_op, rule_of,
-                          substitution_rule)
+from .kernel_rule import (ATTENTION, FLAG, INPUT_COPY, KERNEL_PREFIX, SUBSTITUTES, TIE,
+                          original_op)
 from .symbol_json import MARK
 
-__all__ = ['RESIDUAL_MARK', 'residual_rule_of', 'rewritten_class', 'library_class',
+__all__ = ['RESIDUAL_MARK', 'residual_rule_of', 'kernel_rule_of', 'substitution_rule',
+           'rewritten_class', 'library_class',
            'with_user_choice', 'rules_left']
 
 #: MARK value of the residual rule's identities (:mod:`.residual_rule`; :func:`mxmp.remove_casts`
@@ -39,9 +40,9 @@ def rewritten_class(policy, node, kernel_nodes):
         return library_class(policy, node, node['op'])
     if node['op'] != 'null' and node.get('attrs', {}).get(MARK) in (INPUT_COPY, TIE) and \
             policy.target_dtype == 'bfloat16':   # copies and shape ties: no cast of data
-        return FOLLOW, rule_of(node)
-    if rule_of(node) is not None:
-        return FLOAT32, with_user_choice(policy, node, original_op(node), rule_of(node))
+        return FOLLOW, kernel_rule_of(node)
+    if kernel_rule_of(node) is not None:
+        return FLOAT32, with_user_choice(policy, node, original_op(node), kernel_rule_of(node))
     if reduce_rule.rule_of(node) is not None:
         return FLOAT32, with_user_choice(policy, node, node['op'], reduce_rule.rule_of(node))
     return None
@@ -91,3 +92,34 @@ def rules_left(policy, node, decision):
             policy.reductions != 'mxnet':
         rule += "; the reduction rule keeps MXNet's %s (the user's class)" % node['op']
     return decision[0], rule
+
+
+def substitution_rule(op, library_op, attrs=None):
+    """The explain rule (str) of an ``op`` node the rule runs as ``library_op``; ``attrs``
+    (the library node's, optional) name a self-attention pair's part."""
+    if op in ATTENTION:
+        from .selfatt_pair import pair_rule_suffix   # with the kernel rule, not by `import mxmp`
+        pair = pair_rule_suffix(attrs or {})
+        return ("kernel rule: %s as %s, mxmp's library kernel: bfloat16 in and out, float32 "
+                "accumulation (Policy(kernels='mxnet') keeps MXNet's float32 op)%s"
+                % (op, library_op, pair))
+    return ("kernel rule: %s as %s, mxmp's library kernel (Policy(kernels='mxnet') keeps "
+            "MXNet's)%s" % (op, library_op, '; it reads a training-mode flag the rule adds'
+                            if op == 'Dropout' else ''))
+
+
+def kernel_rule_of(node):
+    """The explain rule (str) of a node the kernel rule wrote, or None."""
+    mark = node.get('attrs', {}).get(MARK, '') if node['op'] != 'null' else ''
+    if mark == INPUT_COPY:
+        return ("kernel rule: input copy of an mxmp library op (MXNet's copy accumulates "
+                "grad_req='add')")
+    if mark == TIE:
+        return ("kernel rule: shape of an mxmp library op's other inputs, from its data (MXNet's "
+                "wrapper of library ops infers data's shape alone)")
+    if mark == FLAG:
+        return ('kernel rule: training-mode flag of mxmp_dropout (1 in inference, 0 or 2 in '
+                'training)')
+    if mark.startswith(KERNEL_PREFIX):
+        return substitution_rule(original_op(node), node['op'], node.get('attrs'))
+    return None

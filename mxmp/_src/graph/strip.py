@@ -3,7 +3,7 @@ arrays that go with a converted or stripped graph."""
 import numpy as np
 
 from ..dtypes import LOW_PRECISION_DTYPES, from_mshadow_enum, mx_dtype
-from .kernel_rule import pair_source, restore
+from .kernel_rule import restore
 from .symbol_json import (CAST_OPS, FLOAT_DTYPES, MARK, NAME_MARK, ROUND_MARK, STEM_MARK,
     STEM_SHAPE, cast_origin, dump, is_cast_param, load, original_dtype)
 
@@ -45,6 +45,7 @@ def strip(js, unpin=False):
         if kernel == 'drop':   # the kernel rule's training-mode flag: read by its ops only
             continue
         if kernel is not None:
+            from .selfatt_pair import pair_source   # not loaded by `import mxmp`
             if pair_source(node) is not None:   # a self-attention pair's values: qkv again
                 src, idx, _ = pair_source(node)
                 resolve[(nid, 1)] = resolve.get((src, idx), (src, idx))
