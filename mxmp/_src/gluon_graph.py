@@ -78,6 +78,8 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None, keep_unrounded=True)
     ``keep_unrounded``: as in :func:`cast_to_graph`).
     """
     flat = [a for a in _flatten(args, 'input')[0] if a is not None]
+    if flat:
+        _finish_deferred_init(block, sym, args)
     ctx = ctx or next((a.context for a in flat if isinstance(a, mx.nd.NDArray)),
                       mx.current_context())
     policy = conversion.policy.on(ctx)
@@ -102,6 +104,22 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None, keep_unrounded=True)
                                     conversion.fold_batchnorm)
     return BuiltGraph(block, conversion.fuse_inference, policy, converted, precast,
                       [params[n] for n in lp_names if n in params])
+
+
+def _finish_deferred_init(block, sym, args):
+    """Initialize ``block``'s deferred Parameters as MXNet's ``_build_cache`` would for the
+    float32 graph ``sym``: shapes from ``args``, Parameters in ``sym``'s input order. The
+    converted graph lists its inputs in another order (:mod:`.graph.grad_order`) and the
+    initializers' random draws follow the order: a seed gives the float32 network's weights."""
+    params = block.collect_params()
+    names = [n for n in sym.list_inputs() if n in params.keys()]
+    try:
+        for name in names:
+            params[name].data()
+    except mx.gluon.parameter.DeferredInitializationError:
+        block._deferred_infer_shape(*_flatten(args, 'input')[0])
+        for name in names:
+            params[name]._finish_deferred_init()
 
 
 def cast_to_graph(params, converted, keep_unrounded=True):
