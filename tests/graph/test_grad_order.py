@@ -1,9 +1,11 @@
-"""The gradient-order rule (mxmp/_src/graph/grad_order.py): a converted graph walks its
-parameters latest-used first, so MXNet schedules each weight cast's backward right after its
-layer's backward (in MXNet's default order every one waits for the first layer's), with the
-same values and gradients bit for bit; a graph whose parameters feed their layers directly is
-left alone, and every other step of mxmp (``remove_casts``, a second conversion) sees no
-control dependency."""
+"""The gradient-order rule (mxmp/_src/graph/grad_order.py): the CachedOp of a converted Gluon
+block walks its parameters latest-used first, so MXNet schedules each weight cast's backward
+right after its layer's backward (in MXNet's default order every one waits for the first
+layer's), with the same values and gradients bit for bit; a graph whose parameters feed their
+layers directly is left alone; every other step of mxmp (``remove_casts``, a second conversion,
+``export``) sees no control dependency, and a block with a subgraph backend (whose partitioner
+refuses control dependencies) is built on the plain graph; a seed gives a converted network the
+float32 network's initial weights."""
 import json
 import re
 
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 
 import mxmp
+from mxmp._src.graph.grad_order import substitute
 from mxmp._src.graph.symbol_json import dump, load
 
 LAYERS, UNITS, BATCH = 5, 16, 4
@@ -31,7 +34,9 @@ def _params():
 
 
 def _convert(sym, **kw):
-    return mxmp.convert_symbol(sym, policy=mxmp.Policy('bfloat16', **kw))
+    """The converted graph in the rule's walk order, and without it."""
+    plain = mxmp.convert_symbol(sym, policy=mxmp.Policy('bfloat16', **kw))
+    return dump(substitute(load(plain), {'data'})), plain
 
 
 def _control_deps(sym):
@@ -42,7 +47,8 @@ def _control_deps(sym):
 def test_parameters_walk_latest_used_first():
     sym = _mlp()
     assert sym.list_arguments() == ['data'] + _params()   # MXNet's walk: first layer first
-    converted = _convert(sym)
+    converted, plain = _convert(sym)
+    assert plain.list_arguments() == ['data'] + _params()
     layers = ['head'] + ['fc%d' % i for i in reversed(range(LAYERS))]
     assert converted.list_arguments() == [n % l for l in layers
                                           for n in ('%s_weight', '%s_bias')] + ['data']
@@ -66,9 +72,9 @@ def _cast_of(graph, param):
 
 
 def test_each_weight_cast_backward_follows_its_layers_backward():
-    converted = _convert(_mlp(), emulate=False)
-    graph = load(converted)
-    for sym, interleaved in ((converted, True), (dump(graph), False)):   # dump(load(.)): MXNet's
+    converted, plain = _convert(_mlp(), emulate=False)
+    graph = load(plain)
+    for sym, interleaved in ((converted, True), (plain, False)):
         order = _schedule(sym)
         for i in range(1, LAYERS):
             cast_back = order.index(_cast_of(graph, 'fc%d_weight' % i) + '_backward')
@@ -79,8 +85,7 @@ def test_each_weight_cast_backward_follows_its_layers_backward():
 @pytest.mark.parametrize('seed', [0, 1])
 def test_values_and_gradients_are_unchanged_bit_for_bit(seed):
     emulate = not mxmp.lp_kernels_available('bfloat16')
-    converted = _convert(_mlp(), emulate=emulate)
-    plain = dump(load(converted))   # the same graph without the rule's walk order
+    converted, plain = _convert(_mlp(), emulate=emulate)
     assert _control_deps(converted) and not _control_deps(plain)
     rng = np.random.RandomState(seed)
     shapes = dict(zip(converted.list_arguments(),
@@ -107,19 +112,19 @@ def test_values_and_gradients_are_unchanged_bit_for_bit(seed):
 
 def test_parameters_read_directly_get_no_order():
     # cast_params: the weights are stored in bfloat16 and read by their layers, no cast backward
-    converted = _convert(_mlp(), param_dtype='bfloat16')
+    converted, _ = _convert(_mlp(), param_dtype='bfloat16')
     assert not _control_deps(converted)
     assert converted.list_arguments() == ['data'] + _params()
 
 
 def test_other_steps_see_the_plain_graph():
     sym = _mlp()
-    converted = _convert(sym)
+    converted, plain = _convert(sym)
     assert not any(n.get('control_deps') for n in load(converted)['nodes'])
     assert json.loads(mxmp.remove_casts(converted).tojson(remove_amp_cast=False)) == \
         json.loads(sym.tojson(remove_amp_cast=False))
-    again = _convert(converted)
-    assert again.tojson(remove_amp_cast=False) == converted.tojson(remove_amp_cast=False)
+    again = mxmp.convert_symbol(converted, 'bfloat16')
+    assert again.tojson(remove_amp_cast=False) == plain.tojson(remove_amp_cast=False)
 
 
 def _gluon_mlp():
@@ -151,3 +156,37 @@ def test_a_seed_gives_a_converted_network_the_float32_networks_weights(seed):
     assert len(float32) == 2 * (LAYERS + 1)
     for a, b in zip(float32, converted):
         np.testing.assert_array_equal(a, b)
+
+
+def _trained(backend=None, seed=0):
+    mx.random.seed(seed)
+    net = _gluon_mlp()
+    net.initialize(mx.init.Xavier())
+    net = mxmp.convert(net, 'bfloat16')
+    net.hybridize(backend=backend) if backend else net.hybridize()
+    x = mx.nd.array(np.random.RandomState(seed).normal(size=(BATCH, 8)))
+    with mx.autograd.record():
+        out = net(x)
+    out.backward()
+    return net, out
+
+
+def test_the_cached_op_of_a_converted_block_takes_the_last_layer_first(tmp_path):
+    net, _ = _trained()
+    taken = [p.name for is_arg, p in net._cached_op_args if not is_arg]
+    names = [p.name for p in net.collect_params().values()]
+    assert taken == [n for k in reversed(range(0, len(names), 2)) for n in names[k:k + 2]]
+    # the block's graph (what export, freeze and the fused twin read) is the plain one
+    assert not _control_deps(net._cached_graph[1])
+    net.export(str(tmp_path / 'mlp'), remove_amp_cast=False)
+    saved = json.loads((tmp_path / 'mlp-symbol.json').read_text())
+    assert not any(n.get('control_deps') for n in saved['nodes'])
+
+
+def test_a_block_with_a_subgraph_backend_builds_on_the_plain_graph():
+    # MXNet's partitioner refuses any control dependency (build_subgraph.cc); it must not see one
+    net, out = _trained(backend='MKLDNN')
+    ref, ref_out = _trained()
+    np.testing.assert_allclose(out.asnumpy(), ref_out.asnumpy(), rtol=1e-2, atol=1e-2)
+    taken = [p.name for is_arg, p in net._cached_op_args if not is_arg]
+    assert taken == [p.name for p in net.collect_params().values()]   # MXNet's own order

@@ -183,9 +183,9 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
         node['name']: builder.logical[(nid, 0)] for nid, node in enumerate(js['nodes'])
         if node['op'] == 'null' and node['name'] not in names})
     out = dict(js, nodes=builder.nodes, heads=heads)
-    from . import concat_rule, grad_order   # loaded by the first conversion, not by `import mxmp`
+    from . import concat_rule   # loaded by the first conversion, not by `import mxmp`
     out = concat_rule.substitute(out, names)   # one node for one: the builder's ids hold
-    result = dump(grad_order.substitute(out, names))
+    result = dump(out)
     _check_types(out, builder, input_dtypes, js['nodes'])
     return result
 

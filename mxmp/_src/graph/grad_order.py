@@ -18,8 +18,12 @@ How: the first variable of the walk gets control dependencies on the parameters 
 their first data-dependent consumer through other nodes (casts, reshapes, rounding), latest
 first use first. A variable's control dependencies order the walk and nothing else: no op runs
 for a variable, values and gradients are the same (``tests/graph/test_grad_order.py``).
-:func:`.symbol_json.load` drops every variable's control dependencies, so each other step of
-mxmp, and every file mxmp writes, sees the plain graph; a graph that holds none gets none.
+
+Where: only the graph a converted Gluon block's CachedOp is built on
+(:func:`mxmp._src.gluon_graph.build_in_walk_order`), never a Symbol mxmp returns or writes:
+MXNet 1.9.1's subgraph partitioner, which a symbolic executor bound for inference runs (oneDNN
+fusion), refuses any node with control dependencies. :func:`.symbol_json.load` drops every
+variable's control dependencies, so each step of mxmp that reads a graph sees the plain one.
 """
 
 __all__ = ['substitute']
