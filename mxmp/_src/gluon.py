@@ -26,8 +26,8 @@ import mxnet as mx
 from mxnet import autograd, gluon
 from mxnet.gluon.block import _flatten, _regroup
 
-from .gluon_graph import (PARAM_POLICY, STORED_FROM, Conversion, cast_deferred, rewrite,
-                          unrounded_values, value_changed)
+from .gluon_graph import (PARAM_POLICY, STORED_FROM, Conversion, build_in_walk_order,
+                          cast_deferred, rewrite, unrounded_values, value_changed)
 from .policy.policy import resolve_policy
 
 __all__ = ['convert', 'converted_graph', 'fused_graph', 'set_global', 'install_hooks',
@@ -224,7 +224,9 @@ def _build_cache(self, *args):
     keep = not getattr(_LOCAL, 'inference_call', False)
     if conversion is not None:
         _convert_graph(self, conversion, args, keep_unrounded=keep, inside=inside)
-    _ORIGINAL['_build_cache'](self, *args)
+        build_in_walk_order(self, _ORIGINAL['_build_cache'], args)
+    else:
+        _ORIGINAL['_build_cache'](self, *args)
     if conversion is not None:
         cast_deferred(self.collect_params().values())
     if _applies(self) is None:

@@ -23,8 +23,8 @@ from .graph.stem import check_option as check_pad_stem, pad_stem as pad_stem_of,
 from .graph.symbol_json import CAST_OPS, cast_param_names, dump, load
 from .policy.policy import Policy
 
-__all__ = ['Conversion', 'rewrite', 'cast_to_graph', 'BuiltGraph', 'unrounded_values',
-           'STORED_FROM', 'value_changed', 'value_generation']
+__all__ = ['Conversion', 'rewrite', 'build_in_walk_order', 'cast_to_graph', 'BuiltGraph',
+           'unrounded_values', 'STORED_FROM', 'value_changed', 'value_generation']
 
 logger = logging.getLogger('mxmp.gluon')
 
@@ -78,6 +78,8 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None, keep_unrounded=True)
     ``keep_unrounded``: as in :func:`cast_to_graph`).
     """
     flat = [a for a in _flatten(args, 'input')[0] if a is not None]
+    if flat:
+        _finish_deferred_init(block, sym, args)
     ctx = ctx or next((a.context for a in flat if isinstance(a, mx.nd.NDArray)),
                       mx.current_context())
     policy = conversion.policy.on(ctx)
@@ -102,6 +104,41 @@ def rewrite(block, conversion, inputs, sym, args, ctx=None, keep_unrounded=True)
                                     conversion.fold_batchnorm)
     return BuiltGraph(block, conversion.fuse_inference, policy, converted, precast,
                       [params[n] for n in lp_names if n in params])
+
+
+def _finish_deferred_init(block, sym, args):
+    """Initialize ``block``'s deferred Parameters as MXNet's ``_build_cache`` would for the
+    float32 graph ``sym``: shapes from ``args``, Parameters in ``sym``'s input order. The
+    converted graph lists its inputs in another order (:mod:`.graph.grad_order`) and the
+    initializers' random draws follow the order: a seed gives the float32 network's weights."""
+    params = block.collect_params()
+    names = [n for n in sym.list_inputs() if n in params.keys()]
+    try:
+        for name in names:
+            params[name].data()
+    except mx.gluon.parameter.DeferredInitializationError:
+        block._deferred_infer_shape(*_flatten(args, 'input')[0])
+        for name in names:
+            params[name]._finish_deferred_init()
+
+
+def build_in_walk_order(block, build, args):
+    """Build the CachedOp of ``block`` (its converted graph in ``block._cached_graph``) with
+    ``build`` (MXNet's ``HybridBlock._build_cache``, called with ``args``) on the graph in the
+    gradient-order rule's walk order (:mod:`.graph.grad_order`: each weight cast's backward
+    follows its layer's). ``block._cached_graph`` keeps the plain graph, which ``export``, the
+    fused twin and ``mxmp.freeze`` read. A block with a subgraph backend (``hybridize(backend=)``,
+    ``optimize_for``) is built on the plain graph: MXNet 1.9.1's partitioner refuses control
+    dependencies (``CHECK_EQ(node->control_deps.size(), 0U)`` in ``build_subgraph.cc``)."""
+    plain = block._cached_graph
+    if not block._backend:
+        from .graph.grad_order import substitute   # loaded by the first build only
+        data_names = {s.name for s in plain[0]}
+        block._cached_graph = plain[0], dump(substitute(load(plain[1]), data_names))
+    try:
+        build(block, *args)
+    finally:
+        block._cached_graph = plain
 
 
 def cast_to_graph(params, converted, keep_unrounded=True):

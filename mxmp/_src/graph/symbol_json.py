@@ -41,7 +41,8 @@ FLOAT_DTYPES = ('float16', 'bfloat16', 'float32', 'float64')
 
 
 def load(sym):
-    """The graph JSON (dict) of a Symbol, cast nodes included.
+    """The graph JSON (dict) of a Symbol, cast nodes included, without control dependencies of
+    variables (only :mod:`.grad_order` writes those: an order of MXNet's walk, no data).
 
     Raises:
         TypeError: ``sym`` is not an ``mxnet.symbol.Symbol`` (the message names
@@ -51,7 +52,11 @@ def load(sym):
     if not isinstance(sym, mx.sym.Symbol):
         raise TypeError('expected an mxnet.symbol.Symbol, got %s; for a Gluon block use '
                         'mxmp.convert(block)' % type(sym).__name__)
-    return json.loads(sym.tojson(remove_amp_cast=False))
+    js = json.loads(sym.tojson(remove_amp_cast=False))
+    for node in js['nodes']:   # the gradient-order rule's walk order (graph/grad_order.py)
+        if node['op'] == 'null':
+            node.pop('control_deps', None)
+    return js
 
 
 def dump(js):
