@@ -955,7 +955,9 @@ void softmax_scale(C* e, int64_t len, int64_t up, double sum) {
   const double inv = 1.0 / sum;
 #pragma omp simd
   for (int64_t j = 0; j < up; ++j) e[j] = static_cast<C>(static_cast<double>(e[j]) * inv);
-  for (int64_t j = len; j < up; ++j) e[j] = 0;
+  if (!(sum <= std::numeric_limits<double>::max())) {   // NaN or inf (a branch taken rarely)
+    for (int64_t j = len; j < up; ++j) e[j] = 0;
+  }
 }
 
 // Rows per block of the softmax loops: each block runs the first half (softmax_exps) of all
