@@ -960,13 +960,14 @@ void softmax_scale(C* e, int64_t len, int64_t up, double sum) {
   }
 }
 
-// Rows per block of the softmax loops: each block runs the first half (softmax_exps) of all
-// its rows, then the second (softmax_scale), and a thread's unit of work is a block. A row's
-// halves are a chain of dependent reductions (max, sum, 1 / sum) over a few vectors at BERT's
-// 128; with a block's rows independent in each half, the core can overlap one row's chain
-// with the next row's loops (the loops alone, 96x128x128, one thread, AVX-512: float32
-// forward 1.20 -> 1.12-1.13 ms, bfloat16 1.56 -> 1.46; AVX2 unchanged). Each row's arithmetic
-// is unchanged: the same results, bit for bit.
+// Rows per block of the float32 and float64 softmax forward: each block runs the first half
+// (softmax_exps) of all its rows, then the second (softmax_scale), and a thread's unit of work
+// is a block (bfloat16 rows: one at a time, softmax_all). A row's halves are a chain of
+// dependent reductions (max, sum, 1 / sum) over a few vectors at BERT's 128; with a block's
+// rows independent in each half, the core can overlap one row's chain with the next row's
+// loops (the loops alone, 96x128x128, one thread, AVX-512 build: float32 forward 1.20 ->
+// 1.12 ms; the AVX2 build unchanged). Each row's arithmetic is unchanged: the same results,
+// bit for bit.
 const int64_t kSoftmaxRows = 8;
 
 // y: the row's probabilities, of type T (the output) or, for bfloat16, float32 (recomputed from
@@ -1069,53 +1070,62 @@ MXReturnValue softmax_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
   });
 }
 
+// The probabilities of one row (0 < len <= m) of float32 or float64 data x into e (which may be
+// x): softmax_exps, then softmax_scale.
+template <typename C>
+void softmax_probs(const C* x, C* e, int64_t m, int64_t len) {
+  int64_t up;
+  const double sum = softmax_exps<C>(x, e, m, len, &up);
+  softmax_scale<C>(e, len, up, sum);
+}
+
 template <typename T>
 void softmax_all(MXTensor& x, MXTensor* length, T* y) {
   const int64_t m = last_dim(x);
   const int64_t rows = m == 0 ? 0 : x.size() / m;
-  const int64_t blocks = (rows + kSoftmaxRows - 1) / kSoftmaxRows;
   const T* xd = x.data<T>();
   typedef typename Num<T>::C C;
+  if constexpr (std::is_same<T, C>::value) {
+    const int64_t blocks = (rows + kSoftmaxRows - 1) / kSoftmaxRows;
 #pragma omp parallel for schedule(static) if (rows * m >= kParallelMin && blocks > 1)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t r0 = blk * kSoftmaxRows;
-    const int64_t nr = rows - r0 < kSoftmaxRows ? rows - r0 : kSoftmaxRows;
-    int64_t len[kSoftmaxRows], up[kSoftmaxRows];
-    double sum[kSoftmaxRows];
-    // the rows' exponentials and probabilities: y itself, or for bfloat16 the rows widened to
-    // float32 (exact) in the thread's scratch rows, the float32 kernel on them, the
-    // probabilities rounded once into y. (Loops over bfloat16 loads vectorised 32 wide: with
-    // scalar remainders of up to 31 elements before the whole vectors, the max's a chain of
-    // dependent compares; and 1.15-1.25x the widened rows' time with them.)
-    C* e;
-    if constexpr (std::is_same<T, C>::value) {
-      e = y + r0 * m;
-    } else {
-      thread_local std::vector<C> scratch;   // each thread's own rows
-      if (scratch.size() < static_cast<size_t>(kSoftmaxRows * m)) {
-        scratch.resize(kSoftmaxRows * m);
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t r0 = blk * kSoftmaxRows;
+      const int64_t nr = rows - r0 < kSoftmaxRows ? rows - r0 : kSoftmaxRows;
+      int64_t len[kSoftmaxRows], up[kSoftmaxRows];
+      double sum[kSoftmaxRows];
+      for (int64_t i = 0; i < nr; ++i) {
+        const int64_t r = r0 + i;
+        len[i] = length != nullptr ? length_at(*length, r, m) : m;
+        if (len[i] > 0) {
+          sum[i] = softmax_exps<C>(xd + r * m, y + r * m, m, len[i], &up[i]);
+        } else {
+          for (int64_t j = 0; j < m; ++j) y[r * m + j] = 0;
+        }
       }
-      e = scratch.data();
-    }
-    for (int64_t i = 0; i < nr; ++i) {
-      len[i] = length != nullptr ? length_at(*length, r0 + i, m) : m;
-      C* er = e + i * m;
-      const C* xr;
-      if constexpr (std::is_same<T, C>::value) {
-        xr = xd + (r0 + i) * m;
-      } else {
-        widen_row(xd + (r0 + i) * m, er, len[i]);
-        xr = er;
-      }
-      if (len[i] > 0) {
-        sum[i] = softmax_exps<C>(xr, er, m, len[i], &up[i]);
-      } else {
-        for (int64_t j = 0; j < m; ++j) er[j] = 0;
+      for (int64_t i = 0; i < nr; ++i) {
+        if (len[i] > 0) softmax_scale<C>(y + (r0 + i) * m, len[i], up[i], sum[i]);
       }
     }
-    for (int64_t i = 0; i < nr; ++i) {
-      if (len[i] > 0) softmax_scale<C>(e + i * m, len[i], up[i], sum[i]);
-      if constexpr (!std::is_same<T, C>::value) narrow_row(e + i * m, y + (r0 + i) * m, m);
+  } else {
+    // bfloat16: the row widened to float32 (exact) in the thread's scratch row, then the
+    // float32 kernel on it (the same values), rounded once into y. (Loops over bfloat16
+    // loads vectorised 32 wide with scalar remainders of up to 31 elements: the max's was a
+    // chain of dependent compares, slower than the vectors. Tried since, in the loops alone:
+    // the float32 loops on bfloat16 loads, no widened row, 1.14x this forward's time and 1.23x
+    // the backward's; the float32 path's blocks of rows, 1.05x and 1.08x.)
+#pragma omp parallel for schedule(static) if (rows * m >= kParallelMin && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t len = length != nullptr ? length_at(*length, r, m) : m;
+      thread_local std::vector<C> scratch;   // each thread's own row
+      if (scratch.size() < static_cast<size_t>(m)) scratch.resize(m);
+      C* e = scratch.data();
+      widen_row(xd + r * m, e, len);
+      if (len > 0) {
+        softmax_probs<C>(e, e, m, len);
+      } else {
+        for (int64_t j = 0; j < m; ++j) e[j] = 0;
+      }
+      narrow_row(e, y + r * m, m);
     }
   }
 }
@@ -1147,46 +1157,28 @@ void softmax_grad_all(std::vector<MXTensor>* in, T* dx, bool with_length) {
   const T* dyd = dy.data<T>();
   const T* yd = y.data<T>();
   const T* xd = (*in)[1].data<T>();
-  if constexpr (std::is_same<T, C>::value) {
-    (void)xd;
 #pragma omp parallel for schedule(static) if (rows * m >= kParallelMin && rows > 1)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t len = length != nullptr ? length_at(*length, r, m) : m;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t len = length != nullptr ? length_at(*length, r, m) : m;
+    if constexpr (std::is_same<T, C>::value) {
+      (void)xd;
       softmax_grad_row<T, T>(dyd + r * m, yd + r * m, dx + r * m, m, len);
-    }
-  } else {
-    (void)yd;
-    // bfloat16: the probabilities recomputed from data in float32 (softmax_all's blocks of
-    // rows, widened in scratch), dy widened to float32 rows (exact), the float32 kernel on
-    // them, dx rounded once (as softmax_all)
-    const int64_t blocks = (rows + kSoftmaxRows - 1) / kSoftmaxRows;
-#pragma omp parallel for schedule(static) if (rows * m >= kParallelMin && blocks > 1)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int64_t r0 = blk * kSoftmaxRows;
-      const int64_t nr = rows - r0 < kSoftmaxRows ? rows - r0 : kSoftmaxRows;
-      int64_t len[kSoftmaxRows], up[kSoftmaxRows];
-      double sum[kSoftmaxRows];
+    } else {
+      (void)yd;
+      // bfloat16: data and dy widened to float32 rows (exact), the probabilities recomputed
+      // (softmax_all's float32 kernel), the float32 gradient kernel on them, dx rounded once
       thread_local std::vector<C> scratch;   // each thread's own rows
-      if (scratch.size() < static_cast<size_t>((kSoftmaxRows + 2) * m)) {
-        scratch.resize((kSoftmaxRows + 2) * m);
-      }
+      if (scratch.size() < static_cast<size_t>(3 * m)) scratch.resize(3 * m);
       C* e = scratch.data();
-      C* g = e + kSoftmaxRows * m;
+      C* g = e + m;
       C* gx = g + m;
-      for (int64_t i = 0; i < nr; ++i) {
-        len[i] = length != nullptr ? length_at(*length, r0 + i, m) : m;
-        if (len[i] > 0) {
-          C* er = e + i * m;
-          widen_row(xd + (r0 + i) * m, er, len[i]);
-          sum[i] = softmax_exps<C>(er, er, m, len[i], &up[i]);
-        }
+      if (len > 0) {
+        widen_row(xd + r * m, e, len);
+        softmax_probs<C>(e, e, m, len);
       }
-      for (int64_t i = 0; i < nr; ++i) {
-        if (len[i] > 0) softmax_scale<C>(e + i * m, len[i], up[i], sum[i]);
-        widen_row(dyd + (r0 + i) * m, g, len[i]);
-        softmax_grad_row<C, C>(g, e + i * m, gx, m, len[i]);
-        narrow_row(gx, dx + (r0 + i) * m, m);
-      }
+      widen_row(dyd + r * m, g, len);
+      softmax_grad_row<C, C>(g, e, gx, m, len);
+      narrow_row(gx, dx + r * m, m);
     }
   }
 }
