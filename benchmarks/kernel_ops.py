@@ -16,10 +16,24 @@ ops): bfloat16 data, both graphs mxmp's conversion (``mxmp.convert_symbol``, flo
 in every converted graph; LayerNorm's gamma and beta float32, the master parameters): MXNet's
 op, which has no bfloat16 kernel, in float32 between casts (``Policy(kernels='mxnet')``), and
 the library op in bfloat16 (the default); data comes through a Reshape to its own shape
-(MXNet's identity copies bfloat16 at a third of float32's speed). The table gives the median
-(and the minimum) ms per call and the speed-up from the first thread count to each other. The
-machine's load average is printed with it: on a shared machine the figures are indicative only
-(docs/benchmark.md, "mxmp's operator library, op by op").
+(MXNet's identity copies bfloat16 at a third of float32's speed).
+
+Beside each block's time, the op's own: a second fresh process per thread count and dtype,
+with bulk execution off (``MXNET_EXEC_BULK_EXEC_TRAIN=0``: each operator its own engine call),
+runs the same blocks ``--calls`` times after the warm-up under MXNet's profiler
+(``profile_all``, ``aggregate_stats``) and reads, from its aggregate table, the op's forward
+node and its backward node (``OP_NAMES``: ``mxmp_dropout`` and ``_backward_mxmp_dropout``,
+MXNet's ``Dropout`` and ``_backward_Dropout``, ...; the library graph's other nodes, such as
+Dropout's training flag, MXNet's ``Dropout`` named ``mxmp_train_flag``, are not counted): their
+mean and their minimum ms per call, forward + backward. The block's time also holds the nodes
+around the op (the input identity, the head gradient's fill, the output's allocation, the
+casts of bfloat16 graphs), which do not scale with threads; the op's own time shows the op's
+scaling apart from them.
+
+The table gives, for each, the median (and the minimum) ms per call of the block, the mean
+(and the minimum) of the op alone, and the speed-up from the first thread count to each other.
+The machine's load average is printed with it: on a shared machine the figures are indicative
+only (docs/benchmark.md, "mxmp's operator library, op by op").
 """
 import argparse
 import functools
@@ -35,6 +49,15 @@ import numpy as np
 SHAPES = {'layer_norm': 'LayerNorm (1024x768)',
           'softmax': 'softmax with lengths (96x128x128)',
           'dropout': 'Dropout p=0.1 (1024x3072)'}
+
+#: The profiler's names of each op's forward and backward node, per kernels.
+OP_NAMES = {
+    'layer_norm': {'MXNet': ('LayerNorm', '_backward_LayerNorm'),
+                   'mxmp': ('mxmp_layer_norm', '_backward_mxmp_layer_norm')},
+    'softmax': {'MXNet': ('softmax', '_backward_softmax'),
+                'mxmp': ('mxmp_softmax', '_backward_mxmp_softmax')},
+    'dropout': {'MXNet': ('Dropout', '_backward_Dropout'),
+                'mxmp': ('mxmp_dropout', '_backward_mxmp_dropout')}}
 
 
 def _graphs(mx, op, dtype='float32'):
@@ -84,7 +107,9 @@ def _graphs(mx, op, dtype='float32'):
     return sym, lib, names, nds, [t == 'float32' for t in dtypes]
 
 
-def _time(mx, sym, names, arrays, calls, grad=None):
+def _time(mx, sym, names, arrays, calls, grad=None, profile=False):
+    """[median, min] ms per call of the block, forward + backward; ``profile``: the text of
+    MXNet's aggregate profile of the timed calls instead."""
     from mxnet import autograd, gluon
     block = gluon.SymbolBlock(sym, [mx.sym.var(n) for n in names])
     block.hybridize(static_alloc=True, static_shape=True)
@@ -93,6 +118,9 @@ def _time(mx, sym, names, arrays, calls, grad=None):
             a.attach_grad()
     times = []
     for i in range(calls + 5):
+        if profile and i == 5:
+            mx.nd.waitall()
+            mx.profiler.set_state('run')
         start = time.perf_counter()
         with autograd.record():
             out = block(*arrays)
@@ -100,12 +128,42 @@ def _time(mx, sym, names, arrays, calls, grad=None):
         mx.nd.waitall()
         if i >= 5:
             times.append(1e3 * (time.perf_counter() - start))
+    if profile:
+        mx.profiler.set_state('stop')
+        return mx.profiler.dumps(reset=True)
     return [statistics.median(times), min(times)]
 
 
-def worker(ops, calls, dtype='float32'):
+def op_ms(dump, op, kernels, calls):
+    """The op's own ms per call in one profile: [mean, min] of its forward node plus its
+    backward node.
+
+    Args:
+        dump (str): ``mx.profiler.dumps()`` of ``calls`` forward + backward calls of one block
+            (``aggregate_stats=True``).
+        op (str): a key of :data:`SHAPES`.
+        kernels (str): 'MXNet' or 'mxmp' (the node names: :data:`OP_NAMES`).
+        calls (int): the calls profiled (> 0).
+
+    Returns:
+        list: [total ms / calls of both nodes, the forward's minimum + the backward's minimum];
+        None where the profile lacks either node (each must run once per call).
+
+    Raises:
+        ValueError: ``dump`` is not an aggregate profile (benchmarks.profile.parse_aggregate).
+    """
+    from .profile import parse_aggregate
+    rows = parse_aggregate(dump).get('operator', {})
+    nodes = [rows.get(name) for name in OP_NAMES[op][kernels]]
+    if any(r is None or r['count'] != calls for r in nodes):
+        return None
+    return [sum(r['total_ms'] for r in nodes) / calls, sum(r['min_ms'] for r in nodes)]
+
+
+def worker(ops, calls, dtype='float32', profile=False):
     """One thread count (the process's ``OMP_NUM_THREADS``) and dtype: {op: {kernels:
-    [median, min] ms}}."""
+    [median, min] ms}} of the blocks; ``profile`` (bulk execution off in the environment):
+    {op: {kernels: [mean, min] ms or None}} of the op's own nodes (:func:`op_ms`)."""
     import mxnet as mx
     import mxmp
     from mxmp._src.kernels.build import load_library
@@ -114,12 +172,23 @@ def worker(ops, calls, dtype='float32'):
     if dtype == 'bfloat16' and not mxmp.lp_kernels_available('bfloat16'):
         raise SystemExit('--dtype bfloat16: this CPU has no bfloat16 kernels (mxmp check-kernels)'
                          "; the library's bfloat16 ops run in converted graphs only where it has")
+    if profile:
+        mx.profiler.set_config(profile_all=True, aggregate_stats=True)
     res = {}
     for op in ops:
         sym, lib, names, arrays, grad = _graphs(mx, op, dtype)
-        res[op] = {'MXNet': _time(mx, sym, names, arrays, calls, grad),
-                   'mxmp': _time(mx, lib, names, arrays, calls, grad)}
+        res[op] = {}
+        for kernels, graph in (('MXNet', sym), ('mxmp', lib)):
+            got = _time(mx, graph, names, arrays, calls, grad, profile)
+            res[op][kernels] = op_ms(got, op, kernels, calls) if profile else got
     return res
+
+
+def _cell(ms, first):
+    """'median (min)' and the speed-up cell from the first thread count's figures."""
+    if ms is None or first is None:
+        return '-', '-'
+    return '%.2f (%.2f)' % tuple(ms), '%.2fx (%.2fx)' % (first[0] / ms[0], first[1] / ms[1])
 
 
 def main(argv=None):
@@ -131,50 +200,57 @@ def main(argv=None):
                    help="data dtype(s) (bfloat16: the library's bfloat16 ops against MXNet's "
                    'float32 op between casts; only where the CPU has bfloat16 kernels)')
     p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
+    p.add_argument('--profile', action='store_true', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     ops = [o for o in args.ops.split(',') if o]
     bad = [o for o in ops if o not in SHAPES]
     if bad:
         p.error('unknown op(s) %s: choose from %s' % (', '.join(bad), ', '.join(SHAPES)))
     if args.worker:
-        print(json.dumps(worker(ops, args.calls, args.dtype[0])))
+        print(json.dumps(worker(ops, args.calls, args.dtype[0], args.profile)))
         return
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    results = {}
+    from .profile import BULK_OFF
+    results, own = {}, {}
     for dtype in args.dtype:
         for n in args.threads:
-            env = dict(os.environ, OMP_NUM_THREADS=str(n),
-                       PYTHONPATH=root + os.pathsep + os.environ.get('PYTHONPATH', ''))
-            proc = subprocess.run([sys.executable, '-m', 'benchmarks.kernel_ops', '--worker',
-                                   '--calls', str(args.calls), '--ops', ','.join(ops),
-                                   '--dtype', dtype],
-                                  capture_output=True, text=True, env=env, cwd=root)
-            if proc.returncode != 0:
-                raise SystemExit(proc.stderr[-2000:])
-            results.setdefault(dtype, {})[n] = json.loads(proc.stdout.strip().splitlines()[-1])
+            for profile, into in ((False, results), (True, own)):
+                env = dict(os.environ, OMP_NUM_THREADS=str(n),
+                           PYTHONPATH=root + os.pathsep + os.environ.get('PYTHONPATH', ''))
+                if profile:
+                    env.update(BULK_OFF)
+                proc = subprocess.run([sys.executable, '-m', 'benchmarks.kernel_ops', '--worker',
+                                       '--calls', str(args.calls), '--ops', ','.join(ops),
+                                       '--dtype', dtype] + (['--profile'] if profile else []),
+                                      capture_output=True, text=True, env=env, cwd=root)
+                if proc.returncode != 0:
+                    raise SystemExit(proc.stderr[-2000:])
+                into.setdefault(dtype, {})[n] = json.loads(proc.stdout.strip().splitlines()[-1])
     first = args.threads[0]
-    print('load average %s; DNNL_MAX_CPU_ISA=%s; median (min) of %d calls, forward + backward'
+    print('load average %s; DNNL_MAX_CPU_ISA=%s; %d calls, forward + backward: the block, median '
+          "(min) ms; the op alone (MXNet's profiler, bulk execution off: its forward and "
+          'backward nodes), mean (min) ms'
           % (' '.join('%.2f' % v for v in os.getloadavg()),
              os.environ.get('DNNL_MAX_CPU_ISA', '(unset)'), args.calls))
-    head = ['op', 'dtype', 'kernels'] + ['%d thread%s ms' % (n, '' if n == 1 else 's')
-                                         for n in args.threads]
-    head += ['%d -> %d threads' % (first, n) for n in args.threads[1:]]
+    head = ['op', 'dtype', 'kernels']
+    for what in ('block', 'op alone'):
+        head += ['%s, %d thread%s ms' % (what, n, '' if n == 1 else 's') for n in args.threads]
+        head += ['%s, %d -> %d threads' % (what, first, n) for n in args.threads[1:]]
     print('| ' + ' | '.join(head) + ' |')
     print('|' + '---|' * 3 + '---:|' * (len(head) - 3))
     for op in ops:
         for dtype in args.dtype:
             for kernels in ('MXNet', 'mxmp'):
-                ms = [results[dtype][n][op][kernels][0] for n in args.threads]
-                low = [results[dtype][n][op][kernels][1] for n in args.threads]
                 label = kernels
                 if dtype == 'bfloat16':
                     label += ' (float32 between casts)' if kernels == 'MXNet' else ' (bfloat16)'
                 cells = [SHAPES[op], dtype, label]
-                cells += ['%.2f (%.2f)' % (t, b) for t, b in zip(ms, low)]
-                cells += ['%.2fx (%.2fx)' % (ms[0] / t, low[0] / b)
-                          for t, b in zip(ms[1:], low[1:])]
+                for table in (results, own):
+                    ms = [table[dtype][n][op][kernels] for n in args.threads]
+                    pairs = [_cell(t, ms[0]) for t in ms]
+                    cells += [c for c, _ in pairs] + [r for _, r in pairs[1:]]
                 print('| ' + ' | '.join(cells) + ' |')
-    print(json.dumps({'threads': args.threads, 'results': results}))
+    print(json.dumps({'threads': args.threads, 'results': results, 'op_alone': own}))
 
 
 if __name__ == '__main__':
