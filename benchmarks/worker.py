@@ -180,7 +180,9 @@ class _Child:
         dtypes = {}
         for node in json.loads(sym.tojson(remove_amp_cast=False))['nodes']:
             if node['op'] in bench_flops.COUNTED_OPS:
-                name = dtype_name(types.get(node['name'] + '_output')) or 'unknown'
+                # the first output (mxmp_selfatt_qk with emit_v has a second: the values)
+                name = dtype_name(types.get(node['name'] + '_output',
+                                            types.get(node['name'] + '_output0'))) or 'unknown'
                 per_op = dtypes.setdefault(node['op'], {})
                 per_op[name] = per_op.get(name, 0) + 1
         res['layer_dtypes'] = dtypes
