@@ -96,16 +96,17 @@ def rules_left(policy, node, decision):
 
 def substitution_rule(op, library_op, attrs=None):
     """The explain rule (str) of an ``op`` node the rule runs as ``library_op``; ``attrs``
-    (the library node's, optional) name a self-attention pair's part."""
+    (the library node's, optional) name a self-attention pair's part or a LayerNorm copy."""
     if op in ATTENTION:
         from .selfatt_pair import pair_rule_suffix   # with the kernel rule, not by `import mxmp`
         pair = pair_rule_suffix(attrs or {})
         return ("kernel rule: %s as %s, mxmp's library kernel: bfloat16 in and out, float32 "
                 "accumulation (Policy(kernels='mxnet') keeps MXNet's float32 op)%s"
                 % (op, library_op, pair))
+    from .ln_copy import copy_rule_suffix   # with the kernel rule, not by `import mxmp`
     return ("kernel rule: %s as %s, mxmp's library kernel (Policy(kernels='mxnet') keeps "
             "MXNet's)%s" % (op, library_op, '; it reads a training-mode flag the rule adds'
-                            if op == 'Dropout' else ''))
+                            if op == 'Dropout' else copy_rule_suffix(attrs or {})))
 
 
 def kernel_rule_of(node):
