@@ -52,6 +52,7 @@ def _undo(js, undo, bypass=lambda node: False):
     for nid, node in enumerate(nodes):
         if residual_rule_of(node) is not None:   # the residual rule's identity: a plan-time
             src, idx, _ = node['inputs'][0]      # device, its consumers read its input (the cast)
+            idx = 0 if idx == COPY and src in copied else idx   # (a LayerNorm copy's: out)
             resolve[nid] = resolve[src] if src in resolve and idx == 0 else [new_id[src], idx]
             continue
         back = _rule().restore(node)

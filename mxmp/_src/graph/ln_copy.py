@@ -73,8 +73,9 @@ def planned_copies(js, names, dtypes):
     for nid, node in enumerate(nodes):
         if _residual(node) and node['inputs'][0][0] in chosen and node['inputs'][0][1] == 0:
             via[nid] = node['inputs'][0][0]
-    seen = {'nodes': [dict(n, inputs=[[via.get(s, s), 0 if s in via else i, v]
-                                      for s, i, v in n['inputs']]) for n in nodes],
+    seen = {'nodes': [dict(n, inputs=[] if nid in via else [
+        [via.get(s, s), 0 if s in via else i, v] for s, i, v in n['inputs']])
+        for nid, n in enumerate(nodes)],
             'heads': js['heads']}
     notes = {}
     for ln, (reader, _) in layer_norm_copies(seen, chosen).items():
