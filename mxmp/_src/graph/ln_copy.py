@@ -21,8 +21,7 @@ The rule (:func:`.kernel_rule.apply_kernels`) writes it; :func:`copy_of` tells
 :func:`.kernel_undo.mxnet_ops` and ``strip`` which output the copy stands for when they undo it.
 """
 
-from .rule_notes import RESIDUAL_MARK
-from .symbol_json import MARK
+from .symbol_json import MARK, RESIDUAL_MARK
 
 __all__ = ['COPY_OUT', 'COPY', 'layer_norm_copies', 'planned_copies', 'copy_of',
            'copy_rule_suffix', 'drop_cast_copies']
@@ -64,7 +63,8 @@ def planned_copies(js, names, dtypes):
     second reader), ``names`` being the nodes it would run in the library
     (:func:`.kernel_rule.planned`: structure and environment alone), ``dtypes`` ``{node name:
     planned dtype}``. A residual identity's readers count as its LayerNorm's; a float32
-    LayerNorm whose two readers both read it through one keeps no copy (:func:`drop_cast_copies`)."""
+    LayerNorm whose two readers both read it through one keeps no copy
+    (:func:`drop_cast_copies`)."""
     if not names:
         return {}
     nodes = js['nodes']

@@ -5,15 +5,11 @@ and, where the user's class made a rule leave a node, that rule and why.
 from ..policy.policy import FLOAT32, FOLLOW, LOW_PRECISION
 from .kernel_rule import (ATTENTION, FLAG, INPUT_COPY, KERNEL_PREFIX, SUBSTITUTES, TIE,
                           original_op)
-from .symbol_json import MARK
+from .symbol_json import MARK, RESIDUAL_MARK
 
 __all__ = ['RESIDUAL_MARK', 'residual_rule_of', 'kernel_rule_of', 'substitution_rule',
            'rewritten_class', 'library_class',
            'with_user_choice', 'rules_left']
-
-#: MARK value of the residual rule's identities (:mod:`.residual_rule`; :func:`mxmp.remove_casts`
-#: drops them).
-RESIDUAL_MARK = 'residual'
 
 
 def residual_rule_of(node):
