@@ -15,7 +15,8 @@ The residual rule (:mod:`.residual_rule`) gives the copy its own identity where 
 output 0 one: where the LayerNorm then runs in float32, both would be cast to the target dtype
 and their gradients cast back up and summed in float32, not as the one cast's ``add_n``: there
 :func:`drop_cast_copies` takes the copy back before the plan is final (in BERT, the embeddings'
-LayerNorm; the others take and give bfloat16 and keep it).
+LayerNorm; the others take and give bfloat16 and keep it). Under emulation (float32 kernels)
+every copy goes: the sum is float32 there anyway, and the copy would get its own rounding.
 
 The rule (:func:`.kernel_rule.apply_kernels`) writes it; :func:`copy_of` tells
 :func:`.kernel_undo.mxnet_ops` and ``strip`` which output the copy stands for when they undo it.
@@ -93,32 +94,41 @@ def planned_copies(js, names, dtypes):
     return notes
 
 
-def drop_cast_copies(js, decisions):
+def drop_cast_copies(js, decisions, emulate=False):
     """``js`` (graph JSON after the kernel and residual rules) without the copy of each
     LayerNorm the plan's ``decisions`` (one per node) run in float32 whose output 0 and copy
-    are both read through a residual identity (module docstring): the copy's identity's readers
-    read output 0's identity, which was the graph without the copy. A new dict, or ``js``
-    itself where there is none."""
+    are both read through a residual identity (module docstring), or of every LayerNorm where
+    ``emulate`` (bool: float32 kernels): the copy's readers read output 0 (its residual
+    identity's, output 0's identity), which was the graph without the copy. A new dict, or
+    ``js`` itself where there is none."""
     nodes = js['nodes']
     ident = {}   # (LayerNorm id, output) -> its residual identity's id
     for nid, node in enumerate(nodes):
         if _residual(node) and copy_of(nodes[node['inputs'][0][0]]) is not None:
             ident[tuple(node['inputs'][0][:2])] = nid
-    drop = {ln for (ln, idx) in ident if idx == COPY and (ln, 0) in ident and
-            decisions[ln].outputs[0] == 'float32'}
+    drop = {nid for nid, n in enumerate(nodes) if copy_of(n) is not None and (emulate or (
+        (nid, COPY) in ident and (nid, 0) in ident and decisions[nid].outputs[0] == 'float32'))}
     if not drop:
         return js
-    gone = {ident[(ln, COPY)]: ident[(ln, 0)] for ln in drop}
+    gone = {ident[(ln, COPY)]: ident[(ln, 0)] for ln in drop
+            if (ln, COPY) in ident and (ln, 0) in ident}
     out, new_id = [], {}
     for nid, node in enumerate(nodes):
         if nid in gone:
             continue
         if nid in drop:
             node = dict(node, attrs={k: v for k, v in node['attrs'].items() if k != COPY_OUT})
-        out.append(dict(node, inputs=[[new_id[gone.get(s, s)], i, v]
-                                      for s, i, v in node['inputs']]))
+        out.append(dict(node, inputs=[_entry(new_id, gone, drop, e) for e in node['inputs']]))
         new_id[nid] = len(out) - 1
-    return dict(js, nodes=out, heads=[[new_id[gone.get(s, s)], i, v] for s, i, v in js['heads']])
+    return dict(js, nodes=out, heads=[_entry(new_id, gone, drop, e) for e in js['heads']])
+
+
+def _entry(new_id, gone, drop, entry):
+    """``entry`` of :func:`drop_cast_copies`' new graph."""
+    src, idx, version = entry
+    if src in gone:
+        return [new_id[gone[src]], 0, version]
+    return [new_id[src], 0 if src in drop and idx == COPY else idx, version]
 
 
 def copy_of(node):

@@ -342,7 +342,7 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
                                   as_float32)
     decisions = plan(js, policy, input_dtypes, names, set(pinned), kernel_nodes)
     from .ln_copy import drop_cast_copies   # the LayerNorm copies the plan casts twice
-    dropped = drop_cast_copies(js, decisions)
+    dropped = drop_cast_copies(js, decisions, policy.emulate)
     if dropped is not js:
         js, decisions = dropped, plan(dropped, policy, input_dtypes, names, set(pinned))
     return js, policy, input_dtypes, names, decisions
