@@ -12,16 +12,13 @@ import json
 import os
 import sys
 
-import mxnet as mx
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, '..', '..'))
 sys.path.insert(0, HERE)
 import mxmp  # noqa: E402
 from mxmp._src.graph import ln_copy  # noqa: E402
-from selfatt_pair_bert_worker import _add_n_calls, _train  # noqa: E402
-
-
+# the pair's worker trains bert_tiny and counts add_n the same way
+from selfatt_pair_bert_worker import _train  # noqa: E402
 
 
 def main():
@@ -47,7 +44,6 @@ def main():
             ln_copy.layer_norm_copies = found
     finally:
         mxmp.converted_graph = real
-    assert _add_n_calls
     print(json.dumps(out))
 
 
