@@ -74,7 +74,9 @@ CASES = {
     # -- FOLLOW: activations, normalization, pooling ----------------------------------------
     'Activation': [(t, [_X], dict(act_type=t)) for t in ('relu', 'sigmoid', 'tanh')],
     # -- FLOAT32 ops with parameters: run by default in the lp-params case only -----------
-    'LayerNorm': [('', [_T, ((64,), 'g'), ((64,), 'w')], {})],
+    'LayerNorm': [('', [_T, ((64,), 'g'), ((64,), 'w')], {}),
+                  # library: the output read by two ops, the kernel rule's copy (copy_out=1)
+                  ('copy odd', [((3, 33, 67), 'n'), ((67,), 'g'), ((67,), 'w')], {})],
     # -- FLOAT32 ops mxmp's operator library replaces: the library case only ----------------
     'Dropout': [('p=0.1', [((8, 128, 256), 'n')], dict(p=0.1))],
     'softmax': [('use_length', [((24, 32, 32), 'n'), ((24, 32), 'I33')],

@@ -10,6 +10,9 @@ from .arrays import _op_fn, _rel_err, _run, _values
 #: Relative error bound of the ``library`` case (float32 against MXNet's float32 kernel):
 #: 2**-16, about 128 float32 unit roundoffs (measured: below 2e-6, docs/conformance.md).
 LIBRARY_TOL = 2.0 ** -16
+#: The variant (label prefix) of LayerNorm's cases that runs the kernel rule's LayerNorm copy:
+#: the output read by two ops, so the library op runs with ``copy_out=1`` (:mod:`..graph.ln_copy`).
+COPY_VARIANT = 'copy'
 #: Dropout: the dropped fraction may differ from p by this many binomial standard deviations.
 SIGMAS = 5.0
 
@@ -26,6 +29,9 @@ def library_row(row, inputs, attrs, seeds):
         return attention_row(row, inputs, attrs, seeds)
     names = ['in%d' % i for i in range(len(inputs))]
     sym = _op_fn(op)(*[mx.sym.var(n) for n in names], name='op', **attrs)
+    copy = op == 'LayerNorm' and str(row.get('variant', '')).startswith(COPY_VARIANT)
+    if copy:   # two readers of the output: the rule's copy_out=1
+        sym = mx.sym.Group([mx.sym.identity(sym, name='r1'), mx.sym.negative(sym, name='r2')])
     graph = substitute(load(sym), Policy('bfloat16', kernels='all'))   # the opt-in ops too
     if not any(n['op'].startswith('mxmp_') for n in graph['nodes']):
         row.update(mode='real', detail="mxmp's operator library is not available here (no "
@@ -48,13 +54,51 @@ def library_row(row, inputs, attrs, seeds):
             results.append(_run(graph_sym, args, {}, [n for n in names
                                                       if dtypes[n] == 'float32'], heads))
         (ref_f, ref_g), (got_f, got_g) = results
-        fe = max(fe, _rel_err(got_f[0], ref_f[0]))
+        fe = max([fe] + [_rel_err(g, r) for g, r in zip(got_f, ref_f)])
         be = max([be] + [_rel_err(g, r) for g, r in zip(got_g, ref_g)])
     bad = [w for w, e in (('forward', fe), ('backward', be)) if not e <= LIBRARY_TOL]
+    if copy:
+        bad += _copy_problems(graph, inputs, seeds)
     row.update(mode='real', fwd_err=fe, bwd_err=be, verdict='wrong' if bad else 'ok',
-               detail="mxmp's library kernel vs MXNet's, float32 (tolerance 2**-16)" +
-               ('; %s error above it' % ' and '.join(bad) if bad else ''))
-    return _with_contract(row, op)
+               detail=('the LayerNorm copy (copy_out=1, two readers): ' if copy else '') +
+               "mxmp's library kernel vs MXNet's, float32 (tolerance 2**-16)" +
+               ('; %s' % ', '.join(e if e.startswith('the ') else e + ' error above it'
+                                   for e in bad) if bad else ''))
+    return row if copy else _with_contract(row, op)   # (the plain variant runs the contract)
+
+
+def _copy_problems(graph, inputs, seeds):
+    """The LayerNorm copy variant's failures (list of str): the rule did not write
+    ``copy_out=1``, or in bfloat16 (and float32) the library op with the copy does not give the
+    bits of the op without it fed MXNet's ``add_n`` of the two gradients."""
+    import mxnet as mx
+    from mxnet.contrib.amp.amp import bfloat16
+    from ..graph.ln_copy import COPY_OUT
+    bad = [] if any(n.get('attrs', {}).get(COPY_OUT) == '1' for n in graph['nodes']) else [
+        'the kernel rule did not write copy_out=1']
+    for seed in seeds:
+        rng = np.random.RandomState(seed)
+        x, g, b = [_values(rng, shape, kind) for shape, kind in inputs]
+        h0, h1 = rng.normal(size=x.shape), rng.normal(size=x.shape)
+        for dtype in ('float32', bfloat16):
+            got = []
+            for with_copy in (True, False):
+                xs, hs0, hs1 = [mx.nd.amp_cast(mx.nd.array(a), dtype=dtype) for a in (x, h0, h1)]
+                gs, bs = mx.nd.array(g), mx.nd.array(b)
+                for a in (xs, gs, bs):
+                    a.attach_grad()
+                with mx.autograd.record():
+                    outs = mx.nd.mxmp_layer_norm(xs, gs, bs, copy_out=int(with_copy))
+                if with_copy:
+                    mx.autograd.backward([outs[0], outs[3]], [hs0, hs1])
+                else:
+                    outs[0].backward(mx.nd.add_n(hs0, hs1))
+                got.append([mx.nd.amp_cast(a, dtype='float32').asnumpy().view(np.uint32)
+                            for a in (outs[0], xs.grad, gs.grad, bs.grad)])
+            if not all(np.array_equal(p, q) for p, q in zip(*got)):
+                bad.append('the copy changes the bits in %s' % ('float32' if dtype == 'float32'
+                                                                 else 'bfloat16'))
+    return sorted(set(bad))
 
 
 def _with_contract(row, op):

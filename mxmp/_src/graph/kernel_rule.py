@@ -33,7 +33,9 @@ Substitutions, from the BERT-base training profile (docs/benchmark.md, "Transfor
   check-kernels``) but unmeasured, so MXNet's float32 op stays.
 - The self-attention pair (:mod:`.selfatt_pair`): a tensor read by exactly one ``selfatt_qk``
   and one ``selfatt_valatt`` is read once, by the qk, which emits the values for the valatt,
-  so that MXNet does not sum the two ops' gradients of it.
+  so that MXNet does not sum the two ops' gradients of it. The LayerNorm copy (:mod:`.ln_copy`):
+  a library LayerNorm whose output has exactly two readers also outputs a copy for the second,
+  and its backward sums the two gradients (no ``add_n``).
 
 Every input but data is an MXNet "extra input" of the library op, shaped by MXNet's own ops
 (:data:`EXTRA_INPUTS`): MXNet 1.9.1's wrapper of library ops then never meets an input of
@@ -282,6 +284,9 @@ def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False, skip_names
     from . import selfatt_pair   # loaded by the first conversion, not by `import mxmp`
     pairs = selfatt_pair.selfatt_pairs(js, chosen)   # valatt -> qk
     emits = set(pairs.values())
+    from . import ln_copy   # the LayerNorm copy: LayerNorm -> its second reader (node, input)
+    copies = ln_copy.layer_norm_copies(js, chosen)
+    rewired = {reader: ln for ln, reader in copies.items()}
 
     def add(op, name, node_inputs, attrs, mark):
         out.append({'op': op, 'name': unique_name(name, names), 'inputs': node_inputs,
@@ -289,7 +294,8 @@ def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False, skip_names
         return [len(out) - 1, 0, 0]
 
     for nid, node in enumerate(nodes):
-        inputs = [[new_id[s], i, v] for s, i, v in node['inputs']]
+        inputs = [[new_id[s], ln_copy.COPY if (nid, p) in rewired else i, v]
+                  for p, (s, i, v) in enumerate(node['inputs'])]
         if nid in chosen:
             op, name = node['op'], node['name']
             if nid in pairs:   # the values the pair's qk emits: no copy (not a variable)
@@ -333,6 +339,8 @@ def apply_kernels(js, kernels, skip_ops=frozenset(), attention=False, skip_names
                 attrs[selfatt_pair.EMIT_V] = '1'
             elif nid in pairs:
                 attrs[selfatt_pair.V_ONLY] = '1'
+            if nid in copies:
+                attrs[ln_copy.COPY_OUT] = '1'
             node = dict(node, op=SUBSTITUTES[op], attrs=attrs)
         out.append(dict(node, inputs=inputs))
         new_id[nid] = len(out) - 1
@@ -364,7 +372,8 @@ def restore(node):
     its first input), ``'drop'`` for the flag's and the shape ties' nodes, a new node dict with
     the original op (and inputs), or None for other nodes. A self-attention pair's valatt
     comes back reading its qk's second output, which :func:`.kernel_undo.mxnet_ops` points at
-    the qk's input again (:func:`.selfatt_pair.pair_source`)."""
+    the qk's input again (:func:`.selfatt_pair.pair_source`); a LayerNorm copy's reader, the
+    LayerNorm's output 3, which they point at output 0 (:func:`.ln_copy.copy_of`)."""
     if node['op'] == 'null':
         return None
     mark = node.get('attrs', {}).get(MARK, '')
@@ -373,7 +382,7 @@ def restore(node):
     if not mark.startswith(KERNEL_PREFIX):
         return None
     attrs = {k: v for k, v in node['attrs'].items()
-             if k not in (MARK, EXTRA_INPUTS, 'emit_v', 'v_only')}   # + the pair's
+             if k not in (MARK, EXTRA_INPUTS, 'emit_v', 'v_only', 'copy_out')}
     op = original_op(node)
     new = dict(node, op=op, attrs=attrs, inputs=node['inputs'][:_N_INPUTS.get(op, 99)])
     if not attrs:

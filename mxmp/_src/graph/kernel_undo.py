@@ -25,16 +25,21 @@ def _undo(js, undo, bypass=lambda node: False):
     node marked low precision comes back in float32 between two casts), and the library nodes
     for which ``bypass(node)`` is true replaced by their data input. A self-attention pair
     (the kernel rule's ``emit_v``/``v_only``) is undone whole or not at all: its valatt reads
-    the qk's input again (the values' output is gone)."""
+    the qk's input again (the values' output is gone); a LayerNorm copy's reader reads the
+    undone LayerNorm's output 0 again (:mod:`.ln_copy`)."""
     from .selfatt_pair import pair_source   # with the kernel rule, not by `import mxmp`
+    from .ln_copy import COPY, copy_of
     nodes = js['nodes']
     names = {n['name'] for n in nodes}
     out, new_id, resolve = [], {}, {}
     values_of = {}   # undone pair's qk node id -> the entry it reads (its values' output's)
+    copied = set()   # undone LayerNorms with a copy (output 3 stands for output 0)
 
     def entry(src, idx, version):
         if idx == 1 and src in values_of:
             return entry(values_of[src][0], values_of[src][1], version)
+        if idx == COPY and src in copied:
+            return entry(src, 0, version)
         return (resolve[src] + [version] if src in resolve and idx == 0 else
                 [new_id[src], idx, version])
 
@@ -47,6 +52,7 @@ def _undo(js, undo, bypass=lambda node: False):
     for nid, node in enumerate(nodes):
         if residual_rule_of(node) is not None:   # the residual rule's identity: a plan-time
             src, idx, _ = node['inputs'][0]      # device, its consumers read its input (the cast)
+            idx = 0 if idx == COPY and src in copied else idx   # (a LayerNorm copy's: out)
             resolve[nid] = resolve[src] if src in resolve and idx == 0 else [new_id[src], idx]
             continue
         back = _rule().restore(node)
@@ -60,6 +66,8 @@ def _undo(js, undo, bypass=lambda node: False):
                              % (nodes[paired[0]]['name'], node['name']))
         if isinstance(back, dict) and pair_source(node) is not None:
             values_of[nid] = node['inputs'][0]
+        if isinstance(back, dict) and copy_of(node) is not None:
+            copied.add(nid)
         reads = (back['inputs'] if isinstance(back, dict) else
                  node['inputs'][:1] if back == 'input' else node['inputs'])
         if back == 'drop' or any(s in dropped for s, _, _ in reads):

@@ -340,8 +340,12 @@ def prepare(sym, target_dtype, policy, emulate, data_dtypes, data_names, cast_pa
     as_float32 = {n: 'float32' if d in _LOW else d for n, d in input_dtypes.items()}
     js = residual_rule.substitute(reduce_rule.substitute(js, policy, as_float32), policy,
                                   as_float32)
-    return js, policy, input_dtypes, names, plan(js, policy, input_dtypes, names, set(pinned),
-                                                 kernel_nodes)
+    decisions = plan(js, policy, input_dtypes, names, set(pinned), kernel_nodes)
+    from .ln_copy import drop_cast_copies   # the LayerNorm copies the plan casts twice
+    dropped = drop_cast_copies(js, decisions, policy.emulate)
+    if dropped is not js:
+        js, decisions = dropped, plan(dropped, policy, input_dtypes, names, set(pinned))
+    return js, policy, input_dtypes, names, decisions
 
 
 class ExplainRow(NamedTuple):
@@ -376,6 +380,9 @@ def explain(sym, target_dtype=None, policy=None, data_dtypes=None, cast_params=N
     from .selfatt_pair import planned_pairs   # not loaded by `import mxmp`
     pairs = planned_pairs(js, kernel_nodes)   # the kernel rule's self-attention pairs
     dtypes = {node['name']: dec.dtype for node, dec in zip(js['nodes'], decisions)}
+    from .ln_copy import planned_copies   # and LayerNorm copies
+    for name, note in planned_copies(js, kernel_nodes, dtypes).items():
+        pairs[name] = pairs[name] + '; ' + note if name in pairs else note
     folds = {bn: conv for bn, conv in batchnorm_folds(js).items() if dtypes.get(conv) in _LOW}
     return [ExplainRow(node['name'], kernel_nodes.get(node['name'], node['op']), dec.dtype,
                        dec.rule + ('; ' + fold_rule(folds[node['name']])

@@ -88,30 +88,34 @@ def substitute(js, policy, input_dtypes):
         return js
     nodes = js['nodes']
     kernel_nodes = planned(js, policy)   # explain's graph: the kernel rule's nodes to come
-    chosen = {}   # LayerNorm nid -> consumer (nid, input position) list reading the cast
+    from .ln_copy import COPY, copy_of   # the kernel rule's LayerNorm copy: output 3 too
+    chosen = {}   # (LayerNorm nid, output) -> consumer (nid, input position) list of the cast
     for nid, node in enumerate(nodes):
         for pos, (src, out, _) in enumerate(node.get('inputs', ())):
-            if out == 0 and nodes[src]['op'] != 'null' and \
+            if (out == 0 or out == COPY and copy_of(nodes[src]) is not None) and \
+                    nodes[src]['op'] != 'null' and \
                     _is_float32_layernorm(policy, nodes[src]) and \
                     not _reads_float32(policy, nodes, node, src, kernel_nodes):
-                chosen.setdefault(src, []).append((nid, pos))
+                chosen.setdefault((src, out), []).append((nid, pos))
     if chosen:
         dtypes = infer_dtypes(js, input_dtypes)
-        chosen = {nid: uses for nid, uses in chosen.items() if dtypes.get((nid, 0)) == 'float32'}
+        chosen = {key: uses for key, uses in chosen.items() if dtypes.get(key) == 'float32'}
     if not chosen:
         return js
     names = {n['name'] for n in nodes}
     rewired = {use for uses in chosen.values() for use in uses}
     out, new_id, cast_of = [], {}, {}
     for nid, node in enumerate(nodes):
-        inputs = [[cast_of[s] if (nid, pos) in rewired else new_id[s], i, v]
+        inputs = [[cast_of[(s, i)], 0, v] if (nid, pos) in rewired else [new_id[s], i, v]
                   for pos, (s, i, v) in enumerate(node['inputs'])]
         out.append(dict(node, inputs=inputs))
         new_id[nid] = len(out) - 1
-        if nid in chosen:
-            out.append({'op': '_copy', 'name': unique_name(node['name'] + '_residual', names),
-                        'inputs': [[new_id[nid], 0, 0]], 'attrs': {MARK: RESIDUAL_MARK}})
-            cast_of[nid] = len(out) - 1
-    # a rewired input reads the identity's output 0, as it read the LayerNorm's output 0
+        for idx in (0, COPY):   # output 0, and a LayerNorm copy's copy (its own identity)
+            if (nid, idx) in chosen:
+                out.append({'op': '_copy', 'name': unique_name(
+                    node['name'] + ('_residual' if idx == 0 else '_copy_residual'), names),
+                    'inputs': [[new_id[nid], idx, 0]], 'attrs': {MARK: RESIDUAL_MARK}})
+                cast_of[(nid, idx)] = len(out) - 1
+    # a rewired input reads the identity's output 0, as it read the LayerNorm's output
     return dict(js, nodes=out, heads=[[new_id[s], i, v] for s, i, v in js['heads']])
 

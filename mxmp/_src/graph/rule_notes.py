@@ -5,15 +5,11 @@ and, where the user's class made a rule leave a node, that rule and why.
 from ..policy.policy import FLOAT32, FOLLOW, LOW_PRECISION
 from .kernel_rule import (ATTENTION, FLAG, INPUT_COPY, KERNEL_PREFIX, SUBSTITUTES, TIE,
                           original_op)
-from .symbol_json import MARK
+from .symbol_json import MARK, RESIDUAL_MARK
 
 __all__ = ['RESIDUAL_MARK', 'residual_rule_of', 'kernel_rule_of', 'substitution_rule',
            'rewritten_class', 'library_class',
            'with_user_choice', 'rules_left']
-
-#: MARK value of the residual rule's identities (:mod:`.residual_rule`; :func:`mxmp.remove_casts`
-#: drops them).
-RESIDUAL_MARK = 'residual'
 
 
 def residual_rule_of(node):
@@ -96,16 +92,17 @@ def rules_left(policy, node, decision):
 
 def substitution_rule(op, library_op, attrs=None):
     """The explain rule (str) of an ``op`` node the rule runs as ``library_op``; ``attrs``
-    (the library node's, optional) name a self-attention pair's part."""
+    (the library node's, optional) name a self-attention pair's part or a LayerNorm copy."""
     if op in ATTENTION:
         from .selfatt_pair import pair_rule_suffix   # with the kernel rule, not by `import mxmp`
         pair = pair_rule_suffix(attrs or {})
         return ("kernel rule: %s as %s, mxmp's library kernel: bfloat16 in and out, float32 "
                 "accumulation (Policy(kernels='mxnet') keeps MXNet's float32 op)%s"
                 % (op, library_op, pair))
+    from .ln_copy import copy_rule_suffix   # with the kernel rule, not by `import mxmp`
     return ("kernel rule: %s as %s, mxmp's library kernel (Policy(kernels='mxnet') keeps "
             "MXNet's)%s" % (op, library_op, '; it reads a training-mode flag the rule adds'
-                            if op == 'Dropout' else ''))
+                            if op == 'Dropout' else copy_rule_suffix(attrs or {})))
 
 
 def kernel_rule_of(node):

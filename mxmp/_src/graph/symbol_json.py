@@ -12,7 +12,8 @@ import numpy as np
 
 from ..dtypes import LOW_PRECISION_DTYPES, MSHADOW_ENUM, dtype_name
 
-__all__ = ['MARK', 'NAME_MARK', 'ROUND_MARK', 'PINNED', 'CAST_OPS', 'FLOAT_DTYPES', 'load', 'dump',
+__all__ = ['MARK', 'NAME_MARK', 'ROUND_MARK', 'PINNED', 'RESIDUAL_MARK', 'CAST_OPS',
+           'FLOAT_DTYPES', 'load', 'dump',
            'is_cast_param', 'cast_param_names', 'storage_mark', 'original_dtype',
            'cast_origin', 'pin_variable_dtypes', 'infer_dtypes', 'node_output_dtypes',
            'mutable_inputs', 'unique_name', 'install_symbol_loaders']
@@ -26,6 +27,9 @@ NAME_MARK = '__mxmp_name__'   # a graph attribute key
 ROUND_MARK = '__mxmp_round__'   # a graph attribute key
 #: MARK value of a variable whose ``__dtype__`` :func:`pin_variable_dtypes` wrote.
 PINNED = 'pinned'
+#: MARK value of the residual rule's identities (:mod:`.residual_rule`; :func:`mxmp.remove_casts`
+#: drops them).
+RESIDUAL_MARK = 'residual'
 #: MARK value (a prefix) of a variable stored in the target dtype by ``cast_params=True``.
 _CAST_PARAM = 'cast_param'
 #: MARK value (a prefix) of a low-precision variable the pass stores in float32.

@@ -15,11 +15,18 @@
 //   outputs out (..., D) in data's dtype; mean (rows,), rstd (rows,)  rows = data.size / D,
 //           in data's dtype, float32 for bfloat16 data
 //   out = (data - mean) * rstd * gamma + beta, rstd = 1 / sqrt(var + eps), var biased.
-//   attrs   eps (default 1e-5)
+//   attrs   eps (default 1e-5), copy_out (0/1, default 0)
+//   copy_out=1 (the kernel rule's, where out has two readers): a fourth output, LAST (mean and
+//   rstd keep outputs 1 and 2), a copy of out that the second reader reads. Its backward gets
+//   both gradients of out and sums them first (a separate parallel pass: dy + dcopy in float32,
+//   float64 for float64 data, rounded once to data's dtype, as MXNet's add_n of the two), then
+//   runs the LayerNorm backward on the sum: MXNet no longer sums them with add_n (whose
+//   bfloat16 kernel converts element by element).
 //   Numerics: a row's mean and variance are two passes in double (sum, then the sum of
 //   squared deviations from that mean): exact to double rounding whatever the row's mean,
 //   spread or outliers; the output is computed in double and rounded once.
-// Backward (inputs: d out, d mean, d rstd, data, gamma, beta, out, mean, rstd; the gradients of
+// Backward (inputs: d out, d mean, d rstd, data, gamma, beta, out, mean, rstd (with copy_out:
+// d out, d mean, d rstd, d copy, data, gamma, beta, out, mean, rstd, copy); the gradients of
 // mean and rstd are ignored: mxmp substitutes the op only where they are not consumed):
 //   xhat = (x - mean) * rstd, g = gamma * dy
 //   dx = rstd * (g - mean_row(g) - xhat * mean_row(g * xhat))
@@ -359,6 +366,8 @@ T* out_ptr(std::vector<MXTensor>* out, size_t i) {
   return (*out)[i].data_ptr == nullptr ? nullptr : (*out)[i].data<T>();
 }
 
+bool attr_flag(const Attrs& attrs, const char* key, const char* op, bool allowed, bool* value);
+
 // ---------------------------------------------------------------------------------------------
 // LayerNorm kernels
 // T: data and out; P: gamma and beta; S: mean and rstd.
@@ -517,6 +526,37 @@ void ln_backward(const T* dy, const T* x, const P* gamma, const S* mean, const S
   }
 }
 
+// copy_out (module comment): out's copy, output 3, for out's second reader.
+bool ln_copy_out(const Attrs& attrs, bool* copy) {
+  return attr_flag(attrs, "copy_out", "mxmp_layer_norm", true, copy);
+}
+
+// The copy of out (n values of T) into copy, and the backward's sum of out's two gradients,
+// dy + dcopy into sum (float32 arithmetic for bfloat16, rounded once to nearest even): one
+// parallel pass each, beside the LayerNorm loops (which then run on out and the sum as without
+// the copy).
+template <typename T>
+void ln_copy(const T* y, T* copy, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t b = 0; b < n; b += kParallelMin) {
+    const int64_t e = b + kParallelMin < n ? b + kParallelMin : n;
+    std::memcpy(copy + b, y + b, (e - b) * sizeof(T));
+  }
+}
+
+template <typename T>
+void ln_sum_grads(const T* dy, const T* dcopy, T* sum, int64_t n) {
+  typedef typename Num<T>::C C;
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t b = 0; b < n; b += kParallelMin) {
+    const int64_t e = b + kParallelMin < n ? b + kParallelMin : n;
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) {
+      sum[i] = Num<T>::store(static_cast<C>(Num<T>::load(dy[i]) + Num<T>::load(dcopy[i])));
+    }
+  }
+}
+
 MXReturnValue ln_parse(const Attrs& attrs, int* num_in, int* num_out) {
   return guarded("mxmp_layer_norm", [&] {
     double eps;
@@ -525,8 +565,10 @@ MXReturnValue ln_parse(const Attrs& attrs, int* num_in, int* num_out) {
       MX_ERROR_MSG << "mxmp_layer_norm: eps must be >= 0, got " << attrs.at("eps");
       return MX_FAIL;
     }
+    bool copy;
+    if (!ln_copy_out(attrs, &copy)) return MX_FAIL;
     *num_in = parsed_inputs(attrs, 3);
-    *num_out = 3;
+    *num_out = copy ? 4 : 3;
     return MX_SUCCESS;
   });
 }
@@ -561,6 +603,7 @@ MXReturnValue ln_infer_type(const Attrs& attrs, std::vector<int>* in, std::vecto
       (*out)[0] = kBfloat16;
       (*out)[1] = mxnet::ext::kFloat32;
       (*out)[2] = mxnet::ext::kFloat32;
+      if (out->size() > 3) (*out)[3] = kBfloat16;   // copy_out: out's copy
       return MX_SUCCESS;
     }
     int t = -1;
@@ -609,6 +652,7 @@ MXReturnValue ln_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
     (*out)[0] = ds;
     (*out)[1] = std::vector<unsigned>{static_cast<unsigned>(rows)};
     (*out)[2] = std::vector<unsigned>{static_cast<unsigned>(rows)};
+    if (out->size() > 3) (*out)[3] = ds;   // copy_out: out's copy
     return MX_SUCCESS;
   });
 }
@@ -638,6 +682,19 @@ MXReturnValue ln_forward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
     } else {
       ln_forward_typed<bf16, float, float>(in, out, rows, d, eps);
     }
+    bool copy;
+    if (!ln_copy_out(attrs, &copy)) return MX_FAIL;
+    if (copy) {   // out's copy, for its second reader (output 3)
+      MXTensor& y = (*out)[0];
+      const int64_t n = rows * d;
+      if (x.dtype == mxnet::ext::kFloat64) {
+        ln_copy(y.data<double>(), (*out)[3].data<double>(), n);
+      } else if (x.dtype == mxnet::ext::kFloat32) {
+        ln_copy(y.data<float>(), (*out)[3].data<float>(), n);
+      } else {
+        ln_copy(y.data<bf16>(), (*out)[3].data<bf16>(), n);
+      }
+    }
     return MX_SUCCESS;
   });
 }
@@ -654,6 +711,39 @@ void ln_backward_typed(std::vector<MXTensor>* in, std::vector<MXTensor>* out, in
 MXReturnValue ln_backward_cpu(const Attrs& attrs, std::vector<MXTensor>* in,
                               std::vector<MXTensor>* out, const OpResource& res) {
   return guarded("mxmp_layer_norm backward", [&] {
+    bool copy;
+    if (!ln_copy_out(attrs, &copy)) return MX_FAIL;
+    std::vector<MXTensor> summed;
+    if (copy) {
+      // in: d out, d mean, d rstd, d copy, data, gamma, beta, out, mean, rstd, copy. The two
+      // gradients of out summed into MXNet's temporary space, then the inputs laid out as
+      // without the copy (d out = the sum), for the same LayerNorm backward.
+      const MXTensor& dy = (*in)[0];
+      const int64_t n = dy.size();
+      const int bytes = static_cast<int>(n * dtype_bytes(dy.dtype));
+      if (n * static_cast<int64_t>(dtype_bytes(dy.dtype)) > 0x7FFFFFFF) {
+        MX_ERROR_MSG << "mxmp_layer_norm backward: copy_out=1 sums gradients of at most 2 GiB";
+        return MX_FAIL;
+      }
+      void* buf = n > 0 ? res.alloc_cpu(bytes) : nullptr;
+      if (n > 0 && buf == nullptr) {
+        MX_ERROR_MSG << "mxmp_layer_norm backward: no temporary space for the gradients' sum";
+        return MX_FAIL;
+      }
+      if (dy.dtype == mxnet::ext::kFloat64) {
+        ln_sum_grads((*in)[0].data<double>(), (*in)[3].data<double>(),
+                     static_cast<double*>(buf), n);
+      } else if (dy.dtype == mxnet::ext::kFloat32) {
+        ln_sum_grads((*in)[0].data<float>(), (*in)[3].data<float>(),
+                     static_cast<float*>(buf), n);
+      } else {
+        ln_sum_grads((*in)[0].data<bf16>(), (*in)[3].data<bf16>(), static_cast<bf16*>(buf), n);
+      }
+      summed = {(*in)[0], (*in)[1], (*in)[2], (*in)[4], (*in)[5], (*in)[6], (*in)[7],
+                (*in)[8], (*in)[9]};
+      summed[0].data_ptr = buf;
+      in = &summed;
+    }
     MXTensor& x = (*in)[3];
     const int64_t d = last_dim(x);
     const int64_t rows = d == 0 ? 0 : x.size() / d;
