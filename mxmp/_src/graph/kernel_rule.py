@@ -64,7 +64,7 @@ after ``import mxmp`` (:mod:`mxmp._src.kernels.loading`).
 import logging
 import os
 
-from .symbol_json import MARK, unique_name
+from .symbol_json import MARK, TRUE_STRINGS as _TRUE, unique_name
 
 __all__ = ['KERNEL_PREFIX', 'INPUT_COPY', 'TIE', 'EXTRA_INPUTS', 'LOW_SUFFIX', 'FLOAT32_OUTPUTS',
            'FLOAT32_INPUTS', 'FLAG', 'substitute', 'apply_kernels', 'planned', 'restore',
@@ -131,7 +131,6 @@ TIE = 'kernel_tie'
 #: (data's shape without its last axis), whose output (behind ``BlockGrad``: no gradient work)
 #: the library op takes as one more extra input and ignores.
 EXTRA_INPUTS = '__ext_extra_inputs__'
-_TRUE = ('1', 'true', 'True')
 
 
 def _eligible(node, used_outputs):
@@ -373,7 +372,7 @@ def restore(node):
     the original op (and inputs), or None for other nodes. A self-attention pair's valatt
     comes back reading its qk's second output, which :func:`.kernel_undo.mxnet_ops` points at
     the qk's input again (:func:`.selfatt_pair.pair_source`); a LayerNorm copy's reader, the
-    LayerNorm's output 3, which they point at output 0 (:func:`.ln_copy.copy_of`)."""
+    LayerNorm's output 3, which they point at output 0 (:func:`.ln_copy.has_copy`)."""
     if node['op'] == 'null':
         return None
     mark = node.get('attrs', {}).get(MARK, '')

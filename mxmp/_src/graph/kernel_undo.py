@@ -28,7 +28,7 @@ def _undo(js, undo, bypass=lambda node: False):
     the qk's input again (the values' output is gone); a LayerNorm copy's reader reads the
     undone LayerNorm's output 0 again (:mod:`.ln_copy`)."""
     from .selfatt_pair import pair_source   # with the kernel rule, not by `import mxmp`
-    from .ln_copy import COPY, copy_of
+    from .ln_copy import COPY, has_copy
     nodes = js['nodes']
     names = {n['name'] for n in nodes}
     out, new_id, resolve = [], {}, {}
@@ -66,7 +66,7 @@ def _undo(js, undo, bypass=lambda node: False):
                              % (nodes[paired[0]]['name'], node['name']))
         if isinstance(back, dict) and pair_source(node) is not None:
             values_of[nid] = node['inputs'][0]
-        if isinstance(back, dict) and copy_of(node) is not None:
+        if isinstance(back, dict) and has_copy(node):
             copied.add(nid)
         reads = (back['inputs'] if isinstance(back, dict) else
                  node['inputs'][:1] if back == 'input' else node['inputs'])

@@ -18,18 +18,17 @@ and their gradients cast back up and summed in float32, not as the one cast's ``
 LayerNorm; the others take and give bfloat16 and keep it). Under emulation (float32 kernels)
 every copy goes: the sum is float32 there anyway, and the copy would get its own rounding.
 
-The rule (:func:`.kernel_rule.apply_kernels`) writes it; :func:`copy_of` tells
+The rule (:func:`.kernel_rule.apply_kernels`) writes it; :func:`has_copy` tells
 :func:`.kernel_undo.mxnet_ops` and ``strip`` which output the copy stands for when they undo it.
 """
 
-from .symbol_json import MARK, RESIDUAL_MARK
+from .symbol_json import MARK, RESIDUAL_MARK, TRUE_STRINGS as _TRUE
 
-__all__ = ['COPY_OUT', 'COPY', 'layer_norm_copies', 'planned_copies', 'copy_of',
+__all__ = ['COPY_OUT', 'COPY', 'layer_norm_copies', 'planned_copies', 'has_copy',
            'copy_rule_suffix', 'drop_cast_copies']
 
 #: The attribute of ``mxmp_layer_norm`` that adds the copy, and the copy's output index.
 COPY_OUT, COPY = 'copy_out', 3
-_TRUE = ('1', 'true', 'True')
 
 
 def layer_norm_copies(js, chosen):
@@ -104,9 +103,9 @@ def drop_cast_copies(js, decisions, emulate=False):
     nodes = js['nodes']
     ident = {}   # (LayerNorm id, output) -> its residual identity's id
     for nid, node in enumerate(nodes):
-        if _residual(node) and copy_of(nodes[node['inputs'][0][0]]) is not None:
+        if _residual(node) and has_copy(nodes[node['inputs'][0][0]]):
             ident[tuple(node['inputs'][0][:2])] = nid
-    drop = {nid for nid, n in enumerate(nodes) if copy_of(n) is not None and (emulate or (
+    drop = {nid for nid, n in enumerate(nodes) if has_copy(n) and (emulate or (
         (nid, COPY) in ident and (nid, 0) in ident and decisions[nid].outputs[0] == 'float32'))}
     if not drop:
         return js
@@ -131,12 +130,10 @@ def _entry(new_id, gone, drop, entry):
     return [new_id[src], 0 if src in drop and idx == COPY else idx, version]
 
 
-def copy_of(node):
-    """The output index (int, 0) a LayerNorm copy's output (:data:`COPY`) stands for when the
-    rule is undone, for an ``mxmp_layer_norm`` node with ``copy_out=1``; None for other nodes."""
-    if node['op'] != 'mxmp_layer_norm' or node.get('attrs', {}).get(COPY_OUT) not in _TRUE:
-        return None
-    return 0
+def has_copy(node):
+    """bool: ``node`` is an ``mxmp_layer_norm`` with ``copy_out=1``, whose output :data:`COPY`
+    stands for its output 0 when the rule is undone."""
+    return node['op'] == 'mxmp_layer_norm' and node.get('attrs', {}).get(COPY_OUT) in _TRUE
 
 
 def copy_rule_suffix(attrs):

@@ -13,8 +13,7 @@ from typing import List, NamedTuple, Optional
 from ..dtypes import LOW_PRECISION_DTYPES as _LOW, dtype_name, from_mshadow_enum
 from ..policy.policy import FLOAT32, FOLLOW, LOSS_OUTPUT, LOW_PRECISION, resolve_policy
 from .kernel_rule import FLOAT32_INPUTS as _KERNEL_FLOAT32_INPUTS, FLOAT32_OUTPUTS as \
-    _KERNEL_FLOAT32_OUTPUTS, INPUT_COPY as _INPUT_COPY, original_op, planned, \
-    substitute
+    _KERNEL_FLOAT32_OUTPUTS, INPUT_COPY as _INPUT_COPY, original_op, planned, substitute
 from .strip import converted_dtype, strip
 from .symbol_json import (CAST_OPS, MARK, cast_origin, infer_dtypes, load, mutable_inputs,
     node_output_dtypes)
@@ -378,16 +377,16 @@ def explain(sym, target_dtype=None, policy=None, data_dtypes=None, cast_params=N
                                           data_names, cast_params, kernels=False)
     kernel_nodes = planned(js, policy)
     from .selfatt_pair import planned_pairs   # not loaded by `import mxmp`
-    pairs = planned_pairs(js, kernel_nodes)   # the kernel rule's self-attention pairs
+    notes = planned_pairs(js, kernel_nodes)   # the kernel rule's self-attention pairs
     dtypes = {node['name']: dec.dtype for node, dec in zip(js['nodes'], decisions)}
     from .ln_copy import planned_copies   # and LayerNorm copies
     for name, note in planned_copies(js, kernel_nodes, dtypes).items():
-        pairs[name] = pairs[name] + '; ' + note if name in pairs else note
+        notes[name] = notes[name] + '; ' + note if name in notes else note
     folds = {bn: conv for bn, conv in batchnorm_folds(js).items() if dtypes.get(conv) in _LOW}
     return [ExplainRow(node['name'], kernel_nodes.get(node['name'], node['op']), dec.dtype,
                        dec.rule + ('; ' + fold_rule(folds[node['name']])
                                    if node['name'] in folds else '') +
-                       ('; ' + pairs[node['name']] if node['name'] in pairs else ''))
+                       ('; ' + notes[node['name']] if node['name'] in notes else ''))
             for node, dec in zip(js['nodes'], decisions)]
 
 

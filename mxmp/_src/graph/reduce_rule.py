@@ -41,7 +41,7 @@ It is on for bfloat16 targets (the slow kernel is MXNet's CPU kernel) and off wi
 node it writes (:func:`rule_of`);
 :func:`restore_graph` undoes it (``remove_casts``, export).
 """
-from .symbol_json import MARK, infer_dtypes, unique_name
+from .symbol_json import MARK, TRUE_STRINGS as _TRUE, infer_dtypes, unique_name
 
 __all__ = ['REDUCE_PREFIX', 'substitute', 'restore_graph', 'rule_of']
 
@@ -49,7 +49,6 @@ __all__ = ['REDUCE_PREFIX', 'substitute', 'restore_graph', 'rule_of']
 #: follows); helpers are marked :data:`_HELPER`.
 REDUCE_PREFIX = 'reduce:'
 _HELPER = 'reduce_helper'
-_TRUE = ('1', 'true', 'True')
 _LAST = ('-1', '(-1,)', '[-1]', '(-1)')
 _FIRST = ('0', '(0,)', '[0]', '(0)')
 

@@ -88,11 +88,11 @@ def substitute(js, policy, input_dtypes):
         return js
     nodes = js['nodes']
     kernel_nodes = planned(js, policy)   # explain's graph: the kernel rule's nodes to come
-    from .ln_copy import COPY, copy_of   # the kernel rule's LayerNorm copy: output 3 too
+    from .ln_copy import COPY, has_copy   # the kernel rule's LayerNorm copy: output 3 too
     chosen = {}   # (LayerNorm nid, output) -> consumer (nid, input position) list of the cast
     for nid, node in enumerate(nodes):
         for pos, (src, out, _) in enumerate(node.get('inputs', ())):
-            if (out == 0 or out == COPY and copy_of(nodes[src]) is not None) and \
+            if (out == 0 or out == COPY and has_copy(nodes[src])) and \
                     nodes[src]['op'] != 'null' and \
                     _is_float32_layernorm(policy, nodes[src]) and \
                     not _reads_float32(policy, nodes, node, src, kernel_nodes):

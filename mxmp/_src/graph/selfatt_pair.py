@@ -14,13 +14,14 @@ The rule (:func:`.kernel_rule.apply_kernels`) writes the pair; :func:`pair_sourc
 :func:`.kernel_undo.mxnet_ops` and ``strip`` which input the values stand for when they undo it.
 """
 
+from .symbol_json import TRUE_STRINGS as _TRUE
+
 __all__ = ['EMIT_V', 'V_ONLY', 'selfatt_pairs', 'planned_pairs', 'pair_note', 'pair_source',
            'pair_rule_suffix']
 
 #: Attributes of the self-attention pair: ``mxmp_selfatt_qk`` emits the values as a second
 #: output, ``mxmp_selfatt_valatt`` reads them alone.
 EMIT_V, V_ONLY = 'emit_v', 'v_only'
-_TRUE = ('1', 'true', 'True')
 
 
 def selfatt_pairs(js, chosen):

@@ -46,12 +46,12 @@ def strip(js, unpin=False):
             continue
         if kernel is not None:
             from .selfatt_pair import pair_source   # not loaded by `import mxmp`
-            from .ln_copy import COPY, copy_of
+            from .ln_copy import COPY, has_copy
             if pair_source(node) is not None:   # a self-attention pair's values: qkv again
                 src, idx, _ = pair_source(node)
                 resolve[(nid, 1)] = resolve.get((src, idx), (src, idx))
-            if copy_of(node) is not None:   # a LayerNorm copy: the LayerNorm's output again
-                resolve[(nid, COPY)] = (nid, copy_of(node))
+            if has_copy(node):   # a LayerNorm copy: the LayerNorm's output again
+                resolve[(nid, COPY)] = (nid, 0)
             originals[nid] = node = kernel
         if node['op'] != 'null' and STEM_MARK in node.get('attrs', {}):
             # the stem padding (mxmp._src.graph.stem): its Concat stands for the unpadded tensor

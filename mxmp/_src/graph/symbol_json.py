@@ -12,7 +12,7 @@ import numpy as np
 
 from ..dtypes import LOW_PRECISION_DTYPES, MSHADOW_ENUM, dtype_name
 
-__all__ = ['MARK', 'NAME_MARK', 'ROUND_MARK', 'PINNED', 'RESIDUAL_MARK', 'CAST_OPS',
+__all__ = ['MARK', 'NAME_MARK', 'ROUND_MARK', 'PINNED', 'RESIDUAL_MARK', 'TRUE_STRINGS', 'CAST_OPS',
            'FLOAT_DTYPES', 'load', 'dump',
            'is_cast_param', 'cast_param_names', 'storage_mark', 'original_dtype',
            'cast_origin', 'pin_variable_dtypes', 'infer_dtypes', 'node_output_dtypes',
@@ -38,6 +38,8 @@ _FLOAT32_PARAM = 'float32_param'
 #: a weight whose ``__shape__`` it wrote (value :data:`STEM_SHAPE` + its former ``__shape__``).
 STEM_MARK = '__mxmp_stem__'   # a graph attribute key
 STEM_SHAPE = 'shape:'
+#: The strings MXNet's attribute parser reads as a true boolean.
+TRUE_STRINGS = ('1', 'true', 'True')
 #: MXNet's mixed-precision cast operators.
 CAST_OPS = ('amp_cast', 'amp_multicast')
 #: The float dtypes a variable can be pinned to.
