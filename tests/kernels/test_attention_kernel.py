@@ -22,11 +22,8 @@ from mxmp._src.conformance.attention import BFLOAT16_TOL, FLOAT32_TOL
 from mxmp._src.graph.kernel_rule import ATTENTION, apply_kernels, attention_pays
 from mxmp._src.graph.kernel_undo import mxnet_ops
 from mxmp._src.graph.symbol_json import load
-from mxmp._src.kernels.build import load_library
-from tier_run import run_on_tiers
+from tier_run import needs_library, run_on_tiers
 
-needs_library = pytest.mark.skipif(load_library() is None, reason="mxmp's operator library "
-                                   'does not build here (no C++ compiler?)')
 
 
 @pytest.fixture(scope='module')

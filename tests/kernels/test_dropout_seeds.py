@@ -23,10 +23,8 @@ from mxnet import autograd
 from mxnet.contrib.amp.amp import bfloat16
 
 from mxmp._src.conformance.dropout import dropout_keep
-from mxmp._src.kernels.build import load_library
+from tier_run import needs_library
 
-needs_library = pytest.mark.skipif(load_library() is None, reason="mxmp's operator library "
-                                   'does not build here (no C++ compiler?)')
 # sizes: one element, a partial vector, one block less one, one block and a partial vector, and
 # three blocks and a bit as a 2-D tensor (the index runs over the flattened tensor)
 SHAPES = [(1,), (13,), (65535,), (65536 + 17,), (7, 28091)]

@@ -32,11 +32,10 @@ from mxmp._src.conformance.gelu import gelu_ref
 from mxmp._src.graph.kernel_undo import inference_only
 from mxmp._src.graph.symbol_json import load
 from mxmp._src.kernels.build import OPS, load_library
+from tier_run import needs_library
 
 LIBRARY = load_library() is not None
 REAL = mxmp.lp_kernels_available('bfloat16')
-needs_library = pytest.mark.skipif(not LIBRARY, reason="mxmp's operator library does not "
-                                   'build here (no C++ compiler?)')
 SPECIAL = [np.inf, -np.inf, np.nan, 1e-40, -1e-40, 1e-45, 0.0, -0.0, 1e30, -1e30, 3e38, -3e38,
            16.0, -16.0, 13.2, -13.2, 87.0, -87.0]
 
@@ -156,7 +155,8 @@ def test_a_converted_ffn_runs_the_library_gelu_with_no_cast_around_it():
 
 @needs_library
 def test_the_default_and_all_kernels_run_the_library_gelu():
-    for sym in (_convert(_ffn()), _convert(_ffn(), kernels='auto'), _convert(_ffn(), kernels='all')):
+    for sym in (_convert(_ffn()), _convert(_ffn(), kernels='auto'),
+                _convert(_ffn(), kernels='all')):
         ops = [n['op'] for n in _nodes(sym)]
         assert 'mxmp_gelu' in ops and 'LeakyReLU' not in ops
 

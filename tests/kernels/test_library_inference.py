@@ -19,9 +19,8 @@ import pytest
 from mxmp._src.kernels.build import load_library
 
 from test_contract import worker
+from tier_run import needs_library
 
-needs_library = pytest.mark.skipif(load_library() is None, reason="mxmp's operator library "
-                                   'does not build here (no C++ compiler?)')
 
 
 @pytest.fixture(scope='module')

@@ -20,11 +20,8 @@ from mxmp._src.graph.kernel_undo import mxnet_ops
 from mxmp._src.graph.rule_notes import kernel_rule_of as rule_of
 from mxmp._src.graph.strip import strip
 from mxmp._src.graph.symbol_json import dump, load
-from mxmp._src.kernels.build import load_library
-from tier_run import run_on_tier, run_on_tiers
+from tier_run import exported, needs_library, run_on_tier, run_on_tiers
 
-needs_library = pytest.mark.skipif(load_library() is None, reason="mxmp's operator library "
-                                   'does not build here (no C++ compiler?)')
 
 
 @pytest.fixture(scope='module')
@@ -198,19 +195,9 @@ def test_export_holds_the_graph_without_the_copy(tmp_path, monkeypatch):
     for copy in (True, False):
         if not copy:
             monkeypatch.setattr(ln_copy, 'layer_norm_copies', lambda js, chosen: {})
-        mx.random.seed(0)
-        net = _Residual(prefix='res_')
-        net.initialize(mx.init.Xavier())
-        net.hybridize()
-        net = mxmp.convert(net, 'bfloat16')
-        net(mx.nd.ones((5, 2, 16)))
-        nodes = json.loads(mxmp.converted_graph(net).tojson(remove_amp_cast=False))['nodes']
+        nodes, written = exported(lambda: _Residual(prefix='res_'), str(tmp_path / str(copy)))
         assert any(n.get('attrs', {}).get('copy_out') == '1' for n in nodes) == copy
-        for keep_casts in (False, True):   # the float32 graph, and the converted one
-            name = str(tmp_path / ('copy%d_%d' % (copy, keep_casts)))
-            net.export(name, remove_amp_cast=not keep_casts)
-            with open(name + '-symbol.json') as f:
-                files.append(json.load(f))
+        files += written
     for with_copy, without in zip(files[:2], files[2:]):
         assert with_copy['nodes'] == without['nodes'] and with_copy['heads'] == without['heads']
         assert 'LayerNorm' in {n['op'] for n in with_copy['nodes']}

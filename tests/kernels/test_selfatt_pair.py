@@ -21,11 +21,8 @@ from mxmp._src.graph.rule_notes import kernel_rule_of as rule_of
 from mxmp._src.graph.kernel_undo import mxnet_ops
 from mxmp._src.graph.strip import strip
 from mxmp._src.graph.symbol_json import load
-from mxmp._src.kernels.build import load_library
-from tier_run import run_on_tier, run_on_tiers
+from tier_run import exported, needs_library, run_on_tier, run_on_tiers
 
-needs_library = pytest.mark.skipif(load_library() is None, reason="mxmp's operator library "
-                                   'does not build here (no C++ compiler?)')
 QK = '_contrib_interleaved_matmul_selfatt_qk'
 VA = '_contrib_interleaved_matmul_selfatt_valatt'
 
@@ -195,20 +192,10 @@ def test_export_holds_the_graph_without_the_pair(tmp_path, monkeypatch):
     for pair in (True, False):
         if not pair:
             monkeypatch.setattr(selfatt_pair, 'selfatt_pairs', lambda js, chosen: {})
-        mx.random.seed(0)
-        net = _SelfAttention(prefix='att_')
-        net.initialize(mx.init.Xavier())
-        net.hybridize()
-        net = mxmp.convert(net, 'bfloat16')
-        net(mx.nd.ones((5, 2, 16)))
-        nodes = json.loads(mxmp.converted_graph(net).tojson(remove_amp_cast=False))['nodes']
+        nodes, written = exported(lambda: _SelfAttention(prefix='att_'), str(tmp_path / str(pair)))
         assert any(n.get('attrs', {}).get('emit_v') == '1' for n in nodes) == (
             pair and attention_pays())
-        for keep_casts in (False, True):   # the float32 graph, and the converted one
-            name = str(tmp_path / ('pair%d_%d' % (pair, keep_casts)))
-            net.export(name, remove_amp_cast=not keep_casts)
-            with open(name + '-symbol.json') as f:
-                files.append(json.load(f))
+        files += written
     for with_pair, without in zip(files[:2], files[2:]):
         assert with_pair['nodes'] == without['nodes'] and with_pair['heads'] == without['heads']
         assert {QK, VA} <= {n['op'] for n in with_pair['nodes']}

@@ -16,11 +16,9 @@ import pytest
 
 import mxnet as mx
 import mxmp
-from mxmp._src.kernels.build import load_library
+from tier_run import needs_library
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-needs_library = pytest.mark.skipif(load_library() is None, reason="mxmp's operator library "
-                                   'does not build here (no C++ compiler?)')
 
 
 @pytest.fixture(scope='module', params=['native', 'AVX2'])

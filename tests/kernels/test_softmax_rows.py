@@ -22,11 +22,9 @@ import sys
 
 import pytest
 
-from mxmp._src.kernels.build import load_library
+from tier_run import needs_library
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-needs_library = pytest.mark.skipif(load_library() is None, reason="mxmp's operator library "
-                                   'does not build here (no C++ compiler?)')
 BOUNDS = {'float64': (1e-12, 1e-12), 'float32': (1e-6, 1e-6), 'bfloat16': (4.1e-3, 8e-3)}
 
 
