@@ -10,6 +10,7 @@ the rule's graph without the copy.
 """
 import json
 
+import numpy as np
 import pytest
 
 import mxnet as mx
@@ -173,6 +174,31 @@ def test_bert_tiny_trains_bit_for_bit_without_the_layer_norm_sums():
     assert no_copy['add_n_calls'] - copy['add_n_calls'] == 3, run
     assert copy['losses'] == no_copy['losses']   # float32 bits of each step's losses
     assert copy['params'] == no_copy['params']   # md5 of every parameter after 3 steps
+
+
+@needs_library
+@pytest.mark.parametrize('data', ['variable', 'op'])
+def test_inference_only_graphs_drop_the_copy_with_the_same_outputs(data):
+    """A graph that only runs inference (the fused twin, mxmp.freeze) has no backward to sum
+    the two gradients: the copy goes and its reader reads output 0; the outputs keep their
+    bits."""
+    from mxmp._src.graph.kernel_undo import inference_only
+    x = mx.sym.var('data')
+    if data == 'op':
+        x = mx.sym.FullyConnected(x, num_hidden=8, flatten=False, name='proj')
+    lib = apply_kernels(load(_block(x)), 'auto')
+    assert any(ln_copy.has_copy(n) for n in lib['nodes'])
+    back = inference_only(lib)
+    nodes = _by_name(back)
+    ln_id, ln = nodes['ln']
+    assert ln['op'] == 'mxmp_layer_norm' and 'copy_out' not in ln['attrs']
+    assert nodes['add1'][1]['inputs'][1] == [ln_id, 0, 0]
+    assert not any(i == 3 for n in back['nodes'] for _, i, _ in n['inputs'])
+    rng = np.random.RandomState(0)
+    shapes = dict(zip(dump(lib).list_arguments(), dump(lib).infer_shape(data=(2, 3, 8))[0]))
+    args = {k: mx.nd.array(rng.normal(size=v)) for k, v in shapes.items()}
+    got = [dump(g).eval(mx.cpu(), **args)[0].asnumpy() for g in (lib, back)]
+    assert got[0].tobytes() == got[1].tobytes()
 
 
 class _Residual(mx.gluon.HybridBlock):

@@ -25,7 +25,7 @@ The rule (:func:`.kernel_rule.apply_kernels`) writes it; :func:`has_copy` tells
 from .symbol_json import MARK, RESIDUAL_MARK, TRUE_STRINGS as _TRUE
 
 __all__ = ['COPY_OUT', 'COPY', 'layer_norm_copies', 'planned_copies', 'has_copy',
-           'copy_rule_suffix', 'drop_cast_copies']
+           'copy_rule_suffix', 'drop_cast_copies', 'drop_copies']
 
 #: The attribute of ``mxmp_layer_norm`` that adds the copy, and the copy's output index.
 COPY_OUT, COPY = 'copy_out', 3
@@ -97,9 +97,9 @@ def drop_cast_copies(js, decisions, emulate=False):
     """``js`` (graph JSON after the kernel and residual rules) without the copy of each
     LayerNorm the plan's ``decisions`` (one per node) run in float32 whose output 0 and copy
     are both read through a residual identity (module docstring), or of every LayerNorm where
-    ``emulate`` (bool: float32 kernels): the copy's readers read output 0 (its residual
-    identity's, output 0's identity), which was the graph without the copy. A new dict, or
-    ``js`` itself where there is none."""
+    ``emulate`` (bool: float32 kernels; ``decisions`` is then not read): the copy's readers
+    read output 0 (its residual identity's, output 0's identity), which was the graph without
+    the copy. A new dict, or ``js`` itself where there is none."""
     nodes = js['nodes']
     ident = {}   # (LayerNorm id, output) -> its residual identity's id
     for nid, node in enumerate(nodes):
@@ -120,6 +120,14 @@ def drop_cast_copies(js, decisions, emulate=False):
         out.append(dict(node, inputs=[_entry(new_id, gone, drop, e) for e in node['inputs']]))
         new_id[nid] = len(out) - 1
     return dict(js, nodes=out, heads=[_entry(new_id, gone, drop, e) for e in js['heads']])
+
+
+def drop_copies(js):
+    """``js`` (graph JSON) without any LayerNorm copy: each copy's readers read output 0. For
+    graphs that only run inference (:func:`.kernel_undo.inference_only`), where no backward sums
+    the two gradients and the copy would only cost a write of the output. A new dict, or ``js``
+    itself where there is none."""
+    return drop_cast_copies(js, None, emulate=True)
 
 
 def _entry(new_id, gone, drop, entry):
