@@ -70,8 +70,9 @@ def run_child(spec, env, log_path, result_path, timeout):
 #: Prefixes of the environment variables a run records: MXNet's, the thread counts', and
 #: glibc's malloc tunables (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``: they decide
 #: whether the bfloat16 FullyConnected backward's per-call oneDNN scratchpads page-fault every
-#: step, docs/benchmark.md "Why the bfloat16 FullyConnected backward runs 1.77x").
-RECORDED_ENV = ('MXNET_', 'OMP_', 'MKL_', 'KMP_', 'MALLOC_')
+#: step, docs/benchmark.md "Why the bfloat16 FullyConnected backward runs 1.77x"), and
+#: ``MXMP_MALLOC`` (``default``: mxmp leaves glibc's malloc untuned).
+RECORDED_ENV = ('MXNET_', 'OMP_', 'MKL_', 'KMP_', 'MALLOC_', 'MXMP_MALLOC')
 
 
 def machine_info(threads):

@@ -206,9 +206,11 @@ def test_machine_info_records_glibc_malloc_tunables(monkeypatch):
     from benchmarks import runner
     monkeypatch.setenv('MALLOC_TRIM_THRESHOLD_', '4294967296')
     monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '33554432')
+    monkeypatch.setenv('MXMP_MALLOC', 'default')
     monkeypatch.setenv('UNRELATED_VARIABLE', '1')
     env = runner.machine_info(1)['env']
     assert env['MALLOC_TRIM_THRESHOLD_'] == '4294967296'
+    assert env['MXMP_MALLOC'] == 'default'   # mxmp's own tuning switched off
     assert env['MALLOC_MMAP_THRESHOLD_'] == '33554432'
     assert env['OMP_NUM_THREADS'] == '1'
     assert 'UNRELATED_VARIABLE' not in env
