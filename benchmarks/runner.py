@@ -67,12 +67,21 @@ def run_child(spec, env, log_path, result_path, timeout):
     return result
 
 
+#: Prefixes of the environment variables a run records: MXNet's, the thread counts', and
+#: glibc's malloc tunables (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``: they decide
+#: whether the bfloat16 FullyConnected backward's per-call oneDNN scratchpads page-fault every
+#: step, docs/benchmark.md "Why the bfloat16 FullyConnected backward runs 1.77x"), and
+#: ``MXMP_MALLOC`` (``default``: mxmp leaves glibc's malloc untuned).
+RECORDED_ENV = ('MXNET_', 'OMP_', 'MKL_', 'KMP_', 'MALLOC_', 'MXMP_MALLOC')
+
+
 def machine_info(threads):
-    """CPU model, AVX-512 flags, core count, load average, thread settings (for the report)."""
+    """CPU model, AVX-512 flags, core count, load average, thread settings and the
+    :data:`RECORDED_ENV` variables (for the report)."""
     info = {'platform': platform.platform(), 'cpus': os.cpu_count(), 'threads': threads,
             'loadavg_start': os.getloadavg(),
             'env': {k: v for k, v in os.environ.items()
-                    if k.startswith(('MXNET_', 'OMP_', 'MKL_', 'KMP_'))}}
+                    if k.startswith(RECORDED_ENV)}}
     for var in THREAD_VARS:
         info['env'][var] = str(threads)
     try:

@@ -84,7 +84,8 @@ EMULATED_PATH_TESTS=(tests/graph/test_pass.py tests/gluon/test_convert.py tests/
                      tests/conformance/test_conformance.py tests/kernels/test_artefacts.py
                      tests/kernels/test_bfloat16_library_ops.py tests/graph/test_residual_rule.py
                      tests/kernels/test_gelu_kernel.py tests/graph/test_concat_rule.py
-                     tests/test_benchmark_backward_kept.py tests/graph/test_grad_order.py)
+                     tests/test_benchmark_backward_kept.py tests/graph/test_grad_order.py
+                     tests/device/test_malloc_tuning.py)
 
 echo "== pytest"
 status=0

@@ -200,6 +200,22 @@ def test_aggregate_pools_the_iterations_of_every_repeat():
     assert failed['img_per_s_median'] is None and failed['failed_stage'] == 'warmup'
 
 
+def test_machine_info_records_glibc_malloc_tunables(monkeypatch):
+    # MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ change the bfloat16 BERT step (page faults
+    # of oneDNN's per-call scratchpads): a run's JSON must say whether they were set.
+    from benchmarks import runner
+    monkeypatch.setenv('MALLOC_TRIM_THRESHOLD_', '4294967296')
+    monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '33554432')
+    monkeypatch.setenv('MXMP_MALLOC', 'default')
+    monkeypatch.setenv('UNRELATED_VARIABLE', '1')
+    env = runner.machine_info(1)['env']
+    assert env['MALLOC_TRIM_THRESHOLD_'] == '4294967296'
+    assert env['MXMP_MALLOC'] == 'default'   # mxmp's own tuning switched off
+    assert env['MALLOC_MMAP_THRESHOLD_'] == '33554432'
+    assert env['OMP_NUM_THREADS'] == '1'
+    assert 'UNRELATED_VARIABLE' not in env
+
+
 def test_first_line_drops_mxnet_stack_traces():
     from benchmarks.worker import first_line
     err = RuntimeError('\nTraceback (most recent call last):\n  File "x.cc", line 1\n'

@@ -160,11 +160,14 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
         float32 outputs, every float parameter's ``__dtype__`` written (plain MXNet binds it).
         Converting it again with the same policy returns an identical graph.
 
+    A bfloat16 conversion on oneDNN's real kernels also tunes glibc's malloc, once per process
+    (:func:`mxmp._src.malloc_tuning.tune_malloc`; ``MXMP_MALLOC=default`` keeps the defaults).
+
     Raises:
         TypeError: ``sym`` is not a Symbol; ``policy`` is not a Policy.
-        ValueError: unknown dtype; a keyword contradicting ``policy``; a graph converted to the
-            other dtype (use ``remove_casts``); variables stored in the other low-precision
-            dtype; a graph MXNet cannot type.
+        ValueError: a bad ``MXMP_MALLOC``; unknown dtype; a keyword contradicting ``policy``; a
+            graph converted to the other dtype (use ``remove_casts``); variables stored in the
+            other low-precision dtype; a graph MXNet cannot type.
         RuntimeError: MXNet's type inference disagrees with the plan (an op-list bug at a node
             of the graph, the message names a ``Policy(fp32_ops=...)`` workaround; else a bug of
             the pass).
@@ -173,6 +176,8 @@ def convert_symbol(sym, target_dtype=None, policy=None, data_dtypes=None, cast_p
                                                          data_dtypes, data_names, cast_params)
     from ..cpu_tier import warn_if_slower_than_float32   # on first use: import mxmp stays small
     warn_if_slower_than_float32(policy.target_dtype, policy.emulate)
+    from ..malloc_tuning import tune_for_conversion   # bfloat16 on oneDNN: glibc's malloc tuned
+    tune_for_conversion(policy.target_dtype, policy.emulate)
     builder = _Builder(js, policy.emulate, policy.target_dtype)
     for nid, (node, dec) in enumerate(zip(js['nodes'], decisions)):
         builder.add(nid, node, dec)
