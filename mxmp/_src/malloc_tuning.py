@@ -12,9 +12,11 @@ that: allocations below 32 MiB come from the heap (``M_MMAP_THRESHOLD``), and th
 trimmed unless 2 GiB are free at its top (``M_TRIM_THRESHOLD``). That is what the environment
 variables ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296`` do (``mallopt``
 takes a C int, so 2 GiB - 1 stands for 4 GiB: a secondary arena's heap is at most 64 MiB, and
-either value means "never" for these allocations); ``mallopt`` sets the same fields of glibc's parameters, which malloc reads at each allocation
-(mmap or heap) and free (trim or not), so setting them after start-up acts from then on (the
-per-step fault counts of docs/benchmark.md show it). Cost: freed heap memory is kept for reuse
+either value means "never" for these allocations); ``mallopt`` sets the same fields of glibc's
+parameters, which malloc reads at each allocation (mmap or heap) and free (trim or not), so
+setting them after start-up acts from then on (the per-step fault counts of docs/benchmark.md
+show it). It lowers the odds of the refaulting, not to zero: tuned processes fell into it too,
+less often (docs/benchmark.md). Cost: freed heap memory is kept for reuse
 rather than returned to the system (BERT-base's peak RSS grew by about 1%).
 """
 import ctypes
@@ -75,8 +77,8 @@ def _glibc():
     ``gnu_get_libc_version`` and ``mallopt``), else None (musl, macOS, Windows)."""
     try:
         libc = ctypes.CDLL(None)
-        libc.gnu_get_libc_version   # pylint: disable=pointless-statement  (AttributeError: not glibc)
-        libc.mallopt                # pylint: disable=pointless-statement
+        libc.gnu_get_libc_version   # AttributeError where the C library is not glibc
+        libc.mallopt
     except (OSError, AttributeError, TypeError):
         return None
     return libc
@@ -84,9 +86,9 @@ def _glibc():
 
 def tune_malloc():
     """Set glibc's ``M_MMAP_THRESHOLD`` to :data:`MMAP_THRESHOLD` (32 MiB) and
-    ``M_TRIM_THRESHOLD`` to :data:`TRIM_THRESHOLD` (2 GiB - 1 byte) through ``mallopt``, once per process
-    (process-wide: every thread's arena), and say so in one info line of the ``mxmp.malloc``
-    logger. Why: the module's docstring.
+    ``M_TRIM_THRESHOLD`` to :data:`TRIM_THRESHOLD` (2 GiB - 1 byte) through ``mallopt``, once
+    per process (process-wide: every thread's arena), and say so in one info line of the
+    ``mxmp.malloc`` logger. Why: the module's docstring.
 
     Does nothing (and says why at debug level) where ``MXMP_MALLOC=default`` (the opt-out),
     where the environment sets ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or either
