@@ -1392,6 +1392,56 @@ MXMP_BF16_TARGET void interleave_avx512(const float* r0, const float* r1, int64_
     _mm512_mask_storeu_epi32(out + j, m, v);
   }
 }
+
+// interleave_rows of bfloat16 rows: each value widened to 32 bits, r1's shifted to the high
+// half.
+MXMP_BF16_TARGET void interleave_bf16_avx512(const bf16_bits* r0, const bf16_bits* r1,
+                                             int64_t n, uint32_t* out) {
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0 + j));
+    const __m512i b = r1 == nullptr ? _mm512_setzero_si512() :
+                      _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r1 + j));
+    _mm512_mask_storeu_epi32(out + j, m, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+  }
+}
+
+// pack_b of a bfloat16 B whose columns are contiguous along k, k even (each pair is two
+// neighbours of a column): blocks of 16 columns x 16 pairs loaded (column c's pairs q0 ..
+// q0 + 15 from p + c * cs + 2 q0; w columns, np pairs, the rest 0), transposed in registers
+// (32-bit elements) and stored as 16 rows of pairs: o[q * n_pad + c].
+MXMP_BF16_TARGET void transpose_pairs_avx512(const bf16_bits* p, int64_t cs, int64_t w,
+                                             int64_t pairs, uint32_t* o, int64_t n_pad) {
+  for (int64_t q0 = 0; q0 < pairs; q0 += 16) {
+    const int64_t np = pairs - q0 < 16 ? pairs - q0 : 16;
+    const __mmask16 m = np == 16 ? 0xFFFF : static_cast<__mmask16>((1u << np) - 1);
+    __m512i r[16], t[16];
+    for (int c = 0; c < 16; ++c) {
+      r[c] = c < w ? _mm512_maskz_loadu_epi32(m, p + c * cs + 2 * q0) : _mm512_setzero_si512();
+    }
+    for (int c = 0; c < 16; c += 2) {   // 2 x 2 blocks of elements
+      t[c] = _mm512_unpacklo_epi32(r[c], r[c + 1]);
+      t[c + 1] = _mm512_unpackhi_epi32(r[c], r[c + 1]);
+    }
+    for (int c = 0; c < 16; c += 4) {   // 4 x 4 blocks within each 128-bit lane
+      r[c] = _mm512_unpacklo_epi64(t[c], t[c + 2]);
+      r[c + 1] = _mm512_unpackhi_epi64(t[c], t[c + 2]);
+      r[c + 2] = _mm512_unpacklo_epi64(t[c + 1], t[c + 3]);
+      r[c + 3] = _mm512_unpackhi_epi64(t[c + 1], t[c + 3]);
+    }
+    for (int c = 0; c < 16; c += 8) {   // the 128-bit lanes across 4-row groups
+      for (int j = 0; j < 4; ++j) {
+        t[c + j] = _mm512_shuffle_i32x4(r[c + j], r[c + 4 + j], 0x88);
+        t[c + 4 + j] = _mm512_shuffle_i32x4(r[c + j], r[c + 4 + j], 0xDD);
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
+      r[8 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xDD);
+    }
+    for (int64_t q = 0; q < np; ++q) _mm512_storeu_si512(o + (q0 + q) * n_pad, r[q]);
+  }
+}
 #endif
 
 // pairs[q] = (bf16(src[2q * step]), bf16(src[(2q + 1) * step])) for q < k / 2, and the last
@@ -1426,6 +1476,11 @@ void interleave_rows(const T* r0, const T* r1, int64_t n, uint32_t* out) {
   if (std::is_same<T, float>::value && use_bf16_kernel()) {
     interleave_avx512(reinterpret_cast<const float*>(r0), reinterpret_cast<const float*>(r1),
                       n, out);
+    return;
+  }
+  if (std::is_same<T, bf16_bits>::value && use_bf16_kernel()) {
+    interleave_bf16_avx512(reinterpret_cast<const bf16_bits*>(r0),
+                           reinterpret_cast<const bf16_bits*>(r1), n, out);
     return;
   }
 #endif
@@ -1476,8 +1531,18 @@ void pack_b(const View<T>& b, int64_t n, int64_t k, uint32_t* bp, int64_t n_pad)
     }
     return;
   }
-  // B's columns are contiguous along k (a transposed operand): each column to pairs, then
-  // transposed 16 columns at a time
+  // B's columns are contiguous along k (a transposed operand)
+#ifdef MXMP_BF16_KERNEL
+  if (std::is_same<T, bf16_bits>::value && b.rs == 1 && k % 2 == 0 && use_bf16_kernel()) {
+    for (int64_t c0 = 0; c0 < n_pad; c0 += 16) {   // the pairs in place, transposed
+      const int64_t w = n - c0 < 16 ? (n - c0 > 0 ? n - c0 : 0) : 16;
+      transpose_pairs_avx512(reinterpret_cast<const bf16_bits*>(b.p) + (w > 0 ? c0 * b.cs : 0),
+                             b.cs, w, pairs, bp + c0, n_pad);
+    }
+    return;
+  }
+#endif
+  // each column to pairs, then transposed 16 columns at a time
   thread_local std::vector<uint32_t> col;
   if (col.size() < static_cast<size_t>(16 * pairs)) col.resize(16 * pairs);
   for (int64_t c0 = 0; c0 < n_pad; c0 += 16) {
@@ -1495,14 +1560,27 @@ void pack_b(const View<T>& b, int64_t n, int64_t k, uint32_t* bp, int64_t n_pad)
 }
 
 inline void store_out(float* c, float v) { *c = v; }
+
+// The pair of bfloat16 values at p (p[0] the low half), from any 2-byte alignment.
+inline uint32_t load_pair(const bf16_bits* p) {
+  uint32_t u;
+  std::memcpy(&u, p, sizeof u);
+  return u;
+}
 inline void store_out(bf16_bits* c, float v) { *c = static_cast<bf16_bits>(round_bf16(v)); }
+
+// The micro-kernels' operands: A's pair (r, q) at ap + r * a_m + q * a_q (in bfloat16 units:
+// a packed buffer, or a bfloat16 A in place), for r < mr (the rows past mr, not stored, read
+// row mr - 1); B's pair (q, j) at bp[q * ldb + j] (packed, zero past n).
 
 // The portable micro-kernel: c[mr x nr] = alpha * (A panel x B panel).
 template <typename O>
-void tile_portable(const uint32_t* ap, int64_t a_m, int64_t a_q, const uint32_t* bp,
+void tile_portable(const bf16_bits* ap, int64_t a_m, int64_t a_q, const uint32_t* bp,
                    int64_t ldb, int64_t pairs, float alpha, O* c, int64_t ldc, int64_t mr,
                    int64_t nr) {
   float acc[kMR][kNR] = {};
+  const bf16_bits* row[kMR];
+  for (int r = 0; r < kMR; ++r) row[r] = ap + (r < mr ? r : mr - 1) * a_m;
   for (int64_t q = 0; q < pairs; ++q) {
     float b0[kNR], b1[kNR];
 #pragma omp simd
@@ -1511,7 +1589,7 @@ void tile_portable(const uint32_t* ap, int64_t a_m, int64_t a_q, const uint32_t*
       b1[j] = float_of_bf16(bp[q * ldb + j] >> 16);
     }
     for (int r = 0; r < kMR; ++r) {
-      const uint32_t pa = ap[r * a_m + q * a_q];
+      const uint32_t pa = load_pair(row[r] + q * a_q);
       const float a0 = float_of_bf16(pa & 0xFFFFu);
       const float a1 = float_of_bf16(pa >> 16);
 #pragma omp simd
@@ -1533,17 +1611,20 @@ MXMP_BF16_TARGET inline void store16(bf16_bits* c, __m512 v, __mmask16 m) {
 }
 
 template <typename O>
-MXMP_BF16_TARGET void tile_avx512bf16(const uint32_t* ap, int64_t a_m, int64_t a_q,
+MXMP_BF16_TARGET void tile_avx512bf16(const bf16_bits* ap, int64_t a_m, int64_t a_q,
                                       const uint32_t* bp, int64_t ldb, int64_t pairs,
                                       float alpha, O* c, int64_t ldc, int64_t mr, int64_t nr) {
   __m512 acc[kMR][2];
-  for (int r = 0; r < kMR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const bf16_bits* row[kMR];
+  for (int r = 0; r < kMR; ++r) {
+    acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    row[r] = ap + (r < mr ? r : mr - 1) * a_m;
+  }
   for (int64_t q = 0; q < pairs; ++q) {
     const __m512i b0 = _mm512_loadu_si512(bp + q * ldb);
     const __m512i b1 = _mm512_loadu_si512(bp + q * ldb + 16);
-    const uint32_t* aq = ap + q * a_q;
     for (int r = 0; r < kMR; ++r) {
-      const __m512i a = _mm512_set1_epi32(static_cast<int>(aq[r * a_m]));
+      const __m512i a = _mm512_set1_epi32(static_cast<int>(load_pair(row[r] + q * a_q)));
       acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)a, (__m512bh)b0);
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)a, (__m512bh)b1);
     }
@@ -1595,13 +1676,25 @@ void gemm(const View<T>& a, const View<T>& b, int64_t m, int64_t n, int64_t k, f
   thread_local std::vector<uint32_t> abuf, bbuf;
   if (abuf.size() < static_cast<size_t>(m_pad * pairs)) abuf.resize(m_pad * pairs);
   if (bbuf.size() < static_cast<size_t>(n_pad * pairs)) bbuf.resize(n_pad * pairs);
+  // A's pairs, in bfloat16 units: read in place where A is bfloat16 with its rows contiguous
+  // along k and k even (each pair is two neighbours, as pack_a would write it), else packed
+  const bf16_bits* a0;
   int64_t a_m, a_q;
-  pack_a(a, m, k, abuf.data(), &a_m, &a_q);
+  if (std::is_same<T, bf16_bits>::value && a.cs == 1 && k % 2 == 0) {
+    a0 = reinterpret_cast<const bf16_bits*>(a.p);
+    a_m = a.rs;
+    a_q = 2;
+  } else {
+    pack_a(a, m, k, abuf.data(), &a_m, &a_q);
+    a0 = reinterpret_cast<const bf16_bits*>(abuf.data());
+    a_m *= 2;
+    a_q *= 2;
+  }
   pack_b(b, n, k, bbuf.data(), n_pad);
   const bool fast = use_bf16_kernel();
   for (int64_t m0 = 0; m0 < m; m0 += kMR) {
     const int64_t mr = m - m0 < kMR ? m - m0 : kMR;
-    const uint32_t* ap = abuf.data() + m0 * a_m;
+    const bf16_bits* ap = a0 + m0 * a_m;
     for (int64_t n0 = 0; n0 < n; n0 += kNR) {
       const int64_t nr = n - n0 < kNR ? n - n0 : kNR;
       O* ct = c + m0 * ldc + n0;
@@ -1830,6 +1923,61 @@ void for_groups(int64_t n, int64_t work, Fn fn) {
   for (int64_t i = 0; i < n; ++i) fn(i);
 }
 
+// One GEMM of a batch: c (m x n, row stride ldc) = alpha * a (m x k) b (k x n).
+template <typename T, typename O>
+struct GemmCall {
+  View<T> a, b;
+  int64_t m, n, k;
+  float alpha;
+  O* c;
+  int64_t ldc;
+};
+
+// Asks for the lines of a rows x cols view to be brought toward the core (a prefetch with low
+// temporal locality: the outer caches, not the L1 the running GEMM uses), along its contiguous
+// axis; a view with neither axis contiguous is left alone.
+template <typename T>
+void prefetch_view(const T* p, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
+  if (cs != 1) {
+    if (rs != 1) return;
+    std::swap(rs, cs);
+    std::swap(rows, cols);
+  }
+  const int64_t bytes = cols * static_cast<int64_t>(sizeof(T));
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* row = reinterpret_cast<const char*>(p + r * rs);
+    const char* end = row + bytes;
+    row -= reinterpret_cast<uintptr_t>(row) & 63;
+    for (; row < end; row += 64) __builtin_prefetch(row, 0, 1);
+  }
+}
+
+// Runs the GEMMs calls(i, out) puts in out (at most 2; it returns their number) for each i in
+// [0, n) over the OpenMP team (for_groups), prefetching the operands of group i + 1 before
+// computing group i's: the attention operands are rows of a few hundred bytes, tens of
+// kilobytes apart, which the hardware prefetchers do not foresee, and group i's products give
+// the memory time to deliver them (measured: docs/benchmark.md, "mxmp's own GEMM, taken").
+// Only timing changes, not a result.
+template <typename T, typename O, typename Calls>
+void gemm_groups(int64_t n, int64_t work, Calls calls) {
+  for_groups(n, work, [&](int64_t i) {
+    GemmCall<T, O> now[2], next[2];
+    const int count = calls(i, now);
+    if (i + 1 < n) {
+      const int later = calls(i + 1, next);
+      for (int j = 0; j < later; ++j) {
+        const GemmCall<T, O>& c = next[j];
+        prefetch_view(c.a.p, c.a.rs, c.a.cs, c.m, c.k);
+        prefetch_view(c.b.p, c.b.rs, c.b.cs, c.k, c.n);
+      }
+    }
+    for (int j = 0; j < count; ++j) {
+      const GemmCall<T, O>& c = now[j];
+      gemm(c.a, c.b, c.m, c.n, c.k, c.alpha, c.c, c.ldc);
+    }
+  });
+}
+
 // Forward. qk: x = queries (selfatt: qkv; encdec: queries), y = keys (encdec: keys_values).
 // valatt: x = values' tensor (qkv or keys_values), y = attention.
 template <AttOp OP, typename T, typename O>
@@ -1840,19 +1988,19 @@ void att_forward(const T* x, const T* y, O* out, const AttGeom& s) {
     const int64_t qw = OP == kSelfQK ? 3 * d : d;     // width per group of the queries' tensor
     const int64_t kw = OP == kSelfQK ? 3 * d : 2 * d; // and of the keys'
     const T* keys = OP == kSelfQK ? x + d : y;
-    for_groups(g, g * lq * lk * d, [&](int64_t i) {
-      View<T> a{x + i * qw, g * qw, 1};
-      View<T> b{keys + i * kw, 1, g * kw};
-      gemm(a, b, lq, lk, d, alpha, out + i * lq * lk, lk);
+    gemm_groups<T, O>(g, g * lq * lk * d, [&](int64_t i, GemmCall<T, O>* c) {
+      c[0] = {View<T>{x + i * qw, g * qw, 1}, View<T>{keys + i * kw, 1, g * kw}, lq, lk, d,
+              alpha, out + i * lq * lk, lk};
+      return 1;
     });
     return;
   }
   const int64_t vw = s.vw;
   const T* values = x + s.voff;
-  for_groups(g, g * lq * lk * d, [&](int64_t i) {
-    View<T> a{y + i * lq * lk, lk, 1};
-    View<T> b{values + i * vw, g * vw, 1};
-    gemm(a, b, lq, d, lk, 1.0f, out + i * d, g * d);
+  gemm_groups<T, O>(g, g * lq * lk * d, [&](int64_t i, GemmCall<T, O>* c) {
+    c[0] = {View<T>{y + i * lq * lk, lk, 1}, View<T>{values + i * vw, g * vw, 1}, lq, d, lk,
+            1.0f, out + i * d, g * d};
+    return 1;
   });
 }
 
@@ -1893,15 +2041,17 @@ void att_qk_backward(const T* dout, const T* x, const T* y, O* dq, O* dk, const 
   const int64_t kw = OP == kSelfQK ? 3 * d : 2 * d;
   const T* keys = OP == kSelfQK ? x + d : y;
   O* dkeys = dk == nullptr ? nullptr : OP == kSelfQK ? dk + d : dk;
-  for_groups(g, g * lq * lk * d, [&](int64_t i) {
+  gemm_groups<T, O>(g, g * lq * lk * d, [&](int64_t i, GemmCall<T, O>* c) {
+    int count = 0;
     if (dq != nullptr) {   // dQ = alpha dout K
-      gemm(View<T>{dout + i * lq * lk, lk, 1}, View<T>{keys + i * kw, g * kw, 1}, lq, d, lk,
-           alpha, dq + i * qw, g * qw);
+      c[count++] = {View<T>{dout + i * lq * lk, lk, 1}, View<T>{keys + i * kw, g * kw, 1}, lq,
+                    d, lk, alpha, dq + i * qw, g * qw};
     }
     if (dkeys != nullptr) {   // dK = alpha dout^T Q
-      gemm(View<T>{dout + i * lq * lk, 1, lk}, View<T>{x + i * qw, g * qw, 1}, lk, d, lq,
-           alpha, dkeys + i * kw, g * kw);
+      c[count++] = {View<T>{dout + i * lq * lk, 1, lk}, View<T>{x + i * qw, g * qw, 1}, lk, d,
+                    lq, alpha, dkeys + i * kw, g * kw};
     }
+    return count;
   });
   if (OP == kSelfQK && dq != nullptr && !s.emit_v) zero_part(dq, lq, g, 3 * d, 2 * d, d);
   if (OP == kEncQK && dk != nullptr) zero_part(dk, lk, g, 2 * d, d, d);
@@ -1914,15 +2064,17 @@ void att_valatt_backward(const T* dout, const T* x, const T* att, O* dx, O* datt
                          const AttGeom& s) {
   const int64_t d = s.d, g = s.g, lq = s.lq, lk = s.lk;
   const int64_t vw = s.vw, voff = s.voff;
-  for_groups(g, g * lq * lk * d, [&](int64_t i) {
+  gemm_groups<T, O>(g, g * lq * lk * d, [&](int64_t i, GemmCall<T, O>* c) {
+    int count = 0;
     if (datt != nullptr) {   // dAtt = dout V^T
-      gemm(View<T>{dout + i * d, g * d, 1}, View<T>{x + voff + i * vw, 1, g * vw}, lq, lk, d,
-           1.0f, datt + i * lq * lk, lk);
+      c[count++] = {View<T>{dout + i * d, g * d, 1}, View<T>{x + voff + i * vw, 1, g * vw}, lq,
+                    lk, d, 1.0f, datt + i * lq * lk, lk};
     }
     if (dx != nullptr) {   // dV = att^T dout
-      gemm(View<T>{att + i * lq * lk, 1, lk}, View<T>{dout + i * d, g * d, 1}, lk, d, lq,
-           1.0f, dx + voff + i * vw, g * vw);
+      c[count++] = {View<T>{att + i * lq * lk, 1, lk}, View<T>{dout + i * d, g * d, 1}, lk, d,
+                    lq, 1.0f, dx + voff + i * vw, g * vw};
     }
+    return count;
   });
   if (dx != nullptr && voff > 0) {   // v_only: dx is dv, wholly written
     zero_part(dx, lk, g, vw, 0, voff);
