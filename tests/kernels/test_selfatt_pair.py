@@ -11,6 +11,7 @@ none, bit for bit.
 """
 import json
 
+import numpy as np
 import pytest
 
 import mxnet as mx
@@ -117,6 +118,34 @@ def test_rule_keeps_both_ops_reading_qkv_otherwise(case):
     for node in ops:
         assert 'emit_v' not in node['attrs'] and 'v_only' not in node['attrs'], (case, node)
         assert lib['nodes'][node['inputs'][0][0]]['name'] == 'proj', case
+
+
+@needs_library
+@pytest.mark.parametrize('variable', [False, True])
+def test_inference_only_graphs_drop_the_pair_with_the_same_outputs(variable):
+    """A graph that only runs inference (the fused twin, mxmp.freeze) has no backward to write
+    the QKV gradient: the pair goes (qk one output, valatt reading qkv again, both still the
+    library's ops) and the output keeps its bits."""
+    from mxmp._src.graph.kernel_undo import inference_only
+    sym = _attention(mx.sym.var('qkv')) if variable else _sym()
+    lib = apply_kernels(load(sym), 'auto', attention=True)
+    assert any(selfatt_pair.pair_source(n) for n in lib['nodes'])
+    back = inference_only(lib)
+    nodes = _by_name(back)
+    _, qk = nodes['qk']
+    _, va = nodes['va']
+    assert (qk['op'], va['op']) == ('mxmp_selfatt_qk', 'mxmp_selfatt_valatt')
+    assert 'emit_v' not in qk['attrs'] and 'v_only' not in va['attrs']
+    assert va['inputs'][0] == qk['inputs'][0]   # both read qkv (or its copy)
+    assert selfatt_pair.drop_pairs(back) is back   # nothing left to drop
+    shape = {'qkv': (5, 3, 48)} if variable else {'data': (5, 3, 16)}
+    graph = mx.sym.load_json(json.dumps(lib))
+    rng = np.random.RandomState(0)
+    args = {k: mx.nd.array(rng.normal(size=v)) for k, v in
+            zip(graph.list_arguments(), graph.infer_shape(**shape)[0])}
+    got = [mx.sym.load_json(json.dumps(g)).eval(mx.cpu(), **args)[0].asnumpy()
+           for g in (lib, back)]
+    assert got[0].tobytes() == got[1].tobytes()
 
 
 @needs_library

@@ -101,11 +101,12 @@ def inference_only(js):
     removed; a bfloat16 one in the default mode (no bfloat16 Dropout in MXNet) is removed (its
     consumers read its input). ``mxmp_gelu`` back to MXNet's GELU in its dtype (oneDNN's fusion
     folds it into the FullyConnected before it: docs/benchmark.md, "Where mxmp's inference time
-    goes"). The LayerNorm copies go too: each is there for the backward's sum of its two
-    gradients (:func:`.ln_copy.drop_copies`). A new dict, or ``js`` where there is nothing to
-    undo."""
+    goes"). The LayerNorm copies and the self-attention pairs go too: they are there for the
+    backward's gradient sums (:func:`.ln_copy.drop_copies`, :func:`.selfatt_pair.drop_pairs`).
+    A new dict, or ``js`` where there is nothing to undo."""
     from .ln_copy import drop_copies   # with the kernel rule, not by `import mxmp`
-    js = drop_copies(js)
+    from .selfatt_pair import drop_pairs
+    js = drop_pairs(drop_copies(js))
     rule = _rule()
     flag = rule.FLAG
     undone = ('Dropout', 'LeakyReLU')

@@ -17,7 +17,7 @@ The rule (:func:`.kernel_rule.apply_kernels`) writes the pair; :func:`pair_sourc
 from .symbol_json import TRUE_STRINGS as _TRUE
 
 __all__ = ['EMIT_V', 'V_ONLY', 'selfatt_pairs', 'planned_pairs', 'pair_note', 'pair_source',
-           'pair_rule_suffix']
+           'pair_rule_suffix', 'drop_pairs']
 
 #: Attributes of the self-attention pair: ``mxmp_selfatt_qk`` emits the values as a second
 #: output, ``mxmp_selfatt_valatt`` reads them alone.
@@ -84,6 +84,35 @@ def pair_source(node):
     if node['op'] != 'mxmp_selfatt_qk' or node.get('attrs', {}).get(EMIT_V) not in _TRUE:
         return None
     return node['inputs'][0]
+
+
+def drop_pairs(js):
+    """``js`` (graph JSON) without any self-attention pair: each ``mxmp_selfatt_qk`` loses
+    ``emit_v`` (one output), each ``mxmp_selfatt_valatt`` that read its values loses ``v_only``
+    and reads the tensor the qk reads, as the two library ops do outside a pair (the same
+    numbers: the values are a copy of that tensor's part). For graphs that only run inference
+    (:func:`.kernel_undo.inference_only`), where no backward writes the tensor's gradient and
+    the values' copy would only cost a write. A new dict, or ``js`` itself where there is
+    none."""
+    nodes = js['nodes']
+    sources = {nid: pair_source(n) for nid, n in enumerate(nodes)}
+    sources = {nid: src for nid, src in sources.items() if src is not None}
+    if not sources:
+        return js
+    out = []
+    for node in nodes:
+        attrs = node.get('attrs', {})
+        if node['op'] == 'mxmp_selfatt_qk' and EMIT_V in attrs:
+            node = dict(node, attrs={k: v for k, v in attrs.items() if k != EMIT_V})
+        elif node['op'] == 'mxmp_selfatt_valatt' and V_ONLY in attrs:
+            src, idx, _ = node['inputs'][0]
+            if idx != 1 or src not in sources:
+                raise ValueError('mxmp: %s (v_only=1) does not read a self-attention pair\'s '
+                                 'values (an internal error of the kernel rule)' % node['name'])
+            node = dict(node, attrs={k: v for k, v in attrs.items() if k != V_ONLY},
+                        inputs=[list(sources[src])] + node['inputs'][1:])
+        out.append(node)
+    return dict(js, nodes=out)
 
 
 def pair_rule_suffix(attrs):
