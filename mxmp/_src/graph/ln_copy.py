@@ -93,19 +93,20 @@ def planned_copies(js, names, dtypes):
     return notes
 
 
-def drop_cast_copies(js, decisions, emulate=False):
+def drop_cast_copies(js, decisions, every=False):
     """``js`` (graph JSON after the kernel and residual rules) without the copy of each
     LayerNorm the plan's ``decisions`` (one per node) run in float32 whose output 0 and copy
     are both read through a residual identity (module docstring), or of every LayerNorm where
-    ``emulate`` (bool: float32 kernels; ``decisions`` is then not read): the copy's readers
-    read output 0 (its residual identity's, output 0's identity), which was the graph without
-    the copy. A new dict, or ``js`` itself where there is none."""
+    ``every`` (bool: emulated bfloat16, whose kernels are float32, or a graph that only
+    runs inference; ``decisions`` is then not read): the copy's readers read output 0 (its
+    residual identity's, output 0's identity), which was the graph without the copy. A new
+    dict, or ``js`` itself where there is none."""
     nodes = js['nodes']
     ident = {}   # (LayerNorm id, output) -> its residual identity's id
     for nid, node in enumerate(nodes):
         if _residual(node) and has_copy(nodes[node['inputs'][0][0]]):
             ident[tuple(node['inputs'][0][:2])] = nid
-    drop = {nid for nid, n in enumerate(nodes) if has_copy(n) and (emulate or (
+    drop = {nid for nid, n in enumerate(nodes) if has_copy(n) and (every or (
         (nid, COPY) in ident and (nid, 0) in ident and decisions[nid].outputs[0] == 'float32'))}
     if not drop:
         return js
@@ -127,7 +128,7 @@ def drop_copies(js):
     graphs that only run inference (:func:`.kernel_undo.inference_only`), where no backward sums
     the two gradients and the copy would only cost a write of the output. A new dict, or ``js``
     itself where there is none."""
-    return drop_cast_copies(js, None, emulate=True)
+    return drop_cast_copies(js, None, every=True)
 
 
 def _entry(new_id, gone, drop, entry):
