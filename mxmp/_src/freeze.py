@@ -155,11 +155,10 @@ def _return_freed_memory():
     """Give the heap memory of the released float32 arrays back to the system (glibc's
     ``malloc_trim``; elsewhere nothing): freed blocks between live ones otherwise stay in the
     resident set (BERT-base: 656 against 548 MiB once running, docs/benchmark.md)."""
-    import ctypes
-    try:
-        ctypes.CDLL('libc.so.6').malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    from .malloc_tuning import glibc   # on first use: import mxmp stays small
+    libc = glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def input_names(block, inputs):

@@ -23,7 +23,7 @@ import ctypes
 import logging
 import os
 
-__all__ = ['MMAP_THRESHOLD', 'TRIM_THRESHOLD', 'MALLOC_VALUES', 'tune_malloc',
+__all__ = ['MMAP_THRESHOLD', 'TRIM_THRESHOLD', 'MALLOC_VALUES', 'glibc', 'tune_malloc',
            'tune_for_conversion']
 
 logger = logging.getLogger('mxmp.malloc')
@@ -72,13 +72,13 @@ def _why_not():
     return None
 
 
-def _glibc():
+def glibc():
     """ctypes.CDLL or None: the process's C library where it is glibc (it has
-    ``gnu_get_libc_version`` and ``mallopt``), else None (musl, macOS, Windows)."""
+    ``gnu_get_libc_version``, and so ``mallopt`` and ``malloc_trim``), else None (musl, macOS,
+    Windows). Also what :func:`mxmp.freeze` calls ``malloc_trim`` through."""
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version   # AttributeError where the C library is not glibc
-        libc.mallopt
     except (OSError, AttributeError, TypeError):
         return None
     return libc
@@ -105,7 +105,7 @@ def tune_malloc():
     why = _why_not()
     if 'outcome' in _STATE:
         return _STATE['outcome']
-    libc = None if why else _glibc()
+    libc = None if why else glibc()
     if why is None and libc is None:
         why = 'the C library is not glibc'
     if why is None:
