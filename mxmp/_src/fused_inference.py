@@ -7,7 +7,10 @@ folded in float32 first (:mod:`mxmp._src.graph.fold`, ``fold_batchnorm``). Fused
 state between calls, so the twin is rebuilt when a parameter array was replaced or the hook
 module calls :meth:`FusedInference.reset` (training calls, ``Parameter.set_data``). The twin
 runs the ``cast_params=True`` graph, fed with target-dtype copies of float32 weights and with
-the folded weights. Measurements: docs/pass.md, docs/benchmark.md "Fused inference".
+the folded weights. At each build, the nodes it computes from weights alone become variables
+holding their values (:mod:`mxmp._src.graph.constants`, as :func:`mxmp.freeze` does): GluonNLP's
+attention cells reshape and concatenate their query, key and value weights and biases on every
+call. Measurements: docs/pass.md, docs/benchmark.md "Fused inference".
 """
 import logging
 
@@ -122,6 +125,7 @@ class FusedInference:
                 self._precast = self.precast(args)
             sym, names, dtype, folds = self._precast
             params = _twin_params(params, names, dtype, folds)
+        sym, params = _fold_weights(sym, params, args[0].context)
         twin = gluon.SymbolBlock(sym, inputs, params=params)
         twin.hybridize(backend=BACKEND, **dict(self.block._flags))
         return twin
@@ -154,3 +158,28 @@ def _twin_params(shared, names, dtype, folds):
             copy._init_impl(mx.nd.amp_cast(value, dtype=target), ctxs)
             params._params[name] = copy
     return params
+
+
+def _fold_weights(sym, params, ctx):
+    """``sym`` with the nodes computed from its Parameters alone folded into variables
+    (:func:`mxmp._src.graph.constants.fold_constants`, their values computed now on ``ctx``),
+    and the ParameterDict of the folded graph: ``params``'s entries it still reads and one
+    Parameter (no gradient) per new variable. Variables ``params`` lacks are data."""
+    from .graph.constants import fold_constants   # loaded at the first fused graph only
+    wanted = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
+    names = set(params.keys())
+    with autograd.pause():
+        arrays = {n: params[n].data(ctx) for n in wanted & names}
+        sym, added = fold_constants(sym, wanted - names, arrays, ctx)
+    if not added:
+        return sym, params
+    kept = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
+    out = gluon.ParameterDict()
+    for name in params.keys():
+        if name in kept:
+            out._params[name] = params[name]
+    for name, value in added.items():
+        param = gluon.Parameter(name, shape=value.shape, dtype=value.dtype, grad_req='null')
+        param._init_impl(value, [ctx])
+        out._params[name] = param
+    return sym, out

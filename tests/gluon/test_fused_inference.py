@@ -388,3 +388,63 @@ def test_fused_convolutions_get_batchnorm_folded_in_float32_and_rounded_once(cas
     other(x)
     assert [n['attrs'].get('with_bn') for n in json.loads(fused_symbol(other).tojson())['nodes']
             if n['op'] == '_sg_mkldnn_conv'] == ['true', 'true']
+
+
+class ConcatWeights(gluon.HybridBlock):
+    """GluonNLP's attention-cell pattern: weights reshaped and concatenated on every call (the
+    query, key and value weights), then one FullyConnected."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.w1 = self.params.get('w1', shape=(8, 6), init=mx.init.Normal(0.5))
+            self.w2 = self.params.get('w2', shape=(8, 6), init=mx.init.Normal(0.5))
+            self.b = self.params.get('b', shape=(16,), init=mx.init.Normal(0.5))
+
+    def hybrid_forward(self, F, x, w1, w2, b):
+        w = F.concat(F.reshape(w1, (2, -1, 0), reverse=True),
+                     F.reshape(w2, (2, -1, 0), reverse=True), dim=-2)
+        return F.relu(F.FullyConnected(x, F.reshape(w, (-1, 0), reverse=True), b,
+                                       num_hidden=16))
+
+
+def concat_weights_reference(block, x):
+    """float64 numpy of ConcatWeights on the block's current float32 parameters."""
+    p = {k.split('_')[-1]: v.data().asnumpy().astype(np.float64)
+         for k, v in block.collect_params().items()}
+    w = np.concatenate([p['w1'].reshape(2, 4, 6), p['w2'].reshape(2, 4, 6)], axis=-2)
+    return np.maximum(x.asnumpy() @ w.reshape(-1, 6).T + p['b'], 0)
+
+
+@pytest.mark.parametrize('real', [
+    False, pytest.param(True, marks=[pytest.mark.real_kernels, pytest.mark.skipif(
+        not KERNELS, reason='needs oneDNN bfloat16 kernels (avx512_bf16/AMX)')])])
+def test_fused_graph_computes_weight_only_nodes_once_per_build_and_after_each_step(real):
+    """The twin folds what it computes from weights alone (the reshapes and the concatenation)
+    into variables at each build: none of those nodes runs per call, and after training steps
+    inference reads the new weights, not the values folded at the first build."""
+    mx.random.seed(7)
+    net = ConcatWeights(prefix='cw_')
+    net.initialize()
+    x = mx.nd.array(np.random.RandomState(7).normal(size=(5, 6)))
+    policy = mxmp.Policy('bfloat16') if real else fp32_policy()
+    block = mxmp.convert(net, policy=policy, fuse_inference=True)
+    block.hybridize(static_alloc=True, static_shape=True)
+    tol = BF16_FUSED_REL if real else FP32_FUSED_REL
+    before = block(x).asnumpy()
+    fused = ops(fused_symbol(block))
+    assert fused['_sg_mkldnn_fully_connected'] == 1
+    concat = {'Concat', 'concat', '_npi_concatenate'}
+    assert not (concat | {'Reshape', 'reshape'}) & set(fused)
+    trained = ops(mxmp.converted_graph(block))   # the training graph keeps them
+    assert sum(trained[op] for op in concat) == 1 and trained['Reshape'] == 3
+    assert rel(before, concat_weights_reference(block, x)) < tol
+    trainer = mxmp.Trainer(block.collect_params(), 'sgd', {'learning_rate': 0.5})
+    for _ in range(2):
+        with autograd.record():
+            block(x).sum().backward()
+        trainer.step(5)
+    after = block(x).asnumpy()
+    assert rel(after, before) > 10 * tol
+    assert rel(after, concat_weights_reference(block, x)) < tol
+    assert rel(after, unfused(block, x)) < tol
