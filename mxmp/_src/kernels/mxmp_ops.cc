@@ -409,11 +409,12 @@ void ln_forward_row(const T* xr, const P* gamma, const P* beta, T* yr, S* mean, 
 //   v = (x - mh) - ml (mh + ml: mean as two float32), t = v * float(rstd), y = t * g + b (FMA).
 // Against y_d, the double result, |y - y_d| <= E = c |y| + c |b| + a |g|: c = 2**-20 (four
 // times the float32 roundings' bound, 2**-22 (|y| + |b|) + 2**-24 |y|, with room for the
-// double sums' order), a = rstd (the two floats' 2**-47 |mean| and ml's underflow 2**-149,
-// the double sums' order d 2**-52 (|mean| + sd)) + 2**-149 (t's underflow). Where y is a
-// normal float32 and y - E and y + E round (nearest even, vcvtneps2bf16) to the same bfloat16,
-// the double result, between them, rounds to it too (rounding is monotone); elsewhere (near a
-// rounding tie, and every element of a row with NaN or inf: y not normal) the element is
+// double sums' order), a = rstd (the two floats' 2**-47 |mean|, the double sums' order
+// d 2**-52 (|mean| + sd), 2**-125 for ml and v's underflow) + 2**-125 (t's underflow; both
+// also where the caller's MXCSR flushes subnormals to zero). Where |y| >= 2**-100 (so that
+// E is a normal float32) and y - E and y + E round (nearest even, vcvtneps2bf16) to the same
+// bfloat16, the double result, between them, rounds to it too (rounding is monotone); elsewhere
+// (near a rounding tie, and every element of a row with NaN or inf) the element is
 // computed in double as ln_forward_row does. vcvtneps2bf16 flushes float32 subnormals to
 // zero (round_bf16 does not): only normal y (then lo, hi differ where either is subnormal)
 // take its result. (One conversion of y with an integer test of lo and hi's rounding gave the
@@ -508,7 +509,7 @@ void ln_forward_row_avx512(const bf16* xr, const P* gamma, const P* beta, const 
   *mean = static_cast<S>(mu);
   *rstd = static_cast<S>(rs);
   const double a = rs * (std::fabs(mu) * (0x1p-47 + d * 0x1p-52) + d * 0x1p-52 *
-                         std::sqrt(var) + 0x1p-149) + 0x1p-149;
+                         std::sqrt(var) + 0x1p-125) + 0x1p-125;
   const float mh = static_cast<float>(mu);
   const float ml = static_cast<float>(mu - static_cast<double>(mh));
   // a row whose statistics are not finite numbers (NaN, inf): every element in double
@@ -518,6 +519,7 @@ void ln_forward_row_avx512(const bf16* xr, const P* gamma, const P* beta, const 
   const __m512 av = _mm512_set1_ps(static_cast<float>(a));
   const __m512 cv = _mm512_set1_ps(ln_c(d));
   const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
+  const __m512 tiny = _mm512_set1_ps(0x1p-100f);
   for (j = 0; j < d; j += 16) {
     const __mmask16 m = ln_mask(d - j);
     __mmask16 slow = m;
@@ -533,8 +535,10 @@ void ln_forward_row_avx512(const bf16* xr, const P* gamma, const P* beta, const 
                                                        _mm512_maskz_loadu_ps(m, cols.bc + j)));
       const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(y, e));
       const __m256i hi = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(y, e));
-      // not normal: QNaN 0x01, +-0 0x06, +-inf 0x18, subnormal 0x20, SNaN 0x80
-      slow = m & (_mm512_fpclass_ps_mask(y, 0xBF) | ~_mm256_cmpeq_epi16_mask(lo, hi));
+      // not normal: QNaN 0x01, +-0 0x06, +-inf 0x18, subnormal 0x20, SNaN 0x80; or below
+      // 2**-100 (E then a normal float32 even where a caller set flush-to-zero)
+      slow = m & (_mm512_fpclass_ps_mask(y, 0xBF) | _mm512_cmp_ps_mask(ya, tiny, _CMP_LT_OQ) |
+                  ~_mm256_cmpeq_epi16_mask(lo, hi));
       _mm256_mask_storeu_epi16(yr + j, m, lo);
     }
     while (slow) {
