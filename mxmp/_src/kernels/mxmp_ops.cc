@@ -1789,33 +1789,64 @@ MXMP_BF16_TARGET inline void store16(bf16_bits* c, __m512 v, __mmask16 m) {
   _mm256_mask_storeu_epi16(c, m, (__m256i)_mm512_cvtneps_pbh(v));
 }
 
+// A row of a tile, lo (columns 0-15) and hi (16-31), under the masks m0 and m1 (full: all 32).
+MXMP_BF16_TARGET inline void store_row(float* c, __m512 lo, __m512 hi, __mmask16 m0,
+                                       __mmask16 m1, bool full) {
+  if (full) {
+    _mm512_storeu_ps(c, lo);
+    _mm512_storeu_ps(c + 16, hi);
+    return;
+  }
+  store16(c, lo, m0);
+  if (m1) store16(c + 16, hi, m1);
+}
+MXMP_BF16_TARGET inline void store_row(bf16_bits* c, __m512 lo, __m512 hi, __mmask16 m0,
+                                       __mmask16 m1, bool full) {
+  if (full) {   // vcvtne2ps2bf16 rounds each value as vcvtneps2bf16: one conversion, one store
+    _mm512_storeu_si512(c, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    return;
+  }
+  store16(c, lo, m0);
+  if (m1) store16(c + 16, hi, m1);
+}
+
+// The tile's rows, written out: each accumulator a variable of its own (an array of them,
+// indexed in loops, is kept on the stack by GCC and stored and reloaded around every tile).
+#define MXMP_TILE_ROWS(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7)
+static_assert(kMR == 8, "MXMP_TILE_ROWS lists kMR rows");
+
 template <typename O>
 MXMP_BF16_TARGET void tile_avx512bf16(const bf16_bits* ap, int64_t a_m, int64_t a_q,
                                       const uint32_t* bp, int64_t ldb, int64_t pairs,
                                       float alpha, O* c, int64_t ldc, int64_t mr, int64_t nr) {
-  __m512 acc[kMR][2];
-  const bf16_bits* row[kMR];
-  for (int r = 0; r < kMR; ++r) {
-    acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    row[r] = ap + (r < mr ? r : mr - 1) * a_m;
-  }
+#define MXMP_TILE_INIT(r)                                        \
+  __m512 lo##r = _mm512_setzero_ps(), hi##r = _mm512_setzero_ps(); \
+  const bf16_bits* row##r = ap + (r < mr ? r : mr - 1) * a_m;
+  MXMP_TILE_ROWS(MXMP_TILE_INIT)
+#undef MXMP_TILE_INIT
   for (int64_t q = 0; q < pairs; ++q) {
     const __m512i b0 = _mm512_loadu_si512(bp + q * ldb);
     const __m512i b1 = _mm512_loadu_si512(bp + q * ldb + 16);
-    for (int r = 0; r < kMR; ++r) {
-      const __m512i a = _mm512_set1_epi32(static_cast<int>(load_pair(row[r] + q * a_q)));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)a, (__m512bh)b0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)a, (__m512bh)b1);
+#define MXMP_TILE_STEP(r)                                                              \
+    {                                                                                  \
+      const __m512i a = _mm512_set1_epi32(static_cast<int>(load_pair(row##r + q * a_q))); \
+      lo##r = _mm512_dpbf16_ps(lo##r, (__m512bh)a, (__m512bh)b0);                      \
+      hi##r = _mm512_dpbf16_ps(hi##r, (__m512bh)a, (__m512bh)b1);                      \
     }
+    MXMP_TILE_ROWS(MXMP_TILE_STEP)
+#undef MXMP_TILE_STEP
   }
   const __m512 s = _mm512_set1_ps(alpha);
   const __mmask16 m0 = nr >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << nr) - 1);
   const __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 :
                        static_cast<__mmask16>((1u << (nr - 16)) - 1);
-  for (int64_t r = 0; r < mr; ++r) {
-    store16(c + r * ldc, _mm512_mul_ps(acc[r][0], s), m0);
-    if (m1) store16(c + r * ldc + 16, _mm512_mul_ps(acc[r][1], s), m1);
+  const bool full = nr >= kNR;
+#define MXMP_TILE_STORE(r)                                                                 \
+  if (r < mr) {                                                                            \
+    store_row(c + r * ldc, _mm512_mul_ps(lo##r, s), _mm512_mul_ps(hi##r, s), m0, m1, full); \
   }
+  MXMP_TILE_ROWS(MXMP_TILE_STORE)
+#undef MXMP_TILE_STORE
 }
 #endif
 
