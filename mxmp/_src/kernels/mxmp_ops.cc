@@ -1170,21 +1170,24 @@ MXReturnValue softmax_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__)
-// The AVX-512 row kernels of the float32 and bfloat16 softmax, forward and backward (AVX-512
-// builds; float64 and AVX2 builds keep the loops above). Each row is read in 16-lane float32
-// vectors, the last one masked to the row's length (any m: no scalar remainders, nothing read
-// beyond a row's length), max, exp and the sum in one pass whose exponentials go to an L1
-// row (float32 data: the output row itself; bfloat16: the thread's scratch rows), then the
-// product by 1 / sum rounded once and stored (bfloat16: vcvtneps2bf16) in a second; zeros
-// beyond the length. The arithmetic is the loops' above, operation for operation, so the
-// results are theirs bit for bit (NaN rows: NaN, bits not pinned): exp_nonpositive as gcc
-// compiles it (its multiply-adds fused), the sums in double in the loops' order (16 lanes,
-// element j in lane j % 16, a scalar remainder added to lane 0 in order, then the lanes in
-// order: the vector loop of an `omp simd reduction` with its scalar epilogue), the product by
-// 1 / sum in double. bfloat16 rows widened in registers (the widened row, six loops over it
-// and a scalar zero fill cost ~60 cycles per vector: loops alone, 96x128x128 with lengths,
-// forward 1.57 ms, backward 2.14). Rows run in blocks (softmax_row_block): the first pass of
-// every row of a block, then the second, overlapping one row's reductions with the next's.
+// The AVX-512 row kernels of the softmax: the float32 forward, the bfloat16 forward and
+// backward (AVX-512 builds; float64, the float32 backward and AVX2 builds keep the loops
+// above). A row is read in 16-lane float32 vectors, the last one masked to the row's length
+// (any m; nothing read beyond a length), in steps: the max (a bfloat16 row widened into the
+// thread's L1 scratch row on the way), the exponentials into the scratch row (float32 data:
+// into the output row) with their sum's 16 lanes, the sum, then the product by 1 / sum
+// rounded once and stored (bfloat16: vcvtneps2bf16), zeros beyond the length; the backward
+// scales in place, then the dot and dx. The arithmetic is the loops' above, operation for
+// operation, so the bits are theirs (compared over rows of 1 to 32000, lengths 0 to m, NaN,
+// inf, -inf and subnormal rows, at 1 and 2 threads; NaN rows' payloads not pinned):
+// exp_nonpositive as gcc compiles it (multiply-adds fused), the double sums in their order
+// (the vector loop of an `omp simd reduction`: element j in lane j % 16, the loop's scalar
+// remainder added to lane 0, then the lanes in order), the product by 1 / sum in double. The
+// loops (a widened bfloat16 row, six or seven loops of 64-128 elements per row, a scalar zero
+// fill) took 1.57 + 2.11 ms for bfloat16 (loops alone, 96x128x128, lengths 64-128, 1 thread,
+// Zen 4), these 0.99 + 1.45 (float32 forward 1.13 -> 0.89): the exp's polynomial and the
+// double sum and product are now most of it. Each step runs over a block's rows
+// (softmax_row_block) before the next, so that the rows' reduction chains overlap.
 inline __mmask16 sm_lanes(int64_t n) {   // the first n lanes (n in [1, 16])
   return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
 }
@@ -1320,17 +1323,26 @@ void softmax_scale16(const float* w, T* y, int64_t m, int64_t len, double sum) {
   }
 }
 
-// softmax_grad_row on the row's probabilities p[0, len) (float32): the lanes of dot(dy, p) in
-// double (its vector loop: the len / 16 whole vectors; the products are exact in double, so
-// the loop's multiply-adds are additions of them), then the dot (len % 16 added to lane 0),
-// then dx = p * (dy - dot) in float32, rounded once; 0 from len on.
+// softmax_grad_row on the row's probabilities (float32): p[0, len) = the exponentials w times
+// 1 / sum in place (softmax_scale16's), with the lanes of dot(dy, p) in double (its vector
+// loop: the len / 16 whole vectors; the products are exact in double, so the loop's
+// multiply-adds are additions of them); then the dot (len % 16 added to lane 0), then dx =
+// p * (dy - dot) in float32, rounded once; 0 from len on.
 template <typename T>
-void softmax_dot16(const float* p, const T* dy, int64_t len, double* lane) {
+void softmax_dot16(float* w, double sum, const T* dy, int64_t len, double* lane) {
+  const __m512d inv = _mm512_set1_pd(1.0 / sum);
+  const int64_t nv = (len + 15) / 16;
+  const __mmask16 kl = sm_lanes(len - 16 * (nv - 1));
   __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
-  for (int64_t v = 0; v < len / 16; ++v) {
-    const __m512 pv = _mm512_loadu_ps(p + 16 * v), g = sm_load16(dy + 16 * v, 0xFFFF);
-    lo = _mm512_fmadd_pd(sm_lo(g), sm_lo(pv), lo);
-    hi = _mm512_fmadd_pd(sm_hi(g), sm_hi(pv), hi);
+  for (int64_t v = 0; v < nv; ++v) {
+    const __mmask16 k = v + 1 < nv ? 0xFFFF : kl;
+    const __m512 pv = sm_times16(_mm512_maskz_loadu_ps(k, w + 16 * v), inv);
+    _mm512_mask_storeu_ps(w + 16 * v, k, pv);
+    if (v < len / 16) {
+      const __m512 g = sm_load16(dy + 16 * v, 0xFFFF);
+      lo = _mm512_fmadd_pd(sm_lo(g), sm_lo(pv), lo);
+      hi = _mm512_fmadd_pd(sm_hi(g), sm_hi(pv), hi);
+    }
   }
   _mm512_storeu_pd(lane, lo);
   _mm512_storeu_pd(lane + 8, hi);
@@ -1405,15 +1417,13 @@ void softmax_row_block(const T* x, const T* dy, T* out, MXTensor* length, int64_
   for (int64_t i = 0; i < nr; ++i) {
     sum[i] = len[i] > 0 ? softmax_sum16(lane[i], w[i], m, len[i]) : 1.0;
   }
-  for (int64_t i = 0; i < nr; ++i) {   // backward: the probabilities in float32, in place
-    if (grad) {
-      softmax_scale16(w[i], w[i], len[i], len[i], sum[i]);
-    } else {
-      softmax_scale16(w[i], out + (r0 + i) * m, m, len[i], sum[i]);
-    }
+  if (!grad) {
+    for (int64_t i = 0; i < nr; ++i) softmax_scale16(w[i], out + (r0 + i) * m, m, len[i], sum[i]);
+    return;
   }
-  if (!grad) return;
-  for (int64_t i = 0; i < nr; ++i) softmax_dot16(w[i], dy + (r0 + i) * m, len[i], lane[i]);
+  for (int64_t i = 0; i < nr; ++i) {   // the probabilities in float32 (in place), the dots
+    softmax_dot16(w[i], sum[i], dy + (r0 + i) * m, len[i], lane[i]);
+  }
   for (int64_t i = 0; i < nr; ++i) {
     dot[i] = softmax_dot_total(lane[i], w[i], dy + (r0 + i) * m, len[i]);
   }
