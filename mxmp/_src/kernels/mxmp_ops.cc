@@ -1390,9 +1390,7 @@ void softmax_row_block(const T* x, const T* dy, T* out, MXTensor* length, int64_
   float mx[kSoftmaxRows], dot[kSoftmaxRows];
   float* w[kSoftmaxRows];
   thread_local std::vector<float> scratch;   // each thread's rows (bfloat16)
-  if (!f32 && scratch.size() < static_cast<size_t>(kSoftmaxRows * stride)) {
-    scratch.resize(kSoftmaxRows * stride);
-  }
+  if (!f32 && scratch.size() < static_cast<size_t>(nr * stride)) scratch.resize(nr * stride);
   for (int64_t i = 0; i < nr; ++i) {
     const int64_t r = r0 + i;
     len[i] = length != nullptr ? length_at(*length, r, m) : m;
@@ -1435,6 +1433,7 @@ void softmax_row_block(const T* x, const T* dy, T* out, MXTensor* length, int64_
 template <typename T>
 void softmax_rows16(const T* x, const T* dy, T* out, MXTensor* length, int64_t rows,
                     int64_t m, bool grad) {
+  if (rows == 0 || m == 0) return;   // nothing to write
   const int64_t per = softmax_block_rows(m);
   const int64_t blocks = (rows + per - 1) / per;
 #pragma omp parallel for schedule(static) if (rows * m >= kParallelMin && blocks > 1)
