@@ -1347,6 +1347,283 @@ MXReturnValue softmax_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
   });
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__)
+// The AVX-512 row kernels of the softmax: the float32 forward, the bfloat16 forward and
+// backward (AVX-512 builds; float64, the float32 backward and AVX2 builds keep the loops
+// above). A row is read in 16-lane float32 vectors, the last one masked to the row's length
+// (any m; nothing read beyond a length), in steps: the max (a bfloat16 row widened into the
+// thread's L1 scratch row on the way), the exponentials into the scratch row (float32 data:
+// into the output row) with their sum's 16 lanes, the sum, then the product by 1 / sum
+// rounded once and stored (bfloat16: vcvtneps2bf16), zeros beyond the length; the backward
+// scales in place, then the dot and dx. The arithmetic is the loops' above, operation for
+// operation, so the bits are theirs (compared over rows of 1 to 32000, lengths 0 to m, NaN,
+// inf, -inf and subnormal rows, at 1 and 2 threads; NaN rows' payloads not pinned):
+// exp_nonpositive as gcc compiles it (multiply-adds fused), the double sums in their order
+// (the vector loop of an `omp simd reduction`: element j in lane j % 16, the loop's scalar
+// remainder added to lane 0, then the lanes in order), the product by 1 / sum in double. The
+// loops (a widened bfloat16 row, six or seven loops of 64-128 elements per row, a scalar zero
+// fill) took 1.57 + 2.11 ms for bfloat16 (loops alone, 96x128x128, lengths 64-128, 1 thread,
+// Zen 4), these 0.99 + 1.45 (float32 forward 1.13 -> 0.89): the exp's polynomial and the
+// double sum and product are now most of it. Each step runs over a block's rows
+// (softmax_row_block) before the next, so that the rows' reduction chains overlap.
+inline __mmask16 sm_lanes(int64_t n) {   // the first n lanes (n in [1, 16])
+  return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
+}
+inline __m512 sm_load16(const float* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
+inline __m512 sm_load16(const bf16* p, __mmask16 k) {
+  const __m256i h = _mm256_maskz_loadu_epi16(k, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void sm_store16(float* p, __m512 v, __mmask16 k) { _mm512_mask_storeu_ps(p, k, v); }
+// Num<bf16>::store on 16 lanes: to nearest even, a NaN quiet with its payload's top kept.
+// vcvtneps2bf16 does exactly that except that it flushes subnormal inputs to zero (rare here:
+// probabilities below 2^-126); a vector with one goes through the integer rounding.
+inline __m256i sm_round_bf16x16(__m512 v) {
+#if defined(__AVX512BF16__)
+  if (_mm512_fpclass_ps_mask(v, 0x20) == 0) return (__m256i)_mm512_cvtneps_pbh(v);
+#endif
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i hi = _mm512_srli_epi32(b, 16);
+  const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), odd), 16);
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(
+      _mm512_and_si512(b, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
+}
+inline void sm_store16(bf16* p, __m512 v, __mmask16 k) {
+  _mm256_mask_storeu_epi16(p, k, sm_round_bf16x16(v));
+}
+
+// exp_nonpositive on 16 lanes, as gcc compiles the scalar code (vectorised, -O3, contracted):
+// t - 1/2 one multiply-add, the reduction two, the polynomial Horner's rule in multiply-adds;
+// p 2^n by vscalefps (one rounding, as p times 2^n from its bits: n is in [-126, 0]).
+inline __m512 sm_exp16(__m512 x) {
+  const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);   // -87 > x ? -87 : x (NaN: x)
+  const __m512 t = _mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f),
+                                   _mm512_set1_ps(-0.5f));
+  const __m512 fn = _mm512_roundscale_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693145751953125f), xc);
+  r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(1.42860682030941723e-06f), r);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 5040.0f), r,
+                             _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __mmask16 in_range = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
+  return _mm512_maskz_scalef_ps(in_range, p, fn);   // below -87: 0
+}
+
+// The loops' sums in double (softmax_exps's and softmax_grad_row's `omp simd reduction` as gcc
+// vectorises it): element j of the vector loop in lane j % 16 (lane: 16 doubles), the loop's
+// scalar remainder added to lane 0 in order, then the lanes in order to 0.
+inline __m512d sm_lo(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+inline __m512d sm_hi(__m512 v) { return _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)); }
+inline double sm_lane_total(const double* lane) {
+  double sum = 0;
+  for (int j = 0; j < 16; ++j) sum += lane[j];
+  return sum;
+}
+
+// A row's max over [0, len) (len > 0), x > max ? x : max as softmax_exps; a bfloat16 row is
+// widened into w[0, len) on the way (float32: w unused).
+template <typename T>
+float softmax_max16(const T* x, float* w, int64_t len) {
+  const int64_t nv = (len + 15) / 16;
+  const __mmask16 kl = sm_lanes(len - 16 * (nv - 1));
+  __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t v = 0; v < nv; ++v) {
+    const __mmask16 k = v + 1 < nv ? 0xFFFF : kl;
+    const __m512 xv = sm_load16(x + 16 * v, k);
+    if (!std::is_same<T, float>::value) _mm512_mask_storeu_ps(w + 16 * v, k, xv);
+    vmax = _mm512_mask_max_ps(vmax, k, xv, vmax);
+  }
+  return _mm512_reduce_max_ps(vmax);
+}
+
+// e^(x - mx) over a row's [0, len) (x: float32 data, or the widened bfloat16 row, which may be
+// w) into w[0, len), and the lanes of their sum: softmax_exps's vector loop ran to up (len
+// rounded up to 16, at most m; the zeros from len on in it), and where up is m and m not a
+// whole number of vectors, m's last partial vector was its scalar remainder (softmax_sum16).
+inline int64_t softmax_rest(int64_t m, int64_t len) {   // where that remainder starts (or len)
+  return m % 16 != 0 && len > m - m % 16 ? m - m % 16 : len;
+}
+inline void softmax_exps16(const float* x, float* w, int64_t m, int64_t len, float mx,
+                           double* lane) {
+  const int64_t nv = (len + 15) / 16;
+  const __mmask16 kl = sm_lanes(len - 16 * (nv - 1));
+  const int64_t summed = softmax_rest(m, len) < len ? nv - 1 : nv;
+  const __m512 vmx = _mm512_set1_ps(mx);
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+  for (int64_t v = 0; v < nv; ++v) {
+    const __mmask16 k = v + 1 < nv ? 0xFFFF : kl;
+    const __m512 xv = _mm512_maskz_loadu_ps(k, x + 16 * v);
+    const __m512 e = _mm512_maskz_mov_ps(k, sm_exp16(_mm512_sub_ps(xv, vmx)));
+    _mm512_mask_storeu_ps(w + 16 * v, k, e);
+    if (v < summed) {
+      lo = _mm512_add_pd(lo, sm_lo(e));
+      hi = _mm512_add_pd(hi, sm_hi(e));
+    }
+  }
+  _mm512_storeu_pd(lane, lo);
+  _mm512_storeu_pd(lane + 8, hi);
+}
+inline double softmax_sum16(double* lane, const float* w, int64_t m, int64_t len) {
+  for (int64_t j = softmax_rest(m, len); j < len; ++j) lane[0] += static_cast<double>(w[j]);
+  return sm_lane_total(lane);
+}
+
+// 16 float32 values times inv in double, rounded to float32 once (softmax_scale).
+inline __m512 sm_times16(__m512 e, __m512d inv) {
+  const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(sm_lo(e), inv));
+  const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(sm_hi(e), inv));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+// y[0, m) = the row's exponentials w[0, len) times 1 / sum, 0 from len on (len 0: zeros). w
+// may be y (float32: the same elements, each read before written).
+template <typename T>
+void softmax_scale16(const float* w, T* y, int64_t m, int64_t len, double sum) {
+  const __m512d inv = _mm512_set1_pd(1.0 / sum);
+  const int64_t nv = (len + 15) / 16, nm = (m + 15) / 16;
+  const __mmask16 kl = sm_lanes(len - 16 * (nv - 1)), km = sm_lanes(m - 16 * (nm - 1));
+  for (int64_t v = 0; v < nm; ++v) {
+    __m512 out = _mm512_setzero_ps();
+    if (v < nv) {
+      const __mmask16 k = v + 1 < nv ? 0xFFFF : kl;
+      out = _mm512_maskz_mov_ps(k, sm_times16(_mm512_maskz_loadu_ps(k, w + 16 * v), inv));
+    }
+    sm_store16(y + 16 * v, out, v + 1 < nm ? 0xFFFF : km);
+  }
+}
+
+// softmax_grad_row on the row's probabilities (float32): p[0, len) = the exponentials w times
+// 1 / sum in place (softmax_scale16's), with the lanes of dot(dy, p) in double (its vector
+// loop: the len / 16 whole vectors; the products are exact in double, so the loop's
+// multiply-adds are additions of them); then the dot (len % 16 added to lane 0), then dx =
+// p * (dy - dot) in float32, rounded once; 0 from len on.
+template <typename T>
+void softmax_dot16(float* w, double sum, const T* dy, int64_t len, double* lane) {
+  const __m512d inv = _mm512_set1_pd(1.0 / sum);
+  const int64_t nv = (len + 15) / 16;
+  const __mmask16 kl = sm_lanes(len - 16 * (nv - 1));
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+  for (int64_t v = 0; v < nv; ++v) {
+    const __mmask16 k = v + 1 < nv ? 0xFFFF : kl;
+    const __m512 pv = sm_times16(_mm512_maskz_loadu_ps(k, w + 16 * v), inv);
+    _mm512_mask_storeu_ps(w + 16 * v, k, pv);
+    if (v < len / 16) {
+      const __m512 g = sm_load16(dy + 16 * v, 0xFFFF);
+      lo = _mm512_fmadd_pd(sm_lo(g), sm_lo(pv), lo);
+      hi = _mm512_fmadd_pd(sm_hi(g), sm_hi(pv), hi);
+    }
+  }
+  _mm512_storeu_pd(lane, lo);
+  _mm512_storeu_pd(lane + 8, hi);
+}
+template <typename T>
+float softmax_dot_total(double* lane, const float* p, const T* dy, int64_t len) {
+  for (int64_t j = len - len % 16; j < len; ++j) lane[0] += wide(dy[j]) * wide(p[j]);
+  return static_cast<float>(sm_lane_total(lane));
+}
+template <typename T>
+void softmax_dx16(const float* p, const T* dy, T* dx, int64_t m, int64_t len, float dot) {
+  const int64_t nv = (len + 15) / 16, nm = (m + 15) / 16;
+  const __mmask16 kl = sm_lanes(len - 16 * (nv - 1)), km = sm_lanes(m - 16 * (nm - 1));
+  const __m512 dt = _mm512_set1_ps(dot);
+  for (int64_t v = 0; v < nm; ++v) {
+    __m512 out = _mm512_setzero_ps();
+    if (v < nv) {
+      const __mmask16 k = v + 1 < nv ? 0xFFFF : kl;
+      const __m512 pv = _mm512_maskz_loadu_ps(k, p + 16 * v);
+      out = _mm512_maskz_mov_ps(k, _mm512_mul_ps(pv, _mm512_sub_ps(sm_load16(dy + 16 * v, k),
+                                                                   dt)));
+    }
+    sm_store16(dx + 16 * v, out, v + 1 < nm ? 0xFFFF : km);
+  }
+}
+
+// Rows per block of the AVX-512 kernels: kSoftmaxRows, fewer for long rows (a block's
+// float32 rows within 32 KiB, L1). Depends on m alone.
+inline int64_t softmax_block_rows(int64_t m) {
+  const int64_t fit = 8192 / ((m + 15) / 16 * 16);
+  return fit < 1 ? 1 : fit < kSoftmaxRows ? fit : kSoftmaxRows;
+}
+
+// Rows [r0, r0 + nr) of the forward (grad false: x -> out) or, for bfloat16, of the backward
+// (grad: dy -> out, from the probabilities recomputed from x). Each step runs over the block's
+// rows before the next, so that the rows' chains of dependent operations (max, the sums' 16
+// lanes in order, 1 / sum) overlap.
+template <typename T>
+void softmax_row_block(const T* x, const T* dy, T* out, MXTensor* length, int64_t m,
+                       int64_t r0, int64_t nr, bool grad) {
+  const bool f32 = std::is_same<T, float>::value;
+  const int64_t stride = (m + 15) / 16 * 16;
+  int64_t len[kSoftmaxRows];
+  double sum[kSoftmaxRows], lane[kSoftmaxRows][16];
+  float mx[kSoftmaxRows], dot[kSoftmaxRows];
+  float* w[kSoftmaxRows];
+  thread_local std::vector<float> scratch;   // each thread's rows (bfloat16)
+  if (!f32 && scratch.size() < static_cast<size_t>(nr * stride)) scratch.resize(nr * stride);
+  for (int64_t i = 0; i < nr; ++i) {
+    const int64_t r = r0 + i;
+    len[i] = length != nullptr ? length_at(*length, r, m) : m;
+    if constexpr (std::is_same<T, float>::value) {
+      w[i] = out + r * m;   // the forward's exponentials in its output
+    } else {
+      w[i] = scratch.data() + i * stride;
+    }
+  }
+  for (int64_t i = 0; i < nr; ++i) {
+    if (len[i] > 0) mx[i] = softmax_max16(x + (r0 + i) * m, w[i], len[i]);
+  }
+  for (int64_t i = 0; i < nr; ++i) {
+    const float* xr;
+    if constexpr (std::is_same<T, float>::value) {
+      xr = x + (r0 + i) * m;
+    } else {
+      xr = w[i];
+    }
+    if (len[i] > 0) softmax_exps16(xr, w[i], m, len[i], mx[i], lane[i]);
+  }
+  for (int64_t i = 0; i < nr; ++i) {
+    sum[i] = len[i] > 0 ? softmax_sum16(lane[i], w[i], m, len[i]) : 1.0;
+  }
+  if (!grad) {
+    for (int64_t i = 0; i < nr; ++i) softmax_scale16(w[i], out + (r0 + i) * m, m, len[i], sum[i]);
+    return;
+  }
+  for (int64_t i = 0; i < nr; ++i) {   // the probabilities in float32 (in place), the dots
+    softmax_dot16(w[i], sum[i], dy + (r0 + i) * m, len[i], lane[i]);
+  }
+  for (int64_t i = 0; i < nr; ++i) {
+    dot[i] = softmax_dot_total(lane[i], w[i], dy + (r0 + i) * m, len[i]);
+  }
+  for (int64_t i = 0; i < nr; ++i) {
+    softmax_dx16(w[i], dy + (r0 + i) * m, out + (r0 + i) * m, m, len[i], dot[i]);
+  }
+}
+
+template <typename T>
+void softmax_rows16(const T* x, const T* dy, T* out, MXTensor* length, int64_t rows,
+                    int64_t m, bool grad) {
+  if (rows == 0 || m == 0) return;   // nothing to write
+  const int64_t per = softmax_block_rows(m);
+  const int64_t blocks = (rows + per - 1) / per;
+#pragma omp parallel for schedule(static) if (rows * m >= kParallelMin && blocks > 1)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t r0 = blk * per;
+    softmax_row_block(x, dy, out, length, m, r0, rows - r0 < per ? rows - r0 : per, grad);
+  }
+}
+#define MXMP_SOFTMAX_ROWS16 1
+#endif
+
 // The probabilities of one row (0 < len <= m) of float32 or float64 data x into e (which may be
 // x): softmax_exps, then softmax_scale.
 template <typename C>
@@ -1362,6 +1639,12 @@ void softmax_all(MXTensor& x, MXTensor* length, T* y) {
   const int64_t rows = m == 0 ? 0 : x.size() / m;
   const T* xd = x.data<T>();
   typedef typename Num<T>::C C;
+#if defined(MXMP_SOFTMAX_ROWS16)
+  if constexpr (!std::is_same<T, double>::value) {   // float32, bfloat16: the AVX-512 rows
+    softmax_rows16<T>(xd, nullptr, y, length, rows, m, false);
+    return;
+  }
+#endif
   if constexpr (std::is_same<T, C>::value) {
     const int64_t blocks = (rows + kSoftmaxRows - 1) / kSoftmaxRows;
 #pragma omp parallel for schedule(static) if (rows * m >= kParallelMin && blocks > 1)
@@ -1434,6 +1717,13 @@ void softmax_grad_all(std::vector<MXTensor>* in, T* dx, bool with_length) {
   const T* dyd = dy.data<T>();
   const T* yd = y.data<T>();
   const T* xd = (*in)[1].data<T>();
+#if defined(MXMP_SOFTMAX_ROWS16)
+  if constexpr (std::is_same<T, bf16>::value) {   // the AVX-512 rows (float32: the loop below,
+    // as fast: it streams y, dy and dx at the memory's pace)
+    softmax_rows16<T>(xd, dyd, dx, length, rows, m, true);
+    return;
+  }
+#endif
 #pragma omp parallel for schedule(static) if (rows * m >= kParallelMin && rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t len = length != nullptr ? length_at(*length, r, m) : m;
