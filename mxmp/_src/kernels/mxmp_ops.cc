@@ -397,6 +397,23 @@ void ln_forward_row(const T* xr, const P* gamma, const P* beta, T* yr, S* mean, 
   }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VL__)
+// 16-lane pieces of the AVX-512 row kernels (LayerNorm, softmax): the first n lanes (n in
+// [1, 16]); 16 values loaded as float32 (bfloat16 widened exactly), lanes outside k 0; the
+// low and high 8 lanes of a float32 vector as doubles.
+inline __mmask16 vec_lanes(int64_t n) {
+  return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
+}
+inline __m512 vec_load16(const float* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
+inline __m512 vec_load16(const bf16* p, __mmask16 k) {
+  const __m256i h = _mm256_maskz_loadu_epi16(k, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512d vec_lo8(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+inline __m512d vec_hi8(__m512 v) { return _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)); }
+#endif
+
 // The AVX-512 forward of a bfloat16 row (AVX-512 builds with AVX512-BF16: ln_forward): the
 // numbers of ln_forward_row on the widened row, by a shorter route.
 // Statistics: k, the row's mean from float32 sums (converting every value to double cost twice
@@ -424,19 +441,6 @@ void ln_forward_row(const T* xr, const P* gamma, const P* beta, T* yr, S* mean, 
     defined(__AVX512VL__) && defined(__AVX512BF16__)
 #define MXMP_LN_AVX512 1
 
-// 16 values as float32 (exact), lanes outside m 0.
-inline __m512 ln_load16(const bf16* p, __mmask16 m) {
-  const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-
-inline __mmask16 ln_mask(int64_t n) {
-  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
-}
-
-inline __m512d ln_lo8(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
-inline __m512d ln_hi8(__m512 v) { return _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)); }
-
 // c of the bound above (2**-20, and room for d * 2**-52, the double sums' relative order error).
 inline float ln_c(int64_t d) { return 0x1p-20f + static_cast<float>(d) * 0x1p-50f; }
 
@@ -457,20 +461,20 @@ void ln_forward_row_avx512(const bf16* xr, const P* gamma, const P* beta, const 
   __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
   int64_t j = 0;
   for (; j + 64 <= d; j += 64) {
-    f0 = _mm512_add_ps(f0, ln_load16(xr + j, 0xFFFF));
-    f1 = _mm512_add_ps(f1, ln_load16(xr + j + 16, 0xFFFF));
-    f2 = _mm512_add_ps(f2, ln_load16(xr + j + 32, 0xFFFF));
-    f3 = _mm512_add_ps(f3, ln_load16(xr + j + 48, 0xFFFF));
+    f0 = _mm512_add_ps(f0, vec_load16(xr + j, 0xFFFF));
+    f1 = _mm512_add_ps(f1, vec_load16(xr + j + 16, 0xFFFF));
+    f2 = _mm512_add_ps(f2, vec_load16(xr + j + 32, 0xFFFF));
+    f3 = _mm512_add_ps(f3, vec_load16(xr + j + 48, 0xFFFF));
   }
-  for (; j < d; j += 16) f0 = _mm512_add_ps(f0, ln_load16(xr + j, ln_mask(d - j)));
+  for (; j < d; j += 16) f0 = _mm512_add_ps(f0, vec_load16(xr + j, vec_lanes(d - j)));
   const __m512 f = _mm512_add_ps(_mm512_add_ps(f0, f1), _mm512_add_ps(f2, f3));
-  double k = (_mm512_reduce_add_pd(ln_lo8(f)) + _mm512_reduce_add_pd(ln_hi8(f))) / d;
+  double k = (_mm512_reduce_add_pd(vec_lo8(f)) + _mm512_reduce_add_pd(vec_hi8(f))) / d;
   if (!std::isfinite(static_cast<float>(k))) {
     __m512d s0 = _mm512_setzero_pd(), s1 = s0;
     for (j = 0; j < d; j += 16) {   // lanes beyond d load 0
-      const __m512 x0 = ln_load16(xr + j, ln_mask(d - j));
-      s0 = _mm512_add_pd(s0, ln_lo8(x0));
-      s1 = _mm512_add_pd(s1, ln_hi8(x0));
+      const __m512 x0 = vec_load16(xr + j, vec_lanes(d - j));
+      s0 = _mm512_add_pd(s0, vec_lo8(x0));
+      s1 = _mm512_add_pd(s1, vec_hi8(x0));
     }
     k = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1)) / d;
   } else {
@@ -481,8 +485,8 @@ void ln_forward_row_avx512(const bf16* xr, const P* gamma, const P* beta, const 
   __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
   __m512d b0 = a0, b1 = a0;
   for (j = 0; j + 16 <= d; j += 16) {
-    const __m512 x0 = ln_load16(xr + j, 0xFFFF);
-    const __m512d v0 = _mm512_sub_pd(ln_lo8(x0), k8), v1 = _mm512_sub_pd(ln_hi8(x0), k8);
+    const __m512 x0 = vec_load16(xr + j, 0xFFFF);
+    const __m512d v0 = _mm512_sub_pd(vec_lo8(x0), k8), v1 = _mm512_sub_pd(vec_hi8(x0), k8);
     b0 = _mm512_add_pd(b0, v0);
     b1 = _mm512_add_pd(b1, v1);
     a0 = _mm512_fmadd_pd(v0, v0, a0);
@@ -491,10 +495,10 @@ void ln_forward_row_avx512(const bf16* xr, const P* gamma, const P* beta, const 
     std::swap(a1, a3);
   }
   if (j < d) {   // lanes beyond d give 0
-    const __mmask16 m = ln_mask(d - j);
-    const __m512 x0 = ln_load16(xr + j, m);
-    const __m512d v0 = _mm512_maskz_sub_pd(static_cast<__mmask8>(m), ln_lo8(x0), k8);
-    const __m512d v1 = _mm512_maskz_sub_pd(static_cast<__mmask8>(m >> 8), ln_hi8(x0), k8);
+    const __mmask16 m = vec_lanes(d - j);
+    const __m512 x0 = vec_load16(xr + j, m);
+    const __m512d v0 = _mm512_maskz_sub_pd(static_cast<__mmask8>(m), vec_lo8(x0), k8);
+    const __m512d v1 = _mm512_maskz_sub_pd(static_cast<__mmask8>(m >> 8), vec_hi8(x0), k8);
     b0 = _mm512_add_pd(b0, v0);
     b1 = _mm512_add_pd(b1, v1);
     a0 = _mm512_fmadd_pd(v0, v0, a0);
@@ -521,10 +525,10 @@ void ln_forward_row_avx512(const bf16* xr, const P* gamma, const P* beta, const 
   const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
   const __m512 tiny = _mm512_set1_ps(0x1p-100f);
   for (j = 0; j < d; j += 16) {
-    const __mmask16 m = ln_mask(d - j);
+    const __mmask16 m = vec_lanes(d - j);
     __mmask16 slow = m;
     if (fast) {
-      const __m512 x = ln_load16(xr + j, m);
+      const __m512 x = vec_load16(xr + j, m);
       const __m512 g = _mm512_maskz_loadu_ps(m, cols.g + j);
       const __m512 b = _mm512_maskz_loadu_ps(m, cols.b + j);
       const __m512 v = _mm512_sub_ps(_mm512_sub_ps(x, mhv), mlv);
@@ -1367,14 +1371,6 @@ MXReturnValue softmax_infer_shape(const Attrs& attrs, Shapes* in, Shapes* out) {
 // Zen 4), these 0.99 + 1.45 (float32 forward 1.13 -> 0.89): the exp's polynomial and the
 // double sum and product are now most of it. Each step runs over a block's rows
 // (softmax_row_block) before the next, so that the rows' reduction chains overlap.
-inline __mmask16 sm_lanes(int64_t n) {   // the first n lanes (n in [1, 16])
-  return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
-}
-inline __m512 sm_load16(const float* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
-inline __m512 sm_load16(const bf16* p, __mmask16 k) {
-  const __m256i h = _mm256_maskz_loadu_epi16(k, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
 inline void sm_store16(float* p, __m512 v, __mmask16 k) { _mm512_mask_storeu_ps(p, k, v); }
 // Num<bf16>::store on 16 lanes: to nearest even, a NaN quiet with its payload's top kept.
 // vcvtneps2bf16 does exactly that except that it flushes subnormal inputs to zero (rare here:
@@ -1422,8 +1418,6 @@ inline __m512 sm_exp16(__m512 x) {
 // The loops' sums in double (softmax_exps's and softmax_grad_row's `omp simd reduction` as gcc
 // vectorises it): element j of the vector loop in lane j % 16 (lane: 16 doubles), the loop's
 // scalar remainder added to lane 0 in order, then the lanes in order to 0.
-inline __m512d sm_lo(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
-inline __m512d sm_hi(__m512 v) { return _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)); }
 inline double sm_lane_total(const double* lane) {
   double sum = 0;
   for (int j = 0; j < 16; ++j) sum += lane[j];
@@ -1435,11 +1429,11 @@ inline double sm_lane_total(const double* lane) {
 template <typename T>
 float softmax_max16(const T* x, float* w, int64_t len) {
   const int64_t nv = (len + 15) / 16;
-  const __mmask16 kl = sm_lanes(len - 16 * (nv - 1));
+  const __mmask16 kl = vec_lanes(len - 16 * (nv - 1));
   __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t v = 0; v < nv; ++v) {
     const __mmask16 k = v + 1 < nv ? 0xFFFF : kl;
-    const __m512 xv = sm_load16(x + 16 * v, k);
+    const __m512 xv = vec_load16(x + 16 * v, k);
     if (!std::is_same<T, float>::value) _mm512_mask_storeu_ps(w + 16 * v, k, xv);
     vmax = _mm512_mask_max_ps(vmax, k, xv, vmax);
   }
@@ -1456,7 +1450,7 @@ inline int64_t softmax_rest(int64_t m, int64_t len) {   // where that remainder 
 inline void softmax_exps16(const float* x, float* w, int64_t m, int64_t len, float mx,
                            double* lane) {
   const int64_t nv = (len + 15) / 16;
-  const __mmask16 kl = sm_lanes(len - 16 * (nv - 1));
+  const __mmask16 kl = vec_lanes(len - 16 * (nv - 1));
   const int64_t summed = softmax_rest(m, len) < len ? nv - 1 : nv;
   const __m512 vmx = _mm512_set1_ps(mx);
   __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
@@ -1466,8 +1460,8 @@ inline void softmax_exps16(const float* x, float* w, int64_t m, int64_t len, flo
     const __m512 e = _mm512_maskz_mov_ps(k, sm_exp16(_mm512_sub_ps(xv, vmx)));
     _mm512_mask_storeu_ps(w + 16 * v, k, e);
     if (v < summed) {
-      lo = _mm512_add_pd(lo, sm_lo(e));
-      hi = _mm512_add_pd(hi, sm_hi(e));
+      lo = _mm512_add_pd(lo, vec_lo8(e));
+      hi = _mm512_add_pd(hi, vec_hi8(e));
     }
   }
   _mm512_storeu_pd(lane, lo);
@@ -1480,8 +1474,8 @@ inline double softmax_sum16(double* lane, const float* w, int64_t m, int64_t len
 
 // 16 float32 values times inv in double, rounded to float32 once (softmax_scale).
 inline __m512 sm_times16(__m512 e, __m512d inv) {
-  const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(sm_lo(e), inv));
-  const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(sm_hi(e), inv));
+  const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(vec_lo8(e), inv));
+  const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(vec_hi8(e), inv));
   return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
 
@@ -1491,7 +1485,7 @@ template <typename T>
 void softmax_scale16(const float* w, T* y, int64_t m, int64_t len, double sum) {
   const __m512d inv = _mm512_set1_pd(1.0 / sum);
   const int64_t nv = (len + 15) / 16, nm = (m + 15) / 16;
-  const __mmask16 kl = sm_lanes(len - 16 * (nv - 1)), km = sm_lanes(m - 16 * (nm - 1));
+  const __mmask16 kl = vec_lanes(len - 16 * (nv - 1)), km = vec_lanes(m - 16 * (nm - 1));
   for (int64_t v = 0; v < nm; ++v) {
     __m512 out = _mm512_setzero_ps();
     if (v < nv) {
@@ -1511,16 +1505,16 @@ template <typename T>
 void softmax_dot16(float* w, double sum, const T* dy, int64_t len, double* lane) {
   const __m512d inv = _mm512_set1_pd(1.0 / sum);
   const int64_t nv = (len + 15) / 16;
-  const __mmask16 kl = sm_lanes(len - 16 * (nv - 1));
+  const __mmask16 kl = vec_lanes(len - 16 * (nv - 1));
   __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
   for (int64_t v = 0; v < nv; ++v) {
     const __mmask16 k = v + 1 < nv ? 0xFFFF : kl;
     const __m512 pv = sm_times16(_mm512_maskz_loadu_ps(k, w + 16 * v), inv);
     _mm512_mask_storeu_ps(w + 16 * v, k, pv);
     if (v < len / 16) {
-      const __m512 g = sm_load16(dy + 16 * v, 0xFFFF);
-      lo = _mm512_fmadd_pd(sm_lo(g), sm_lo(pv), lo);
-      hi = _mm512_fmadd_pd(sm_hi(g), sm_hi(pv), hi);
+      const __m512 g = vec_load16(dy + 16 * v, 0xFFFF);
+      lo = _mm512_fmadd_pd(vec_lo8(g), vec_lo8(pv), lo);
+      hi = _mm512_fmadd_pd(vec_hi8(g), vec_hi8(pv), hi);
     }
   }
   _mm512_storeu_pd(lane, lo);
@@ -1534,14 +1528,14 @@ float softmax_dot_total(double* lane, const float* p, const T* dy, int64_t len) 
 template <typename T>
 void softmax_dx16(const float* p, const T* dy, T* dx, int64_t m, int64_t len, float dot) {
   const int64_t nv = (len + 15) / 16, nm = (m + 15) / 16;
-  const __mmask16 kl = sm_lanes(len - 16 * (nv - 1)), km = sm_lanes(m - 16 * (nm - 1));
+  const __mmask16 kl = vec_lanes(len - 16 * (nv - 1)), km = vec_lanes(m - 16 * (nm - 1));
   const __m512 dt = _mm512_set1_ps(dot);
   for (int64_t v = 0; v < nm; ++v) {
     __m512 out = _mm512_setzero_ps();
     if (v < nv) {
       const __mmask16 k = v + 1 < nv ? 0xFFFF : kl;
       const __m512 pv = _mm512_maskz_loadu_ps(k, p + 16 * v);
-      out = _mm512_maskz_mov_ps(k, _mm512_mul_ps(pv, _mm512_sub_ps(sm_load16(dy + 16 * v, k),
+      out = _mm512_maskz_mov_ps(k, _mm512_mul_ps(pv, _mm512_sub_ps(vec_load16(dy + 16 * v, k),
                                                                    dt)));
     }
     sm_store16(dx + 16 * v, out, v + 1 < nm ? 0xFFFF : km);
