@@ -21,7 +21,8 @@ from .graph.kernel_undo import inference_only
 from .graph.stem import pad_stem, wants_padding
 from .graph.strip import remove_casts
 from .graph.symbol_json import cast_param_names, dump, load
-from .fused_inference import BACKEND, count_fused, unsafe_outputs
+from .fused_inference import BACKEND, adopt_array, count_fused, fold_weight_nodes, \
+    unsafe_outputs
 
 __all__ = ['freeze']
 
@@ -123,7 +124,7 @@ def freeze(block, *inputs):
     if any(p._deferred_init for p in params.values()):
         block._deferred_infer_shape(*inputs)   # shapes only: arrays are made one at a time
     frozen_params = _move_parameters(params, graph, names, folds, conversion, ctx, data_names)
-    graph, frozen_params = _fold_constants(graph, frozen_params, data_names, ctx)
+    graph, frozen_params = _fold_constants(graph, frozen_params, ctx)
     data = [mx.sym.var(n, dtype=a.dtype) for n, a in zip(data_names, inputs)]
     frozen = gluon.SymbolBlock(graph, data, params=frozen_params)
     hooks.mark_frozen(block, frozen)
@@ -250,8 +251,8 @@ def _move_parameters(params, graph, lp_names, folds, conversion, ctx, data_names
             if fold.new_weight not in wanted:
                 continue
             weight, bias = folded_values(fold, value)
-            _adopt(out, fold.new_weight, _cast(weight, dtype, fold.new_weight in lp_names), ctx)
-            _adopt(out, fold.new_bias, _cast(bias, dtype, fold.new_bias in lp_names), ctx)
+            adopt_array(out, fold.new_weight, _cast(weight, dtype, fold.new_weight in lp_names), ctx)
+            adopt_array(out, fold.new_bias, _cast(bias, dtype, fold.new_bias in lp_names), ctx)
             for src in (fold.weight, fold.bias, fold.gamma, fold.beta, fold.mean, fold.var):
                 if src is not None:
                     release(src, fold.new_weight)
@@ -261,7 +262,7 @@ def _move_parameters(params, graph, lp_names, folds, conversion, ctx, data_names
             array = value(name)
             if name in lp_names and dtype_name(array.dtype) != dtype_name(dtype):
                 array = _cast(array, dtype, True)
-            _adopt(out, name, array, ctx)
+            adopt_array(out, name, array, ctx)
             release(name, name)
     missing = wanted - set(out.keys())
     if missing:
@@ -269,29 +270,14 @@ def _move_parameters(params, graph, lp_names, folds, conversion, ctx, data_names
     return out
 
 
-def _fold_constants(graph, params, data_names, ctx):
+def _fold_constants(graph, params, ctx):
     """``graph`` with the nodes computed from weights alone folded into variables
-    (:mod:`mxmp._src.graph.constants`), and its ParameterDict: the new variables added, the
-    Parameters the graph no longer reads dropped (their arrays freed)."""
-    from .graph.constants import fold_constants   # loaded with mxmp.freeze only
-    arrays = {n: p.data(ctx) for n, p in params.items()}
-
+    (:func:`fold_weight_nodes`), and its ParameterDict: the new variables added, the Parameters
+    the graph no longer reads dropped (their arrays freed as soon as no fold needs them)."""
     def release(name):
         params[name]._data = None
-        del arrays[name]
 
-    with autograd.pause():
-        graph, added = fold_constants(graph, data_names, arrays, ctx, release)
-    if not added:
-        return graph, params
-    kept = set(graph.list_arguments()) | set(graph.list_auxiliary_states())
-    out = gluon.ParameterDict()
-    for name, param in params.items():
-        if name in kept:
-            out._params[name] = param
-    for name, array in added.items():
-        _adopt(out, name, array, ctx)
-    return graph, out
+    return fold_weight_nodes(graph, params, ctx, release)
 
 
 def _cast(array, dtype, cast):
@@ -301,16 +287,3 @@ def _cast(array, dtype, cast):
         array = mx.nd.amp_cast(array, dtype=dtype)
     array.wait_to_read()
     return array
-
-
-def _adopt(out, name, array, ctx):
-    """A Parameter ``name`` in ``out`` holding ``array`` itself (no copy), without gradient."""
-    param = gluon.Parameter(name, shape=array.shape, dtype=array.dtype, grad_req='null')
-    param._ctx_list = [ctx]
-    param._ctx_map = [[], []]
-    dev = param._ctx_map[ctx.device_typeid & 1]
-    dev.extend([None] * (ctx.device_id + 1 - len(dev)))
-    dev[ctx.device_id] = 0
-    param._data = [array]
-    param._grad = None
-    out._params[name] = param

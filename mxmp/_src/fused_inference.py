@@ -20,7 +20,8 @@ from mxnet import autograd, gluon
 from .dtypes import dtype_name
 from .graph.symbol_json import load
 
-__all__ = ['BACKEND', 'count_fused', 'unsafe_outputs', 'FusedInference']
+__all__ = ['BACKEND', 'count_fused', 'unsafe_outputs', 'FusedInference', 'fold_weight_nodes',
+           'adopt_array']
 
 logger = logging.getLogger('mxmp.gluon')
 
@@ -125,7 +126,7 @@ class FusedInference:
                 self._precast = self.precast(args)
             sym, names, dtype, folds = self._precast
             params = _twin_params(params, names, dtype, folds)
-        sym, params = _fold_weights(sym, params, args[0].context)
+        sym, params = fold_weight_nodes(sym, params, args[0].context)
         twin = gluon.SymbolBlock(sym, inputs, params=params)
         twin.hybridize(backend=BACKEND, **dict(self.block._flags))
         return twin
@@ -160,17 +161,31 @@ def _twin_params(shared, names, dtype, folds):
     return params
 
 
-def _fold_weights(sym, params, ctx):
+def fold_weight_nodes(sym, params, ctx, release=None):
     """``sym`` with the nodes computed from its Parameters alone folded into variables
-    (:func:`mxmp._src.graph.constants.fold_constants`, their values computed now on ``ctx``),
-    and the ParameterDict of the folded graph: ``params``'s entries it still reads and one
-    Parameter (no gradient) per new variable. Variables ``params`` lacks are data."""
+    (:func:`mxmp._src.graph.constants.fold_constants`, their values computed now on ``ctx``;
+    the variables ``params`` lacks are data), and the ParameterDict of the folded graph:
+    ``params``'s entries it still reads and one Parameter (no gradient) holding each new value.
+
+    Args:
+        sym (mxnet.sym.Symbol): an inference-only graph.
+        params (gluon.ParameterDict): a value for each of its weights.
+        ctx (mxnet.Context): where the values are computed and kept.
+        release (callable or None): ``release(name)`` as soon as no fold needs Parameter
+            ``name``'s array any more (:func:`mxmp.freeze` frees it there); None keeps them.
+    """
     from .graph.constants import fold_constants   # loaded at the first fused graph only
     wanted = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
     names = set(params.keys())
+    arrays = {n: params[n].data(ctx) for n in wanted & names}
+
+    def drop(name):
+        del arrays[name]
+        if release is not None:
+            release(name)
+
     with autograd.pause():
-        arrays = {n: params[n].data(ctx) for n in wanted & names}
-        sym, added = fold_constants(sym, wanted - names, arrays, ctx)
+        sym, added = fold_constants(sym, wanted - names, arrays, ctx, drop)
     if not added:
         return sym, params
     kept = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
@@ -179,7 +194,19 @@ def _fold_weights(sym, params, ctx):
         if name in kept:
             out._params[name] = params[name]
     for name, value in added.items():
-        param = gluon.Parameter(name, shape=value.shape, dtype=value.dtype, grad_req='null')
-        param._init_impl(value, [ctx])
-        out._params[name] = param
+        adopt_array(out, name, value, ctx)
     return sym, out
+
+
+def adopt_array(out, name, array, ctx):
+    """A Parameter ``name`` in ``out`` (a ParameterDict) holding ``array`` itself (no copy) on
+    ``ctx``, without gradient."""
+    param = gluon.Parameter(name, shape=array.shape, dtype=array.dtype, grad_req='null')
+    param._ctx_list = [ctx]
+    param._ctx_map = [[], []]
+    dev = param._ctx_map[ctx.device_typeid & 1]
+    dev.extend([None] * (ctx.device_id + 1 - len(dev)))
+    dev[ctx.device_id] = 0
+    param._data = [array]
+    param._grad = None
+    out._params[name] = param
