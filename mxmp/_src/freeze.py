@@ -251,7 +251,8 @@ def _move_parameters(params, graph, lp_names, folds, conversion, ctx, data_names
             if fold.new_weight not in wanted:
                 continue
             weight, bias = folded_values(fold, value)
-            adopt_array(out, fold.new_weight, _cast(weight, dtype, fold.new_weight in lp_names), ctx)
+            adopt_array(out, fold.new_weight,
+                        _cast(weight, dtype, fold.new_weight in lp_names), ctx)
             adopt_array(out, fold.new_bias, _cast(bias, dtype, fold.new_bias in lp_names), ctx)
             for src in (fold.weight, fold.bias, fold.gamma, fold.beta, fold.mean, fold.var):
                 if src is not None:
