@@ -1,7 +1,7 @@
 """Each op of mxmp's operator library alone against MXNet's op, at several thread counts.
 
     python -m benchmarks.kernel_ops [--threads 1 2] [--calls 30] [--ops layer_norm,softmax,dropout]
-                                    [--dtype float32 bfloat16]
+                                    [--dtype float32 bfloat16] [--repeats 1]
 
 For each thread count and dtype, a fresh process (``OMP_NUM_THREADS`` set before MXNet loads)
 builds each op at BERT-base batch 8, sequence 128 shapes: LayerNorm over (1024, 768),
@@ -30,8 +30,20 @@ around the op (the input identity, the head gradient's fill, the output's alloca
 casts of bfloat16 graphs), which do not scale with threads; the op's own time shows the op's
 scaling apart from them.
 
-The table gives, for each, the median (and the minimum) ms per call of the block, the mean
-(and the minimum) of the op alone, and the speed-up from the first thread count to each other.
+For float32, the same process also times the block's surroundings alone: the identity that
+brings data, the head gradient's fill and the data gradient, without the op. "Op in block" is
+the block's median less the surroundings' median (and minimum less minimum), per process: the
+op's share of the block with the MXNet nodes that every block holds taken out, the op's own
+extra nodes (the kernel rule's ties, copies of gamma and beta, Dropout's flag) kept in. Not for
+bfloat16 ('-'): there the surroundings hold the cast to the float32 output, whose time depends
+on what it reads (measured: the surroundings alone took more than the block less the op alone).
+
+The table gives, for each, the median (and the minimum) ms per call of the block, the median
+of the surroundings, the op in block, the mean (and the minimum) of the op alone, and the
+speed-up from the first thread count to each other. ``--repeats R`` runs every process R times,
+the thread counts interleaved (1, 2, 1, 2, ...), and gives the median over the processes of
+each figure (of the minima: the minimum): a 2-vCPU virtual machine's figures move from process
+to process by more than the op's own spread (docs/benchmark.md, "The op in its block").
 The machine's load average is printed with it: on a shared machine the figures are indicative
 only (docs/benchmark.md, "mxmp's operator library, op by op").
 """
@@ -107,6 +119,12 @@ def _graphs(mx, op, dtype='float32'):
     return sym, lib, names, nds, [t == 'float32' for t in dtypes]
 
 
+def _around(mx):
+    """The symbol of a float32 block's surroundings without the op: data's identity (its
+    input is the block's data, ``_graphs``'s first array)."""
+    return mx.sym.identity(mx.sym.var('data'), name='prev')
+
+
 def _time(mx, sym, names, arrays, calls, grad=None, profile=False):
     """[median, min] ms per call of the block, forward + backward; ``profile``: the text of
     MXNet's aggregate profile of the timed calls instead."""
@@ -162,8 +180,9 @@ def op_ms(dump, op, kernels, calls):
 
 def worker(ops, calls, dtype='float32', profile=False):
     """One thread count (the process's ``OMP_NUM_THREADS``) and dtype: {op: {kernels:
-    [median, min] ms}} of the blocks; ``profile`` (bulk execution off in the environment):
-    {op: {kernels: [mean, min] ms or None}} of the op's own nodes (:func:`op_ms`)."""
+    [median, min] ms}} of the blocks, kernels 'MXNet', 'mxmp' and, for float32,
+    'around' (the surroundings, :func:`_around`); ``profile`` (bulk execution off in the environment): {op: {kernels:
+    [mean, min] ms or None}} of the op's own nodes (:func:`op_ms`)."""
     import mxnet as mx
     import mxmp
     from mxmp._src.kernels.build import load_library
@@ -181,14 +200,37 @@ def worker(ops, calls, dtype='float32', profile=False):
         for kernels, graph in (('MXNet', sym), ('mxmp', lib)):
             got = _time(mx, graph, names, arrays, calls, grad, profile)
             res[op][kernels] = op_ms(got, op, kernels, calls) if profile else got
+        if not profile and dtype == 'float32':
+            res[op]['around'] = _time(mx, _around(mx), names[:1], arrays[:1], calls,
+                                      grad[:1])
     return res
 
 
+#: The table's four figures per op, each at every thread count.
+COLUMNS = ('block', 'surroundings', 'op in block', 'op alone')
+
+
+def combine(figures):
+    """One figure from several processes' [central, min] pairs (ms): [the median of the
+    central values, the minimum of the minima]; None where any process has none."""
+    if any(f is None for f in figures):
+        return None
+    return [statistics.median(f[0] for f in figures), min(f[1] for f in figures)]
+
+
+def op_in_block(block, around):
+    """The op's share of its block in one process: [block median - surroundings median, block
+    minimum - surroundings minimum] (ms); each pair as ``_time`` returns it."""
+    return [block[0] - around[0], block[1] - around[1]]
+
+
 def _cell(ms, first):
-    """'median (min)' and the speed-up cell from the first thread count's figures."""
+    """'median (min)' and the speed-up cell from the first thread count's figures (a speed-up
+    of a figure at or below 0 ms, as a difference can be: '-')."""
     if ms is None or first is None:
         return '-', '-'
-    return '%.2f (%.2f)' % tuple(ms), '%.2fx (%.2fx)' % (first[0] / ms[0], first[1] / ms[1])
+    up = ['%.2fx' % (a / b) if a > 0 and b > 0 else '-' for a, b in zip(first, ms)]
+    return '%.2f (%.2f)' % tuple(ms), '%s (%s)' % tuple(up)
 
 
 def main(argv=None):
@@ -199,9 +241,14 @@ def main(argv=None):
     p.add_argument('--dtype', nargs='+', default=['float32'], choices=['float32', 'bfloat16'],
                    help="data dtype(s) (bfloat16: the library's bfloat16 ops against MXNet's "
                    'float32 op between casts; only where the CPU has bfloat16 kernels)')
+    p.add_argument('--repeats', type=int, default=1,
+                   help='processes per thread count and dtype, the counts interleaved; each '
+                   'figure is the median over them (default: 1)')
     p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('--profile', action='store_true', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.repeats < 1 or args.calls < 1:
+        p.error('--repeats and --calls must be at least 1')
     ops = [o for o in args.ops.split(',') if o]
     bad = [o for o in ops if o not in SHAPES]
     if bad:
@@ -211,29 +258,43 @@ def main(argv=None):
         return
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     from .profile import BULK_OFF
-    results, own = {}, {}
+    runs = {}   # (dtype, threads, profile) -> the workers' results, one per process
     for dtype in args.dtype:
-        for n in args.threads:
-            for profile, into in ((False, results), (True, own)):
-                env = dict(os.environ, OMP_NUM_THREADS=str(n),
-                           PYTHONPATH=root + os.pathsep + os.environ.get('PYTHONPATH', ''))
-                if profile:
-                    env.update(BULK_OFF)
-                proc = subprocess.run([sys.executable, '-m', 'benchmarks.kernel_ops', '--worker',
-                                       '--calls', str(args.calls), '--ops', ','.join(ops),
-                                       '--dtype', dtype] + (['--profile'] if profile else []),
-                                      capture_output=True, text=True, env=env, cwd=root)
-                if proc.returncode != 0:
-                    raise SystemExit(proc.stderr[-2000:])
-                into.setdefault(dtype, {})[n] = json.loads(proc.stdout.strip().splitlines()[-1])
+        for _ in range(args.repeats):
+            for n in args.threads:
+                for profile in (False, True):
+                    env = dict(os.environ, OMP_NUM_THREADS=str(n),
+                               PYTHONPATH=root + os.pathsep + os.environ.get('PYTHONPATH', ''))
+                    if profile:
+                        env.update(BULK_OFF)
+                    proc = subprocess.run(
+                        [sys.executable, '-m', 'benchmarks.kernel_ops', '--worker', '--calls',
+                         str(args.calls), '--ops', ','.join(ops), '--dtype', dtype] +
+                        (['--profile'] if profile else []),
+                        capture_output=True, text=True, env=env, cwd=root)
+                    if proc.returncode != 0:
+                        raise SystemExit(proc.stderr[-2000:])
+                    runs.setdefault((dtype, n, profile), []).append(
+                        json.loads(proc.stdout.strip().splitlines()[-1]))
+    results, own, inside = {}, {}, {}
+    for (dtype, n, profile), got in runs.items():
+        into = own if profile else results
+        into.setdefault(dtype, {})[n] = {op: {k: combine([g[op][k] for g in got])
+                                              for k in got[0][op]} for op in ops}
+        if not profile:
+            inside.setdefault(dtype, {})[n] = {op: {k: combine([op_in_block(g[op][k], g[op][
+                'around']) for g in got]) if 'around' in got[0][op] else None
+                for k in ('MXNet', 'mxmp')} for op in ops}
     first = args.threads[0]
-    print('load average %s; DNNL_MAX_CPU_ISA=%s; %d calls, forward + backward: the block, median '
-          "(min) ms; the op alone (MXNet's profiler, bulk execution off: its forward and "
-          'backward nodes), mean (min) ms'
+    print('load average %s; DNNL_MAX_CPU_ISA=%s; %d calls, forward + backward, %d process(es) '
+          'per figure (median over them; of minima, the minimum): the block, median (min) ms; '
+          'its surroundings without the op, median (min) ms; the op in the block (the block less '
+          "its surroundings, per process), median (min) ms; the op alone (MXNet's profiler, bulk "
+          'execution off: its forward and backward nodes), mean (min) ms'
           % (' '.join('%.2f' % v for v in os.getloadavg()),
-             os.environ.get('DNNL_MAX_CPU_ISA', '(unset)'), args.calls))
+             os.environ.get('DNNL_MAX_CPU_ISA', '(unset)'), args.calls, args.repeats))
     head = ['op', 'dtype', 'kernels']
-    for what in ('block', 'op alone'):
+    for what in COLUMNS:
         head += ['%s, %d thread%s ms' % (what, n, '' if n == 1 else 's') for n in args.threads]
         head += ['%s, %d -> %d threads' % (what, first, n) for n in args.threads[1:]]
     print('| ' + ' | '.join(head) + ' |')
@@ -245,13 +306,14 @@ def main(argv=None):
                 if dtype == 'bfloat16':
                     label += ' (float32 between casts)' if kernels == 'MXNet' else ' (bfloat16)'
                 cells = [SHAPES[op], dtype, label]
-                for table in (results, own):
-                    ms = [table[dtype][n][op][kernels] for n in args.threads]
+                for table, key in ((results, kernels), (results, 'around'), (inside, kernels),
+                                   (own, kernels)):
+                    ms = [table[dtype][n][op].get(key) for n in args.threads]
                     pairs = [_cell(t, ms[0]) for t in ms]
                     cells += [c for c, _ in pairs] + [r for _, r in pairs[1:]]
                 print('| ' + ' | '.join(cells) + ' |')
-    print(json.dumps({'threads': args.threads, 'results': results, 'op_alone': own}))
-
+    print(json.dumps({'threads': args.threads, 'repeats': args.repeats, 'results': results,
+                      'op_in_block': inside, 'op_alone': own}))
 
 if __name__ == '__main__':
     main()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from benchmarks.kernel_ops import OP_NAMES, SHAPES, op_ms
+from benchmarks.kernel_ops import OP_NAMES, SHAPES, combine, op_in_block, op_ms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,30 +46,43 @@ def test_op_ms_adds_the_forward_and_backward_nodes_only():
     assert set(OP_NAMES) == set(SHAPES)
 
 
-def test_table_has_the_op_alone_beside_the_block():
+def test_processes_combine_to_the_median_and_the_least_minimum():
+    assert combine([[3.0, 2.0], [5.0, 1.5], [4.0, 2.5]]) == [4.0, 1.5]
+    assert combine([[3.0, 2.0], None]) is None
+    assert op_in_block([5.0, 4.0], [1.5, 1.0]) == [3.5, 3.0]
+
+
+def test_table_has_the_surroundings_the_op_in_block_and_the_op_alone_beside_the_block():
     pytest.importorskip('mxnet')
     from mxmp._src.kernels.build import load_library
     if load_library() is None:
         pytest.skip("mxmp's operator library does not build here")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
     proc = subprocess.run([sys.executable, '-m', 'benchmarks.kernel_ops', '--threads', '1', '2',
-                           '--calls', '2', '--ops', 'dropout'], capture_output=True, text=True,
+                           '--calls', '2', '--ops', 'dropout', '--repeats', '2'],
+                          capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
     head = [c.strip() for c in lines[1].strip('|').split('|')]
-    assert head[3:] == ['block, 1 thread ms', 'block, 2 threads ms', 'block, 1 -> 2 threads',
-                        'op alone, 1 thread ms', 'op alone, 2 threads ms',
-                        'op alone, 1 -> 2 threads']
+    assert head[3:] == ['%s, %s' % (what, col) for what in (
+        'block', 'surroundings', 'op in block', 'op alone') for col in (
+        '1 thread ms', '2 threads ms', '1 -> 2 threads')]
     res = json.loads(lines[-1])
+    assert res['repeats'] == 2 and '2 process(es) per figure' in lines[0]
     for n in ('1', '2'):
+        around = res['results']['float32'][n]['dropout']['around']
+        assert len(around) == 2 and 0 < around[1] <= around[0]
         for kernels in ('MXNet', 'mxmp'):
             block = res['results']['float32'][n]['dropout'][kernels]
             alone = res['op_alone']['float32'][n]['dropout'][kernels]
+            inside = res['op_in_block']['float32'][n]['dropout'][kernels]
             # both nodes found (no timed comparison: the sum of the nodes' minima is at most
             # their mean by arithmetic)
             assert len(block) == 2 and alone is not None and 0 < alone[1] <= alone[0]
+            assert len(inside) == 2 and inside[0] < block[0]
     rows = [[c.strip() for c in line.strip('|').split('|')] for line in lines[3:5]]
     assert [r[2] for r in rows] == ['MXNet', 'mxmp']
     for r in rows:
-        assert all(c != '-' for c in r[3:]) and r[8].endswith(')') and 'x (' in r[8]
+        assert r[3:9] == [c for c in r[3:9] if c != '-'] and r[14].endswith(')')
+        assert 'x (' in r[5] and 'x (' in r[8] and 'x (' in r[14]
