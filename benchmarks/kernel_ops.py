@@ -42,7 +42,8 @@ The table gives, for each, the median (and the minimum) ms per call of the block
 of the surroundings, the op in block, the mean (and the minimum) of the op alone, and the
 speed-up from the first thread count to each other. ``--repeats R`` runs every process R times,
 the thread counts interleaved (1, 2, 1, 2, ...), and gives the median over the processes of
-each figure (of the minima: the minimum): a 2-vCPU virtual machine's figures move from process
+each figure (of the minima: the minimum; the JSON's ``per_process`` holds each process's
+block medians): a 2-vCPU virtual machine's figures move from process
 to process by more than the op's own spread (docs/benchmark.md, "The op in its block").
 The machine's load average is printed with it: on a shared machine the figures are indicative
 only (docs/benchmark.md, "mxmp's operator library, op by op").
@@ -312,8 +313,12 @@ def main(argv=None):
                     pairs = [_cell(t, ms[0]) for t in ms]
                     cells += [c for c, _ in pairs] + [r for _, r in pairs[1:]]
                 print('| ' + ' | '.join(cells) + ' |')
+    # each process's block medians, for the spread between processes
+    spread = {dtype: {n: {op: {k: [g[op][k][0] for g in runs[(dtype, n, False)]]
+                               for k in runs[(dtype, n, False)][0][op]} for op in ops}
+                      for n in args.threads} for dtype in args.dtype}
     print(json.dumps({'threads': args.threads, 'repeats': args.repeats, 'results': results,
-                      'op_in_block': inside, 'op_alone': own}))
+                      'op_in_block': inside, 'op_alone': own, 'per_process': spread}))
 
 if __name__ == '__main__':
     main()

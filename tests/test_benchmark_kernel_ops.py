@@ -70,6 +70,8 @@ def test_table_has_the_surroundings_the_op_in_block_and_the_op_alone_beside_the_
         '1 thread ms', '2 threads ms', '1 -> 2 threads')]
     res = json.loads(lines[-1])
     assert res['repeats'] == 2 and '2 process(es) per figure' in lines[0]
+    assert [len(res['per_process']['float32'][n]['dropout'][k]) for n in ('1', '2')
+            for k in ('MXNet', 'mxmp', 'around')] == [2] * 6
     for n in ('1', '2'):
         around = res['results']['float32'][n]['dropout']['around']
         assert len(around) == 2 and 0 < around[1] <= around[0]
