@@ -107,10 +107,13 @@ done
 
 # ---- 5. side by side
 step "float32 vs bfloat16 (summaries in $RUNS/*/summary.json)"
-"$PY" - "$RUNS/float32/summary.json" "$RUNS/bfloat16/summary.json" <<'EOF'
+"$PY" - "$RUNS/float32/summary.json" "$RUNS/bfloat16/summary.json" "$TIER" <<'EOF'
 import json, sys
-fp32, bf16 = runs = [json.load(open(path)) for path in sys.argv[1:]]
-names = ['float32', 'bfloat16 (%s)' % ('emulated' if bf16['emulate'] else 'real kernels')]
+fp32, bf16 = runs = [json.load(open(path)) for path in sys.argv[1:3]]
+tier = sys.argv[3]   # avx512_core: oneDNN runs bfloat16, but by emulation (no bfloat16 instructions)
+onednn_emulated = not bf16['emulate'] and tier == 'avx512_core'
+names = ['float32', 'bfloat16 (%s)' % ('emulated' if bf16['emulate'] else
+                                       "oneDNN-emulated" if onednn_emulated else 'real kernels')]
 rows = [('val top-1 (%)', lambda r: '%.2f' % (100 * r['final_val_top1'])),
         ('train loss (last epoch)', lambda r: '%.4f' % r['final_train_loss']),
         ('training img/s', lambda r: '%.1f' % r['img_per_sec']),
@@ -118,9 +121,10 @@ rows = [('val top-1 (%)', lambda r: '%.2f' % (100 * r['final_val_top1'])),
         ('peak RSS (MiB)', lambda r: '%.0f' % r['peak_rss_mib']),
         ('skipped steps', lambda r: '%d' % r['skipped_steps'])]
 width = max(len(label) for label, _ in rows) + 2
-print('%-*s' % (width, '') + ''.join('%26s' % n for n in names))
+col = max(26, max(len(n) for n in names) + 2)
+print('%-*s' % (width, '') + ''.join('%*s' % (col, n) for n in names))
 for label, cell in rows:
-    print('%-*s' % (width, label) + ''.join('%26s' % cell(r) for r in runs))
+    print('%-*s' % (width, label) + ''.join('%*s' % (col, cell(r)) for r in runs))
 args = fp32['args']
 print('\n%s, %d epoch(s) x %d training images, batch %d, %d test images, seed %d; '
       'bfloat16 - float32 val top-1: %+.2f points'
@@ -130,6 +134,10 @@ print('\n%s, %d epoch(s) x %d training images, batch %d, %d test images, seed %d
 if bf16['emulate']:
     print('bfloat16 ran EMULATED (no bfloat16 kernels on this CPU): this table measures its '
           'accuracy, not its speed.')
+elif onednn_emulated:
+    print('bfloat16 ran on oneDNN kernels that EMULATE it (tier avx512_core: AVX-512 without '
+          'bfloat16 instructions), slower than float32: this table measures its accuracy, not '
+          'the speed of CPUs with avx512_bf16 or AMX.')
 print('Why a wide ResNet: 16-bit pays where layers are compute-bound; layers of 16-64 channels '
       '(cifar_resnet20_v1: 1.13x) spend their time in memory-bound work (BatchNorm, ReLU, casts, '
       'the update) that 16-bit does not speed up.')
