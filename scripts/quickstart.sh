@@ -17,14 +17,13 @@
 # first test images. It shows the speed, and that bfloat16 lands within the run-to-run noise of
 # such a short run; the accuracy at convergence is docs/accuracy.md (python -m benchmarks.accuracy).
 # Without native kernels (tiers avx512_core and avx2: `mxmp check-kernels`) bfloat16 runs 2-2.7x
-# slower than float32 (oneDNN's emulation, or mxmp's), so there the default budget is 60 training
-# batches, which keeps the script near 10 minutes on a 2-core machine; the table says so.
+# slower than float32 (oneDNN's emulation, or mxmp's), so the script takes longer there (9-10
+# minutes on 2 cores); its table says which.
 # Override with:
 #   QUICKSTART_MODEL          model of examples/train_imagenet.py  (default cifar_wideresnet16_4)
 #   QUICKSTART_EPOCHS         epochs per run                       (default 1)
 #   QUICKSTART_TRAIN_BATCHES  training batches per epoch (0 = all)  (default 120: 7,680 images,
-#                             a random subset of the shuffled training set; 60 on a CPU without
-#                             native bfloat16 kernels)
+#                             a random subset of the shuffled training set)
 #   QUICKSTART_VAL_BATCHES    validation batches (0 = all 10,000)   (default 40: the first 2,560
 #                             test images)
 #   QUICKSTART_BATCH_SIZE     batch size                           (default 64)
@@ -72,16 +71,9 @@ step "installing mxmp with the cpu and examples extras"
     2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 PY=.venv/bin/python
 
-# Without native bfloat16 kernels the bfloat16 run is the slower one (oneDNN's emulation on
-# avx512_core, mxmp's on avx2): half the default budget there, unless the user set one
+# The tier (avx512_bf16, avx512_core or avx2) labels the table's bfloat16 column
 TIER=$("$PY" -c 'from mxmp._src.cpu_tier import cpu_tier; print(cpu_tier())' 2>/dev/null \
        || echo unknown)
-if [ -z "${QUICKSTART_TRAIN_BATCHES:-}" ] && [ "$TIER" != avx512_bf16 ]; then
-    TRAIN_BATCHES=60
-    step "CPU tier $TIER: no native bfloat16 kernels, bfloat16 runs slower than float32;" \
-         "$TRAIN_BATCHES training batches per run, not 120" \
-         "(QUICKSTART_TRAIN_BATCHES=120: the full budget)"
-fi
 
 # ---- 2. Fashion-MNIST from Debian (apt-get update + install as root; otherwise print the command
 #         and stop): scripts/install_dataset.sh
