@@ -87,7 +87,7 @@ def _graphs(mx, op, dtype='float32'):
     # speed, 3.4 ms at 1024x3072: it would hide the op)
     shape = {'layer_norm': (1024, 768), 'softmax': (96, 128, 128)}.get(op, (1024, 3072))
     data = (mx.sym.reshape(mx.sym.var('data'), shape=shape, name='prev') if low else
-            mx.sym.identity(mx.sym.var('data'), name='prev'))
+            _around(mx))
     if op == 'layer_norm':
         names = ['data', 'gamma', 'beta']
         sym = mx.sym.LayerNorm(data, mx.sym.var('gamma'), mx.sym.var('beta'), name='op')
@@ -121,8 +121,8 @@ def _graphs(mx, op, dtype='float32'):
 
 
 def _around(mx):
-    """The symbol of a float32 block's surroundings without the op: data's identity (its
-    input is the block's data, ``_graphs``'s first array)."""
+    """Data's path into a float32 block, its identity: the block's surroundings without the op
+    when it is timed alone (its input is the block's data, ``_graphs``'s first array)."""
     return mx.sym.identity(mx.sym.var('data'), name='prev')
 
 
@@ -181,9 +181,9 @@ def op_ms(dump, op, kernels, calls):
 
 def worker(ops, calls, dtype='float32', profile=False):
     """One thread count (the process's ``OMP_NUM_THREADS``) and dtype: {op: {kernels:
-    [median, min] ms}} of the blocks, kernels 'MXNet', 'mxmp' and, for float32,
-    'around' (the surroundings, :func:`_around`); ``profile`` (bulk execution off in the environment): {op: {kernels:
-    [mean, min] ms or None}} of the op's own nodes (:func:`op_ms`)."""
+    [median, min] ms}} of the blocks, kernels 'MXNet', 'mxmp' and, for float32, 'around' (the
+    surroundings, :func:`_around`); ``profile`` (bulk execution off in the environment): {op:
+    {kernels: [mean, min] ms or None}} of the op's own nodes (:func:`op_ms`)."""
     import mxnet as mx
     import mxmp
     from mxmp._src.kernels.build import load_library
@@ -319,6 +319,7 @@ def main(argv=None):
                       for n in args.threads} for dtype in args.dtype}
     print(json.dumps({'threads': args.threads, 'repeats': args.repeats, 'results': results,
                       'op_in_block': inside, 'op_alone': own, 'per_process': spread}))
+
 
 if __name__ == '__main__':
     main()
